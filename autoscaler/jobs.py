@@ -1,0 +1,252 @@
+"""Jobs and their tasks, as submitted by users or read from Eva's trace format.
+
+Trace format (`pai_200.json`): `{job_id: {"name", "tasks": {task_id: {"name",
+"demand": {family_or_any: [gpu, cpu, ram_gb]}, ...}}, ...}}`. Only `tasks` and
+each task's `demand` are required; the rest (arrival time, duration, delays)
+is used by the simulator and the migration criterion when present.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoscaler.catalog import Catalog, read_json
+from autoscaler.errors import InputError, check_number
+from autoscaler.resources import Resources
+
+#: Demand key meaning "this vector on every instance family".
+ANY_FAMILY = "any"
+
+#: Table 1 of the Eva paper averages job checkpointing at 8 s and job launch at
+#: 47 s. Tasks whose trace entry gives no delays get these, split the way the
+#: trace's own fields split them.
+DEFAULT_KILL_S = 1.0
+DEFAULT_UPLOAD_S = 7.0
+DEFAULT_FETCH_S = 1.0
+DEFAULT_BUILD_IMAGE_S = 10.0
+DEFAULT_INIT_S = 36.0
+
+_INDEX_SUFFIX = re.compile(r"\[[^\]]*\]$")
+
+
+def workload_key(job_name: str, task_name: str) -> str:
+    """Key under which a task's co-location throughput is learned.
+
+    Job `resnet18[3]`, task `node0` -> `resnet18_node0`: the trailing index is
+    dropped so that every job of the same kind shares what was learned (§4.3).
+    """
+    return f"{_INDEX_SUFFIX.sub('', job_name)}_{task_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task: a demand vector per instance family it may run on, and its delays."""
+
+    task_id: str  # "<job_id>/<task_id>"
+    job_id: str
+    name: str
+    workload: str
+    demands: tuple[tuple[str, Resources], ...]  # (family or "any", demand), sorted
+    kill_s: float = DEFAULT_KILL_S
+    upload_s: float = DEFAULT_UPLOAD_S
+    fetch_s: float = DEFAULT_FETCH_S
+    build_image_s: float = DEFAULT_BUILD_IMAGE_S
+    image_id: str | None = None
+
+    def demand_on(self, family: str) -> Resources | None:
+        """Demand on `family`, falling back to the `any` vector; None if it can't run there."""
+        fallback = None
+        for key, demand in self.demands:
+            if key == family:
+                return demand
+            if key == ANY_FAMILY:
+                fallback = demand
+        return fallback
+
+    @property
+    def checkpoint_s(self) -> float:
+        """Time to stop and checkpoint this task before it can move."""
+        return self.kill_s + self.upload_s
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job: one or more data-parallel tasks; the slowest task sets its pace (§4.4)."""
+
+    job_id: str
+    name: str
+    tasks: tuple[TaskSpec, ...]
+    arrival_time_s: float = 0.0
+    duration_s: float | None = None
+    total_iters: float | None = None
+    full_throughput: float | None = None  # iterations per second when alone
+    init_delay_s: float = DEFAULT_INIT_S
+
+    @property
+    def is_multi_task(self) -> bool:
+        return len(self.tasks) > 1
+
+
+def task_id_of(job_id: str, task_key: str) -> str:
+    return f"{job_id}/{task_key}"
+
+
+def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
+    """Parse and validate the Eva trace structure into jobs (in file order)."""
+    if not isinstance(data, Mapping):
+        raise InputError("must be a JSON object mapping job ids to jobs", source=source)
+    if not data:
+        raise InputError("contains no jobs", source=source)
+    return tuple(_job(str(job_id), spec, source) for job_id, spec in data.items())
+
+
+def _job(job_id: str, spec: Any, source: str) -> JobSpec:
+    where = f"job {job_id!r}"
+    if not isinstance(spec, Mapping):
+        raise InputError("must be an object", source=source, where=where)
+    name = spec.get("name", job_id)
+    if not isinstance(name, str) or not name:
+        raise InputError(
+            "must be a non-empty string",
+            source=source,
+            where=where,
+            field="name",
+            value=name,
+            has_value=True,
+        )
+    raw_tasks = spec.get("tasks")
+    if not isinstance(raw_tasks, Mapping) or not raw_tasks:
+        raise InputError(
+            "must be a non-empty object of tasks",
+            source=source,
+            where=where,
+            field="tasks",
+            value=raw_tasks,
+            has_value=raw_tasks is not None,
+        )
+
+    def number(key: str, default: float | None, *, positive: bool = False) -> float | None:
+        if key not in spec or spec[key] is None:
+            return default
+        return check_number(
+            spec[key], field=key, where=where, source=source, strictly_positive=positive
+        )
+
+    tasks = tuple(
+        _task(job_id, name, str(task_key), task_spec, source)
+        for task_key, task_spec in raw_tasks.items()
+    )
+    return JobSpec(
+        job_id=job_id,
+        name=name,
+        tasks=tasks,
+        arrival_time_s=number("arrival_time", 0.0) or 0.0,
+        duration_s=number("duration", None, positive=True),
+        total_iters=number("total_iters", None, positive=True),
+        full_throughput=number("full_throughput", None, positive=True),
+        init_delay_s=number("init_delay", DEFAULT_INIT_S) or 0.0,
+    )
+
+
+def _task(job_id: str, job_name: str, task_key: str, spec: Any, source: str) -> TaskSpec:
+    where = f"job {job_id!r} task {task_key!r}"
+    if not isinstance(spec, Mapping):
+        raise InputError("must be an object", source=source, where=where)
+    name = spec.get("name", task_key)
+    if not isinstance(name, str) or not name:
+        raise InputError(
+            "must be a non-empty string",
+            source=source,
+            where=where,
+            field="name",
+            value=name,
+            has_value=True,
+        )
+    raw_demand = spec.get("demand")
+    if not isinstance(raw_demand, Mapping) or not raw_demand:
+        raise InputError(
+            "must be an object mapping an instance family (or 'any') to [gpu, cpu, ram_gb]",
+            source=source,
+            where=where,
+            field="demand",
+            value=raw_demand,
+            has_value=raw_demand is not None,
+        )
+    demands = []
+    for family, vector in raw_demand.items():
+        fname = f"demand.{family}"
+        if not isinstance(vector, list) or len(vector) != 3:
+            raise InputError(
+                "must be a list [gpu, cpu, ram_gb]",
+                source=source,
+                where=where,
+                field=fname,
+                value=vector,
+                has_value=True,
+            )
+        values = [
+            check_number(v, field=f"{fname}[{i}]", where=where, source=source)
+            for i, v in enumerate(vector)
+        ]
+        demands.append((str(family), Resources.of(values)))
+
+    def delay(key: str, default: float) -> float:
+        if key not in spec or spec[key] is None:
+            return default
+        return check_number(spec[key], field=key, where=where, source=source)
+
+    image = spec.get("image_id")
+    return TaskSpec(
+        task_id=task_id_of(job_id, task_key),
+        job_id=job_id,
+        name=name,
+        workload=workload_key(job_name, name),
+        demands=tuple(sorted(demands)),
+        kill_s=delay("kill_delay", DEFAULT_KILL_S),
+        upload_s=delay("upload_delay", DEFAULT_UPLOAD_S),
+        fetch_s=delay("fetch_delay", DEFAULT_FETCH_S),
+        build_image_s=delay("build_image_delay", DEFAULT_BUILD_IMAGE_S),
+        image_id=None if image is None else str(image),
+    )
+
+
+def validate_against_catalog(
+    jobs: tuple[JobSpec, ...] | list[JobSpec], catalog: Catalog, source: str = "jobs"
+) -> None:
+    """Reject tasks that name a family no type has, or that fit no instance type."""
+    families = catalog.families
+    for job in jobs:
+        for task in job.tasks:
+            where = f"job {job.job_id!r} task {task.task_id.split('/', 1)[1]!r}"
+            for family, _demand in task.demands:
+                if family != ANY_FAMILY and family not in families:
+                    raise InputError(
+                        f"no instance type in the catalog has family {family!r} "
+                        f"(families: {', '.join(sorted(families))})",
+                        source=source,
+                        where=where,
+                        field=f"demand.{family}",
+                    )
+            if not any(
+                (d := task.demand_on(t.family)) is not None and d.fits_in(t.capacity)
+                for t in catalog
+            ):
+                shown = ", ".join(f"{f}: {d}" for f, d in task.demands)
+                raise InputError(
+                    f"fits no instance type in the catalog (demand {shown})",
+                    source=source,
+                    where=where,
+                    field="demand",
+                )
+
+
+def load_jobs(path: str | Path, catalog: Catalog | None = None) -> tuple[JobSpec, ...]:
+    """Load jobs in Eva's trace format; with a catalog, also check every task can be placed."""
+    jobs = jobs_from_eva(read_json(path, "jobs"), source=str(path))
+    if catalog is not None:
+        validate_against_catalog(jobs, catalog, source=str(path))
+    return jobs

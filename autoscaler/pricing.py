@@ -1,0 +1,87 @@
+"""Reservation prices (Eva §4.2–4.4).
+
+The reservation price RP(τ) of a task is the hourly cost of the cheapest
+instance type that can host it alone: what the user would pay without packing.
+A set of tasks T on an instance of cost C is cost-efficient when its
+throughput-normalized reservation price TNRP(T) ≥ C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autoscaler.catalog import Catalog, InstanceType
+from autoscaler.errors import InputError
+from autoscaler.jobs import JobSpec, TaskSpec
+
+
+def fits_alone(task: TaskSpec, itype: InstanceType) -> bool:
+    """True when `task` may run on `itype`'s family and fits an empty instance of it."""
+    demand = task.demand_on(itype.family)
+    return demand is not None and demand.fits_in(itype.capacity)
+
+
+def cheapest_type(task: TaskSpec, catalog: Catalog) -> InstanceType:
+    """The cheapest instance type that can host `task` alone (ties: by name)."""
+    best = None
+    for itype in catalog:
+        if fits_alone(task, itype) and (
+            best is None or (itype.hourly_cost, itype.name) < (best.hourly_cost, best.name)
+        ):
+            best = itype
+    if best is None:
+        raise InputError(
+            "fits no instance type in the catalog", where=f"task {task.task_id!r}", field="demand"
+        )
+    return best
+
+
+def reservation_price(task: TaskSpec, catalog: Catalog) -> float:
+    """RP(τ): hourly cost of the cheapest type that hosts τ alone (§4.2)."""
+    return cheapest_type(task, catalog).hourly_cost
+
+
+def tnrp(rp: float, throughput: float, job_rp: float | None = None) -> float:
+    """Throughput-normalized reservation price of one task (§4.3–4.4).
+
+    Single-task job: `throughput · RP(τ)`. Task of a multi-task job j:
+    `RP(τ) − (1 − throughput) · RP(j)` with `RP(j) = Σ_{τ'∈j} RP(τ')` — a slow
+    task slows the whole job, so the whole job's value is at stake. The two
+    agree when j has one task. Floored at 0: a task is never worth less than
+    nothing.
+    """
+    if job_rp is None:
+        return throughput * rp
+    return max(0.0, rp - (1.0 - throughput) * job_rp)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBook:
+    """Reservation prices of a set of jobs against one catalog, computed once."""
+
+    task_rp: dict[str, float]
+    task_type: dict[str, str]
+    job_rp: dict[str, float]
+
+    @classmethod
+    def build(cls, jobs: Iterable[JobSpec], catalog: Catalog) -> PriceBook:
+        task_rp: dict[str, float] = {}
+        task_type: dict[str, str] = {}
+        job_rp: dict[str, float] = {}
+        cache: dict[tuple, InstanceType] = {}
+        for job in jobs:
+            total = 0.0
+            for task in job.tasks:
+                itype = cache.get(task.demands)
+                if itype is None:
+                    itype = cache[task.demands] = cheapest_type(task, catalog)
+                task_rp[task.task_id] = itype.hourly_cost
+                task_type[task.task_id] = itype.name
+                total += itype.hourly_cost
+            job_rp[job.job_id] = total
+        return cls(task_rp, task_type, job_rp)
+
+    def no_packing_hourly_cost(self) -> float:
+        """Hourly cost with every task alone on its cheapest fitting type."""
+        return sum(self.task_rp.values())

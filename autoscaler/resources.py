@@ -1,0 +1,59 @@
+"""Resource vectors `[gpu, cpu, ram_gb]`, the unit every demand and capacity is given in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+#: Names of the resource dimensions, in vector order. CPU is counted in
+#: physical cores, as in Eva's data (an EC2 vCPU is half a core).
+RESOURCE_NAMES: tuple[str, ...] = ("gpu", "cpu", "ram_gb")
+
+#: Tolerance for capacity comparisons, so that demands summing to exactly the
+#: capacity in floating point still fit.
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """An amount of each resource; used for task demands and instance capacities."""
+
+    gpu: float = 0.0
+    cpu: float = 0.0
+    ram_gb: float = 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Resources:
+        """Build from a `[gpu, cpu, ram_gb]` sequence."""
+        gpu, cpu, ram_gb = values
+        return cls(float(gpu), float(cpu), float(ram_gb))
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return (self.gpu, self.cpu, self.ram_gb)
+
+    def fits_in(self, capacity: Resources) -> bool:
+        """True when this demand fits `capacity` in every dimension."""
+        return (
+            self.gpu <= capacity.gpu + EPSILON
+            and self.cpu <= capacity.cpu + EPSILON
+            and self.ram_gb <= capacity.ram_gb + EPSILON
+        )
+
+    def plus(self, other: Resources) -> Resources:
+        return Resources(self.gpu + other.gpu, self.cpu + other.cpu, self.ram_gb + other.ram_gb)
+
+    def minus(self, other: Resources) -> Resources:
+        return Resources(self.gpu - other.gpu, self.cpu - other.cpu, self.ram_gb - other.ram_gb)
+
+    def __str__(self) -> str:
+        return f"[{self.gpu:g}, {self.cpu:g}, {self.ram_gb:g}]"
+
+
+def total(vectors: Iterable[Resources]) -> Resources:
+    """Sum of resource vectors."""
+    gpu = cpu = ram = 0.0
+    for v in vectors:
+        gpu += v.gpu
+        cpu += v.cpu
+        ram += v.ram_gb
+    return Resources(gpu, cpu, ram)

@@ -1,0 +1,244 @@
+"""The co-location throughput table (Eva §4.3–4.4).
+
+It records the normalized throughput (1.0 = alone) a workload achieved when
+co-located with a multiset of other workloads, and estimates what it has not
+seen. Lookup of workload `w` with co-located multiset `T`:
+
+1. the recorded value if exactly `T` was observed;
+2. else the product over `w'` in `T` of the pairwise value `tput(w, {w'})`,
+   where an unrecorded pair counts as the default `t` (0.95 unless configured;
+   smaller means more conservative packing).
+
+Keys are workload keys (`resnet18_node0`), not task ids, so what one job
+teaches carries over to every job of the same kind.
+
+The table is immutable: an observation returns a new table. Planning reads a
+snapshot; the round that observes builds the next one.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoscaler.errors import InputError
+
+#: Eva's default throughput for a pair never observed together (§4.3).
+DEFAULT_THROUGHPUT = 0.95
+
+Colocated = tuple[str, ...]  # sorted multiset of co-located workload keys
+Key = tuple[str, Colocated]
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputEntry:
+    """One recorded co-location: the latest observed throughput and how often it was seen."""
+
+    throughput: float
+    observations: int = 1
+    updated_at_s: float | None = None
+
+
+def _key(workload: str, colocated: Iterable[str]) -> Key:
+    return workload, tuple(sorted(colocated))
+
+
+def _clean(throughput: float) -> float:
+    if not throughput == throughput or throughput < 0:  # NaN or negative
+        raise ValueError(f"throughput must be a non-negative number, got {throughput!r}")
+    # A co-location cannot make a task faster than running alone; measured
+    # values above 1 are noise and are recorded as 1.
+    return min(float(throughput), 1.0)
+
+
+class ThroughputTable:
+    """Recorded and estimated co-location throughputs; immutable."""
+
+    __slots__ = ("_default", "_entries", "_neutral")
+
+    def __init__(
+        self,
+        entries: Mapping[Key, ThroughputEntry] | None = None,
+        default: float = DEFAULT_THROUGHPUT,
+    ) -> None:
+        if not 0.0 < default <= 1.0:
+            raise ValueError(f"default throughput must be in (0, 1], got {default!r}")
+        self._entries: dict[Key, ThroughputEntry] = dict(entries or {})
+        self._default = float(default)
+        self._neutral = default == 1.0 and all(e.throughput == 1.0 for e in self._entries.values())
+
+    @property
+    def default(self) -> float:
+        return self._default
+
+    @property
+    def is_neutral(self) -> bool:
+        """True when every lookup returns 1.0 (no interference is assumed anywhere)."""
+        return self._neutral
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self) -> Iterator[tuple[Key, ThroughputEntry]]:
+        return iter(sorted(self._entries.items()))
+
+    def recorded(self, workload: str, colocated: Iterable[str]) -> float | None:
+        """The value recorded for exactly this co-location, or None."""
+        entry = self._entries.get(_key(workload, colocated))
+        return None if entry is None else entry.throughput
+
+    def throughput(self, workload: str, colocated: Iterable[str]) -> float:
+        """Estimated normalized throughput of `workload` next to `colocated`."""
+        key = _key(workload, colocated)
+        if not key[1]:
+            return 1.0
+        entry = self._entries.get(key)
+        if entry is not None:
+            return entry.throughput
+        product = 1.0
+        for other in key[1]:
+            pair = self._entries.get((workload, (other,)))
+            product *= self._default if pair is None else pair.throughput
+        return product
+
+    def with_default(self, default: float) -> ThroughputTable:
+        return ThroughputTable(self._entries, default)
+
+    def observe(
+        self, workload: str, colocated: Iterable[str], throughput: float, at_s: float | None = None
+    ) -> ThroughputTable:
+        """A new table with this observation recorded (the latest observation wins)."""
+        key = _key(workload, colocated)
+        if not key[1]:
+            return self  # alone is 1.0 by definition: nothing to learn
+        previous = self._entries.get(key)
+        entries = dict(self._entries)
+        entries[key] = ThroughputEntry(
+            _clean(throughput), 1 if previous is None else previous.observations + 1, at_s
+        )
+        return ThroughputTable(entries, self._default)
+
+    def observe_job(
+        self,
+        placements: Sequence[tuple[str, Iterable[str]]],
+        throughput: float,
+        at_s: float | None = None,
+    ) -> tuple[ThroughputTable, int | None]:
+        """Record a job's observed throughput, attributing it to one task (§4.4).
+
+        `placements[i]` is task i's workload and the workloads co-located with
+        it. A multi-task job runs at its slowest task's pace, so the observation
+        bounds every task's throughput from below and is recorded for exactly
+        one task — the likely straggler:
+
+        1. nothing recorded yet for any task -> the task co-located with the most tasks;
+        2. some recorded value is lower than the observation -> that value is
+           too pessimistic: raise the lowest one;
+        3. every recorded value is higher -> the straggler is a task not yet
+           recorded: the unrecorded task co-located with the most tasks.
+
+        Two cases the paper leaves open are decided here: a recorded value equal
+        to the observation already explains it and is refreshed; if every task
+        is recorded and higher, the lowest is lowered (it is the closest
+        candidate). Tasks running alone cannot be slowed by co-location and are
+        never blamed. Returns the new table and the index updated (None if none).
+        """
+        keys = [_key(w, c) for w, c in placements]
+        candidates = [i for i, k in enumerate(keys) if k[1]]
+        if not candidates:
+            return self, None
+        if len(keys) == 1:
+            return self.observe(keys[0][0], keys[0][1], throughput, at_s), 0
+        value = _clean(throughput)
+        recorded = [i for i in candidates if keys[i] in self._entries]
+        unrecorded = [i for i in candidates if keys[i] not in self._entries]
+
+        def most_colocated(indices: list[int]) -> int:
+            return max(indices, key=lambda i: (len(keys[i][1]), -i))
+
+        def lowest(indices: list[int]) -> int:
+            return min(indices, key=lambda i: (self._entries[keys[i]].throughput, i))
+
+        if not recorded:
+            chosen = most_colocated(candidates)  # rule 1
+        else:
+            lower = [i for i in recorded if self._entries[keys[i]].throughput < value]
+            equal = [i for i in recorded if self._entries[keys[i]].throughput == value]
+            if lower:
+                chosen = lowest(lower)  # rule 2
+            elif equal:
+                chosen = equal[0]
+            elif unrecorded:
+                chosen = most_colocated(unrecorded)  # rule 3
+            else:
+                chosen = lowest(recorded)
+        workload, colocated = keys[chosen]
+        return self.observe(workload, colocated, value, at_s), chosen
+
+
+def contention_matrix_from_csv(
+    text: str, default: float = DEFAULT_THROUGHPUT, source: str = "contention matrix"
+) -> ThroughputTable:
+    """Pairwise throughputs from Eva's contention-matrix CSV.
+
+    Row = the workload whose throughput is given, column = the co-located
+    workload, `x` = not measured (left to the default).
+    """
+    rows = list(csv.reader(io.StringIO(text)))
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if len(rows) < 2 or len(rows[0]) < 2:
+        raise InputError("needs a header row of workloads and at least one data row", source=source)
+    columns = [c.strip() for c in rows[0][1:]]
+    entries: dict[Key, ThroughputEntry] = {}
+    for line_no, row in enumerate(rows[1:], start=2):
+        workload = row[0].strip()
+        if len(row) - 1 != len(columns):
+            raise InputError(
+                f"has {len(row) - 1} values, header has {len(columns)}",
+                source=source,
+                where=f"line {line_no} ({workload!r})",
+            )
+        for other, cell in zip(columns, row[1:], strict=True):
+            cell = cell.strip()
+            if cell.lower() in ("x", ""):
+                continue
+            where = f"line {line_no}"
+            try:
+                value = float(cell)
+            except ValueError:
+                raise InputError(
+                    "must be a number or 'x'",
+                    source=source,
+                    where=where,
+                    field=f"{workload}/{other}",
+                    value=cell,
+                    has_value=True,
+                ) from None
+            if not 0.0 < value <= 1.0:
+                raise InputError(
+                    "must be in (0, 1]",
+                    source=source,
+                    where=where,
+                    field=f"{workload}/{other}",
+                    value=cell,
+                    has_value=True,
+                )
+            entries[(workload, (other,))] = ThroughputEntry(value)
+    return ThroughputTable(entries, default)
+
+
+def load_contention_matrix(
+    path: str | Path, default: float = DEFAULT_THROUGHPUT
+) -> ThroughputTable:
+    """Load Eva's contention-matrix CSV as a table of pairwise throughputs."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("throughput CSV file not found", source=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read throughput CSV: {exc}", source=str(p)) from None
+    return contention_matrix_from_csv(text, default, source=str(p))

@@ -1,0 +1,1 @@
+"""Executor bindings: worker agent (gRPC + Docker), daemon-side client, throughput reporter."""

@@ -1,0 +1,1 @@
+"""Trace-driven simulator: discrete-event engine with simulated cloud and executor."""

@@ -1,0 +1,1 @@
+"""Persistent state: SQLAlchemy schema, Alembic migrations and the SQL `Store` binding."""
