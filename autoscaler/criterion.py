@@ -1,0 +1,93 @@
+"""Choosing between Full and Partial Reconfiguration (Eva §4.5).
+
+Full is adopted when `S_F·D − M_F > S_P·D − M_P`: S is a configuration's
+provisioning saving per hour (Σ over instances of TNRP − cost), M the one-off
+cost of getting there (migrating jobs and starting new instances), D how long
+the configuration will last. D is unknown; with events (job arrivals and
+completions) as a Poisson process of rate λ, each triggering a Full
+Reconfiguration with probability p, the expected time to the next Full is
+`D̂ = −1 / (λ · ln(1 − p))`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autoscaler.configuration import Configuration
+from autoscaler.jobs import JobSpec
+from autoscaler.pricing import PriceBook
+from autoscaler.view import ReconfigurationHistory
+
+
+def expected_duration_h(history: ReconfigurationHistory) -> float:
+    """D̂ in hours: expected time until the next Full Reconfiguration.
+
+    Before any event, or before any Full was adopted (p = 0, where the formula
+    is infinite), Eva's reference uses the elapsed time. With p = 1 every event
+    triggers a Full, so the configuration lasts until the next event: 1/λ.
+    """
+    elapsed_h = history.elapsed_s / 3600.0
+    if history.event_rounds <= 0 or history.full_rounds <= 0 or elapsed_h <= 0:
+        return elapsed_h
+    rate = history.event_rounds / elapsed_h
+    p = min(history.full_rounds / history.event_rounds, 1.0)
+    if p >= 1.0:
+        return 1.0 / rate
+    return -1.0 / (rate * math.log(1.0 - p))
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationCost:
+    """What moving from the current configuration to a target costs, once ($)."""
+
+    migration_dollars: float  # moved jobs' value lost while they checkpoint and relaunch
+    launch_dollars: float  # new instances paid for while they start up
+    moved_jobs: int
+    moved_tasks: int
+    launched_instances: int
+
+    @property
+    def dollars(self) -> float:
+        return self.migration_dollars + self.launch_dollars
+
+
+def migration_cost(
+    current: Configuration, target: Configuration, jobs: Mapping[str, JobSpec], prices: PriceBook
+) -> MigrationCost:
+    """M: Σ over moved jobs of (checkpoint + relaunch delay) × the job's hourly value,
+    plus each newly launched instance's cost during its start-up delay.
+
+    A job's hourly value is its reservation price RP(j) — what running it for an
+    hour is worth. A task moves when it is on an instance now and the target
+    puts it elsewhere; tasks not yet on any instance start anyway and cost no
+    migration.
+    """
+    now = current.assignment()
+    then = target.assignment()
+    moved: dict[str, list[str]] = {}
+    for task_id, inst in now.items():
+        if inst.instance_id is None:
+            continue
+        dest = then.get(task_id)
+        if dest is None or dest.instance_id != inst.instance_id:
+            job_id = task_id.split("/", 1)[0]
+            moved.setdefault(job_id, []).append(task_id)
+    migration = 0.0
+    moved_tasks = 0
+    for job_id, task_ids in moved.items():
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        specs = [t for t in job.tasks if t.task_id in set(task_ids)]
+        moved_tasks += len(specs)
+        delay_s = (
+            max(t.checkpoint_s for t in specs)
+            + job.init_delay_s
+            + max(t.fetch_s + t.build_image_s for t in specs)
+        )
+        migration += delay_s / 3600.0 * prices.job_rp[job_id]
+    new = [inst for inst in target if inst.instance_id is None]
+    launch = sum(i.type.hourly_cost * i.type.launch_delays.startup_s / 3600.0 for i in new)
+    return MigrationCost(migration, launch, len(moved), moved_tasks, len(new))

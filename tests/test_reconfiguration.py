@@ -1,0 +1,166 @@
+"""Full and Partial Reconfiguration on hand-checkable examples (Eva §4.2–4.5)."""
+
+import pytest
+
+from autoscaler.configuration import Configuration
+from autoscaler.planner import EvaPlanner
+from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from tests.builders import (
+    configuration,
+    itype,
+    job,
+    placement,
+    running,
+    table3_catalog,
+    table3_jobs,
+)
+
+NO_INTERFERENCE = ThroughputTable(default=1.0)
+
+
+def view(jobs, current=None, table=NO_INTERFERENCE, catalog=None):
+    return ClusterView(catalog or table3_catalog(), tuple(jobs), current or Configuration(), table)
+
+
+def test_table3_full_reconfiguration_packs_to_12_8():
+    plan = full_reconfiguration(view(table3_jobs()))
+    assert placement(plan) == [("it1", ("t1/0", "t2/0", "t4/0")), ("it3", ("t3/0",))]
+    assert plan.hourly_cost == pytest.approx(12.8)
+
+
+def test_planner_reports_no_packing_cost_beside_the_plan():
+    plan = EvaPlanner().plan(view(table3_jobs()))
+    assert plan.hourly_cost == pytest.approx(12.8)
+    assert plan.no_packing_hourly_cost == pytest.approx(16.2)
+
+
+def interference(t1: float, t2: float) -> ThroughputTable:
+    # workloads of job t1 and t2 are "wt1_node0" and "wt2_node0"
+    return (
+        ThroughputTable(default=1.0)
+        .observe("wt1_node0", ["wt2_node0"], t1)
+        .observe("wt2_node0", ["wt1_node0"], t2)
+    )
+
+
+def test_mild_interference_still_packs_onto_it1():
+    # $12 × 0.8 + $3 × 0.9 = $12.3 ≥ $12 (§4.3)
+    plan = full_reconfiguration(view(table3_jobs()[:2], table=interference(0.8, 0.9)))
+    assert placement(plan) == [("it1", ("t1/0", "t2/0"))]
+    assert plan.hourly_cost == pytest.approx(12.0)
+
+
+def test_severe_interference_keeps_tasks_apart():
+    # $12 × 0.7 + $3 × 0.8 = $10.8 < $12: τ2 gets its own it2
+    plan = full_reconfiguration(view(table3_jobs()[:2], table=interference(0.7, 0.8)))
+    assert placement(plan) == [("it1", ("t1/0",)), ("it2", ("t2/0",))]
+    assert plan.hourly_cost == pytest.approx(15.0)
+
+
+def test_multi_task_job_values_a_slowed_task_by_the_whole_jobs_loss():
+    # Job m: two tasks of RP $3 (it2), RP(m) = $6. Next to τ1 an m task runs at
+    # 0.9, which slows the whole job: it is worth 3 − 0.1·6 = $2.4, not 0.9·3.
+    catalog = table3_catalog()
+    multi = job("m", (1, 4, 10), (1, 4, 10), name="m")
+    table = (
+        ThroughputTable(default=1.0)
+        .observe("m_node0", ["wt1_node0"], 0.9)
+        .observe("m_node1", ["wt1_node0"], 0.9)
+    )
+    solo = job("t1", (2, 8, 24))
+    packer = Packer(view([solo, multi], table=table, catalog=catalog))
+    assert packer.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 3 - 0.1 * 6)
+    assert packer.tnrp_of(["t1/0", "m/0", "m/1"]) == pytest.approx(12 + 2 * (3 - 0.1 * 6))
+
+
+def test_two_small_tasks_share_the_type_of_the_larger():
+    # RP $0.8 (it3) and $0.4 (it4): worth $1.2 together, too little for it1 or it2,
+    # but on one it3 they cost $0.8 instead of $1.2.
+    jobs = [job("a", (0, 6, 20)), job("b", (0, 2, 8))]
+    plan = full_reconfiguration(view(jobs))
+    assert placement(plan) == [("it3", ("a/0", "b/0"))]
+
+
+def test_downsizing_picks_a_cheaper_type_with_room():
+    catalog = table3_catalog().__class__(
+        [
+            itype("big", 0, 16, 64, 1.6),
+            itype("small", 0, 8, 32, 0.8),
+            itype("tiny", 0, 2, 8, 0.2),
+        ]
+    )
+    # Two tasks of RP $0.8 fill "big" to a value of $1.6 ≥ $1.6 and are kept there
+    # when "big" is visited; together they also fit "small", so they move there.
+    two = [job("a", (0, 3, 10)), job("b", (0, 3, 10))]
+    assert placement(full_reconfiguration(view(two, catalog=catalog))) == [
+        ("small", ("a/0", "b/0"))
+    ]
+    # Four such tasks need 12 CPU: nothing cheaper than "big" holds them.
+    four = [*two, job("c", (0, 3, 10)), job("d", (0, 3, 10))]
+    assert placement(full_reconfiguration(view(four, catalog=catalog))) == [
+        ("big", ("a/0", "b/0", "c/0", "d/0"))
+    ]
+
+
+def test_full_reuses_an_existing_instance_for_its_own_tasks():
+    catalog = table3_catalog()
+    it1 = catalog["it1"]
+    current = configuration(
+        running("i-1", it1, "t1/0", "t2/0", "t4/0"), running("i-2", catalog["it3"], "t3/0")
+    )
+    plan = full_reconfiguration(view(table3_jobs(), current))
+    assert sorted((i.instance_id, i.tasks) for i in plan) == [
+        ("i-1", ("t1/0", "t2/0", "t4/0")),
+        ("i-2", ("t3/0",)),
+    ]
+
+
+def test_full_prefers_resident_tasks_among_equals():
+    # Two identical jobs; one is already on i-9. Full keeps that one there.
+    catalog = table3_catalog()
+    jobs = [job("a", (2, 8, 24)), job("b", (2, 8, 24)), job("c", (0, 4, 12))]
+    current = configuration(running("i-9", catalog["it1"], "b/0"))
+    plan = full_reconfiguration(view(jobs, current))
+    where = {t: i.instance_id for i in plan for t in i.tasks}
+    assert where["b/0"] == "i-9"
+    assert where["a/0"] == "i-9"  # both 2-GPU tasks fill it1; c no longer fits there
+    assert plan.hourly_cost == pytest.approx(12.0 + 0.4)
+
+
+def test_partial_keeps_cost_efficient_instances_and_places_new_tasks():
+    catalog = table3_catalog()
+    current = configuration(running("i-1", catalog["it1"], "t1/0"))
+    jobs = table3_jobs()  # τ2..τ4 are new
+    plan = partial_reconfiguration(view(jobs, current))
+    kept = plan.by_id()["i-1"]
+    # τ2 and τ4 join τ1 on i-1 (most TNRP gained); τ3 no longer fits there
+    assert kept.tasks == ("t1/0", "t2/0", "t4/0")
+    assert placement(plan) == [("it1", ("t1/0", "t2/0", "t4/0")), ("it3", ("t3/0",))]
+
+
+def test_partial_releases_an_instance_that_is_no_longer_cost_efficient():
+    catalog = table3_catalog()
+    # τ1 finished: i-1 (it1, $12) now hosts only τ2 and τ4, worth $3.4 < $12
+    jobs = [j for j in table3_jobs() if j.job_id != "t1"]
+    current = configuration(
+        running("i-1", catalog["it1"], "t2/0", "t4/0"), running("i-2", catalog["it3"], "t3/0")
+    )
+    plan = partial_reconfiguration(view(jobs, current))
+    assert "i-1" not in plan.by_id()
+    assert plan.by_id()["i-2"].tasks == ("t3/0",)
+    assert plan.hourly_cost == pytest.approx(3.0 + 0.8 + 0.4)
+
+
+def test_partial_does_not_move_tasks_full_would_move():
+    catalog = table3_catalog()
+    it1 = catalog["it1"]
+    # two half-used it1 instances, each cost-efficient on its own ($12 ≥ $12)
+    jobs = [job("a", (2, 8, 24)), job("b", (2, 8, 24))]
+    current = configuration(running("i-1", it1, "a/0"), running("i-2", it1, "b/0"))
+    partial = partial_reconfiguration(view(jobs, current))
+    full = full_reconfiguration(view(jobs, current))
+    assert sorted(partial.by_id()) == ["i-1", "i-2"]
+    assert partial.hourly_cost == pytest.approx(24.0)
+    assert full.hourly_cost == pytest.approx(12.0)
