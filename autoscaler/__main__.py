@@ -1,0 +1,7 @@
+"""`python -m autoscaler` runs the command line."""
+
+import sys
+
+from autoscaler.cli import main
+
+sys.exit(main())

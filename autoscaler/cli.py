@@ -1,0 +1,227 @@
+"""The `autoscaler` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autoscaler.bundled import bundled
+from autoscaler.catalog import Catalog, load_catalog
+from autoscaler.errors import InputError
+from autoscaler.jobs import JobSpec, load_jobs
+from autoscaler.planner import EvaPlanner, Plan
+from autoscaler.table import format_table, money, shorten
+from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_contention_matrix
+from autoscaler.view import ClusterView
+
+
+def _throughput_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autoscaler",
+        description="Cost-optimizing cluster autoscaler for batch jobs on EC2.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plan = sub.add_parser(
+        "plan",
+        help="plan jobs onto instance types and show what packing saves",
+        description="Plan all given jobs onto an empty cluster and compare the hourly cost "
+        "with one instance per task. Defaults to the bundled Eva data "
+        "(200 jobs of Alibaba's GPU trace, 21 EC2 types).",
+    )
+    plan.add_argument(
+        "--catalog",
+        type=Path,
+        default=None,
+        help="instance catalog in Eva's ec2_config.json format (default: bundled 21 EC2 types)",
+    )
+    plan.add_argument(
+        "--jobs",
+        type=Path,
+        default=None,
+        help="jobs in Eva's trace format (default: bundled pai_200.json)",
+    )
+    plan.add_argument(
+        "--throughput",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="co-location throughputs in Eva's contention-matrix CSV format",
+    )
+    plan.add_argument(
+        "--default-throughput",
+        type=_throughput_arg,
+        default=DEFAULT_THROUGHPUT,
+        metavar="T",
+        help="throughput assumed for a pair never observed together "
+        f"(default {DEFAULT_THROUGHPUT}; 1.0 = no interference)",
+    )
+    plan.add_argument(
+        "--json", type=Path, default=None, metavar="OUT", help="also write the plan as JSON to OUT"
+    )
+    plan.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=30,
+        metavar="N",
+        help="show at most N instances in the table (0 = all; default 30)",
+    )
+    plan.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autoscaler: interrupted", file=sys.stderr)
+        return 130
+
+
+def load_inputs(
+    catalog_path: Path | None, jobs_path: Path | None
+) -> tuple[Catalog, tuple[JobSpec, ...]]:
+    catalog = load_catalog(catalog_path or bundled("ec2_config.json"))
+    jobs = load_jobs(jobs_path or bundled("pai_200.json"), catalog)
+    return catalog, jobs
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    catalog, jobs = load_inputs(args.catalog, args.jobs)
+    if args.throughput is not None:
+        table = load_contention_matrix(args.throughput, args.default_throughput)
+    else:
+        table = ThroughputTable(default=args.default_throughput)
+    view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
+    started = time.perf_counter()
+    plan = EvaPlanner().plan(view)
+    seconds = time.perf_counter() - started
+
+    document = plan_document(plan, seconds)
+    print(render_plan(plan, jobs, catalog, seconds, args.limit))
+    if args.json is not None:
+        write_json(args.json, document)
+    return 0
+
+
+def plan_document(plan: Plan, seconds: float) -> dict[str, Any]:
+    """The plan as the JSON document `autoscaler plan --json` writes."""
+    cost = plan.hourly_cost
+    base = plan.no_packing_hourly_cost
+    return {
+        "hourly_cost": cost,
+        "no_packing_hourly_cost": base,
+        "savings_per_hour": base - cost,
+        "savings_fraction": (base - cost) / base if base else 0.0,
+        "seconds": seconds,
+        "chosen": plan.chosen,
+        "reason": plan.reason,
+        "instances": [
+            {
+                "type": inst.type.name,
+                "hourly_cost": inst.type.hourly_cost,
+                "tasks": list(inst.tasks),
+            }
+            for inst in plan.configuration
+        ],
+        "candidates": [c.summary() for c in plan.candidates],
+    }
+
+
+def render_plan(
+    plan: Plan, jobs: Sequence[JobSpec], catalog: Catalog, seconds: float, limit: int
+) -> str:
+    n_tasks = sum(len(j.tasks) for j in jobs)
+    instances = sorted(
+        plan.configuration, key=lambda i: (-i.type.hourly_cost, i.type.name, i.tasks)
+    )
+    shown = instances if limit == 0 else instances[:limit]
+    rows = [
+        (
+            n,
+            inst.instance_id or f"new-{n}",
+            inst.type.name,
+            len(inst.tasks),
+            shorten(inst.tasks, 56),
+            f"{inst.type.hourly_cost:.4g}",
+        )
+        for n, inst in enumerate(shown, start=1)
+    ]
+    out = [
+        f"Plan for {n_tasks} tasks of {len(jobs)} jobs over {len(catalog)} instance types",
+        "",
+        format_table(
+            ["#", "instance", "type", "n", "tasks", "$/h"],
+            rows,
+            [True, False, False, True, False, True],
+        ),
+    ]
+    if len(shown) < len(instances):
+        out.append(
+            f"… {len(instances) - len(shown)} more instances "
+            "(--limit 0 shows all; --json writes all)"
+        )
+    by_type: dict[str, list[int]] = {}
+    for inst in instances:
+        entry = by_type.setdefault(inst.type.name, [0, 0])
+        entry[0] += 1
+        entry[1] += len(inst.tasks)
+    type_rows = [
+        (name, count, tasks, f"{count * catalog[name].hourly_cost:,.2f}")
+        for name, (count, tasks) in by_type.items()
+    ]
+    base = plan.no_packing_hourly_cost
+    cost = plan.hourly_cost
+    saved = base - cost
+    out += [
+        "",
+        format_table(["type", "instances", "tasks", "$/h"], type_rows, [False, True, True, True]),
+        "",
+        f"Hourly cost             {money(cost)}/h on {len(instances)} instances",
+        f"No-packing hourly cost  {money(base)}/h on {n_tasks} instances "
+        "(each task alone on its cheapest type)",
+        f"Savings                 {money(saved)}/h ({saved / base:.1%})" if base else "",
+        f"Planned in {seconds:.3f} s",
+    ]
+    return "\n".join(out)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

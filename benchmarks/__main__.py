@@ -1,0 +1,27 @@
+"""Run benchmarks: `python -m benchmarks` (all) or `python -m benchmarks NAME [options]`."""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks import plan_scaling
+
+BENCHMARKS = {"plan": plan_scaling.main}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        print("available:", ", ".join(BENCHMARKS))
+        return
+    if args and args[0] in BENCHMARKS:
+        BENCHMARKS[args[0]](args[1:])
+        return
+    for name, run in BENCHMARKS.items():
+        print(f"== {name} ==")
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""`autoscaler plan` as a user runs it: output, JSON, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoscaler.bundled import bundled
+from autoscaler.cli import main
+
+
+def write(tmp_path: Path, name: str, content: object) -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+TABLE3_CATALOG = {
+    "instance_types": {
+        "it1": {"family": "f", "capacity": [4, 16, 244], "cost": 12},
+        "it2": {"family": "f", "capacity": [1, 4, 61], "cost": 3},
+        "it3": {"family": "f", "capacity": [0, 8, 32], "cost": 0.8},
+        "it4": {"family": "f", "capacity": [0, 4, 16], "cost": 0.4},
+    }
+}
+TABLE3_JOBS = {
+    "1": {"name": "a[0]", "tasks": {"1": {"name": "node0", "demand": {"any": [2, 8, 24]}}}},
+    "2": {"name": "b[0]", "tasks": {"2": {"name": "node0", "demand": {"any": [1, 4, 10]}}}},
+    "3": {"name": "c[0]", "tasks": {"3": {"name": "node0", "demand": {"any": [0, 6, 20]}}}},
+    "4": {"name": "d[0]", "tasks": {"4": {"name": "node0", "demand": {"f": [0, 4, 12]}}}},
+}
+
+
+def test_plan_writes_the_documented_json(tmp_path, capsys):
+    catalog = write(tmp_path, "catalog.json", TABLE3_CATALOG)
+    jobs = write(tmp_path, "jobs.json", TABLE3_JOBS)
+    out = tmp_path / "plan.json"
+    assert (
+        main(
+            [
+                "plan",
+                "--catalog",
+                str(catalog),
+                "--jobs",
+                str(jobs),
+                "--default-throughput",
+                "1.0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(out.read_text())
+    assert doc["hourly_cost"] == pytest.approx(12.8)
+    assert doc["no_packing_hourly_cost"] == pytest.approx(16.2)
+    assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0
+    assert sorted((i["type"], sorted(i["tasks"])) for i in doc["instances"]) == [
+        ("it1", ["1/1", "2/2", "4/4"]),
+        ("it3", ["3/3"]),
+    ]
+    text = capsys.readouterr().out
+    assert "$12.80/h" in text and "$16.20/h" in text and "$3.40/h (21.0%)" in text
+
+
+def test_plan_on_bundled_data_saves_money(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--json", str(out), "--limit", "5"]) == 0
+    doc = json.loads(out.read_text())
+    tasks = [t for inst in doc["instances"] for t in inst["tasks"]]
+    assert len(tasks) == len(set(tasks)) == 200
+    assert doc["hourly_cost"] < doc["no_packing_hourly_cost"]
+    assert "more instances" in capsys.readouterr().out
+
+
+def test_plan_with_contention_matrix_packs_less_than_without(tmp_path):
+    neutral, measured = tmp_path / "neutral.json", tmp_path / "measured.json"
+    main(["plan", "--default-throughput", "1.0", "--json", str(neutral)])
+    main(["plan", "--throughput", str(bundled("contention_matrix.csv")), "--json", str(measured)])
+    a, b = json.loads(neutral.read_text()), json.loads(measured.read_text())
+    assert a["hourly_cost"] <= b["hourly_cost"]
+    assert len(a["instances"]) < len(b["instances"])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autoscaler", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("demand", "expected"),
+    [
+        ({"any": [9, 4, 10]}, r"job '2' task '2': field 'demand': fits no instance type"),
+        ({"any": [1, -4, 10]}, r"job '2' task '2': field 'demand.any\[1\]' = -4: must be at least"),
+        (
+            {"any": [1, "four", 10]},
+            r"job '2' task '2': field 'demand.any\[1\]' = 'four': must be a number",
+        ),
+        (
+            {"g5": [1, 4, 10]},
+            r"job '2' task '2': field 'demand.g5': no instance type .* family 'g5'",
+        ),
+        ({"any": [1, 4]}, r"job '2' task '2': field 'demand.any' = \[1, 4\]: must be a list"),
+        ([1, 4, 10], r"job '2' task '2': field 'demand' = \[1, 4, 10\]: must be an object"),
+    ],
+)
+def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expected):
+    jobs = dict(TABLE3_JOBS)
+    jobs["2"] = {"name": "b", "tasks": {"2": {"name": "node0", "demand": demand}}}
+    catalog = write(tmp_path, "catalog.json", TABLE3_CATALOG)
+    path = write(tmp_path, "jobs.json", jobs)
+    line = one_line_error(run_cli("plan", "--catalog", str(catalog), "--jobs", str(path)))
+    assert str(path) in line
+    assert re.search(expected, line), line
+
+
+def test_missing_and_malformed_files_are_one_line_errors(tmp_path):
+    line = one_line_error(run_cli("plan", "--jobs", str(tmp_path / "nope.json")))
+    assert "nope.json: jobs file not found" in line
+    bad = write(tmp_path, "bad.json", '{"1": {"tasks": ')
+    line = one_line_error(run_cli("plan", "--jobs", str(bad)))
+    assert "bad.json: malformed JSON at line 1" in line
+    catalog = write(
+        tmp_path,
+        "cat.json",
+        {"instance_types": {"x": {"family": "f", "capacity": [1, 2, 3], "cost": -1}}},
+    )
+    line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
+    assert "instance type 'x': field 'cost' = -1: must be positive" in line
+
+
+def test_bad_flag_value_exits_2_without_traceback():
+    result = run_cli("plan", "--default-throughput", "1.5")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--default-throughput: must be in (0, 1]" in result.stderr
+
+
+def test_unwritable_json_output_is_an_error_and_still_prints_the_plan(tmp_path):
+    result = run_cli("plan", "--json", str(tmp_path / "missing-dir" / "out.json"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot write JSON" in result.stderr
