@@ -14,7 +14,7 @@ from autoscaler.bundled import bundled
 from autoscaler.catalog import Catalog, load_catalog
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, load_jobs
-from autoscaler.planner import EvaPlanner, Plan
+from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_contention_matrix
 from autoscaler.view import ClusterView
@@ -82,6 +82,28 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_THROUGHPUT}; 1.0 = no interference)",
     )
     plan.add_argument(
+        "--planner",
+        choices=PLANNER_NAMES,
+        default="eva",
+        help="eva (default): Algorithm 1 and LP-priced patterns, the better of the two; "
+        "eva-plain: Algorithm 1 only",
+    )
+    plan.add_argument(
+        "--pop-threshold",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="split rounds of more than N tasks POP-style into --pop-parts sub-problems "
+        "solved in parallel processes (default: never)",
+    )
+    plan.add_argument(
+        "--pop-parts",
+        type=_positive_int,
+        default=2,
+        metavar="K",
+        help="POP sub-problems (default 2)",
+    )
+    plan.add_argument(
         "--json", type=Path, default=None, metavar="OUT", help="also write the plan as JSON to OUT"
     )
     plan.add_argument(
@@ -123,29 +145,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
+    planner = planner_by_name(
+        args.planner, pop_threshold=args.pop_threshold, pop_parts=max(args.pop_parts, 1)
+    )
     started = time.perf_counter()
-    plan = EvaPlanner().plan(view)
+    plan = planner.plan(view)
     seconds = time.perf_counter() - started
 
-    document = plan_document(plan, seconds)
+    document = plan_document(plan, seconds, planner.name)
     print(render_plan(plan, jobs, catalog, seconds, args.limit))
     if args.json is not None:
         write_json(args.json, document)
     return 0
 
 
-def plan_document(plan: Plan, seconds: float) -> dict[str, Any]:
+def plan_document(plan: Plan, seconds: float, planner_name: str = "eva") -> dict[str, Any]:
     """The plan as the JSON document `autoscaler plan --json` writes."""
     cost = plan.hourly_cost
     base = plan.no_packing_hourly_cost
+    bound = plan.lower_bound
     return {
         "hourly_cost": cost,
         "no_packing_hourly_cost": base,
+        "lower_bound_hourly_cost": None if bound is None else bound.lower_bound,
+        "gap_to_lower_bound": None
+        if not bound or not bound.lower_bound
+        else cost / bound.lower_bound - 1.0,
         "savings_per_hour": base - cost,
         "savings_fraction": (base - cost) / base if base else 0.0,
         "seconds": seconds,
+        "planner": planner_name,
+        "partitions": plan.partitions,
         "chosen": plan.chosen,
         "reason": plan.reason,
+        "lp": None
+        if bound is None
+        else {
+            "types_used": bound.type_usage,
+            "shadow_prices": {t: p for t, p in bound.shadow_prices.items() if any(p)},
+            "seconds": bound.seconds,
+        },
         "instances": [
             {
                 "type": inst.type.name,
@@ -211,8 +250,21 @@ def render_plan(
         f"No-packing hourly cost  {money(base)}/h on {n_tasks} instances "
         "(each task alone on its cheapest type)",
         f"Savings                 {money(saved)}/h ({saved / base:.1%})" if base else "",
-        f"Planned in {seconds:.3f} s",
     ]
+    bound = plan.lower_bound_hourly_cost
+    if bound:
+        out.append(
+            f"LP lower bound          {money(bound)}/h — this plan is "
+            f"{cost / bound - 1:.2%} above it (no plan can cost less, before interference)"
+        )
+    split = f", {plan.partitions} POP parts" if plan.partitions > 1 else ""
+    configs = {c.configuration for c in plan.candidates}
+    how = (
+        "full and partial reconfiguration agree"
+        if len(configs) == 1 and len(plan.candidates) > 1
+        else f"{plan.chosen} reconfiguration"
+    )
+    out.append(f"Planned in {seconds:.3f} s ({how}{split})")
     return "\n".join(out)
 
 

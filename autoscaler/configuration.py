@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 
 from autoscaler.catalog import InstanceType
 
@@ -36,9 +37,10 @@ class Configuration:
     instances: tuple[Instance, ...] = ()
 
     def __post_init__(self) -> None:
-        seen: set[str] = set()
-        for inst in self.instances:
-            for task in inst.tasks:
+        total = sum(len(inst.tasks) for inst in self.instances)
+        if len(set(chain.from_iterable(inst.tasks for inst in self.instances))) != total:
+            seen: set[str] = set()
+            for task in chain.from_iterable(inst.tasks for inst in self.instances):
                 if task in seen:
                     raise ValueError(f"task {task!r} is assigned to two instances")
                 seen.add(task)

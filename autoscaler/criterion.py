@@ -65,7 +65,7 @@ def migration_cost(
     migration.
     """
     now = current.assignment()
-    then = target.assignment()
+    then = target.assignment() if now else {}
     moved: dict[str, list[str]] = {}
     for task_id, inst in now.items():
         if inst.instance_id is None:
@@ -87,7 +87,7 @@ def migration_cost(
             + job.init_delay_s
             + max(t.fetch_s + t.build_image_s for t in specs)
         )
-        migration += delay_s / 3600.0 * prices.job_rp[job_id]
+        migration += delay_s / 3600.0 * prices.job_rp(job)
     new = [inst for inst in target if inst.instance_id is None]
     launch = sum(i.type.hourly_cost * i.type.launch_delays.startup_s / 3600.0 for i in new)
     return MigrationCost(migration, launch, len(moved), moved_tasks, len(new))

@@ -3,7 +3,8 @@
 Trace format (`pai_200.json`): `{job_id: {"name", "tasks": {task_id: {"name",
 "demand": {family_or_any: [gpu, cpu, ram_gb]}, ...}}, ...}}`. Only `tasks` and
 each task's `demand` are required; the rest (arrival time, duration, delays)
-is used by the simulator and the migration criterion when present.
+is used by the simulator and the migration criterion when present. One field
+is ours: `max_tasks_per_instance` (anti-affinity).
 """
 
 from __future__ import annotations
@@ -85,10 +86,19 @@ class JobSpec:
     total_iters: float | None = None
     full_throughput: float | None = None  # iterations per second when alone
     init_delay_s: float = DEFAULT_INIT_S
+    # Anti-affinity (CvxCluster §3.2.1): at most this many of the job's tasks on
+    # one instance, e.g. 1 to spread replicas for fault tolerance. None: no limit.
+    max_tasks_per_instance: int | None = None
 
     @property
     def is_multi_task(self) -> bool:
         return len(self.tasks) > 1
+
+    @property
+    def anti_affinity(self) -> int | None:
+        """The per-instance limit when it can bind (fewer than all tasks), else None."""
+        limit = self.max_tasks_per_instance
+        return limit if limit is not None and limit < len(self.tasks) else None
 
 
 def task_id_of(job_id: str, task_key: str) -> str:
@@ -149,7 +159,23 @@ def _job(job_id: str, spec: Any, source: str) -> JobSpec:
         total_iters=number("total_iters", None, positive=True),
         full_throughput=number("full_throughput", None, positive=True),
         init_delay_s=number("init_delay", DEFAULT_INIT_S) or 0.0,
+        max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
     )
+
+
+def _limit(value: object, where: str, source: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(
+            "must be a positive integer",
+            source=source,
+            where=where,
+            field="max_tasks_per_instance",
+            value=value,
+            has_value=True,
+        )
+    return value
 
 
 def _task(job_id: str, job_name: str, task_key: str, spec: Any, source: str) -> TaskSpec:

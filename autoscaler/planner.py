@@ -3,22 +3,42 @@
 Eva's ensemble (§4.5): compute both the Full and the Partial Reconfiguration
 of the snapshot, value each by its provisioning saving over the expected
 lifetime minus its migration cost, and adopt the better. The resulting `Plan`
-carries both candidates and the numbers behind the choice so it can be
-explained to a user and recorded.
+carries both candidates, the numbers behind the choice and the LP lower bound,
+so it can be explained to a user and recorded.
+
+Variants by name (`planner_by_name`): `eva` packs with Algorithm 1 and with
+LP-priced patterns and keeps the better; `eva-plain` is Algorithm 1 alone;
+`eva-full-only` / `eva-partial-only` always adopt one candidate (the paper's
+ablations).
+
+Very large rounds can be split POP-style (Narayanan et al., SOSP '21): jobs
+and instances are dealt at random into k sub-problems, planned in parallel
+processes, and concatenated; the criterion then decides once for the whole
+round on the summed savings and migration costs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import random
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from autoscaler.configuration import Configuration
+from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import MigrationCost, expected_duration_h, migration_cost
+from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
+from autoscaler.patterns import PatternPricer
 from autoscaler.pricing import PriceBook
-from autoscaler.reconfiguration import Packer
+from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
 
 Mode = Literal["ensemble", "full", "partial"]
+Packing = Literal["priced", "plain"]
+
+PLANNER_NAMES = ("eva", "eva-plain", "eva-full-only", "eva-partial-only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,55 +75,136 @@ class Plan:
     expected_duration_h: float  # D̂
     no_packing_hourly_cost: float
     reason: str
+    lower_bound: PriceSolution | None = None  # LP relaxation, before interference
+    partitions: int = 1  # POP sub-problems the round was split into
 
     @property
     def hourly_cost(self) -> float:
         return self.configuration.hourly_cost
 
+    @property
+    def lower_bound_hourly_cost(self) -> float | None:
+        return None if self.lower_bound is None else self.lower_bound.lower_bound
+
 
 class EvaPlanner:
     """Eva's planner: Full and/or Partial Reconfiguration, chosen by the migration criterion.
 
-    `mode="full"` or `"partial"` always adopts that candidate (the paper's
-    ablations); the ensemble is the default.
+    Keeps state between rounds only to make the next round faster (the LP
+    models and the pattern pool); decisions depend on the snapshot alone.
     """
 
-    def __init__(self, mode: Mode = "ensemble") -> None:
+    def __init__(
+        self,
+        mode: Mode = "ensemble",
+        packing: Packing = "priced",
+        *,
+        lower_bound: bool = True,
+        pattern_min_tasks: int = 400,
+        pop_threshold: int | None = None,
+        pop_parts: int = 2,
+        pop_seed: int = 0,
+    ) -> None:
         self.mode: Mode = mode
-        self.name = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[
-            mode
-        ]
+        self.packing: Packing = packing
+        self.pattern_min_tasks = pattern_min_tasks
+        self.pop_threshold = pop_threshold
+        self.pop_parts = pop_parts
+        self.pop_seed = pop_seed
+        self._pricer = PatternPricer() if packing == "priced" else None
+        self._shadow = ShadowPricer() if lower_bound else None
+        base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
+        self.name = base if packing == "priced" else f"{base}-plain"
 
     def plan(self, view: ClusterView) -> Plan:
-        prices = PriceBook.build(view.jobs, view.catalog)
-        packer = Packer(view, prices)
         d_hat = expected_duration_h(view.history)
-        jobs = {j.job_id: j for j in view.jobs}
-
-        def evaluate(name: Literal["full", "partial"], config: Configuration) -> Candidate:
-            saving = sum(packer.tnrp_of(i.tasks) - i.type.hourly_cost for i in config)
-            cost = migration_cost(view.current, config, jobs, prices)
-            return Candidate(
-                name, config, config.hourly_cost, saving, cost, saving * d_hat - cost.dollars
-            )
-
-        candidates: list[Candidate] = []
-        if self.mode in ("ensemble", "full"):
-            candidates.append(evaluate("full", packer.full()))
-        if self.mode in ("ensemble", "partial"):
-            candidates.append(evaluate("partial", packer.partial()))
+        n_tasks = sum(len(j.tasks) for j in view.jobs)
+        prices = PriceBook(view.catalog)
+        if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
+            parts = _pop_split(view, self.pop_parts, self.pop_seed)
+            solved = _solve_parts(parts, self.mode, self.packing, self.pattern_min_tasks)
+            candidates = _combine([outcomes for outcomes, _ in solved], d_hat)
+            lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
+        else:
+            packer = Packer(view, prices, self._pricer, self.pattern_min_tasks)
+            candidates = [_finish(o, d_hat) for o in _evaluate(view, packer, prices, self.mode)]
+            lp_classes = _lp_classes(packer)
+            parts = [view]
         chosen, reason = _choose(candidates, d_hat, self.mode)
+        bound = None
+        if self._shadow is not None and n_tasks:
+            bound = self._shadow.solve(view.catalog, lp_classes)
         return Plan(
             chosen.configuration,
             chosen.name,
             tuple(candidates),
             d_hat,
-            prices.no_packing_hourly_cost(),
+            prices.no_packing_hourly_cost(view.jobs),
             reason,
+            bound,
+            len(parts),
         )
 
 
-def _choose(candidates: list[Candidate], d_hat: float, mode: Mode) -> tuple[Candidate, str]:
+def planner_by_name(name: str, **options) -> EvaPlanner:
+    """A planner by its user-facing name (see `PLANNER_NAMES`)."""
+    table: dict[str, tuple[Mode, Packing]] = {
+        "eva": ("ensemble", "priced"),
+        "eva-plain": ("ensemble", "plain"),
+        "eva-full-only": ("full", "priced"),
+        "eva-partial-only": ("partial", "priced"),
+    }
+    if name not in table:
+        raise ValueError(f"unknown planner {name!r}; choose from {', '.join(PLANNER_NAMES)}")
+    mode, packing = table[name]
+    planner = EvaPlanner(mode, packing, **options)
+    planner.name = name
+    return planner
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """A candidate before the criterion: its configuration, S and M."""
+
+    name: Literal["full", "partial"]
+    configuration: Configuration
+    saving_per_hour: float
+    migration: MigrationCost
+
+
+def _evaluate(view: ClusterView, packer: Packer, prices: PriceBook, mode: Mode) -> list[_Outcome]:
+    jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
+
+    def outcome(name: Literal["full", "partial"], placement: Placement) -> _Outcome:
+        config = Configuration(tuple(placement.instances))
+        return _Outcome(
+            name, config, placement.saving, migration_cost(view.current, config, jobs, prices)
+        )
+
+    outcomes: list[_Outcome] = []
+    if mode in ("ensemble", "full"):
+        outcomes.append(outcome("full", packer.full_placement()))
+    if mode in ("ensemble", "partial"):
+        if outcomes and not view.current.instances:
+            # On an empty cluster Partial re-places everything: it is Full.
+            outcomes.append(dataclasses.replace(outcomes[0], name="partial"))
+        else:
+            outcomes.append(outcome("partial", packer.partial_placement()))
+    return outcomes
+
+
+def _finish(o: _Outcome, d_hat: float) -> Candidate:
+    return Candidate(
+        o.name,
+        o.configuration,
+        o.configuration.hourly_cost,
+        o.saving_per_hour,
+        o.migration,
+        o.saving_per_hour * d_hat - o.migration.dollars,
+    )
+
+
+def _choose(candidates: Sequence[Candidate], d_hat: float, mode: Mode) -> tuple[Candidate, str]:
     if len(candidates) == 1:
         only = candidates[0]
         return only, f"{only.name} reconfiguration only (planner mode {mode!r})"
@@ -115,10 +216,131 @@ def _choose(candidates: list[Candidate], d_hat: float, mode: Mode) -> tuple[Cand
             f"that outweighs its extra one-off cost of "
             f"${full.migration.dollars - partial.migration.dollars:.2f}"
         )
-    if full.configuration == partial.configuration or (abs(full.score - partial.score) <= 1e-9):
+    if full.configuration == partial.configuration or abs(full.score - partial.score) <= 1e-9:
         return partial, "partial: full reconfiguration would not do better"
     return partial, (
         f"partial: full would save ${full.saving_per_hour - partial.saving_per_hour:.2f}/h "
         f"more, but over the expected {d_hat:.2f} h that does not repay its extra one-off "
         f"cost of ${full.migration.dollars - partial.migration.dollars:.2f}"
     )
+
+
+def _lp_classes(packer: Packer) -> list[LPClass]:
+    """The packer's classes, as the LP sees them."""
+    return _merge_lp_classes(
+        LPClass(
+            tuple(
+                packer.demand[k][c] if c in packer.candidate_set[k] else None
+                for k in range(len(packer.types))
+            ),
+            len(tasks),
+            packer.group[c],
+            packer.group_limit[c] or None,
+        )
+        for c, tasks in enumerate(packer.class_tasks)
+    )
+
+
+def _merge_lp_classes(classes: Iterable[LPClass]) -> list[LPClass]:
+    """Merge classes the LP cannot tell apart (equal demands and group)."""
+    merged: dict[tuple, int] = {}
+    for cls in classes:
+        key = (cls.demands, cls.group, cls.group_limit)
+        merged[key] = merged.get(key, 0) + cls.count
+    return [LPClass(demands, n, group, limit) for (demands, group, limit), n in merged.items()]
+
+
+# -- POP ---------------------------------------------------------------------
+
+
+def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
+    """Deal instances and jobs at random into `parts` self-similar sub-problems.
+
+    A job follows the instance hosting its first placed task, so running tasks
+    are not moved just because of the split; unplaced jobs are dealt at random.
+    """
+    rng = random.Random(seed)
+    instance_part = {inst.instance_id: rng.randrange(parts) for inst in view.current}
+    where = {t: instance_part[inst.instance_id] for inst in view.current for t in inst.tasks}
+    job_parts: list[list] = [[] for _ in range(parts)]
+    for job in view.jobs:
+        placed = [where[t.task_id] for t in job.tasks if t.task_id in where]
+        job_parts[placed[0] if placed else rng.randrange(parts)].append(job)
+    return [
+        ClusterView(
+            catalog=view.catalog,
+            jobs=tuple(job_parts[p]),
+            current=Configuration(
+                tuple(i for i in view.current if instance_part[i.instance_id] == p)
+            ),
+            throughput=view.throughput,
+            history=view.history,
+            now_s=view.now_s,
+        )
+        for p in range(parts)
+    ]
+
+
+_PARTS: list[ClusterView] = []  # inherited by forked workers, so views are not pickled
+
+
+def _solve_part(args: tuple[int, Mode, Packing, int]) -> tuple[list[tuple], list[LPClass]]:
+    """Plan one part in a worker; results travel back as plain tuples (cheap to pickle)."""
+    index, mode, packing, pattern_min_tasks = args
+    view = _PARTS[index]
+    prices = PriceBook(view.catalog)
+    pricer = PatternPricer() if packing == "priced" else None
+    packer = Packer(view, prices, pricer, pattern_min_tasks)
+    type_index = {t.name: k for k, t in enumerate(view.catalog.types)}
+    compact = [
+        (
+            o.name,
+            [(type_index[i.type.name], i.instance_id, i.tasks) for i in o.configuration],
+            o.saving_per_hour,
+            o.migration,
+        )
+        for o in _evaluate(view, packer, prices, mode)
+    ]
+    return compact, _lp_classes(packer)
+
+
+def _solve_parts(
+    parts: list[ClusterView], mode: Mode, packing: Packing, pattern_min_tasks: int
+) -> list[tuple[list[_Outcome], list[LPClass]]]:
+    global _PARTS
+    _PARTS = parts
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
+            args = [(i, mode, packing, pattern_min_tasks) for i in range(len(parts))]
+            results = list(pool.map(_solve_part, args))
+    finally:
+        _PARTS = []
+    types = parts[0].catalog.types
+
+    def outcome(name, rows, saving, migration) -> _Outcome:
+        instances = tuple(Instance(iid, types[k], tasks) for k, iid, tasks in rows)
+        return _Outcome(name, Configuration(instances), saving, migration)
+
+    return [([outcome(*row) for row in compact], classes) for compact, classes in results]
+
+
+def _combine(outcomes: list[list[_Outcome]], d_hat: float) -> list[Candidate]:
+    """Concatenate the parts' candidates of each kind and sum their S and M."""
+    combined = []
+    for i, first in enumerate(outcomes[0]):
+        same = [part[i] for part in outcomes]
+        config = Configuration(tuple(inst for o in same for inst in o.configuration))
+        migration = MigrationCost(
+            sum(o.migration.migration_dollars for o in same),
+            sum(o.migration.launch_dollars for o in same),
+            sum(o.migration.moved_jobs for o in same),
+            sum(o.migration.moved_tasks for o in same),
+            sum(o.migration.launched_instances for o in same),
+        )
+        combined.append(
+            _finish(
+                _Outcome(first.name, config, sum(o.saving_per_hour for o in same), migration), d_hat
+            )
+        )
+    return combined

@@ -9,7 +9,6 @@ throughput-normalized reservation price TNRP(T) ≥ C.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
@@ -56,32 +55,32 @@ def tnrp(rp: float, throughput: float, job_rp: float | None = None) -> float:
     return max(0.0, rp - (1.0 - throughput) * job_rp)
 
 
-@dataclass(frozen=True, slots=True)
 class PriceBook:
-    """Reservation prices of a set of jobs against one catalog, computed once."""
+    """Reservation prices against one catalog, memoized by demand vector.
 
-    task_rp: dict[str, float]
-    task_type: dict[str, str]
-    job_rp: dict[str, float]
+    Tasks with equal demands have equal RPs; with millions of tasks and a few
+    dozen distinct demands, the catalog is searched a few dozen times.
+    """
 
-    @classmethod
-    def build(cls, jobs: Iterable[JobSpec], catalog: Catalog) -> PriceBook:
-        task_rp: dict[str, float] = {}
-        task_type: dict[str, str] = {}
-        job_rp: dict[str, float] = {}
-        cache: dict[tuple, InstanceType] = {}
-        for job in jobs:
-            total = 0.0
-            for task in job.tasks:
-                itype = cache.get(task.demands)
-                if itype is None:
-                    itype = cache[task.demands] = cheapest_type(task, catalog)
-                task_rp[task.task_id] = itype.hourly_cost
-                task_type[task.task_id] = itype.name
-                total += itype.hourly_cost
-            job_rp[job.job_id] = total
-        return cls(task_rp, task_type, job_rp)
+    __slots__ = ("_by_demands", "catalog")
 
-    def no_packing_hourly_cost(self) -> float:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._by_demands: dict[tuple, InstanceType] = {}
+
+    def cheapest_type(self, task: TaskSpec) -> InstanceType:
+        itype = self._by_demands.get(task.demands)
+        if itype is None:
+            itype = self._by_demands[task.demands] = cheapest_type(task, self.catalog)
+        return itype
+
+    def task_rp(self, task: TaskSpec) -> float:
+        return self.cheapest_type(task).hourly_cost
+
+    def job_rp(self, job: JobSpec) -> float:
+        """RP(j) = Σ_{τ∈j} RP(τ)."""
+        return sum(self.task_rp(t) for t in job.tasks)
+
+    def no_packing_hourly_cost(self, jobs: Iterable[JobSpec]) -> float:
         """Hourly cost with every task alone on its cheapest fitting type."""
-        return sum(self.task_rp.values())
+        return sum(self.job_rp(j) for j in jobs)

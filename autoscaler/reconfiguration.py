@@ -28,7 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autoscaler.configuration import Configuration, Instance
-from autoscaler.jobs import TaskSpec
+from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
 from autoscaler.pricing import PriceBook, tnrp
 from autoscaler.resources import EPSILON
 from autoscaler.view import ClusterView
@@ -37,47 +38,77 @@ from autoscaler.view import ClusterView
 VALUE_TOLERANCE = 1e-6
 
 
-def class_key(task: TaskSpec, job_rp: float, multi_task: bool, with_workload: bool) -> tuple:
-    """Tasks with equal keys are interchangeable for packing; the key also orders classes."""
+def class_key(task: TaskSpec, job: JobSpec, job_rp: float, with_workload: bool) -> tuple:
+    """Tasks with equal keys are interchangeable for packing; the key also orders classes.
+
+    Beyond demands: the workload (when interference is modelled), the job's
+    reservation price for tasks of multi-task jobs (§4.4 values them by it),
+    and the job itself with its limit when anti-affinity can bind.
+    """
     demands = tuple((family, d.as_tuple()) for family, d in task.demands)
+    limit = job.anti_affinity
     return (
         demands,
         task.workload if with_workload else "",
-        round(job_rp, 9) if multi_task else -1.0,
+        round(job_rp, 9) if job.is_multi_task else -1.0,
+        (job.job_id, limit) if limit is not None else ("", 0),
     )
 
 
 class Packer:
     """Reconfiguration of one snapshot: shared class structure and TNRP cache."""
 
-    def __init__(self, view: ClusterView, prices: PriceBook | None = None) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        prices: PriceBook | None = None,
+        pricer: PatternPricer | None = None,
+        pattern_min_tasks: int = 400,
+    ) -> None:
+        """`pricer`: pack also by column generation and keep the better packing
+        (with at least `pattern_min_tasks` tasks to pack); None: Algorithm 1 only."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
         self.table = view.throughput
         self.neutral = self.table.is_neutral
-        self.prices = prices or PriceBook.build(view.jobs, view.catalog)
+        self.prices = prices or PriceBook(view.catalog)
+        self.pricer = pricer
+        self.pattern_min_tasks = pattern_min_tasks
 
-        keyed: dict[tuple, list[TaskSpec]] = {}
-        job_of_task: dict[str, str] = {}
+        keyed: dict[tuple, list[str]] = {}
+        sample: dict[tuple, tuple[TaskSpec, JobSpec]] = {}
+        with_workload = not self.neutral
+        memo: dict[tuple, tuple] = {}  # many tasks share demands and workload
         for job in view.jobs:
-            jrp = self.prices.job_rp[job.job_id]
+            plain = len(job.tasks) == 1 and job.max_tasks_per_instance is None
             for task in job.tasks:
-                key = class_key(task, jrp, job.is_multi_task, not self.neutral)
-                keyed.setdefault(key, []).append(task)
-                job_of_task[task.task_id] = job.job_id
+                if plain:
+                    memo_key = (task.demands, task.workload if with_workload else "")
+                    key = memo.get(memo_key)
+                    if key is None:
+                        key = memo[memo_key] = class_key(
+                            task, job, self.prices.job_rp(job), with_workload
+                        )
+                else:
+                    key = class_key(task, job, self.prices.job_rp(job), with_workload)
+                tasks = keyed.get(key)
+                if tasks is None:
+                    keyed[key] = tasks = []
+                    sample[key] = (task, job)
+                tasks.append(task.task_id)
         keys = sorted(keyed)
-        self.job_of_task = job_of_task
-        self.class_tasks: list[list[str]] = [[t.task_id for t in keyed[k]] for k in keys]
-        self.task_class: dict[str, int] = {
-            tid: c for c, tids in enumerate(self.class_tasks) for tid in tids
-        }
-        first = [keyed[k][0] for k in keys]
-        self.rp = [self.prices.task_rp[t.task_id] for t in first]
+        self.class_keys = keys
+        self.class_tasks: list[list[str]] = [keyed[k] for k in keys]
+        self._task_class: dict[str, int] | None = None
+        first = [sample[k][0] for k in keys]
+        self.rp = [self.prices.task_rp(t) for t in first]
         self.jrp: list[float | None] = [
-            self.prices.job_rp[job_of_task[t.task_id]] if k[2] >= 0 else None
-            for t, k in zip(first, keys, strict=True)
+            self.prices.job_rp(sample[k][1]) if sample[k][1].is_multi_task else None for k in keys
         ]
+        self.group: list[str | None] = [k[3][0] or None for k in keys]
+        self.group_limit: list[int] = [k[3][1] for k in keys]
+        self.has_groups = any(self.group)
         self.workload = [t.workload for t in first]
         # Per type: each class's demand on that type's family (None: cannot run there).
         self.demand: list[list[tuple[float, float, float] | None]] = []
@@ -99,8 +130,16 @@ class Packer:
                     and d[2] <= cap.ram_gb + EPSILON
                 ]
             )
+        self.candidate_set = [set(cands) for cands in self.candidates]
         self._value_cache: dict[tuple[int, ...], float] = {}
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    @property
+    def task_class(self) -> dict[str, int]:
+        """Task id -> class index (built on first use: an empty cluster never needs it)."""
+        if self._task_class is None:
+            self._task_class = {tid: c for c, tids in enumerate(self.class_tasks) for tid in tids}
+        return self._task_class
 
     # -- valuation ---------------------------------------------------------
 
@@ -134,22 +173,18 @@ class Packer:
     # -- Algorithm 1 ---------------------------------------------------------
 
     def _fill(
-        self,
-        k: int,
-        counts: list[int],
-        residents: Counter[int] | None,
-        free: list[float] | None = None,
-        composition: list[int] | None = None,
+        self, k: int, counts: list[int], residents: Counter[int] | None
     ) -> tuple[list[int], float]:
         """Fill one instance of type k greedily; decrements `counts` for what it takes."""
-        itype = self.types[k]
-        cap = itype.capacity.as_tuple()
-        free = list(cap) if free is None else free
-        comp: list[int] = [] if composition is None else composition
-        current = self.value(tuple(comp)) if comp else 0.0
+        cap = self.types[k].capacity.as_tuple()
+        free = list(cap)
+        comp: list[int] = []
+        current = 0.0
         demand = self.demand[k]
         rp = self.rp
         neutral = self.neutral
+        group, limit = self.group, self.group_limit
+        in_group: Counter[str] = Counter()
         inv = [1.0 / c if c > 0 else 0.0 for c in cap]
         while True:
             best = -1
@@ -162,6 +197,9 @@ class Packer:
                 assert d is not None
                 if d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON:
                     continue
+                g = group[c]
+                if g is not None and in_group[g] >= limit[c]:
+                    continue  # anti-affinity: this job has its limit on this instance
                 if neutral:
                     v = current + rp[c]
                 else:
@@ -182,6 +220,8 @@ class Packer:
             counts[best] -= 1
             if residents and residents[best] > 0:
                 residents[best] -= 1
+            if group[best] is not None:
+                in_group[group[best]] += 1  # type: ignore[index]
             d = demand[best]
             assert d is not None
             free[0] -= d[0]
@@ -221,7 +261,7 @@ class Packer:
         self._downsize_cache[key] = best
         return best
 
-    def algorithm1(self, pools: TaskPools, existing: Iterable[Instance]) -> list[Instance]:
+    def algorithm1(self, pools: TaskPools, existing: Iterable[Instance]) -> Placement:
         """Algorithm 1 over what `pools` holds, reusing `existing` instances where it can."""
         by_type: dict[str, list[Instance]] = {}
         for inst in existing:
@@ -230,6 +270,7 @@ class Packer:
             insts.sort(key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or ""))
         counts = pools.counts
         result: list[Instance] = []
+        saving = 0.0
         for k, itype in enumerate(self.types):
             if not any(counts[c] > 0 for c in self.candidates[k]):
                 for inst in by_type.get(itype.name, []):
@@ -250,6 +291,7 @@ class Packer:
                     result.append(
                         Instance(inst.instance_id if j == k else None, self.types[j], tasks)
                     )
+                    saving += value - self.types[j].hourly_cost
                 else:
                     for c in comp:
                         counts[c] += 1
@@ -270,28 +312,135 @@ class Packer:
                 for c, n in multiplicity.items():
                     counts[c] -= (repeats - 1) * n
                 target = self.types[self._downsize(k, tuple(comp))]
-                for _ in range(repeats):
-                    result.append(Instance(None, target, pools.take_all(comp)))
+                for tasks in pools.take_copies(sorted(multiplicity.items()), repeats):
+                    result.append(Instance(None, target, tasks))
+                saving += repeats * (value - target.hourly_cost)
         if any(counts):
             left = {self.class_tasks[c][0]: n for c, n in enumerate(counts) if n}
             raise AssertionError(f"Algorithm 1 left tasks unplaced: {left}")
-        return result
+        return Placement(result, saving)
+
+    def pack(self, pools: TaskPools, existing: list[Instance]) -> Placement:
+        """Place what `pools` holds: Algorithm 1, or price-guided packing when that is better.
+
+        Both are computed when a pricer is set and there are enough tasks for
+        patterns to matter; the one with the larger saving Σ(TNRP − cost) — the
+        quantity Eva's criterion values — wins, so the result is never worse
+        than Algorithm 1's.
+        """
+        if self.pricer is None or sum(pools.counts) < self.pattern_min_tasks:
+            return self.algorithm1(pools, existing)
+        plain = self.algorithm1(pools.copy(), existing)
+        priced = self.priced(pools, existing)
+        return priced if priced.saving > plain.saving + VALUE_TOLERANCE else plain
+
+    def saving(self, instances: Iterable[Instance]) -> float:
+        """S: Σ over instances of (TNRP of its tasks − its cost)."""
+        return sum(self.tnrp_of(i.tasks) - i.type.hourly_cost for i in instances)
+
+    def pattern_classes(self, counts: list[int]) -> tuple[list[int], list[PatternClass]]:
+        """The classes with tasks left, as the pattern LP sees them (and their indices)."""
+        live = [c for c, n in enumerate(counts) if n > 0]
+        fits = self.candidate_set
+        classes = [
+            PatternClass(
+                key=self.class_keys[c],
+                count=counts[c],
+                demands=tuple(
+                    self.demand[k][c] if c in fits[k] else None for k in range(len(self.types))
+                ),
+                rp=self.rp[c],
+                group=self.group[c],
+                group_limit=self.group_limit[c] or None,
+            )
+            for c in live
+        ]
+        return live, classes
+
+    def shapes(self) -> list[TypeShape]:
+        return [TypeShape(t.name, t.hourly_cost, t.capacity.as_tuple()) for t in self.types]
+
+    def priced(self, pools: TaskPools, existing: list[Instance]) -> Placement:
+        """Price-guided packing: the configuration LP's patterns, rounded down, then
+        Algorithm 1 for the few tasks left over (see `patterns.py`)."""
+        assert self.pricer is not None
+        counts = pools.counts
+        live, classes = self.pattern_classes(counts)
+        if not classes:
+            return self.algorithm1(pools, existing)
+
+        def loss(comp: tuple[int, ...], k: int) -> float:
+            real = tuple(live[i] for i in comp)
+            return sum(self.rp[c] for c in real) - self.value(real)
+
+        solution = self.pricer.solve(self.shapes(), classes, None if self.neutral else loss)
+        # Round down: whole copies of each pattern while its tasks last. A
+        # pattern that would not be cost-efficient (TNRP < cost) is never used.
+        chosen: list[list] = []  # [type index, composition (class, n), copies, saving each]
+        for pattern, y in sorted(solution.patterns, key=lambda py: (-py[1], py[0].type_index)):
+            comp = [(live[i], n) for i, n in pattern.composition]
+            copies = min([int(y + 1e-9)] + [counts[c] // n for c, n in comp])
+            if copies <= 0:
+                continue
+            flat = tuple(sorted(c for c, n in comp for _ in range(n)))
+            margin = self.value(flat) - self.types[pattern.type_index].hourly_cost
+            if margin < -VALUE_TOLERANCE:
+                continue
+            for c, n in comp:
+                counts[c] -= copies * n
+            chosen.append([pattern.type_index, comp, copies, margin])
+
+        # Existing instances first take a copy of the pattern of their type that
+        # keeps most of their tasks where they are.
+        result: list[Instance] = []
+        saving = 0.0
+        unmatched: list[Instance] = []
+        for inst in sorted(existing, key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or "")):
+            k = self.type_index.get(inst.type.name)
+            residents = pools.resident_counts(inst.instance_id)
+            best, best_overlap = None, 0
+            for entry in chosen:
+                if entry[0] != k or entry[2] <= 0:
+                    continue
+                overlap = sum(min(residents[c], n) for c, n in entry[1])
+                if overlap > best_overlap:
+                    best, best_overlap = entry, overlap
+            if best is None:
+                unmatched.append(inst)
+                continue
+            best[2] -= 1
+            saving += best[3]
+            flat = [c for c, n in best[1] for _ in range(n)]
+            result.append(
+                Instance(inst.instance_id, inst.type, pools.take_all(flat, prefer=inst.instance_id))
+            )
+            pools.orphan(inst.instance_id)
+        for k, comp, copies, margin in chosen:
+            for tasks in pools.take_copies(comp, copies):
+                result.append(Instance(None, self.types[k], tasks))
+            saving += copies * margin
+        return Placement(result, saving).extend(self.algorithm1(pools, unmatched))
 
     # -- the two reconfigurations ------------------------------------------------
 
     def full(self) -> Configuration:
         """Full Reconfiguration: every task of the snapshot re-placed (§4.2)."""
+        return Configuration(tuple(self.full_placement().instances))
+
+    def partial(self) -> Configuration:
+        """Partial Reconfiguration (§4.5); see `partial_placement`."""
+        return Configuration(tuple(self.partial_placement().instances))
+
+    def full_placement(self) -> Placement:
+        """Full Reconfiguration with its saving."""
         pools = TaskPools(self)
         current = list(self.view.current)
         for inst in current:
             pools.add_resident(inst)
-        placed = pools.placed_ids()
-        for tid in self.task_class:
-            if tid not in placed:
-                pools.add_unplaced(tid)
-        return Configuration(tuple(self.algorithm1(pools, current)))
+        self._add_unplaced(pools, pools.placed_ids())
+        return self.pack(pools, current)
 
-    def partial(self) -> Configuration:
+    def partial_placement(self) -> Placement:
         """Partial Reconfiguration: keep every instance that is still cost-efficient (§4.5).
 
         Re-placed are only tasks not on any instance and tasks on instances whose
@@ -312,9 +461,7 @@ class Packer:
             else:
                 released.append(Instance(inst.instance_id, inst.type, tuple(active)))
                 pools.add_resident(released[-1])
-        for tid in self.task_class:
-            if tid not in on_instance:
-                pools.add_unplaced(tid)
+        self._add_unplaced(pools, on_instance)
 
         counts = pools.counts
         if kept:
@@ -325,15 +472,21 @@ class Packer:
                     if host is None:
                         break  # kept instances only fill up: none will take c later
                     counts[c] -= 1
-                    host.tasks.extend(pools.take_all([c]))
+                    host.tasks.append(pools.take_all([c])[0])
                     insort(host.composition, c)
                     host.value = self.value(tuple(host.composition))
                     d = self.demand[host.k][c]
                     assert d is not None
                     host.free = [host.free[0] - d[0], host.free[1] - d[1], host.free[2] - d[2]]
         result = [Instance(e.instance.instance_id, e.instance.type, tuple(e.tasks)) for e in kept]
-        result.extend(self.algorithm1(pools, released))
-        return Configuration(tuple(result))
+        saving = sum(e.value - e.instance.type.hourly_cost for e in kept)
+        return Placement(result, saving).extend(self.pack(pools, released))
+
+    def _add_unplaced(self, pools: TaskPools, on_instance: set[str]) -> None:
+        for c, tids in enumerate(self.class_tasks):
+            pools.add_unplaced(
+                c, [t for t in tids if t not in on_instance] if on_instance else tids
+            )
 
     def _best_kept_host(self, kept: list[_KeptInstance], c: int) -> _KeptInstance | None:
         """The kept instance where a task of class c adds the most TNRP (None if none gains)."""
@@ -343,6 +496,12 @@ class Packer:
             free = entry.free
             if d is None or (
                 d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON
+            ):
+                continue
+            g = self.group[c]
+            if (
+                g is not None
+                and sum(self.group[x] == g for x in entry.composition) >= (self.group_limit[c])
             ):
                 continue
             trial = list(entry.composition)
@@ -381,6 +540,17 @@ class Packer:
 
 
 @dataclass(slots=True)
+class Placement:
+    """Instances and their provisioning saving S = Σ(TNRP − cost), known while packing."""
+
+    instances: list[Instance]
+    saving: float
+
+    def extend(self, other: Placement) -> Placement:
+        return Placement(self.instances + other.instances, self.saving + other.saving)
+
+
+@dataclass(slots=True)
 class _KeptInstance:
     """An instance Partial Reconfiguration keeps, and what it is given while filling."""
 
@@ -404,20 +574,34 @@ class TaskPools:
         n = len(packer.class_tasks)
         self.packer = packer
         self.counts = [0] * n
-        self._unplaced: list[deque[str]] = [deque() for _ in range(n)]
+        self._unplaced: list[list[str]] = [[] for _ in range(n)]
+        self._cursor = [0] * n  # unplaced tasks before the cursor are taken
         self._orphaned: list[deque[str]] = [deque() for _ in range(n)]
         self._resident: list[dict[str, list[str]]] = [{} for _ in range(n)]
         self._classes_on: dict[str, set[int]] = {}
 
-    def add_unplaced(self, task_id: str) -> None:
-        c = self.packer.task_class[task_id]
-        self._unplaced[c].append(task_id)
-        self.counts[c] += 1
+    def copy(self) -> TaskPools:
+        """An independent copy, so two packings can be tried on the same tasks."""
+        other = TaskPools.__new__(TaskPools)
+        other.packer = self.packer
+        other.counts = list(self.counts)
+        other._unplaced = [list(q) for q in self._unplaced]
+        other._cursor = list(self._cursor)
+        other._orphaned = [deque(q) for q in self._orphaned]
+        other._resident = [{i: list(t) for i, t in per.items()} for per in self._resident]
+        other._classes_on = {i: set(cs) for i, cs in self._classes_on.items()}
+        return other
+
+    def add_unplaced(self, c: int, task_ids: list[str]) -> None:
+        """Tasks of class c that are on no instance."""
+        self._unplaced[c].extend(task_ids)
+        self.counts[c] += len(task_ids)
 
     def add_resident(self, inst: Instance) -> None:
         assert inst.instance_id is not None
+        task_class = self.packer.task_class
         for task_id in inst.tasks:
-            c = self.packer.task_class.get(task_id)
+            c = task_class.get(task_id)
             if c is None:
                 continue
             self._resident[c].setdefault(inst.instance_id, []).append(task_id)
@@ -439,16 +623,35 @@ class TaskPools:
             self._orphaned[c].extend(self._resident[c].pop(instance_id or "", ()))
 
     def take_all(self, composition: Iterable[int], prefer: str | None = None) -> tuple[str, ...]:
-        """Task ids for a composition (counts were already decremented by the caller)."""
-        return tuple(sorted(self._take(c, prefer) for c in composition))
+        """Task ids for one instance (counts were already decremented by the caller)."""
+        return tuple([self._take(c, prefer) for c in composition])
+
+    def take_copies(
+        self, composition: Iterable[tuple[int, int]], copies: int
+    ) -> list[tuple[str, ...]]:
+        """Task ids for `copies` new instances of one composition of (class, count)."""
+        per_class = [(self._take_many(c, n * copies), n) for c, n in composition]
+        return [
+            tuple(t for got, n in per_class for t in got[i * n : (i + 1) * n])
+            for i in range(copies)
+        ]
+
+    def _take_many(self, c: int, n: int) -> list[str]:
+        start = self._cursor[c]
+        got = self._unplaced[c][start : start + n]
+        self._cursor[c] = start + len(got)
+        while len(got) < n:
+            got.append(self._take(c, None))
+        return got
 
     def _take(self, c: int, prefer: str | None) -> str:
         if prefer is not None:
             mine = self._resident[c].get(prefer)
             if mine:
                 return mine.pop()
-        if self._unplaced[c]:
-            return self._unplaced[c].popleft()
+        if self._cursor[c] < len(self._unplaced[c]):
+            self._cursor[c] += 1
+            return self._unplaced[c][self._cursor[c] - 1]
         if self._orphaned[c]:
             return self._orphaned[c].popleft()
         for instance_id in sorted(self._resident[c], reverse=True):

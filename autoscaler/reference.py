@@ -21,13 +21,14 @@ def algorithm1(
     jobs: tuple[JobSpec, ...], catalog: Catalog, table: ThroughputTable
 ) -> Configuration:
     """Full Reconfiguration of `jobs` onto an empty cluster, one task at a time."""
-    prices = PriceBook.build(jobs, catalog)
+    prices = PriceBook(catalog)
     tasks = []
     for job in jobs:
-        jrp = prices.job_rp[job.job_id]
+        jrp = prices.job_rp(job)
         for t in job.tasks:
-            key = class_key(t, jrp, job.is_multi_task, not table.is_neutral)
-            tasks.append((t, prices.task_rp[t.task_id], jrp if job.is_multi_task else None, key))
+            key = class_key(t, job, jrp, not table.is_neutral)
+            tasks.append((t, prices.task_rp(t), jrp if job.is_multi_task else None, key))
+    limit = {j.job_id: j.anti_affinity for j in jobs}
     rank = {k: i for i, k in enumerate(sorted({k for *_, k in tasks}))}
     types = catalog.types
 
@@ -51,6 +52,12 @@ def algorithm1(
                 best, best_key, best_value = -1, None, 0.0
                 for i in unassigned:
                     if i in members:
+                        continue
+                    job_id = tasks[i][0].job_id
+                    if (
+                        limit[job_id] is not None
+                        and sum(tasks[j][0].job_id == job_id for j in members) >= limit[job_id]
+                    ):
                         continue
                     d = tasks[i][0].demand_on(itype.family)
                     if d is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Names of the resource dimensions, in vector order. CPU is counted in
 #: physical cores, as in Eva's data (an EC2 vCPU is half a core).
@@ -14,9 +14,12 @@ RESOURCE_NAMES: tuple[str, ...] = ("gpu", "cpu", "ram_gb")
 EPSILON = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class Resources:
-    """An amount of each resource; used for task demands and instance capacities."""
+class Resources(NamedTuple):
+    """An amount of each resource; used for task demands and instance capacities.
+
+    A tuple underneath, so hashing and comparing millions of demands stays
+    cheap. Use `plus`/`minus` for arithmetic: `+` on tuples concatenates.
+    """
 
     gpu: float = 0.0
     cpu: float = 0.0

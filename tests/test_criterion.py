@@ -55,9 +55,7 @@ def two_half_empty_it1(init_delay_s: float = 36.0):
 def test_migration_cost_charges_moved_jobs_and_new_instances():
     catalog, jobs, current = two_half_empty_it1()
     target = configuration(running("i-1", catalog["it1"], "a/0", "b/0"))
-    cost = migration_cost(
-        current, target, {j.job_id: j for j in jobs}, PriceBook.build(jobs, catalog)
-    )
+    cost = migration_cost(current, target, {j.job_id: j for j in jobs}, PriceBook(catalog))
     # job b moves: checkpoint 1 + 7 s, relaunch 36 + 1 + 10 s = 55 s at its RP of $12/h
     assert cost.moved_jobs == 1 and cost.launched_instances == 0
     assert cost.dollars == pytest.approx(55 / HOUR * 12.0)

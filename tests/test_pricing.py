@@ -13,8 +13,8 @@ def test_reservation_prices_of_table3_tasks():
 
 
 def test_no_packing_cost_of_table3_is_16_2():
-    book = PriceBook.build(table3_jobs(), table3_catalog())
-    assert book.no_packing_hourly_cost() == pytest.approx(16.2)
+    book = PriceBook(table3_catalog())
+    assert book.no_packing_hourly_cost(table3_jobs()) == pytest.approx(16.2)
 
 
 def test_tnrp_of_colocated_pair_from_section_4_3():
@@ -35,6 +35,7 @@ def test_multi_task_tnrp_charges_the_whole_jobs_value():
 
 
 def test_job_rp_sums_its_tasks():
-    book = PriceBook.build((job("j", (1, 4, 10), (0, 6, 20)),), table3_catalog())
-    assert book.job_rp["j"] == pytest.approx(3.8)
-    assert book.task_type == {"j/0": "it2", "j/1": "it3"}
+    multi = job("j", (1, 4, 10), (0, 6, 20))
+    book = PriceBook(table3_catalog())
+    assert book.job_rp(multi) == pytest.approx(3.8)
+    assert [book.cheapest_type(t).name for t in multi.tasks] == ["it2", "it3"]

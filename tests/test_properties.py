@@ -120,7 +120,7 @@ def test_without_interference_packing_never_costs_more_than_no_packing(data):
     catalog = data.draw(catalogs())
     jobs = data.draw(job_sets(catalog))
     plan = EvaPlanner().plan(ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0)))
-    assert plan.hourly_cost <= PriceBook.build(jobs, catalog).no_packing_hourly_cost() + 1e-9
+    assert plan.hourly_cost <= PriceBook(catalog).no_packing_hourly_cost(jobs) + 1e-9
 
 
 @SETTINGS
@@ -131,9 +131,9 @@ def test_class_batched_algorithm1_equals_the_task_by_task_transcription(data):
     table = data.draw(tables())
     batched = Packer(ClusterView(catalog, jobs, throughput=table)).full()
     literal = algorithm1(jobs, catalog, table)
-    prices = PriceBook.build(jobs, catalog)
+    prices = PriceBook(catalog)
     key_of = {
-        t.task_id: class_key(t, prices.job_rp[j.job_id], j.is_multi_task, not table.is_neutral)
+        t.task_id: class_key(t, j, prices.job_rp(j), not table.is_neutral)
         for j in jobs
         for t in j.tasks
     }

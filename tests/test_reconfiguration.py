@@ -111,7 +111,7 @@ def test_full_reuses_an_existing_instance_for_its_own_tasks():
         running("i-1", it1, "t1/0", "t2/0", "t4/0"), running("i-2", catalog["it3"], "t3/0")
     )
     plan = full_reconfiguration(view(table3_jobs(), current))
-    assert sorted((i.instance_id, i.tasks) for i in plan) == [
+    assert sorted((i.instance_id, tuple(sorted(i.tasks))) for i in plan) == [
         ("i-1", ("t1/0", "t2/0", "t4/0")),
         ("i-2", ("t3/0",)),
     ]
@@ -136,7 +136,7 @@ def test_partial_keeps_cost_efficient_instances_and_places_new_tasks():
     plan = partial_reconfiguration(view(jobs, current))
     kept = plan.by_id()["i-1"]
     # τ2 and τ4 join τ1 on i-1 (most TNRP gained); τ3 no longer fits there
-    assert kept.tasks == ("t1/0", "t2/0", "t4/0")
+    assert sorted(kept.tasks) == ["t1/0", "t2/0", "t4/0"]
     assert placement(plan) == [("it1", ("t1/0", "t2/0", "t4/0")), ("it3", ("t3/0",))]
 
 

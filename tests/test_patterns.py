@@ -1,0 +1,129 @@
+"""Column generation over compositions: exact pricing, valid packings, never worse than Alg. 1."""
+
+from itertools import product
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoscaler.configuration import Configuration
+from autoscaler.patterns import PatternClass, PatternPricer, TypeShape, best_composition
+from autoscaler.planner import planner_by_name
+from autoscaler.reconfiguration import Packer
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
+from tests.test_properties import assert_valid, catalogs, clusters, job_sets, tables
+
+
+@st.composite
+def knapsacks(draw):
+    cap = (draw(st.integers(0, 4)), draw(st.integers(1, 16)), draw(st.integers(1, 64)))
+    classes = []
+    for i in range(draw(st.integers(1, 4))):
+        d = (draw(st.integers(0, 2)), draw(st.integers(1, 8)), draw(st.integers(0, 32)))
+        limit = draw(st.sampled_from([None, None, 1, 2]))
+        classes.append(
+            PatternClass(
+                i,
+                draw(st.integers(1, 5)),
+                (d,),
+                1.0,
+                group=f"g{i}" if limit else None,
+                group_limit=limit,
+            )
+        )
+    duals = [draw(st.integers(0, 100)) / 10 for _ in classes]
+    return TypeShape("t", draw(st.integers(1, 50)) / 10, cap), classes, duals
+
+
+def brute_force(shape, classes, duals):
+    best = 0.0
+    ranges = [range(c.count + 1) for c in classes]
+    for counts in product(*ranges):
+        used = [
+            sum(n * c.demands[0][r] for n, c in zip(counts, classes, strict=True)) for r in range(3)
+        ]
+        if any(u > cap + 1e-9 for u, cap in zip(used, shape.capacity, strict=True)):
+            continue
+        if any(c.group_limit and n > c.group_limit for n, c in zip(counts, classes, strict=True)):
+            continue
+        best = max(best, sum(n * u for n, u in zip(counts, duals, strict=True)))
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(knapsacks())
+def test_branch_and_bound_finds_the_best_composition(problem):
+    shape, classes, duals = problem
+    comp, value, complete = best_composition(0, shape, classes, duals, None, 10**6)
+    expected = brute_force(shape, classes, duals)
+    assert complete
+    if expected > shape.cost * (1 + 1e-9):
+        # the search may skip a type whose best cannot beat its cost; otherwise it is exact
+        assert value == pytest.approx(expected)
+        used = [sum(n * classes[c].demands[0][r] for c, n in comp) for r in range(3)]
+        assert all(u <= cap + 1e-9 for u, cap in zip(used, shape.capacity, strict=True))
+
+
+def test_configuration_lp_is_at_least_as_tight_as_the_fluid_lp():
+    # Two tasks of 3 CPU on 4-CPU instances: the fluid LP packs 6 CPU into 1.5
+    # instances ($1.5); whole tasks need two instances, and so does the pattern LP.
+    shape = TypeShape("cpu4", 1.0, (0, 4, 16))
+    solution = PatternPricer().solve([shape], [PatternClass("a", 2, ((0, 3, 1),), 1.0)])
+    assert solution.exact
+    assert solution.objective == pytest.approx(2.0)
+
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+@SETTINGS
+@given(st.data())
+def test_priced_packing_is_valid_and_never_worse_than_algorithm1(data):
+    catalog = data.draw(catalogs())
+    jobs = data.draw(job_sets(catalog, max_jobs=30))
+    table = data.draw(tables())
+    view = ClusterView(catalog, jobs, throughput=table)
+    plain = Packer(view).full_placement()
+    priced = Packer(view, pricer=PatternPricer(), pattern_min_tasks=0).full_placement()
+    assert_valid(Configuration(tuple(priced.instances)), jobs)
+    assert priced.saving >= plain.saving - 1e-6
+
+
+@SETTINGS
+@given(clusters())
+def test_priced_planner_plans_a_running_cluster_validly(cluster):
+    catalog, jobs, current, table = cluster
+    plan = planner_by_name("eva", pattern_min_tasks=0).plan(
+        ClusterView(catalog, jobs, current, table)
+    )
+    for candidate in plan.candidates:
+        assert_valid(candidate.configuration, jobs)
+    if table.is_neutral and plan.lower_bound is not None:
+        assert plan.lower_bound_hourly_cost <= plan.hourly_cost + 1e-6
+
+
+@SETTINGS
+@given(st.data())
+def test_saving_reported_by_packing_matches_recomputation(data):
+    catalog = data.draw(catalogs())
+    jobs = data.draw(job_sets(catalog, max_jobs=30))
+    table = data.draw(tables())
+    packer = Packer(
+        ClusterView(catalog, jobs, throughput=table), pricer=PatternPricer(), pattern_min_tasks=0
+    )
+    placement = packer.full_placement()
+    assert placement.saving == pytest.approx(packer.saving(placement.instances), abs=1e-6)
+
+
+def test_pop_split_plans_every_task_once_at_the_same_cost():
+    catalog, source = pai_catalog_and_jobs()
+    jobs = sample_jobs(source, 3000, seed=7)
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+    whole = planner_by_name("eva").plan(view)
+    split = planner_by_name("eva", pop_threshold=1000, pop_parts=3).plan(view)
+    assert split.partitions == 3 and whole.partitions == 1
+    assert_valid(split.configuration, jobs)
+    assert split.lower_bound_hourly_cost == pytest.approx(whole.lower_bound_hourly_cost)
+    assert split.hourly_cost <= whole.hourly_cost * 1.01
