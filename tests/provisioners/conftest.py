@@ -20,7 +20,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from provisioners.config import EC2Config
+from provisioners.config import EC2Config, GuardrailsConfig
+from provisioners.ec2 import EC2Cloud
 
 REGION = "us-east-1"
 
@@ -174,6 +175,17 @@ def config(ami: str, tmp_path: Path) -> EC2Config:
         families=("c7i", "r7i", "p3"),
         cache_dir=tmp_path / "cache",
     )
+
+
+def make_cloud(
+    config: EC2Config,
+    ec2: Any,
+    clock: Clock,
+    sleeps: list[float],
+    guardrails: GuardrailsConfig | None = None,
+    **kwargs: Any,
+) -> EC2Cloud:
+    return EC2Cloud(config, guardrails, ec2=ec2, clock=clock, sleep=sleeps.append, **kwargs)
 
 
 def zone_of(params: dict[str, Any]) -> str | None:
