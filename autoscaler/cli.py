@@ -18,6 +18,7 @@ from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_contention_matrix
 from autoscaler.view import ClusterView
+from provisioners.cli import register as register_catalog_commands
 
 
 def _throughput_arg(text: str) -> float:
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show at most N instances in the table (0 = all; default 30)",
     )
     plan.set_defaults(func=cmd_plan)
+    register_catalog_commands(sub)
     return parser
 
 

@@ -43,6 +43,7 @@ class CloudInstance:
     launch_token: str | None = None
     launched_at_s: float | None = None  # epoch seconds of the launch request
     spot: bool = False
+    dry_run: bool = False  # a launch the cloud accepted in dry-run mode: nothing exists or bills
 
 
 @dataclass(frozen=True, slots=True)

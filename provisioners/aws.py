@@ -1,0 +1,249 @@
+"""Calling AWS: clients with adaptive retries, a bounded throttling backoff, typed errors.
+
+Every boto3 call of the provisioner goes through `AwsCaller.call`, so every
+failure leaves here as a `CloudError` subclass that says whether retrying can
+help and what the user should change — never as a raw botocore exception, and
+never swallowed.
+
+Two layers of retry, on purpose:
+
+- botocore's *adaptive* mode retries throttled and 5xx responses inside one
+  call and slows the client down (a token bucket) when AWS pushes back;
+- on top of it, a bounded exponential backoff (`AwsCaller`) for throttling
+  that outlasts botocore's attempts. After its bound the call raises
+  `CloudUnavailable`: the control loop retries next round instead of blocking.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import boto3
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from autoscaler.cloud import CloudError, CloudRequestError, CloudUnavailable
+
+#: Error codes AWS uses when a client sends requests too fast.
+THROTTLING_CODES: frozenset[str] = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "EC2ThrottledException",
+        "SlowDown",
+        "PriorRequestNotComplete",
+    }
+)
+
+#: Server-side failures that later attempts may not see (botocore already retried them).
+_TRANSIENT_CODES: frozenset[str] = frozenset(
+    {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable"}
+)
+
+_PERMISSION_CODES: frozenset[str] = frozenset(
+    {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "OptInRequired", "Blocked"}
+)
+_CREDENTIAL_CODES: frozenset[str] = frozenset(
+    {
+        "AuthFailure",
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "ExpiredTokenException",
+    }
+)
+
+#: Which configuration field to check for an EC2 error code (by prefix).
+_CONFIG_HINTS: tuple[tuple[str, str], ...] = (
+    ("InvalidAMIID", "check [ec2] ami"),
+    ("InvalidSubnet", "check [ec2] subnet_ids"),
+    ("InvalidGroup", "check [ec2] security_group_ids"),
+    ("InvalidSecurityGroup", "check [ec2] security_group_ids"),
+    ("InvalidKeyPair", "check [ec2] key_name"),
+    ("NoSuchEntity", "check [ec2] iam_instance_profile"),
+    ("InvalidInstanceType", "check [ec2] families and types"),
+)
+
+#: botocore attempts per call (first try included) in adaptive retry mode.
+DEFAULT_MAX_ATTEMPTS = 4
+
+
+def make_client(
+    service: str,
+    region: str,
+    *,
+    endpoint_url: str | None = None,
+    max_attempts: int | None = None,
+    session: boto3.session.Session | None = None,
+) -> BaseClient:
+    """A boto3 client with adaptive retries and short connect timeouts.
+
+    `endpoint_url` points the client elsewhere (moto_server in tests, a VPC
+    endpoint in production); boto3 also honours `AWS_ENDPOINT_URL`.
+    `max_attempts` defaults to the standard `AWS_MAX_ATTEMPTS` variable, else 4.
+    """
+    if max_attempts is None:
+        max_attempts = _attempts_from_environment()
+    config = Config(
+        retries={"mode": "adaptive", "max_attempts": max_attempts},
+        connect_timeout=5,
+        read_timeout=60,
+        user_agent_extra="ec2-batch-autoscaler",
+    )
+    # Not boto3's default session, which is not thread-safe; pass one to share its caches.
+    session = session or boto3.session.Session()
+    return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+
+
+def _attempts_from_environment() -> int:
+    text = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    try:
+        return max(1, int(text)) if text else DEFAULT_MAX_ATTEMPTS
+    except ValueError:
+        return DEFAULT_MAX_ATTEMPTS
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def error_message(exc: ClientError) -> str:
+    """The error's message on one line; an HTML error page becomes its HTTP status."""
+    message = " ".join(str(exc.response.get("Error", {}).get("Message", "")).split())
+    if message.startswith("<"):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"HTTP {status} with an HTML page instead of an AWS response"
+    return message if len(message) <= 300 else message[:297] + "..."
+
+
+class AwsCaller:
+    """Calls one boto3 client, backing off on throttling and translating errors.
+
+    `sleep` is injectable so tests run the backoff without waiting. The delays
+    are deterministic (`base_delay_s * 2**k`, capped): botocore's adaptive mode
+    already spreads and rate-limits requests, this layer only has to be bounded.
+    """
+
+    def __init__(
+        self,
+        client: BaseClient,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        attempts: int = 5,
+        base_delay_s: float = 1.0,
+        max_delay_s: float = 20.0,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self.client = client
+        self.sleep = sleep
+        self.attempts = attempts
+        self.base_delay_s = base_delay_s
+        self.max_delay_s = max_delay_s
+
+    def delay_s(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1-based)."""
+        return min(self.max_delay_s, self.base_delay_s * 2 ** (retry - 1))
+
+    def api_name(self, operation: str) -> str:
+        """`RunInstances` for `run_instances`."""
+        return self.client.meta.method_to_api_mapping.get(operation, operation)
+
+    def call(
+        self, operation: str, *, passthrough: frozenset[str] = frozenset(), **params: Any
+    ) -> dict[str, Any]:
+        """Call `client.<operation>(**params)`.
+
+        Error codes in `passthrough` are re-raised as the original `ClientError`
+        for the caller to handle (capacity errors, `DryRunOperation`); every
+        other failure becomes a `CloudError`.
+        """
+        method = getattr(self.client, operation)
+        service = self.client.meta.service_model.service_id
+        name = f"{service} {self.api_name(operation)}"
+        waited = 0.0
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return method(**params)
+            except ClientError as exc:
+                code = error_code(exc)
+                if code in passthrough:
+                    raise
+                if code in THROTTLING_CODES:
+                    if attempt < self.attempts:
+                        delay = self.delay_s(attempt)
+                        self.sleep(delay)
+                        waited += delay
+                        continue
+                    raise CloudUnavailable(
+                        f"{name} kept throttling ({code}) after {self.attempts} attempts "
+                        f"and {waited:g} s of backoff; retry later or launch less often"
+                    ) from exc
+                raise translate_client_error(exc, name) from exc
+            except BotoCoreError as exc:
+                raise translate_botocore_error(exc, name) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def pages(self, operation: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Every page of a `NextToken`-paginated call, each page with the same backoff."""
+        token: str | None = None
+        while True:
+            page = self.call(operation, **params, **({"NextToken": token} if token else {}))
+            yield page
+            token = page.get("NextToken") or None
+            if token is None:
+                return
+
+
+def translate_client_error(exc: ClientError, name: str) -> CloudError:
+    """The typed error for an AWS error response, with what to do about it."""
+    code, message = error_code(exc), error_message(exc)
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    detail = f"{name} failed: {code}: {message}" if message else f"{name} failed: {code}"
+    if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
+        return CloudUnavailable(f"{detail}; AWS is having trouble, retry later")
+    if code in _PERMISSION_CODES:
+        return CloudRequestError(
+            f"{detail}; grant the autoscaler's IAM identity the actions in deploy/iam-policy.json"
+        )
+    if code in _CREDENTIAL_CODES:
+        return CloudRequestError(
+            f"{detail}; check the AWS credentials (aws configure, AWS_PROFILE, or an instance role)"
+        )
+    for prefix, hint in _CONFIG_HINTS:
+        if code.startswith(prefix):
+            return CloudRequestError(f"{detail}; {hint}")
+    return CloudRequestError(detail)
+
+
+def translate_botocore_error(exc: BotoCoreError, name: str) -> CloudError:
+    """The typed error for a failure before or around the HTTP exchange."""
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return CloudRequestError(
+            f"{name}: no usable AWS credentials ({exc}); configure them with `aws configure`, "
+            "AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or an instance role"
+        )
+    if isinstance(exc, NoRegionError | ParamValidationError):
+        return CloudRequestError(f"{name}: {exc}")
+    if isinstance(exc, BotoConnectionError | HTTPClientError):
+        return CloudUnavailable(f"{name}: cannot reach AWS ({exc}); retry later")
+    return CloudUnavailable(f"{name}: {exc}; retry later")

@@ -1,0 +1,534 @@
+"""The EC2 instance catalog: what each allowed type offers, what it costs, where it is offered.
+
+Sources, each kept in one place:
+
+- **Capacities** from `DescribeInstanceTypes`: GPUs, CPU and memory, converted to
+  the project's units — CPU in **physical cores** (vCPUs divided by the threads
+  per core EC2 reports: an x86 vCPU is a hyperthread, half a core; a Graviton
+  vCPU is a whole core), RAM in GiB (MiB / 1024), GPUs as a count.
+- **Prices** from a price table: the one `autoscaler catalog refresh` fetched
+  from the AWS Pricing API, else the table bundled with the package
+  (`provisioners/data/`, with its date). Types without a known price are left
+  out with a warning — prices are never guessed.
+- **Zones** from `DescribeInstanceTypeOfferings` (which zones offer each type).
+
+The result is an `EC2Catalog`: the planner's own `Catalog` type plus the zones
+and where the facts came from. It is cached on disk with its age, in Eva's
+`ec2_config.json` format (so `autoscaler plan --catalog <cache>` reads it), and
+used when AWS cannot be reached — SkyPilot's self-refreshing catalog, in small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from autoscaler.bundled import bundled
+from autoscaler.catalog import Catalog, InstanceType, catalog_from_eva, load_catalog, read_json
+from autoscaler.cloud import CloudError, CloudRequestError
+from autoscaler.errors import InputError
+from autoscaler.resources import Resources
+from provisioners.aws import AwsCaller
+from provisioners.config import EC2Config, family_of
+
+log = logging.getLogger(__name__)
+
+#: A cached catalog younger than this is used without asking AWS again.
+DEFAULT_MAX_AGE_S = 24 * 3600.0
+
+#: The Pricing API answers in these regions only; us-east-1 serves every region's prices.
+PRICING_API_REGION = "us-east-1"
+
+_PRICES_FORMAT = "ec2-batch-autoscaler prices v1"
+PRICE_UNIT = "per instance-hour: on-demand, Linux, shared tenancy, no pre-installed software"
+_CATALOG_FORMAT = "ec2-batch-autoscaler catalog v1"
+#: The region of the Eva artifact, whose capacities back the offline catalog.
+_BUNDLED_REGION = "us-east-1"
+
+Origin = Literal["aws", "cache", "bundled"]
+
+
+# --- prices -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """On-demand USD/hour of instance types in one region, with where and when they came from."""
+
+    region: str
+    prices: Mapping[str, float]
+    retrieved: str  # ISO date the table was fetched (or copied, for the bundled one)
+    source: str
+    note: str = ""
+
+    def describe(self, *, with_note: bool = True) -> str:
+        """One line for users: where the prices come from and how old they are."""
+        text = f"{self.source}; retrieved {self.retrieved}"
+        return f"{text} — {self.note}" if self.note and with_note else text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": _PRICES_FORMAT,
+            "region": self.region,
+            "currency": "USD",
+            "unit": PRICE_UNIT,
+            "retrieved": self.retrieved,
+            "source": self.source,
+            "note": self.note,
+            "prices": dict(sorted(self.prices.items())),
+        }
+
+
+def bundled_price_table_path(region: str) -> Path:
+    return Path(str(resources.files("provisioners") / "data" / f"prices-{region}.json"))
+
+
+def price_table_path(config: EC2Config) -> Path:
+    """Where `catalog refresh` writes the prices it fetched for the configured region."""
+    return config.cache_dir / f"prices-{config.region}.json"
+
+
+def catalog_cache_path(config: EC2Config) -> Path:
+    """Where the catalog built from AWS is cached for the configured region."""
+    return config.cache_dir / f"catalog-{config.region}.json"
+
+
+def load_price_table(path: Path) -> PriceTable:
+    """Read and validate a price table file."""
+    data = read_json(path, "price table")
+    source = str(path)
+    if not isinstance(data, Mapping) or data.get("format") != _PRICES_FORMAT:
+        raise InputError(f"not a price table (expected format {_PRICES_FORMAT!r})", source=source)
+    prices = data.get("prices")
+    if not isinstance(prices, Mapping):
+        raise InputError("must be an object", source=source, field="prices")
+    checked: dict[str, float] = {}
+    for name, price in prices.items():
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price > 0:
+            raise InputError(
+                "must be a positive number",
+                source=source,
+                field=f"prices.{name}",
+                value=price,
+                has_value=True,
+            )
+        checked[str(name)] = float(price)
+    return PriceTable(
+        region=str(data.get("region", "")),
+        prices=checked,
+        retrieved=str(data.get("retrieved", "unknown date")),
+        source=str(data.get("source", source)),
+        note=str(data.get("note", "")),
+    )
+
+
+def save_price_table(table: PriceTable, path: Path) -> None:
+    _write_json_atomically(path, table.to_json())
+
+
+def current_price_table(config: EC2Config) -> PriceTable | None:
+    """The refreshed table in the cache directory, else the bundled one, else None."""
+    refreshed = price_table_path(config)
+    if refreshed.exists():
+        return load_price_table(refreshed)
+    packaged = bundled_price_table_path(config.region)
+    if packaged.exists():
+        return load_price_table(packaged)
+    return None
+
+
+def prices_from_products(price_list: Iterable[str], region: str) -> dict[str, float]:
+    """On-demand hourly USD per instance type from Pricing API `GetProducts` items.
+
+    Each item is a JSON *string* with `product.attributes` and
+    `terms.OnDemand.<offer term>.priceDimensions.<rate code>.pricePerUnit.USD`.
+    Only Linux, shared tenancy, no pre-installed software, capacity status
+    "Used" in `region` count (the request filters on the same attributes; the
+    check here keeps a broad response from mixing in Windows or dedicated
+    prices). When one type has several hourly prices, the highest is kept so
+    the budget guardrail errs on the safe side.
+    """
+    wanted = {
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+    }
+    prices: dict[str, float] = {}
+    for item in price_list:
+        offer = json.loads(item) if isinstance(item, str) else item
+        attributes = offer.get("product", {}).get("attributes", {})
+        name = attributes.get("instanceType")
+        if not name or any(attributes.get(k) != v for k, v in wanted.items()):
+            continue
+        if attributes.get("regionCode", region) != region:
+            continue
+        for term in offer.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                if dimension.get("unit") != "Hrs":
+                    continue
+                try:
+                    usd = float(dimension.get("pricePerUnit", {}).get("USD", "nan"))
+                except ValueError:
+                    continue
+                if usd > 0:
+                    prices[name] = max(usd, prices.get(name, 0.0))
+    return prices
+
+
+def fetch_price_table(pricing: AwsCaller, region: str, today: str) -> PriceTable:
+    """Fetch the region's on-demand Linux prices from the Pricing API (`GetProducts`)."""
+    filters = [
+        {"Type": "TERM_MATCH", "Field": field, "Value": value}
+        for field, value in (
+            ("regionCode", region),
+            ("operatingSystem", "Linux"),
+            ("tenancy", "Shared"),
+            ("preInstalledSw", "NA"),
+            ("capacitystatus", "Used"),
+        )
+    ]
+    items: list[str] = []
+    for page in pricing.pages(
+        "get_products", ServiceCode="AmazonEC2", Filters=filters, FormatVersion="aws_v1"
+    ):
+        items.extend(page.get("PriceList", []))
+    prices = prices_from_products(items, region)
+    if not prices:
+        raise CloudRequestError(
+            f"the Pricing API returned no on-demand Linux prices for region {region}; "
+            "check [ec2] region"
+        )
+    return PriceTable(
+        region=region,
+        prices=prices,
+        retrieved=today,
+        source="AWS Pricing API (GetProducts)",
+    )
+
+
+# --- capacities -------------------------------------------------------------------------------
+
+
+def physical_cores(vcpu_info: Mapping[str, Any], architectures: Iterable[str] = ()) -> float:
+    """Physical cores of an instance type from its `VCpuInfo`.
+
+    vCPUs divided by `DefaultThreadsPerCore` (2 on most x86 types, 1 on
+    Graviton). When EC2 reports no threads per core, `DefaultCores` is used;
+    failing both, x86 is assumed hyperthreaded, so capacity is never overstated.
+    """
+    vcpus = float(vcpu_info["DefaultVCpus"])
+    threads = vcpu_info.get("DefaultThreadsPerCore")
+    if threads:
+        return vcpus / float(threads)
+    cores = vcpu_info.get("DefaultCores")
+    if cores:
+        return float(cores)
+    return vcpus / 2 if "x86_64" in set(architectures) else vcpus
+
+
+def capacity_of(description: Mapping[str, Any]) -> Resources:
+    """`Resources(gpu, cpu=physical cores, ram_gb=GiB)` of one `DescribeInstanceTypes` entry."""
+    gpus = sum(int(g.get("Count", 0)) for g in description.get("GpuInfo", {}).get("Gpus", []))
+    architectures = description.get("ProcessorInfo", {}).get("SupportedArchitectures", [])
+    cores = physical_cores(description["VCpuInfo"], architectures)
+    ram_gib = description["MemoryInfo"]["SizeInMiB"] / 1024
+    return Resources(float(gpus), cores, ram_gib)
+
+
+# --- the catalog ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EC2Catalog:
+    """The planner's `Catalog` for one region, with zones and the provenance of every fact."""
+
+    region: str
+    catalog: Catalog
+    zones: Mapping[str, tuple[str, ...]]  # type -> zones offering it (empty: unknown)
+    vcpus: Mapping[str, int]  # type -> vCPUs, for display next to the cores
+    origin: Origin
+    prices: str  # where the prices come from and their date
+    fetched_at_s: float | None = None  # epoch seconds of the AWS describe calls
+    selection: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (families, types) asked for
+    notes: tuple[str, ...] = field(default=())
+
+    def age_s(self, now_s: float) -> float | None:
+        return None if self.fetched_at_s is None else max(0.0, now_s - self.fetched_at_s)
+
+    def with_note(self, note: str) -> EC2Catalog:
+        return replace(self, notes=(*self.notes, note))
+
+    def restricted_to(self, config: EC2Config) -> EC2Catalog:
+        """Only the types the configuration allows (a cache may predate a config change)."""
+        names = {t.name for t in self.catalog if config.allows(t.name)}
+        if len(names) == len(self.catalog):
+            return self
+        return replace(self, catalog=self.catalog.restricted_to(names))
+
+
+def _selection(config: EC2Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return (tuple(sorted(config.families)), tuple(sorted(config.types)))
+
+
+def describe_catalog(
+    ec2: AwsCaller, config: EC2Config, prices: PriceTable | None, now_s: float
+) -> EC2Catalog:
+    """Build the catalog from AWS: allowed types, their capacities, zones and prices.
+
+    Types the region does not have (moto has no `p3.*`, a real region may lack
+    a new family) and types without a known price are skipped with a warning
+    that names them.
+    """
+    patterns = [f"{family}.*" for family in config.families] + list(config.types)
+    described: dict[str, Mapping[str, Any]] = {}
+    for page in ec2.pages(
+        "describe_instance_types", Filters=[{"Name": "instance-type", "Values": patterns}]
+    ):
+        for description in page.get("InstanceTypes", []):
+            name = description["InstanceType"]
+            if config.allows(name):
+                described[name] = description
+
+    zones: dict[str, set[str]] = {}
+    names = sorted(described)
+    for start in range(0, len(names), 100):  # exact names: not every endpoint expands wildcards
+        for page in ec2.pages(
+            "describe_instance_type_offerings",
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": names[start : start + 100]}],
+        ):
+            for offering in page.get("InstanceTypeOfferings", []):
+                zones.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+
+    price_of = dict(prices.prices) if prices is not None and prices.region == config.region else {}
+    types: list[InstanceType] = []
+    unpriced: list[str] = []
+    unoffered: list[str] = []
+    for name, description in described.items():
+        if name not in price_of:
+            unpriced.append(name)
+        elif not zones.get(name):
+            unoffered.append(name)
+        else:
+            types.append(
+                InstanceType(name, family_of(name), capacity_of(description), price_of[name])
+            )
+    expected = {n for n in (*price_of, *config.types) if config.allows(n)}
+    missing = sorted(expected - set(described))
+
+    notes: list[str] = []
+    if missing:
+        notes.append(_skipped(missing, f"not offered in {config.region}"))
+    if unoffered:
+        notes.append(_skipped(unoffered, f"offered in no zone of {config.region}"))
+    if unpriced:
+        notes.append(
+            _skipped(unpriced, "no known price; run `autoscaler catalog refresh` to fetch prices")
+        )
+    for note in notes:
+        log.warning("EC2 catalog: %s", note)
+    kept = {t.name for t in types}
+    return EC2Catalog(
+        region=config.region,
+        catalog=Catalog(types, config.region),
+        zones={n: tuple(sorted(z)) for n, z in zones.items() if n in kept},
+        vcpus={n: int(d["VCpuInfo"]["DefaultVCpus"]) for n, d in described.items() if n in kept},
+        origin="aws",
+        prices=prices.describe() if prices is not None else "no price table",
+        fetched_at_s=now_s,
+        selection=_selection(config),
+        notes=tuple(notes),
+    )
+
+
+def bundled_catalog(config: EC2Config, prices: PriceTable | None) -> EC2Catalog:
+    """The catalog without AWS: Eva's measured capacities and the bundled prices.
+
+    Covers Eva's 21 us-east-1 types only; zones are unknown until a refresh.
+    """
+    notes: list[str] = []
+    vcpus: dict[str, int] = {}
+    if config.region != _BUNDLED_REGION:
+        types: list[InstanceType] = []
+        notes.append(
+            f"no bundled catalog for {config.region} (only {_BUNDLED_REGION}); "
+            "run `autoscaler catalog refresh`"
+        )
+    else:
+        price_of = dict(prices.prices) if prices is not None else {}
+        eva = load_catalog(bundled("ec2_config.json"))
+        allowed = [t for t in eva if config.allows(t.name)]
+        types = [replace(t, hourly_cost=price_of[t.name]) for t in allowed if t.name in price_of]
+        unpriced = sorted(t.name for t in allowed if t.name not in price_of)
+        if unpriced:
+            notes.append(_skipped(unpriced, "no known price"))
+    return EC2Catalog(
+        region=config.region,
+        catalog=Catalog(types, config.region),
+        zones={},
+        vcpus=vcpus,
+        origin="bundled",
+        prices=prices.describe() if prices is not None else "no price table",
+        selection=_selection(config),
+        notes=tuple(notes),
+    )
+
+
+def _skipped(names: Iterable[str], why: str) -> str:
+    names = sorted(names)
+    return f"skipped {len(names)} type{'s' if len(names) != 1 else ''} ({why}): {', '.join(names)}"
+
+
+# --- the on-disk cache ------------------------------------------------------------------------
+
+
+def save_catalog_cache(catalog: EC2Catalog, path: Path) -> None:
+    """Write the catalog in Eva's `ec2_config.json` format plus zones and provenance."""
+    fetched = catalog.fetched_at_s
+    document = {
+        "format": _CATALOG_FORMAT,
+        "region": catalog.region,
+        "fetched_at_s": fetched,
+        "fetched_at": None if fetched is None else _iso(fetched),
+        "units": {"capacity": ["gpus", "physical cores", "GiB"], "cost": "USD per hour"},
+        "prices": catalog.prices,
+        "selection": {"families": catalog.selection[0], "types": catalog.selection[1]},
+        "notes": list(catalog.notes),
+        "instance_types": {
+            t.name: {
+                "family": t.family,
+                "capacity": list(t.capacity.as_tuple()),
+                "cost": t.hourly_cost,
+                "vcpus": catalog.vcpus.get(t.name),
+                "zones": list(catalog.zones.get(t.name, ())),
+            }
+            for t in sorted(catalog.catalog, key=lambda t: t.name)
+        },
+    }
+    _write_json_atomically(path, document)
+
+
+def load_catalog_cache(path: Path) -> EC2Catalog | None:
+    """The cached catalog, or None when there is none. A damaged cache is an `InputError`."""
+    if not path.exists():
+        return None
+    data = read_json(path, "catalog cache")
+    source = str(path)
+    if not isinstance(data, Mapping) or data.get("format") != _CATALOG_FORMAT:
+        raise InputError(
+            f"not a catalog cache (expected format {_CATALOG_FORMAT!r}); delete it and run "
+            "`autoscaler catalog refresh`",
+            source=source,
+        )
+    raw = data.get("instance_types")
+    # An empty cache is valid (every type was skipped); Eva's loader wants at least one type.
+    catalog = Catalog([], data.get("region")) if raw == {} else catalog_from_eva(data, source)
+    raw = raw or {}
+    fetched = data.get("fetched_at_s")
+    selection = data.get("selection", {})
+    return EC2Catalog(
+        region=str(data.get("region")),
+        catalog=catalog,
+        zones={n: tuple(raw[n].get("zones") or ()) for n in raw},
+        vcpus={n: int(raw[n]["vcpus"]) for n in raw if raw[n].get("vcpus") is not None},
+        origin="cache",
+        prices=str(data.get("prices", "unknown")),
+        fetched_at_s=float(fetched) if isinstance(fetched, (int, float)) else None,
+        selection=(tuple(selection.get("families", ())), tuple(selection.get("types", ()))),
+        notes=tuple(str(n) for n in data.get("notes", ())),
+    )
+
+
+def cached_or_bundled_catalog(config: EC2Config) -> EC2Catalog:
+    """What `catalog show` prints without calling AWS: the cache, else the bundled catalog."""
+    cached = load_catalog_cache(catalog_cache_path(config))
+    if cached is not None:
+        return cached.restricted_to(config)
+    return bundled_catalog(config, current_price_table(config))
+
+
+def current_catalog(
+    ec2: AwsCaller,
+    config: EC2Config,
+    *,
+    now_s: float,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+) -> EC2Catalog:
+    """The catalog the daemon launches from: the cache while fresh, else rebuilt from AWS.
+
+    When AWS cannot be reached (or refuses), the cached catalog is used
+    whatever its age, with a note saying so; with no cache the error is raised.
+    """
+    path = catalog_cache_path(config)
+    try:
+        cached = load_catalog_cache(path)
+    except InputError as exc:
+        log.warning("ignoring the damaged catalog cache: %s", exc)
+        cached = None
+    if cached is not None:
+        age = cached.age_s(now_s)
+        if age is not None and age <= max_age_s and cached.selection == _selection(config):
+            return cached.restricted_to(config)
+    try:
+        fresh = describe_catalog(ec2, config, current_price_table(config), now_s)
+    except CloudError as exc:
+        if cached is None:
+            raise
+        note = f"AWS unavailable ({exc}); using the catalog cached {_age_text(cached, now_s)}"
+        log.warning("EC2 catalog: %s", note)
+        return cached.restricted_to(config).with_note(note)
+    try:
+        save_catalog_cache(fresh, path)
+    except InputError as exc:  # an unwritable cache must not stop the daemon
+        log.warning("EC2 catalog not cached: %s", exc)
+    return fresh
+
+
+def _age_text(catalog: EC2Catalog, now_s: float) -> str:
+    age = catalog.age_s(now_s)
+    if age is None or catalog.fetched_at_s is None:
+        return "at an unknown time"
+    return f"{format_age(age)} ago ({_iso(catalog.fetched_at_s)})"
+
+
+def format_age(seconds: float) -> str:
+    """`45 s`, `12 min`, `5.2 h`, `3.0 days`."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write here ({exc.strerror or exc}); check [ec2] cache_dir", source=str(path)
+        ) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,627 @@
+"""`EC2Cloud`: the `autoscaler.cloud.Cloud` interface on AWS EC2, through boto3.
+
+How it keeps money safe:
+
+- **Idempotent launches.** Every instance carries three tags: the cluster id,
+  the launch token and `managed-by`. Before `RunInstances`, the instance
+  already tagged with the token is looked up and returned if there is one, so a
+  crash between the call and recording its result never starts a second
+  instance. `ClientToken` is passed too (real EC2 honours it for a few hours;
+  moto ignores it), one per (token, zone) so a zone fallback is not mistaken
+  for a changed request.
+- **Capacity fallback.** `InsufficientInstanceCapacity`, `InstanceLimitExceeded`,
+  `Unsupported` (and their vCPU/spot cousins) move on to the next allowed
+  zone and mark the (type, zone) offering unavailable for three minutes
+  (Karpenter's cool-down); `unavailable()` reports them to the planner.
+- **Guardrails before every launch** (`autoscaler.cloud.Guardrails`): instance
+  cap, hourly budget over live plus requested instances at catalog prices,
+  allowed types/families; the region is checked at construction. A refusal is
+  a `LaunchRefused` with the numbers in it.
+- **Reconciliation.** Instances tagged with our cluster that the state does
+  not know are reported as orphans and, per `[ec2] orphan_policy`, terminated.
+- **Dry run** (`[ec2] dry_run`): EC2 is called with `DryRun=True`, so
+  permissions and parameters are checked, and nothing is launched or
+  terminated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from botocore.client import BaseClient
+from botocore.exceptions import ClientError
+
+from autoscaler.catalog import Catalog
+from autoscaler.cloud import (
+    LIVE_STATES,
+    CloudInstance,
+    CloudRequestError,
+    Guardrails,
+    InsufficientCapacity,
+    LaunchRefused,
+    LaunchRequest,
+    UnavailableOffering,
+    reconcile,
+)
+from autoscaler.errors import InputError
+from provisioners.aws import AwsCaller, error_code, error_message, make_client
+from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
+from provisioners.config import EC2Config, GuardrailsConfig, ProvisionerConfig
+
+log = logging.getLogger(__name__)
+
+TAG_CLUSTER = "autoscaler:cluster"
+TAG_LAUNCH_TOKEN = "autoscaler:launch-token"
+TAG_MANAGED_BY = "autoscaler:managed-by"
+MANAGED_BY = "ec2-batch-autoscaler"
+
+#: Launch errors that mean "not here, not now": try the next zone, avoid this offering a while.
+CAPACITY_ERROR_CODES: frozenset[str] = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InstanceLimitExceeded",
+        "Unsupported",
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+    }
+)
+
+#: How long an offering that failed with a capacity error is avoided (Karpenter: 3 minutes).
+UNAVAILABLE_COOLDOWN_S = 180.0
+
+#: An unknown instance younger than this is reported but never terminated as an orphan:
+#: it may be a launch whose result the state is about to record.
+DEFAULT_ORPHAN_GRACE_S = 300.0
+
+#: After falling back to a stale cached catalog, ask AWS again after this long.
+CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
+
+#: EC2 accepts at most 16 KB of user data (before base64).
+MAX_USER_DATA_BYTES = 16 * 1024
+
+_NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
+_DRY_RUN = "DryRunOperation"
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What `EC2Cloud.reconcile` found and did.
+
+    `orphans` are ours (cluster tag) but unknown to the state; `terminated`
+    lists those terminated now (policy `terminate`, older than the grace
+    period, not in dry run). `awaiting_record` are unknown ids whose launch
+    token the state knows: launches the state will adopt by retrying them, not
+    orphans. `gone` are ids the state knows that the cloud no longer has.
+    """
+
+    orphans: tuple[CloudInstance, ...]
+    gone: tuple[str, ...]
+    terminated: tuple[str, ...]
+    awaiting_record: tuple[CloudInstance, ...] = ()
+
+
+class EC2Cloud:
+    """The EC2 binding of `autoscaler.cloud.Cloud` for one cluster in one region.
+
+    `clock` (epoch seconds) and `sleep` are injectable: cool-downs, cache ages
+    and backoff are tested without waiting. `user_data` is the rendered worker
+    bootstrap (`worker_user_data`) passed to every instance.
+    """
+
+    def __init__(
+        self,
+        config: EC2Config,
+        guardrails: GuardrailsConfig | None = None,
+        *,
+        ec2: BaseClient | None = None,
+        endpoint_url: str | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        user_data: str = "",
+        catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
+        orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
+    ) -> None:
+        limits = guardrails or GuardrailsConfig()
+        if limits.allowed_regions and config.region not in limits.allowed_regions:
+            raise LaunchRefused(
+                "allowed_regions",
+                f"region {config.region} is not allowed "
+                f"(allowed: {', '.join(limits.allowed_regions)}); "
+                "change [ec2] region or [guardrails] allowed_regions",
+            )
+        if len(user_data.encode("utf-8")) > MAX_USER_DATA_BYTES:
+            raise InputError(
+                f"worker user data is {len(user_data.encode('utf-8'))} bytes; "
+                f"EC2 accepts at most {MAX_USER_DATA_BYTES}"
+            )
+        self.config = config
+        self.limits = limits
+        self.clock = clock
+        self.user_data = user_data
+        self.catalog_max_age_s = catalog_max_age_s
+        self.orphan_grace_s = orphan_grace_s
+        client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
+        self._ec2 = AwsCaller(client, sleep=sleep)
+        self._catalog: EC2Catalog | None = None
+        self._catalog_loaded_at_s = 0.0
+        self._subnet_by_zone: dict[str, str] | None = None
+        self._unavailable: dict[tuple[str, str], UnavailableOffering] = {}
+        self._dry_run_launches: dict[str, CloudInstance] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_config(cls, config: ProvisionerConfig, **kwargs: Any) -> EC2Cloud:
+        return cls(config.ec2, config.guardrails, **kwargs)
+
+    # --- catalog ------------------------------------------------------------------------------
+
+    def ec2_catalog(self) -> EC2Catalog:
+        """The catalog with zones and provenance, refreshed from AWS when older than its max age.
+
+        After an outage forced a stale cache on us, AWS is asked again every few minutes.
+        """
+        now = self.clock()
+        current = self._catalog
+        held_s = now - self._catalog_loaded_at_s
+        stale = current is not None and (current.age_s(now) or 0.0) > self.catalog_max_age_s
+        if (
+            current is None
+            or held_s > self.catalog_max_age_s
+            or (stale and held_s > CATALOG_RETRY_AFTER_OUTAGE_S)
+        ):
+            self._catalog = current_catalog(
+                self._ec2, self.config, now_s=now, max_age_s=self.catalog_max_age_s
+            )
+            self._catalog_loaded_at_s = now
+        return self._catalog
+
+    def catalog(self) -> Catalog:
+        """Instance types this cluster may use, with on-demand prices."""
+        return self.ec2_catalog().catalog
+
+    @property
+    def guardrails(self) -> Guardrails:
+        """The shared budget and instance-cap rule with this configuration's limits.
+
+        Allowed families/types are checked by `EC2Config.allows` before it: the
+        configuration allows the *union* of `families` and `types`, the shared
+        rule's two sets would have to hold both at once.
+        """
+        return Guardrails(
+            max_instances=self.limits.max_instances,
+            max_hourly_spend=self.limits.max_hourly_spend,
+        )
+
+    # --- launch -------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> CloudInstance:
+        """Start one instance, or return the one this launch token already started.
+
+        Raises `LaunchRefused` (guardrails), `InsufficientCapacity` (no allowed
+        zone had capacity; the offerings are marked unavailable),
+        `CloudUnavailable` (unreachable or throttled past the backoff) or
+        `CloudRequestError` (configuration or permissions).
+
+        The budget counts every type at its on-demand catalog price, spot
+        included: an upper bound, so spot never lets spending pass the budget.
+        """
+        if not 0 < len(request.launch_token) <= 256:
+            raise CloudRequestError(
+                f"launch token must be 1 to 256 characters (an EC2 tag value), "
+                f"got {len(request.launch_token)}"
+            )
+        with self._lock:
+            existing = self.find_by_token(request.launch_token)
+            if existing is not None:
+                log.info(
+                    "launch %s: found %s, not launching again",
+                    request.launch_token,
+                    existing.instance_id,
+                )
+                return existing
+            if request.launch_token in self._dry_run_launches:
+                return self._dry_run_launches[request.launch_token]
+            if not self.config.ami:
+                raise CloudRequestError("no AMI configured; set [ec2] ami to the worker image")
+            if not self.config.allows(request.instance_type):
+                raise LaunchRefused(
+                    "allowed_types",
+                    f"instance type {request.instance_type} is not allowed "
+                    f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
+                    f"types: {', '.join(self.config.types) or 'none'})",
+                )
+            catalog = self.ec2_catalog()
+            live = [i.instance_type for i in self.list() if i.state in LIVE_STATES]
+            live += [i.instance_type for i in self._dry_run_launches.values()]
+            self.guardrails.check_launch(request.instance_type, catalog.catalog, live)
+
+            zones = self._zones_to_try(request, catalog)
+            spot = request.spot or self.config.spot_for(request.instance_type)
+            failures: list[str] = []
+            for zone in zones:
+                try:
+                    return self._run_instance(request, zone, spot)
+                except ClientError as exc:
+                    code = error_code(exc)
+                    if code not in CAPACITY_ERROR_CODES:
+                        raise
+                    self._mark_unavailable(request.instance_type, zone, code)
+                    failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
+                    log.warning("launch %s: %s in %s", request.instance_type, code, zone)
+            raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
+
+    def find_by_token(self, launch_token: str) -> CloudInstance | None:
+        """The not-yet-terminated instance this cluster launched with this token, if any."""
+        found = self._describe(
+            [
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [launch_token]},
+                {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
+            ]
+        )
+        if len(found) > 1:
+            # Should not happen; if it does, the extras are orphans for `reconcile`.
+            log.warning(
+                "launch token %s has %d instances: %s",
+                launch_token,
+                len(found),
+                ", ".join(i.instance_id for i in found),
+            )
+        return _first_launched(found)
+
+    def _zones_to_try(self, request: LaunchRequest, catalog: EC2Catalog) -> list[str]:
+        itype = request.instance_type
+        offered = catalog.zones.get(itype, ())
+        subnets = self._subnets()
+        allowed: Sequence[str] = self.config.zones or (sorted(subnets) if subnets else offered)
+        if subnets:
+            allowed = [z for z in allowed if z in subnets]
+        if request.zones:
+            wanted = [z for z in request.zones if z in allowed]
+            if not wanted:
+                raise LaunchRefused(
+                    "allowed_zones",
+                    f"zones {', '.join(request.zones)} requested for {itype} are not allowed "
+                    f"(allowed: {', '.join(allowed) or 'none'})",
+                )
+        else:
+            wanted = list(allowed)
+        if offered:
+            wanted = [z for z in wanted if z in offered]
+        if not wanted:
+            raise CloudRequestError(
+                f"{itype} is not offered in any allowed zone "
+                f"(allowed: {', '.join(allowed) or 'none'}; offered in: "
+                f"{', '.join(offered) or 'none'}); add a zone to [ec2] zones or a subnet "
+                "in one to [ec2] subnet_ids"
+            )
+        now = self.clock()
+        open_zones = [z for z in wanted if not self._is_unavailable(itype, z, now)]
+        if not open_zones:
+            until = max(self._unavailable[(itype, z)].until_s for z in wanted)
+            raise InsufficientCapacity(
+                itype,
+                wanted,
+                f"every allowed zone is cooling down after capacity errors "
+                f"for {until - now:.0f} s more",
+            )
+        return open_zones
+
+    def _run_instance(self, request: LaunchRequest, zone: str, spot: bool) -> CloudInstance:
+        cluster = self.config.cluster_id
+        tags = {
+            "Name": f"autoscaler-{cluster}",
+            **request.tags,
+            TAG_CLUSTER: cluster,
+            TAG_LAUNCH_TOKEN: request.launch_token,
+            TAG_MANAGED_BY: MANAGED_BY,
+        }
+        tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        params: dict[str, Any] = {
+            "ImageId": self.config.ami,
+            "InstanceType": request.instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": client_token(request.launch_token, zone),
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tag_list},
+                {"ResourceType": "volume", "Tags": tag_list},
+            ],
+        }
+        subnets = self._subnets()
+        if subnets:
+            params["SubnetId"] = subnets[zone]
+        else:
+            params["Placement"] = {"AvailabilityZone": zone}
+        if self.config.security_group_ids:
+            params["SecurityGroupIds"] = list(self.config.security_group_ids)
+        profile = self.config.iam_instance_profile
+        if profile:
+            params["IamInstanceProfile"] = (
+                {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+            )
+        if self.config.key_name:
+            params["KeyName"] = self.config.key_name
+        if self.user_data:
+            params["UserData"] = self.user_data
+        if spot:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {
+                    "SpotInstanceType": "one-time",
+                    "InstanceInterruptionBehavior": "terminate",
+                },
+            }
+        if self.config.dry_run:
+            params["DryRun"] = True
+        try:
+            response = self._ec2.call(
+                "run_instances", passthrough=CAPACITY_ERROR_CODES | {_DRY_RUN}, **params
+            )
+        except ClientError as exc:
+            if error_code(exc) != _DRY_RUN:
+                raise
+            planned = CloudInstance(
+                instance_id=f"dry-run-{request.launch_token}",
+                instance_type=request.instance_type,
+                state="pending",
+                zone=zone,
+                launch_token=request.launch_token,
+                launched_at_s=self.clock(),
+                spot=spot,
+                dry_run=True,
+            )
+            self._dry_run_launches[request.launch_token] = planned
+            log.info("dry run: would launch %s in %s", request.instance_type, zone)
+            return planned
+        return _cloud_instance(response["Instances"][0])
+
+    def _subnets(self) -> dict[str, str]:
+        """Configured subnets by zone (a subnet lives in one zone), looked up once."""
+        if not self.config.subnet_ids:
+            return {}
+        if self._subnet_by_zone is None:
+            response = self._ec2.call("describe_subnets", SubnetIds=list(self.config.subnet_ids))
+            by_zone: dict[str, str] = {}
+            for subnet in response.get("Subnets", []):
+                by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
+            self._subnet_by_zone = by_zone
+        return self._subnet_by_zone
+
+    # --- capacity errors ----------------------------------------------------------------------
+
+    def _mark_unavailable(self, instance_type: str, zone: str, reason: str) -> None:
+        until = self.clock() + UNAVAILABLE_COOLDOWN_S
+        self._unavailable[(instance_type, zone)] = UnavailableOffering(
+            instance_type, zone, until, reason
+        )
+
+    def _is_unavailable(self, instance_type: str, zone: str, now: float) -> bool:
+        mark = self._unavailable.get((instance_type, zone))
+        return mark is not None and mark.until_s > now
+
+    def unavailable(self) -> list[UnavailableOffering]:
+        """Offerings avoided after capacity errors, until their cool-down ends."""
+        now = self.clock()
+        with self._lock:
+            for key in [k for k, v in self._unavailable.items() if v.until_s <= now]:
+                del self._unavailable[key]
+            return sorted(self._unavailable.values(), key=lambda o: (o.instance_type, o.zone))
+
+    # --- list, terminate, reconcile -----------------------------------------------------------
+
+    def list(self) -> list[CloudInstance]:
+        """This cluster's instances (by cluster tag) that are not terminated, by id."""
+        return self._describe(
+            [
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
+            ]
+        )
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Terminate these instances of this cluster.
+
+        Ids that are unknown, already terminated, or not tagged with this
+        cluster are skipped (logged): the binding only ever terminates what it owns.
+        """
+        wanted = sorted(set(instance_ids))
+        if not wanted:
+            return
+        ours: list[str] = []
+        for chunk in _chunks(wanted, 200):
+            ours += [
+                i.instance_id
+                for i in self._describe(
+                    [
+                        {"Name": "instance-id", "Values": chunk},
+                        {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                        {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
+                    ]
+                )
+            ]
+        skipped = sorted(set(wanted) - set(ours))
+        if skipped:
+            log.info(
+                "terminate: skipping ids not live in cluster %s: %s",
+                self.config.cluster_id,
+                ", ".join(skipped),
+            )
+        for chunk in _chunks(sorted(ours), 500):
+            self._terminate(chunk)
+
+    def _terminate(self, ids: list[str]) -> None:
+        try:
+            self._ec2.call(
+                "terminate_instances",
+                passthrough=frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"}),
+                InstanceIds=ids,
+                DryRun=self.config.dry_run,
+            )
+        except ClientError as exc:
+            if error_code(exc) == _DRY_RUN:
+                log.info("dry run: would terminate %s", ", ".join(ids))
+                return
+            # One id vanished between the lookup and the call: terminate the others one by one.
+            for instance_id in ids:
+                try:
+                    self._ec2.call(
+                        "terminate_instances",
+                        passthrough=frozenset({"InvalidInstanceID.NotFound"}),
+                        InstanceIds=[instance_id],
+                    )
+                except ClientError:
+                    log.info("terminate: %s is already gone", instance_id)
+
+    def reconcile(
+        self, known_ids: Iterable[str], known_tokens: Iterable[str] = ()
+    ) -> ReconcileReport:
+        """Compare the state's instances with the cloud's; report and handle orphans.
+
+        An instance tagged with our cluster that the state does not know is an
+        orphan (money leaking) unless its launch token is known — then the state
+        is about to record it, and retrying the launch adopts it. With
+        `orphan_policy = "terminate"`, orphans older than the grace period are
+        terminated.
+        """
+        known = set(known_ids)
+        listed = self.list()
+        found = reconcile(known, listed)
+        adoptable = _adoptable(listed, known, set(known_tokens))
+        orphans = tuple(o for o in found.orphans if o.instance_id not in adoptable)
+        awaiting = tuple(o for o in found.orphans if o.instance_id in adoptable)
+        terminated: tuple[str, ...] = ()
+        if orphans:
+            log.warning(
+                "orphans in cluster %s: %s",
+                self.config.cluster_id,
+                ", ".join(o.instance_id for o in orphans),
+            )
+        if self.config.orphan_policy == "terminate":
+            now = self.clock()
+            old = [
+                o.instance_id
+                for o in orphans
+                if o.launched_at_s is None or now - o.launched_at_s >= self.orphan_grace_s
+            ]
+            if old:
+                self.terminate(old)
+                terminated = () if self.config.dry_run else tuple(old)
+        return ReconcileReport(orphans, found.gone, terminated, awaiting)
+
+    def _describe(self, filters: list[dict[str, Any]]) -> list[CloudInstance]:
+        instances = [
+            _cloud_instance(raw)
+            for page in self._ec2.pages("describe_instances", Filters=filters)
+            for reservation in page.get("Reservations", [])
+            for raw in reservation.get("Instances", [])
+        ]
+        return sorted(instances, key=lambda i: i.instance_id)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def client_token(launch_token: str, zone: str) -> str:
+    """EC2's `ClientToken` (at most 64 ASCII characters) for one launch attempt in one zone."""
+    return hashlib.sha256(f"{launch_token}|{zone}".encode()).hexdigest()
+
+
+def _cloud_instance(raw: Mapping[str, Any]) -> CloudInstance:
+    tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+    launched = raw.get("LaunchTime")
+    return CloudInstance(
+        instance_id=raw["InstanceId"],
+        instance_type=raw["InstanceType"],
+        state=raw["State"]["Name"],
+        zone=raw.get("Placement", {}).get("AvailabilityZone"),
+        launch_token=tags.get(TAG_LAUNCH_TOKEN),
+        launched_at_s=launched.timestamp() if launched is not None else None,
+        spot=raw.get("InstanceLifecycle") == "spot",
+    )
+
+
+def _first_launched(instances: Iterable[CloudInstance]) -> CloudInstance | None:
+    """The instance a launch token stands for when there are several: the first launched."""
+    ordered = sorted(
+        instances,
+        key=lambda i: (
+            i.launched_at_s if i.launched_at_s is not None else float("inf"),
+            i.instance_id,
+        ),
+    )
+    return ordered[0] if ordered else None
+
+
+def _adoptable(
+    listed: Sequence[CloudInstance], known_ids: set[str], known_tokens: set[str]
+) -> set[str]:
+    """Ids the state will adopt: per known token with no known instance, its first launched."""
+    by_token: dict[str, list[CloudInstance]] = {}
+    for instance in listed:
+        if instance.launch_token in known_tokens and instance.state != "terminated":
+            by_token.setdefault(instance.launch_token, []).append(instance)
+    adoptable: set[str] = set()
+    for instances in by_token.values():
+        if any(i.instance_id in known_ids for i in instances):
+            continue
+        first = _first_launched(instances)
+        if first is not None:
+            adoptable.add(first.instance_id)
+    return adoptable
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+# --- worker bootstrap -------------------------------------------------------------------------
+
+#: Placeholders of `deploy/worker-bootstrap.sh`, each replaced by a shell-quoted value.
+BOOTSTRAP_PLACEHOLDERS: tuple[str, ...] = (
+    "MASTER_ADDRESS",
+    "WORKER_TOKEN",
+    "CLUSTER_ID",
+    "AGENT_PACKAGE",
+)
+
+
+_PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
+
+
+def worker_user_data(template: str, values: Mapping[str, str]) -> str:
+    """Render the worker bootstrap template into EC2 user data.
+
+    `{{NAME}}` placeholders are replaced by shell-quoted values, so an address
+    or token can never inject commands into the script.
+    """
+    missing = [name for name in BOOTSTRAP_PLACEHOLDERS if name not in values]
+    if missing:
+        raise InputError(f"worker bootstrap needs a value for {', '.join(missing)}")
+    text = template
+    for name in BOOTSTRAP_PLACEHOLDERS:
+        text = text.replace("{{" + name + "}}", shlex.quote(values[name]))
+    unknown = _PLACEHOLDER.search(text)
+    if unknown:
+        raise InputError(f"worker bootstrap has an unknown placeholder {unknown.group(0)}")
+    return text
+
+
+def read_worker_bootstrap(path: str | Path, values: Mapping[str, str]) -> str:
+    """Read and render a worker bootstrap template file (`deploy/worker-bootstrap.sh`)."""
+    p = Path(path)
+    try:
+        template = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read worker bootstrap: {exc}", source=str(p)) from None
+    return worker_user_data(template, values)

@@ -1,0 +1,202 @@
+"""Fixtures for the EC2 provisioner tests: fake credentials, moto, a manual clock, faults.
+
+AWS is moto's in-process mock (`mock_aws`, the decorator mode) unless a test
+starts `moto_server` itself. Faults are injected with botocore's event hooks on
+top of moto: a handler on `provide-client-params.ec2.<Operation>` raises the
+`ClientError` a test chose for the calls it chose; the others reach moto.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.session
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from provisioners.config import EC2Config, GuardrailsConfig
+from provisioners.ec2 import EC2Cloud
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def fake_aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials, no user AWS config, no endpoint override, no cache in $HOME."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    # moto would load ~1,300 public AMIs into every region it creates (0.2 s each time);
+    # the tests register the one image they launch instead.
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def botocore_session() -> botocore.session.Session:
+    """One botocore session for all tests: it caches the service models (loading
+    EC2's takes ~0.3 s, which a fresh session per test would pay every time)."""
+    return botocore.session.get_session()
+
+
+@pytest.fixture
+def aws() -> Iterator[None]:
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def client(aws: None, botocore_session: botocore.session.Session) -> Callable[[str], Any]:
+    """`client("ec2")`: a boto3 client talking to moto."""
+
+    def make(service: str) -> Any:
+        return boto3.Session(botocore_session=botocore_session).client(service, region_name=REGION)
+
+    return make
+
+
+@pytest.fixture
+def ec2(client: Callable[[str], Any]) -> Any:
+    return client("ec2")
+
+
+@pytest.fixture
+def ami(ec2: Any) -> str:
+    """The worker image the tests launch, registered in moto."""
+    return register_worker_image(ec2)
+
+
+def register_worker_image(ec2: Any) -> str:
+    return ec2.register_image(
+        Name="autoscaler-worker",
+        RootDeviceName="/dev/xvda",
+        Architecture="x86_64",
+        VirtualizationType="hvm",
+    )["ImageId"]
+
+
+class Clock:
+    """A clock the test moves by hand (epoch seconds; starts at the real time, since
+    moto stamps launch times with it)."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self.now = time.time() if now is None else now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    """Backoff delays the code asked for; the test never actually waits."""
+    return []
+
+
+def client_error(code: str, operation: str, message: str = "injected") -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message}}, operation)
+
+
+@dataclass
+class Faults:
+    """Plan errors for an operation's calls; record every call's parameters.
+
+    `plan(op, [code_or_None, ...])`: the n-th call of `op` raises the n-th code
+    (None lets it through to moto). `when(op, predicate, code)` raises for
+    every call whose parameters match.
+    """
+
+    client: Any
+    calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _planned: dict[str, list[str | None]] = field(default_factory=dict)
+    _rules: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
+
+    def _watch(self, operation: str) -> None:
+        if operation in self.calls:
+            return
+        self.calls[operation] = []
+
+        def handler(params: dict[str, Any], **_: Any) -> None:
+            self.calls[operation].append(dict(params))
+            planned = self._planned.get(operation)
+            if planned:
+                code = planned.pop(0)
+                if code is not None:
+                    raise client_error(code, operation)
+            for predicate, code in self._rules.get(operation, []):
+                if predicate(params):
+                    raise client_error(code, operation)
+
+        self.client.meta.events.register(f"provide-client-params.ec2.{operation}", handler)
+
+    def watch(self, *operations: str) -> Faults:
+        for operation in operations:
+            self._watch(operation)
+        return self
+
+    def plan(self, operation: str, codes: list[str | None]) -> None:
+        self._watch(operation)
+        self._planned.setdefault(operation, []).extend(codes)
+
+    def when(self, operation: str, predicate: Any, code: str) -> None:
+        self._watch(operation)
+        self._rules.setdefault(operation, []).append((predicate, code))
+
+
+@pytest.fixture
+def faults(ec2: Any) -> Faults:
+    return Faults(ec2)
+
+
+@pytest.fixture
+def config(ami: str, tmp_path: Path) -> EC2Config:
+    return EC2Config(
+        region=REGION,
+        cluster_id="test-cluster",
+        ami=ami,
+        families=("c7i", "r7i", "p3"),
+        cache_dir=tmp_path / "cache",
+    )
+
+
+def make_cloud(
+    config: EC2Config,
+    ec2: Any,
+    clock: Clock,
+    sleeps: list[float],
+    guardrails: GuardrailsConfig | None = None,
+    **kwargs: Any,
+) -> EC2Cloud:
+    return EC2Cloud(config, guardrails, ec2=ec2, clock=clock, sleep=sleeps.append, **kwargs)
+
+
+def zone_of(params: dict[str, Any]) -> str | None:
+    """The zone a RunInstances call asked for (by placement)."""
+    return params.get("Placement", {}).get("AvailabilityZone")
+
+
+def live_instances(ec2: Any) -> list[dict[str, Any]]:
+    """Instances moto holds that are not shutting down or terminated, read straight from EC2."""
+    states = ["pending", "running", "stopping", "stopped"]
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-state-name", "Values": states}]
+    )
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]

@@ -1,0 +1,426 @@
+"""EC2Cloud.launch against moto: tags and configuration, idempotency, capacity, throttling,
+guardrails, dry run and spot."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import EndpointConnectionError
+
+from autoscaler.cloud import (
+    Cloud,
+    CloudRequestError,
+    CloudUnavailable,
+    InsufficientCapacity,
+    LaunchRefused,
+    LaunchRequest,
+    UnavailableOffering,
+)
+from provisioners.aws import make_client
+from provisioners.config import GuardrailsConfig
+from provisioners.ec2 import (
+    CATALOG_RETRY_AFTER_OUTAGE_S,
+    MANAGED_BY,
+    TAG_CLUSTER,
+    TAG_LAUNCH_TOKEN,
+    TAG_MANAGED_BY,
+    UNAVAILABLE_COOLDOWN_S,
+    EC2Cloud,
+    read_worker_bootstrap,
+)
+from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED_C7I_LARGE = 0.08925  # provisioners/data/prices-us-east-1.json
+
+ZONE_A, ZONE_B, ZONE_C = f"{REGION}a", f"{REGION}b", f"{REGION}c"
+
+
+def request(token: str, instance_type: str = "c7i.large", **kwargs: Any) -> LaunchRequest:
+    return LaunchRequest(instance_type=instance_type, launch_token=token, **kwargs)
+
+
+def test_ec2_cloud_implements_the_cloud_interface(config, ec2, clock, sleeps):
+    assert isinstance(make_cloud(config, ec2, clock, sleeps), Cloud)
+
+
+def test_launch_tags_and_configures_the_instance_from_the_config(
+    config, ec2, client, clock, sleeps
+):
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
+    group = ec2.create_security_group(GroupName="workers", Description="autoscaler workers")
+    iam = client("iam")
+    iam.create_instance_profile(InstanceProfileName="autoscaler-worker")
+    ec2.create_key_pair(KeyName="ops")
+    config = replace(
+        config,
+        subnet_ids=(subnets[ZONE_B], subnets[ZONE_C]),
+        security_group_ids=(group["GroupId"],),
+        iam_instance_profile="autoscaler-worker",
+        key_name="ops",
+    )
+    user_data = read_worker_bootstrap(
+        REPO / "deploy" / "worker-bootstrap.sh",
+        {
+            "MASTER_ADDRESS": "10.0.0.5:50051",
+            "WORKER_TOKEN": "s3cret",
+            "CLUSTER_ID": config.cluster_id,
+            "AGENT_PACKAGE": "ec2-batch-autoscaler",
+        },
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps, user_data=user_data)
+
+    launched = cloud.launch(request("tok-1", tags={"team": "ml"}))
+
+    [raw] = live_instances(ec2)
+    assert raw["InstanceId"] == launched.instance_id
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert tags[TAG_CLUSTER] == "test-cluster"
+    assert tags[TAG_LAUNCH_TOKEN] == "tok-1"
+    assert tags[TAG_MANAGED_BY] == MANAGED_BY
+    assert tags["team"] == "ml"
+    # The first subnet's zone is tried first; subnets pin the zone.
+    assert raw["SubnetId"] == subnets[ZONE_B]
+    assert launched.zone == raw["Placement"]["AvailabilityZone"] == ZONE_B
+    assert [g["GroupId"] for g in raw["SecurityGroups"]] == [group["GroupId"]]
+    assert raw["IamInstanceProfile"]["Arn"].endswith("/autoscaler-worker")
+    assert raw["KeyName"] == "ops"
+    assert raw["ImageId"] == config.ami
+    assert raw["InstanceType"] == "c7i.large"
+    sent = ec2.describe_instance_attribute(InstanceId=raw["InstanceId"], Attribute="userData")
+    assert base64.b64decode(sent["UserData"]["Value"]).decode() == user_data
+    assert launched.launch_token == "tok-1" and not launched.spot and not launched.dry_run
+
+
+def test_request_tags_cannot_overwrite_the_ownership_tags(config, ec2, clock, sleeps):
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    cloud.launch(request("tok-1", tags={TAG_CLUSTER: "someone-else"}))
+    [raw] = live_instances(ec2)
+    assert {t["Key"]: t["Value"] for t in raw["Tags"]}[TAG_CLUSTER] == "test-cluster"
+
+
+def test_launch_twice_with_one_token_starts_one_instance(config, ec2, clock, sleeps, faults):
+    faults.watch("RunInstances")
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    first = cloud.launch(request("tok-1"))
+    again = cloud.launch(request("tok-1"))
+    assert again.instance_id == first.instance_id
+    assert len(live_instances(ec2)) == 1
+    assert len(faults.calls["RunInstances"]) == 1
+
+
+def test_crash_between_run_instances_and_recording_does_not_launch_twice(
+    config, ec2, clock, sleeps, faults
+):
+    faults.watch("RunInstances")
+    crashed = []
+
+    def crash_after_ec2_answered(**_: Any) -> None:
+        if not crashed:
+            crashed.append(True)
+            raise KeyboardInterrupt("the daemon died before recording the instance")
+
+    ec2.meta.events.register("after-call.ec2.RunInstances", crash_after_ec2_answered)
+    with pytest.raises(KeyboardInterrupt):
+        make_cloud(config, ec2, clock, sleeps).launch(request("tok-1"))
+    [started] = live_instances(ec2)  # EC2 did start it
+
+    restarted = make_cloud(config, ec2, clock, sleeps)  # a new process, no memory
+    found = restarted.launch(request("tok-1"))
+
+    assert found.instance_id == started["InstanceId"]
+    assert len(live_instances(ec2)) == 1
+    assert len(faults.calls["RunInstances"]) == 1
+
+
+def test_capacity_error_in_one_zone_falls_back_to_the_next(config, ec2, clock, sleeps, faults):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when(
+        "RunInstances",
+        lambda p: zone_of(p) == ZONE_A and p["InstanceType"] == "c7i.large",
+        "InsufficientInstanceCapacity",
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    launched = cloud.launch(request("tok-1"))
+
+    assert launched.zone == ZONE_B
+    assert [zone_of(p) for p in faults.calls["RunInstances"]] == [ZONE_A, ZONE_B]
+    assert cloud.unavailable() == [
+        UnavailableOffering(
+            "c7i.large", ZONE_A, clock.now + UNAVAILABLE_COOLDOWN_S, "InsufficientInstanceCapacity"
+        )
+    ]
+    # While the offering cools down, the next launch goes straight to the next zone.
+    cloud.launch(request("tok-2"))
+    assert [zone_of(p) for p in faults.calls["RunInstances"]][2:] == [ZONE_B]
+    # Other types are not affected by a c7i.large capacity error.
+    cloud.launch(request("tok-3", "r7i.large"))
+    assert zone_of(faults.calls["RunInstances"][-1]) == ZONE_A
+    # After the cool-down, zone A is tried again.
+    clock.advance(UNAVAILABLE_COOLDOWN_S + 1)
+    assert [o.instance_type for o in cloud.unavailable()] == []
+    cloud.launch(request("tok-4"))
+    assert [zone_of(p) for p in faults.calls["RunInstances"]][-2:] == [ZONE_A, ZONE_B]
+
+
+@pytest.mark.parametrize(
+    "code", ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "Unsupported"]
+)
+def test_no_capacity_anywhere_is_insufficient_capacity(code, config, ec2, clock, sleeps, faults):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when("RunInstances", lambda p: True, code)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    with pytest.raises(InsufficientCapacity) as failed:
+        cloud.launch(request("tok-1"))
+
+    assert failed.value.zones == (ZONE_A, ZONE_B)
+    assert failed.value.retryable
+    assert code in str(failed.value)
+    assert live_instances(ec2) == []
+    assert {(o.zone, o.reason) for o in cloud.unavailable()} == {(ZONE_A, code), (ZONE_B, code)}
+    # Every zone cooling down: the next attempt fails fast, without calling EC2.
+    calls = len(faults.calls["RunInstances"])
+    with pytest.raises(InsufficientCapacity, match="cooling down"):
+        cloud.launch(request("tok-1"))
+    assert len(faults.calls["RunInstances"]) == calls
+
+
+def test_throttling_is_retried_with_a_bounded_backoff(config, ec2, clock, sleeps, faults):
+    faults.plan("RunInstances", ["RequestLimitExceeded", "RequestLimitExceeded", None])
+    faults.plan("DescribeInstances", ["Throttling"])
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    launched = cloud.launch(request("tok-1"))
+
+    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.instance_id]
+    assert sleeps == [1.0, 1.0, 2.0]  # one throttled lookup, two throttled launches
+
+
+def test_throttling_past_the_bound_is_cloud_unavailable_and_retryable(
+    config, ec2, clock, sleeps, faults
+):
+    faults.plan("RunInstances", ["RequestLimitExceeded"] * 5)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    with pytest.raises(CloudUnavailable, match="RequestLimitExceeded") as failed:
+        cloud.launch(request("tok-1"))
+
+    assert failed.value.retryable
+    assert sleeps == [1.0, 2.0, 4.0, 8.0]
+    assert live_instances(ec2) == []
+    assert cloud.unavailable() == []  # throttling says nothing about capacity
+    # Once AWS stops throttling, the same request goes through.
+    assert cloud.launch(request("tok-1")).instance_id == live_instances(ec2)[0]["InstanceId"]
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, **_: Any) -> Any:
+        yield self.data
+
+
+def test_botocore_adaptive_retries_absorb_a_throttled_response(
+    config, aws, botocore_session, clock, sleeps
+):
+    """A throttling *HTTP response* is retried inside botocore (our backoff never sees it)."""
+    client = make_client("ec2", REGION, session=boto3.Session(botocore_session=botocore_session))
+    assert client.meta.config.retries["mode"] == "adaptive"
+    sent: list[bool] = []
+    throttled = (
+        b"<Response><Errors><Error><Code>RequestLimitExceeded</Code>"
+        b"<Message>Request limit exceeded.</Message></Error></Errors>"
+        b"<RequestID>1</RequestID></Response>"
+    )
+
+    def first_send_throttled(request: Any, **_: Any) -> AWSResponse | None:
+        sent.append(True)
+        if len(sent) == 1:
+            return AWSResponse(request.url, 503, {}, _Body(throttled))
+        return None
+
+    client.meta.events.register("before-send.ec2.RunInstances", first_send_throttled)
+    cloud = make_cloud(config, client, clock, sleeps)
+
+    launched = cloud.launch(request("tok-1"))
+
+    assert len(sent) == 2
+    assert sleeps == []
+    assert launched.state in ("pending", "running")
+
+
+def test_launch_without_an_ami_says_which_setting_is_missing(config, ec2, clock, sleeps):
+    cloud = make_cloud(replace(config, ami=None), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match=r"\[ec2\] ami"):
+        cloud.launch(request("tok-1"))
+
+
+def test_unknown_subnet_is_a_request_error_naming_the_setting(config, ec2, clock, sleeps):
+    cloud = make_cloud(replace(config, subnet_ids=("subnet-00000000",)), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match=r"check \[ec2\] subnet_ids") as failed:
+        cloud.launch(request("tok-1"))
+    assert not failed.value.retryable
+
+
+def test_requested_zones_are_an_order_of_preference_within_the_allowed(config, ec2, clock, sleeps):
+    cloud = make_cloud(replace(config, zones=(ZONE_A, ZONE_B, ZONE_C)), ec2, clock, sleeps)
+    assert cloud.launch(request("tok-1", zones=(ZONE_C, ZONE_A))).zone == ZONE_C
+    with pytest.raises(LaunchRefused, match=f"{REGION}f requested") as refused:
+        cloud.launch(request("tok-2", zones=(f"{REGION}f",)))
+    assert refused.value.rule == "allowed_zones"
+
+
+def test_type_not_offered_in_any_allowed_zone_is_a_configuration_error(config, ec2, clock, sleeps):
+    # moto (like us-east-1) offers no c7i in us-east-1e.
+    cloud = make_cloud(replace(config, zones=(f"{REGION}e",)), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match="not offered in any allowed zone"):
+        cloud.launch(request("tok-1"))
+    assert live_instances(ec2) == []
+
+
+# --- guardrails ----------------------------------------------------------------------------
+
+
+def _refused(cloud: EC2Cloud, req: LaunchRequest, faults: Any) -> LaunchRefused:
+    faults.watch("RunInstances")
+    before = len(faults.calls["RunInstances"])
+    with pytest.raises(LaunchRefused) as refused:
+        cloud.launch(req)
+    assert len(faults.calls["RunInstances"]) == before, "a refused launch must not call EC2"
+    assert not refused.value.retryable
+    return refused.value
+
+
+def test_guardrail_max_instances_counts_instances_launched_elsewhere(
+    config, ec2, ami, clock, sleeps, faults
+):
+    # An instance of this cluster someone else launched still counts against the cap.
+    ec2.run_instances(
+        ImageId=ami,
+        InstanceType="c7i.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": TAG_CLUSTER, "Value": "test-cluster"}]}
+        ],
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps, GuardrailsConfig(max_instances=1))
+    refused = _refused(cloud, request("tok-1"), faults)
+    assert refused.rule == "max_instances"
+    assert "would make 2 instances, over the limit of 1" in str(refused)
+    assert len(live_instances(ec2)) == 1
+
+
+def test_guardrail_max_hourly_spend_counts_running_plus_requested(
+    config, ec2, clock, sleeps, faults
+):
+    cloud = make_cloud(config, ec2, clock, sleeps, GuardrailsConfig(max_hourly_spend=0.2))
+    cloud.launch(request("tok-1"))
+    cloud.launch(request("tok-2"))  # 2 x 0.08925 = 0.1785 <= 0.2
+    refused = _refused(cloud, request("tok-3"), faults)
+    assert refused.rule == "max_hourly_spend"
+    spend, after = 2 * BUNDLED_C7I_LARGE, 3 * BUNDLED_C7I_LARGE
+    assert f"from ${spend:.2f}/h to ${after:.2f}/h, over the budget of $0.20/h" in str(refused)
+    assert len(live_instances(ec2)) == 2
+
+
+def test_guardrail_allowed_types_refuses_a_type_outside_the_families(
+    config, ec2, clock, sleeps, faults
+):
+    cloud = make_cloud(replace(config, families=("c7i",)), ec2, clock, sleeps)
+    refused = _refused(cloud, request("tok-1", "r7i.large"), faults)
+    assert refused.rule == "allowed_types"
+    assert "r7i.large is not allowed" in str(refused) and "families: c7i" in str(refused)
+
+
+def test_guardrail_refuses_an_allowed_type_missing_from_the_catalog(
+    config, ec2, clock, sleeps, faults
+):
+    # p3 is allowed, but moto's us-east-1 has no p3 types, so the catalog skipped them.
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    refused = _refused(cloud, request("tok-1", "p3.2xlarge"), faults)
+    assert refused.rule == "catalog"
+    assert "p3.2xlarge is not in the catalog" in str(refused)
+
+
+def test_guardrail_allowed_regions_is_checked_at_construction(config, ec2, clock, sleeps):
+    with pytest.raises(LaunchRefused) as refused:
+        make_cloud(config, ec2, clock, sleeps, GuardrailsConfig(allowed_regions=("eu-west-1",)))
+    assert refused.value.rule == "allowed_regions"
+    assert "region us-east-1 is not allowed (allowed: eu-west-1)" in str(refused.value)
+
+
+# --- dry run and spot ----------------------------------------------------------------------
+
+
+def test_dry_run_launch_checks_with_ec2_and_launches_nothing(config, ec2, clock, sleeps, faults):
+    faults.watch("RunInstances")
+    cloud = make_cloud(
+        replace(config, dry_run=True), ec2, clock, sleeps, GuardrailsConfig(max_instances=1)
+    )
+
+    planned = cloud.launch(request("tok-1"))
+
+    assert planned.dry_run and planned.instance_id.startswith("dry-run-")
+    assert [p.get("DryRun") for p in faults.calls["RunInstances"]] == [True]
+    assert live_instances(ec2) == []
+    assert cloud.launch(request("tok-1")) == planned  # idempotent within the run
+    # Dry-run launches count against the guardrails, so a rehearsal shows the refusals.
+    assert _refused(cloud, request("tok-2"), faults).rule == "max_instances"
+
+
+def test_dry_run_without_permission_is_a_typed_error(config, ec2, clock, sleeps, faults):
+    faults.plan("RunInstances", ["UnauthorizedOperation"])
+    cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match=r"deploy/iam-policy\.json"):
+        cloud.launch(request("tok-1"))
+
+
+def test_spot_is_per_type_and_off_by_default(config, ec2, clock, sleeps, faults):
+    faults.watch("RunInstances")
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+
+    spot = cloud.launch(request("tok-1", "c7i.large"))
+    on_demand = cloud.launch(request("tok-2", "r7i.large"))
+
+    first, second = faults.calls["RunInstances"]
+    assert first["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert "InstanceMarketOptions" not in second
+    lifecycle = {i["InstanceId"]: i.get("InstanceLifecycle") for i in live_instances(ec2)}
+    assert lifecycle == {spot.instance_id: "spot", on_demand.instance_id: None}
+    assert spot.spot and not on_demand.spot
+
+
+def test_after_an_outage_the_catalog_is_asked_for_again_within_minutes(config, ec2, clock, sleeps):
+    make_cloud(config, ec2, clock, sleeps).catalog()  # caches the catalog
+    clock.advance(2 * 86400)  # the cache is now stale
+    outage = [True]
+
+    def unreachable(**_: Any) -> None:
+        if outage:
+            raise EndpointConnectionError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+
+    ec2.meta.events.register("provide-client-params.ec2.DescribeInstanceTypes", unreachable)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    assert cloud.ec2_catalog().origin == "cache"  # stale, but launches can go on
+    outage.clear()
+    clock.advance(60)
+    assert cloud.ec2_catalog().origin == "cache"  # not hammering AWS
+    clock.advance(CATALOG_RETRY_AFTER_OUTAGE_S)
+    assert cloud.ec2_catalog().origin == "aws"
+
+
+@pytest.mark.parametrize("token", ["", "x" * 257])
+def test_launch_token_must_fit_an_ec2_tag(token, config, ec2, clock, sleeps):
+    with pytest.raises(CloudRequestError, match="launch token must be 1 to 256 characters"):
+        make_cloud(config, ec2, clock, sleeps).launch(request(token))

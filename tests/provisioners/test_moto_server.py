@@ -1,0 +1,132 @@
+"""End to end over HTTP: `moto_server` on 127.0.0.1, the CLI and EC2Cloud through `endpoint_url`.
+
+The server runs as a separate process, so nothing here shares state with the
+in-process mock: the catalog refresh, a launch, a crash and its retry, an
+orphan, a termination, and finally AWS going away.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from autoscaler.cloud import LaunchRequest
+from provisioners.config import load_config
+from provisioners.ec2 import DEFAULT_ORPHAN_GRACE_S, TAG_CLUSTER, EC2Cloud
+from tests.provisioners.conftest import REGION, Clock, register_worker_image
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def moto_server() -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start") from None
+                time.sleep(0.05)
+        yield url, server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    # One attempt per call: moto_server answers the unimplemented Pricing API with HTTP 500,
+    # which botocore would otherwise retry with backoff; nothing else here fails.
+    env["AWS_MAX_ATTEMPTS"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "autoscaler", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server, tmp_path: Path):
+    url, server = moto_server
+    raw = boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    ami = register_worker_image(raw)
+    config_path = tmp_path / "autoscaler.toml"
+    config_path.write_text(
+        f'[ec2]\ncluster_id = "e2e"\nami = "{ami}"\norphan_policy = "terminate"\n'
+        f'zones = ["{REGION}b", "{REGION}c"]\ncache_dir = "{tmp_path / "cache"}"\n'
+        "[guardrails]\nmax_instances = 3\nmax_hourly_spend = 5.0\n"
+    )
+
+    # 1. The catalog, refreshed through the CLI.
+    refreshed = cli("catalog", "refresh", "--config", str(config_path), "--endpoint-url", url)
+    assert refreshed.returncode == 1, refreshed.stderr  # no Pricing API in moto
+    assert "prices not refreshed" in refreshed.stderr and "Traceback" not in refreshed.stderr
+    assert "18 instance types" in refreshed.stdout
+    assert "Source: AWS (fetched" in refreshed.stdout
+
+    # 2. A launch, then a new process (as after a crash before recording) retries it.
+    config = load_config(config_path)
+    clock = Clock()
+    cloud = EC2Cloud.from_config(config, endpoint_url=url, clock=clock)
+    launched = cloud.launch(LaunchRequest("r7i.large", "e2e-1"))
+    assert launched.zone == f"{REGION}b"
+    after_crash = EC2Cloud.from_config(config, endpoint_url=url, clock=clock)
+    assert after_crash.launch(LaunchRequest("r7i.large", "e2e-1")).instance_id == (
+        launched.instance_id
+    )
+    assert [i.instance_id for i in after_crash.list()] == [launched.instance_id]
+
+    # 3. An orphan: tagged with our cluster, unknown to the state.
+    orphan = raw.run_instances(
+        ImageId=ami,
+        InstanceType="c7i.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": TAG_CLUSTER, "Value": "e2e"}]}
+        ],
+    )["Instances"][0]["InstanceId"]
+    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
+    report = after_crash.reconcile({launched.instance_id})
+    assert report.terminated == (orphan,)
+    assert [i.instance_id for i in after_crash.list() if i.state != "shutting-down"] == [
+        launched.instance_id
+    ]
+
+    # 4. Terminate what we launched.
+    after_crash.terminate([launched.instance_id])
+    assert all(i.state in ("shutting-down", "terminated") for i in after_crash.list())
+
+    # 5. AWS goes away: the refresh falls back to the cached catalog and says so.
+    server.terminate()
+    server.wait(timeout=10)
+    offline = cli("catalog", "refresh", "--config", str(config_path), "--endpoint-url", url)
+    assert offline.returncode == 1
+    assert "Traceback" not in offline.stderr
+    assert "catalog not refreshed" in offline.stderr and "cannot reach AWS" in offline.stderr
+    assert "Showing the cached catalog instead" in offline.stderr
+    assert "Source: AWS (cached; fetched" in offline.stdout
