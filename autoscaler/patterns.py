@@ -86,9 +86,17 @@ class PatternPricer:
     """Column generation for the configuration LP, keeping its columns between rounds."""
 
     def __init__(
-        self, node_limit: int = 200_000, max_iterations: int = 100, pool_limit: int = 5_000
+        self,
+        node_limit: int = 20_000,
+        node_budget: int = 150_000,
+        max_iterations: int = 100,
+        pool_limit: int = 5_000,
     ) -> None:
+        """`node_limit` bounds one pricing search, `node_budget` all searches of one
+        solve: past it, column generation stops with the columns it has (the
+        packing stays valid; only the bound is no longer proven)."""
         self.node_limit = node_limit
+        self.node_budget = node_budget
         self.max_iterations = max_iterations
         self.pool_limit = pool_limit
         # (type name, ((class key, count), ...)) -> last round it was useful
@@ -159,15 +167,17 @@ class PatternPricer:
         exact = True
         converged = False
         iterations = 0
-        while iterations < self.max_iterations:
+        budget = self.node_budget
+        while iterations < self.max_iterations and budget > 0:
             iterations += 1
             highs.run()
             duals = list(highs.getSolution().row_dual)
             added = 0
             for k in range(len(types)):
-                comp, value, complete = best_composition(
-                    k, types[k], classes, duals, loss, self.node_limit
+                comp, value, complete, nodes = best_composition(
+                    k, types[k], classes, duals, loss, min(self.node_limit, max(budget, 1))
                 )
+                budget -= nodes
                 exact = exact and complete
                 if comp and value > types[k].cost * (1 + 1e-9) + 1e-9:
                     before = len(columns)
@@ -212,11 +222,12 @@ def best_composition(
     duals: Sequence[float],
     loss: Callable[[tuple[int, ...], int], float] | None,
     node_limit: int,
-) -> tuple[tuple[tuple[int, int], ...] | None, float, bool]:
+) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """The composition of type k maximizing Σ a_c u_c − loss (branch and bound).
 
-    Returns (composition, value, complete); `complete` is False when the node
-    limit cut the search short (the result is then only a good composition).
+    Returns (composition, value, complete, nodes searched); `complete` is False
+    when the node limit cut the search short (the result is then only a good
+    composition).
     The bound for the remaining classes is, per resource r, the free amount of
     r times the best price per unit of r among them — valid because no class
     is worth more than its r-demand at that rate, and the loss is never negative.
@@ -232,7 +243,7 @@ def best_composition(
         and _fits(cls.demands[k], capacity)
     ]
     if not items:
-        return None, 0.0, True
+        return None, 0.0, True, 0
     inv = [1.0 / x if x > 0 else 0.0 for x in capacity]
 
     def density(c: int) -> float:
@@ -290,9 +301,11 @@ def best_composition(
         if nodes > node_limit:
             complete = False
             return
-        current = score(raw)
-        if current > best_value + 1e-12:
-            best_value, best = current, list(chosen)
+        # The loss is never negative: only a raw value above the best can improve it.
+        if raw > best_value + 1e-12:
+            current = score(raw)
+            if current > best_value + 1e-12:
+                best_value, best = current, list(chosen)
         if i == n or raw + bound(i, free) <= best_value + 1e-12:
             return
         d = demand[i]
@@ -319,9 +332,9 @@ def best_composition(
 
     # Nothing to gain if even the bound cannot beat the instance's cost.
     if bound(0, list(capacity)) <= cost * (1 + 1e-9):
-        return None, 0.0, True
+        return None, 0.0, True, 0
     search(0, list(capacity), 0.0)
     if best is None:
-        return None, 0.0, complete
+        return None, 0.0, complete, nodes
     comp = tuple(sorted((items[j], a) for j, a in enumerate(best) if a))
-    return comp, best_value, complete
+    return comp, best_value, complete, nodes

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import plan_scaling
+from benchmarks import lp_scaling, plan_scaling
 
-BENCHMARKS = {"plan": plan_scaling.main}
+BENCHMARKS = {"plan": plan_scaling.main, "scale": lp_scaling.main}
 
 
 def main() -> None:

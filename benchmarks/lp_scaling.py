@@ -1,0 +1,168 @@
+"""Plan cost against the LP lower bound, and planning time, from 1k to 1M tasks.
+
+Task sets are sampled from pai_200's demand vectors and planned onto an empty
+cluster over the 21 EC2 types without interference (`--default-throughput
+1.0`, as the issue's checks run it). Side by side, in one run:
+
+- `eva` — the default planner (Algorithm 1 and LP-priced patterns, the better);
+- `eva-plain` — Algorithm 1 alone, class-batched;
+- the literal task-by-task Algorithm 1 (`autoscaler.reference`) while it
+  finishes within its time budget;
+- POP with 2 parts, at the sizes where it could matter: its cost against the
+  unpartitioned plan (quality loss) and its time;
+- the LP itself: a cold solve against a warm re-solve after the counts change.
+
+Ratios are plan cost ÷ LP bound (lower is better; 1.0 is unattainable in
+general) and time ÷ the default planner's time in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from autoscaler.lp import ShadowPricer
+from autoscaler.planner import _lp_classes, planner_by_name
+from autoscaler.reconfiguration import Packer
+from autoscaler.reference import algorithm1
+from autoscaler.table import format_table
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
+
+TARGET_RATIO = 1.013
+
+
+def timed(fn):
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
+    parser.add_argument(
+        "--literal-budget",
+        type=float,
+        default=60.0,
+        help="skip the literal Algorithm 1 at sizes after one took longer (s)",
+    )
+    parser.add_argument(
+        "--pop-from",
+        type=int,
+        default=100_000,
+        help="also plan with POP (2 parts) from this size on",
+    )
+    args = parser.parse_args(argv)
+
+    catalog, source = pai_catalog_and_jobs()
+    table = ThroughputTable(default=1.0)
+    rows, pop_rows, seconds = [], [], {}
+    literal_ok = True
+    literal_s, literal_n = 0.0, 1
+    failures: list[str] = []
+    for n in args.sizes:
+        print(f"  sampling {n:,} tasks …", flush=True)
+        jobs = sample_jobs(source, n, seed=n)
+        view = ClusterView(catalog, jobs, throughput=table)
+        eva_s, eva = timed(lambda view=view: planner_by_name("eva").plan(view))
+        plain_s, plain = timed(lambda view=view: planner_by_name("eva-plain").plan(view))
+        bound = eva.lower_bound_hourly_cost
+        assert bound is not None
+        seconds[n] = eva_s
+        literal = "-"
+        if literal_ok:
+            lit_s, lit = timed(lambda jobs=jobs: algorithm1(jobs, catalog, table))
+            literal = f"{lit.hourly_cost / bound:.4f} in {lit_s:.1f} s ({lit_s / eva_s:,.0f}x)"
+            literal_s, literal_n = lit_s, n
+        later = [m for m in args.sizes if m > n]
+        if literal_ok and later:  # it is quadratic: skip sizes it would not finish in time
+            literal_ok = literal_s * (later[0] / literal_n) ** 2 <= args.literal_budget
+        ratio = eva.hourly_cost / bound
+        if ratio > TARGET_RATIO:
+            failures.append(f"{n:,} tasks: {ratio:.4f}x the bound > {TARGET_RATIO}")
+        rows.append(
+            [
+                f"{n:,}",
+                f"{bound:,.2f}",
+                f"{eva.hourly_cost:,.2f}",
+                f"{ratio:.4f}",
+                f"{eva_s:.2f}",
+                f"{plain.hourly_cost / bound:.4f}",
+                f"{plain_s:.2f}",
+                literal,
+            ]
+        )
+        if n >= args.pop_from:
+            pop_s, pop = timed(
+                lambda view=view: planner_by_name("eva", pop_threshold=0, pop_parts=2).plan(view)
+            )
+            pop_rows.append(
+                [
+                    f"{n:,}",
+                    f"{pop.hourly_cost / eva.hourly_cost - 1:+.4%}",
+                    f"{pop_s:.2f}",
+                    f"{pop_s / eva_s:.2f}x",
+                ]
+            )
+        print(f"  {n:,} tasks done", flush=True)
+
+    print()
+    print(
+        format_table(
+            [
+                "tasks",
+                "LP bound $/h",
+                "eva $/h",
+                "eva ÷ bound",
+                "eva s",
+                "eva-plain ÷ bound",
+                "eva-plain s",
+                "literal Alg.1 ÷ bound, time (÷ eva s)",
+            ],
+            rows,
+            [True] * 7 + [False],
+        )
+    )
+    if pop_rows:
+        print("\nPOP, 2 parts in parallel processes, against the unpartitioned eva plan:")
+        print(
+            format_table(
+                ["tasks", "cost change", "s", "time ÷ eva"], pop_rows, [True, True, True, True]
+            )
+        )
+
+    # The LP alone: a cold solve, then a warm re-solve after the counts change.
+    jobs = sample_jobs(source, 10_000, seed=1)
+    classes = _lp_classes(Packer(ClusterView(catalog, jobs, throughput=table)))
+    pricer = ShadowPricer()
+    cold = pricer.solve(catalog, classes)
+    changed = [
+        type(c)(c.demands, c.count + i % 7, c.group, c.group_limit) for i, c in enumerate(classes)
+    ]
+    warm = pricer.solve(catalog, changed)
+    cold_ms, warm_ms = cold.seconds * 1e3, warm.seconds * 1e3
+    print(
+        f"\nLP over {len(classes)} classes × {len(catalog)} types: cold {cold_ms:.2f} ms, "
+        f"warm re-solve {warm_ms:.2f} ms ({cold_ms / warm_ms:.1f}x faster)"
+    )
+
+    print("\nTargets:")
+    big, mid, top = 100_000, 10_000, 1_000_000
+    checks = [(f"≤ {TARGET_RATIO}x the bound at every size", not failures)]
+    if big in seconds:
+        checks.append((f"100k tasks under 2 s ({seconds[big]:.2f} s)", seconds[big] < 2.0))
+    if big in seconds and mid in seconds:
+        r = seconds[big] / seconds[mid]
+        checks.append((f"100k within 12x the 10k time ({r:.1f}x)", r <= 12.0))
+    if top in seconds:
+        checks.append((f"1M tasks under 30 s ({seconds[top]:.2f} s)", seconds[top] < 30.0))
+    for text, ok in checks:
+        print(f"  [{'ok' if ok else 'MISSED'}] {text}")
+    for f in failures:
+        print(f"  MISSED: {f}")
+
+
+if __name__ == "__main__":
+    main()
