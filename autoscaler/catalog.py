@@ -8,11 +8,12 @@ The on-disk format is Eva's `ec2_config.json`, read unchanged:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from autoscaler.errors import InputError, check_number
 from autoscaler.resources import Resources
@@ -179,19 +180,22 @@ def _vector(value: object, *, field: str, where: str, source: str | None) -> Res
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """Read a JSON file, turning a missing or malformed file into an InputError."""
+    """Read a JSON file, turning a missing or malformed file into an InputError.
+
+    orjson parses million-task traces markedly faster than the standard library.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{what} file not found", source=str(p)) from None
     except IsADirectoryError:
         raise InputError(f"{what} path is a directory, not a file", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {what} file: {exc}", source=str(p)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} file: {exc.strerror or exc}", source=str(p)) from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
         raise InputError(
             f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(p)
         ) from None

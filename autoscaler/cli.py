@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from autoscaler.bundled import bundled
 from autoscaler.catalog import Catalog, load_catalog
@@ -140,8 +141,16 @@ def load_inputs(
     return catalog, jobs
 
 
+def progress(message: str) -> None:
+    """A phase message for a person at a terminal (kept out of pipes and logs)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    progress("reading catalog and jobs …")
     catalog, jobs = load_inputs(args.catalog, args.jobs)
+    progress(f"planning {sum(len(j.tasks) for j in jobs):,} tasks …")
     if args.throughput is not None:
         table = load_contention_matrix(args.throughput, args.default_throughput)
     else:
@@ -272,7 +281,7 @@ def render_plan(
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
     try:
-        path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     except OSError as exc:
         raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None
 

@@ -9,7 +9,6 @@ is ours: `max_tasks_per_instance` (anti-affinity).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,6 @@ DEFAULT_FETCH_S = 1.0
 DEFAULT_BUILD_IMAGE_S = 10.0
 DEFAULT_INIT_S = 36.0
 
-_INDEX_SUFFIX = re.compile(r"\[[^\]]*\]$")
-
 
 def workload_key(job_name: str, task_name: str) -> str:
     """Key under which a task's co-location throughput is learned.
@@ -40,7 +37,11 @@ def workload_key(job_name: str, task_name: str) -> str:
     Job `resnet18[3]`, task `node0` -> `resnet18_node0`: the trailing index is
     dropped so that every job of the same kind shares what was learned (§4.3).
     """
-    return f"{_INDEX_SUFFIX.sub('', job_name)}_{task_name}"
+    if job_name.endswith("]"):
+        start = job_name.rfind("[", 0, len(job_name) - 1)
+        if start >= 0 and "]" not in job_name[start + 1 : -1]:
+            job_name = job_name[:start]
+    return f"{job_name}_{task_name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +112,55 @@ def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
         raise InputError("must be a JSON object mapping job ids to jobs", source=source)
     if not data:
         raise InputError("contains no jobs", source=source)
-    return tuple(_job(str(job_id), spec, source) for job_id, spec in data.items())
+    # Traces repeat a few dozen demand blocks over many tasks: each distinct
+    # block is validated once and its parsed form shared.
+    demand_cache: dict[tuple, tuple[tuple[str, Resources], ...]] = {}
+    return tuple(_job(str(job_id), spec, source, demand_cache) for job_id, spec in data.items())
 
 
-def _job(job_id: str, spec: Any, source: str) -> JobSpec:
-    where = f"job {job_id!r}"
-    if not isinstance(spec, Mapping):
-        raise InputError("must be an object", source=source, where=where)
+def _number(
+    spec: Mapping, key: str, default: float | None, where: str, source: str, positive: bool = False
+) -> float | None:
+    """An optional numeric field; the common well-formed case stays cheap."""
+    value = spec.get(key)
+    if value is None:
+        return default
+    if (
+        type(value) in (int, float)
+        and (value > 0 if positive else value >= 0)
+        and (value != float("inf"))
+    ):
+        return float(value)
+    return check_number(value, field=key, where=where, source=source, strictly_positive=positive)
+
+
+def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
+    if type(spec) is not dict and not isinstance(spec, Mapping):
+        raise InputError("must be an object", source=source, where=f"job {job_id!r}")
     name = spec.get("name", job_id)
+    raw_tasks = spec.get("tasks")
+    if type(name) is not str or not name or type(raw_tasks) is not dict or not raw_tasks:
+        _reject_job(job_id, name, raw_tasks, source)
+    where = f"job {job_id!r}"
+    tasks = tuple(
+        _task(job_id, name, str(task_key), task_spec, source, demand_cache)
+        for task_key, task_spec in raw_tasks.items()
+    )
+    return JobSpec(
+        job_id=job_id,
+        name=name,
+        tasks=tasks,
+        arrival_time_s=_number(spec, "arrival_time", 0.0, where, source) or 0.0,
+        duration_s=_number(spec, "duration", None, where, source, positive=True),
+        total_iters=_number(spec, "total_iters", None, where, source, positive=True),
+        full_throughput=_number(spec, "full_throughput", None, where, source, positive=True),
+        init_delay_s=_number(spec, "init_delay", DEFAULT_INIT_S, where, source) or 0.0,
+        max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
+    )
+
+
+def _reject_job(job_id: str, name: object, raw_tasks: object, source: str) -> None:
+    where = f"job {job_id!r}"
     if not isinstance(name, str) or not name:
         raise InputError(
             "must be a non-empty string",
@@ -128,7 +170,6 @@ def _job(job_id: str, spec: Any, source: str) -> JobSpec:
             value=name,
             has_value=True,
         )
-    raw_tasks = spec.get("tasks")
     if not isinstance(raw_tasks, Mapping) or not raw_tasks:
         raise InputError(
             "must be a non-empty object of tasks",
@@ -138,29 +179,6 @@ def _job(job_id: str, spec: Any, source: str) -> JobSpec:
             value=raw_tasks,
             has_value=raw_tasks is not None,
         )
-
-    def number(key: str, default: float | None, *, positive: bool = False) -> float | None:
-        if key not in spec or spec[key] is None:
-            return default
-        return check_number(
-            spec[key], field=key, where=where, source=source, strictly_positive=positive
-        )
-
-    tasks = tuple(
-        _task(job_id, name, str(task_key), task_spec, source)
-        for task_key, task_spec in raw_tasks.items()
-    )
-    return JobSpec(
-        job_id=job_id,
-        name=name,
-        tasks=tasks,
-        arrival_time_s=number("arrival_time", 0.0) or 0.0,
-        duration_s=number("duration", None, positive=True),
-        total_iters=number("total_iters", None, positive=True),
-        full_throughput=number("full_throughput", None, positive=True),
-        init_delay_s=number("init_delay", DEFAULT_INIT_S) or 0.0,
-        max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
-    )
 
 
 def _limit(value: object, where: str, source: str) -> int | None:
@@ -178,21 +196,64 @@ def _limit(value: object, where: str, source: str) -> int | None:
     return value
 
 
-def _task(job_id: str, job_name: str, task_key: str, spec: Any, source: str) -> TaskSpec:
-    where = f"job {job_id!r} task {task_key!r}"
-    if not isinstance(spec, Mapping):
-        raise InputError("must be an object", source=source, where=where)
+_DELAY_FIELDS = (
+    ("kill_delay", DEFAULT_KILL_S),
+    ("upload_delay", DEFAULT_UPLOAD_S),
+    ("fetch_delay", DEFAULT_FETCH_S),
+    ("build_image_delay", DEFAULT_BUILD_IMAGE_S),
+)
+
+
+def _task(
+    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: dict
+) -> TaskSpec:
+    if type(spec) is not dict and not isinstance(spec, Mapping):
+        raise InputError(
+            "must be an object", source=source, where=f"job {job_id!r} task {task_key!r}"
+        )
     name = spec.get("name", task_key)
-    if not isinstance(name, str) or not name:
+    if type(name) is not str or not name:
         raise InputError(
             "must be a non-empty string",
             source=source,
-            where=where,
+            where=f"job {job_id!r} task {task_key!r}",
             field="name",
             value=name,
             has_value=True,
         )
     raw_demand = spec.get("demand")
+    try:
+        cache_key = tuple([(f, *v) for f, v in raw_demand.items()])
+        demands = demand_cache.get(cache_key)
+    except (AttributeError, TypeError):  # not a mapping of lists: validated below
+        cache_key, demands = None, None
+    if demands is None:
+        demands = _demands(raw_demand, f"job {job_id!r} task {task_key!r}", source)
+        if cache_key is not None:
+            demand_cache[cache_key] = demands
+    if any(key in spec for key, _ in _DELAY_FIELDS):
+        where = f"job {job_id!r} task {task_key!r}"
+        kill, upload, fetch, build = (
+            _number(spec, key, default, where, source) for key, default in _DELAY_FIELDS
+        )
+    else:
+        kill, upload, fetch, build = (default for _, default in _DELAY_FIELDS)
+    image = spec.get("image_id")
+    return TaskSpec(
+        task_id=f"{job_id}/{task_key}",
+        job_id=job_id,
+        name=name,
+        workload=workload_key(job_name, name),
+        demands=demands,
+        kill_s=kill,  # type: ignore[arg-type]
+        upload_s=upload,  # type: ignore[arg-type]
+        fetch_s=fetch,  # type: ignore[arg-type]
+        build_image_s=build,  # type: ignore[arg-type]
+        image_id=None if image is None else str(image),
+    )
+
+
+def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resources], ...]:
     if not isinstance(raw_demand, Mapping) or not raw_demand:
         raise InputError(
             "must be an object mapping an instance family (or 'any') to [gpu, cpu, ram_gb]",
@@ -219,25 +280,7 @@ def _task(job_id: str, job_name: str, task_key: str, spec: Any, source: str) -> 
             for i, v in enumerate(vector)
         ]
         demands.append((str(family), Resources.of(values)))
-
-    def delay(key: str, default: float) -> float:
-        if key not in spec or spec[key] is None:
-            return default
-        return check_number(spec[key], field=key, where=where, source=source)
-
-    image = spec.get("image_id")
-    return TaskSpec(
-        task_id=task_id_of(job_id, task_key),
-        job_id=job_id,
-        name=name,
-        workload=workload_key(job_name, name),
-        demands=tuple(sorted(demands)),
-        kill_s=delay("kill_delay", DEFAULT_KILL_S),
-        upload_s=delay("upload_delay", DEFAULT_UPLOAD_S),
-        fetch_s=delay("fetch_delay", DEFAULT_FETCH_S),
-        build_image_s=delay("build_image_delay", DEFAULT_BUILD_IMAGE_S),
-        image_id=None if image is None else str(image),
-    )
+    return tuple(sorted(demands))
 
 
 def validate_against_catalog(
@@ -245,8 +288,11 @@ def validate_against_catalog(
 ) -> None:
     """Reject tasks that name a family no type has, or that fit no instance type."""
     families = catalog.families
+    valid: set[tuple] = set()  # demand blocks already checked
     for job in jobs:
         for task in job.tasks:
+            if task.demands in valid:
+                continue
             where = f"job {job.job_id!r} task {task.task_id.split('/', 1)[1]!r}"
             for family, _demand in task.demands:
                 if family != ANY_FAMILY and family not in families:
@@ -268,6 +314,7 @@ def validate_against_catalog(
                     where=where,
                     field="demand",
                 )
+            valid.add(task.demands)
 
 
 def load_jobs(path: str | Path, catalog: Catalog | None = None) -> tuple[JobSpec, ...]:

@@ -1,0 +1,42 @@
+"""Jobs in Eva's trace format: workload keys, defaults and the anti-affinity field."""
+
+import pytest
+
+from autoscaler.errors import InputError
+from autoscaler.jobs import DEFAULT_INIT_S, jobs_from_eva, workload_key
+
+
+@pytest.mark.parametrize(
+    ("job", "task", "key"),
+    [
+        ("resnet18[3]", "node0", "resnet18_node0"),
+        ("gpt2", "node1", "gpt2_node1"),
+        ("vit[]", "node0", "vit_node0"),
+        ("odd[a]b]", "node0", "odd[a]b]_node0"),  # only a trailing [index] is dropped
+        ("gpt2[12]x", "node0", "gpt2[12]x_node0"),
+    ],
+)
+def test_workload_key_drops_the_trailing_index(job, task, key):
+    assert workload_key(job, task) == key
+
+
+def test_only_demands_are_required_and_the_rest_defaults():
+    (job,) = jobs_from_eva({"7": {"tasks": {"a": {"demand": {"any": [1, 2, 3]}}}}})
+    (task,) = job.tasks
+    assert (job.name, task.task_id, task.name, task.workload) == ("7", "7/a", "a", "7_a")
+    assert job.init_delay_s == DEFAULT_INIT_S and job.arrival_time_s == 0.0
+    assert job.max_tasks_per_instance is None
+
+
+def test_jobs_sharing_a_demand_block_still_get_their_own_errors():
+    good = {"tasks": {"0": {"demand": {"any": [1, 4, 8]}}}}
+    bad = {"tasks": {"0": {"demand": {"any": [1, 4, -8]}}}}
+    with pytest.raises(InputError, match=r"job '2' task '0': field 'demand.any\[2\]' = -8"):
+        jobs_from_eva({"1": good, "2": bad, "3": good})
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "2", True])
+def test_anti_affinity_limit_must_be_a_positive_integer(limit):
+    spec = {"tasks": {"0": {"demand": {"any": [1, 4, 8]}}}, "max_tasks_per_instance": limit}
+    with pytest.raises(InputError, match=r"max_tasks_per_instance.*positive integer"):
+        jobs_from_eva({"j": spec})
