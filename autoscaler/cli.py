@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from autoscaler.bundled import bundled
-from autoscaler.catalog import Catalog, load_catalog
+from autoscaler.catalog import Catalog
+from autoscaler.cli_io import load_inputs, progress, write_json
 from autoscaler.errors import InputError
-from autoscaler.jobs import JobSpec, load_jobs
+from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_contention_matrix
 from autoscaler.view import ClusterView
 from provisioners.cli import register as register_catalog_commands
+from simulator.cli import register as register_simulator_commands
 
 
 def _throughput_arg(text: str) -> float:
@@ -117,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.set_defaults(func=cmd_plan)
     register_catalog_commands(sub)
+    register_simulator_commands(sub)
     return parser
 
 
@@ -131,20 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autoscaler: interrupted", file=sys.stderr)
         return 130
-
-
-def load_inputs(
-    catalog_path: Path | None, jobs_path: Path | None
-) -> tuple[Catalog, tuple[JobSpec, ...]]:
-    catalog = load_catalog(catalog_path or bundled("ec2_config.json"))
-    jobs = load_jobs(jobs_path or bundled("pai_200.json"), catalog)
-    return catalog, jobs
-
-
-def progress(message: str) -> None:
-    """A phase message for a person at a terminal (kept out of pipes and logs)."""
-    if sys.stderr.isatty():
-        print(message, file=sys.stderr, flush=True)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -277,13 +263,6 @@ def render_plan(
     )
     out.append(f"Planned in {seconds:.3f} s ({how}{split})")
     return "\n".join(out)
-
-
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    try:
-        path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
-    except OSError as exc:
-        raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None
 
 
 if __name__ == "__main__":

@@ -85,6 +85,10 @@ class ThroughputTable:
     def items(self) -> Iterator[tuple[Key, ThroughputEntry]]:
         return iter(sorted(self._entries.items()))
 
+    def entry(self, workload: str, colocated: Iterable[str]) -> ThroughputEntry | None:
+        """The recorded entry for exactly this co-location, or None."""
+        return self._entries.get(_key(workload, colocated))
+
     def recorded(self, workload: str, colocated: Iterable[str]) -> float | None:
         """The value recorded for exactly this co-location, or None."""
         entry = self._entries.get(_key(workload, colocated))

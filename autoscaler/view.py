@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from autoscaler.catalog import Catalog
@@ -48,3 +49,5 @@ class ClusterView:
     throughput: ThroughputTable = field(default_factory=ThroughputTable)
     history: ReconfigurationHistory = field(default_factory=ReconfigurationHistory)
     now_s: float = 0.0
+    # Completed iterations of each job as last observed (runtime-aware baselines use it).
+    progress: Mapping[str, float] = field(default_factory=dict)

@@ -1,0 +1,36 @@
+"""File input and output shared by the command-line commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from autoscaler.bundled import bundled
+from autoscaler.catalog import Catalog, load_catalog
+from autoscaler.errors import InputError
+from autoscaler.jobs import JobSpec, load_jobs
+
+
+def load_inputs(
+    catalog_path: Path | None, jobs_path: Path | None
+) -> tuple[Catalog, tuple[JobSpec, ...]]:
+    """A catalog and the jobs checked against it; the bundled Eva data by default."""
+    catalog = load_catalog(catalog_path or bundled("ec2_config.json"))
+    jobs = load_jobs(jobs_path or bundled("pai_200.json"), catalog)
+    return catalog, jobs
+
+
+def progress(message: str) -> None:
+    """A phase message for a person at a terminal (kept out of pipes and logs)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    try:
+        path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None

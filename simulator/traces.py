@@ -1,0 +1,68 @@
+"""Job traces: Eva's JSON format in and out, and seeded synthesis.
+
+Synthesis follows Eva §6.1 and §6.7: Poisson arrivals; Gavel-style durations
+(10^x minutes, x uniform in [1.5, 3] with probability 0.8 and in [3, 4]
+otherwise); each job's demands, workload and delays copied from a job of a
+source trace chosen at random; optionally, a share of jobs made multi-task by
+duplicating their task into 2 or 4 tasks of the same workload.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from autoscaler.jobs import JobSpec
+
+
+def synthesize(
+    source: Sequence[JobSpec],
+    n_jobs: int,
+    seed: int = 0,
+    arrivals_per_hour: float = 3.0,
+    multi_task_share: float = 0.0,
+) -> dict[str, Any]:
+    """A trace of `n_jobs` jobs in Eva's JSON format, reproducible from `seed`."""
+    if n_jobs < 1:
+        raise ValueError("n_jobs must be at least 1")
+    if arrivals_per_hour <= 0:
+        raise ValueError("arrivals_per_hour must be positive")
+    if not 0.0 <= multi_task_share <= 1.0:
+        raise ValueError("multi_task_share must be in [0, 1]")
+    rng = random.Random(seed)
+    trace: dict[str, Any] = {}
+    clock = 0.0
+    for n in range(n_jobs):
+        clock += rng.expovariate(arrivals_per_hour / 3600.0)
+        template = rng.choice(source)
+        x = rng.uniform(1.5, 3.0) if rng.random() < 0.8 else rng.uniform(3.0, 4.0)
+        duration = round(10**x * 60.0)
+        speed = template.full_throughput or 1.0
+        copies = rng.choice((2, 4)) if rng.random() < multi_task_share else 1
+        base = template.name.split("[", 1)[0]
+        job_id = str(n)
+        tasks = {}
+        for k in range(copies if len(template.tasks) == 1 else 1):
+            for i, task in enumerate(template.tasks):
+                task_key = f"{k * len(template.tasks) + i}"
+                tasks[task_key] = {
+                    # copies keep the workload of the task they copy
+                    "name": task.name,
+                    "demand": {family: list(d) for family, d in task.demands},
+                    "fetch_delay": task.fetch_s,
+                    "build_image_delay": task.build_image_s,
+                    "kill_delay": task.kill_s,
+                    "upload_delay": task.upload_s,
+                    **({"image_id": task.image_id} if task.image_id is not None else {}),
+                }
+        trace[job_id] = {
+            "name": f"{base}[{n}]",
+            "arrival_time": round(clock),
+            "duration": duration,
+            "init_delay": template.init_delay_s,
+            "full_throughput": speed,
+            "total_iters": duration * speed,
+            "tasks": tasks,
+        }
+    return trace

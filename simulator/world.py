@@ -1,0 +1,408 @@
+"""The simulated world: instances that boot with measured delays, tasks that run
+with hidden interference, and the `Cloud` and `Executor` bindings the control
+loop drives them through.
+
+Timeline of an instance (Eva §5, Table 1; per-type delays from the catalog):
+launch request → acquisition (`instantiate_delay`) → running → setup
+(`run_worker_delay` + `worker_register_delay`) → worker ready → ... →
+terminate request → `terminate_delay` → terminated. Billed per second from
+the launch request until terminated.
+
+Timeline of a task: start → fetch (+ image build unless this instance built
+that image before) → running; a job progresses once all its tasks run and
+its `init_delay` has passed, at `full_throughput` × its normalized
+throughput, which is the slowest task's (§4.4). A stop checkpoints: the job
+keeps progressing during `kill_delay`, then uploads its checkpoint
+(`upload_delay`) and frees the instance; no completed work is lost.
+
+Interference is ground truth the planner never sees: a task's throughput is
+the product of its pairwise values with the tasks running beside it (Eva's
+contention matrix; unknown pairs at a default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoscaler.catalog import Catalog, InstanceType
+from autoscaler.cloud import CloudInstance, LaunchRequest, UnavailableOffering
+from autoscaler.execution import ExecutorReport, TaskReport
+from autoscaler.jobs import JobSpec
+from autoscaler.throughput import ThroughputTable
+from simulator.engine import EventLoop
+
+
+class SimulationError(AssertionError):
+    """The world was asked to do something physically impossible (a bug upstream)."""
+
+
+@dataclass(slots=True)
+class SimInstance:
+    cloud_id: str
+    token: str
+    itype: InstanceType
+    launched_at: float
+    state: str = "pending"  # pending → running → shutting-down → terminated
+    ready: bool = False  # worker registered
+    terminated_at: float | None = None
+    tasks: dict[str, None] = field(default_factory=dict)  # tasks placed here (ordered set)
+    running: dict[str, None] = field(default_factory=dict)  # of those, running
+    images: set[str] = field(default_factory=set)
+    used: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+
+
+@dataclass(slots=True)
+class SimTask:
+    task_id: str
+    job_id: str
+    workload: str
+    state: str = "new"  # new/stopped → starting → running → checkpointing → stopped; completed
+    instance: str | None = None  # token
+    starts: int = 0  # how many times it was started (migrations = starts - 1)
+    epoch: int = 0  # invalidates pending events when the task is stopped or restarted
+
+
+@dataclass(slots=True)
+class SimJob:
+    spec: JobSpec
+    total: float  # iterations
+    speed: float  # iterations per second alone
+    done: float = 0.0
+    active: bool = False  # progressing
+    since: float = 0.0  # time `done` was last brought up to date
+    rate: float = 0.0  # iterations per second now
+    tput: float = 1.0  # normalized throughput now
+    generation: int = 0  # invalidates a scheduled completion when the rate changes
+    activation: int = 0  # invalidates a scheduled activation when a task stops
+    completed_at: float | None = None
+    active_seconds: float = 0.0
+
+
+class World:
+    """Everything that physically exists in the simulation."""
+
+    def __init__(
+        self,
+        engine: EventLoop,
+        catalog: Catalog,
+        truth: ThroughputTable,
+        jobs: Sequence[JobSpec],
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.catalog = catalog
+        self.truth = truth
+        self.on_change = on_change or (lambda: None)
+        self.instances: dict[str, SimInstance] = {}  # by token
+        self.by_cloud_id: dict[str, SimInstance] = {}
+        self.tasks: dict[str, SimTask] = {}
+        self.jobs: dict[str, SimJob] = {}
+        self.completed: dict[str, None] = {}
+        self.active_tasks: dict[str, None] = {}  # tasks of unfinished jobs the executor runs
+        self._ids = 0
+        for job in jobs:
+            total, speed = _work(job)
+            self.jobs[job.job_id] = SimJob(job, total, speed)
+            for t in job.tasks:
+                self.tasks[t.task_id] = SimTask(t.task_id, job.job_id, t.workload)
+
+    # -- instances ------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> SimInstance:
+        existing = self.instances.get(request.launch_token)
+        if existing is not None:
+            return existing  # idempotent by token
+        itype = self.catalog[request.instance_type]
+        self._ids += 1
+        inst = SimInstance(f"i-{self._ids:05d}", request.launch_token, itype, self.engine.now())
+        self.instances[inst.token] = inst
+        self.by_cloud_id[inst.cloud_id] = inst
+        delays = itype.launch_delays
+        self.engine.after(delays.acquisition_s, lambda: self._acquired(inst))
+        return inst
+
+    def _acquired(self, inst: SimInstance) -> None:
+        if inst.state != "pending":
+            return
+        inst.state = "running"
+        self.engine.after(inst.itype.launch_delays.setup_s, lambda: self._registered(inst))
+        self.on_change()
+
+    def _registered(self, inst: SimInstance) -> None:
+        if inst.state != "running":
+            return
+        inst.ready = True
+        self.on_change()
+
+    def terminate(self, cloud_id: str) -> None:
+        inst = self.by_cloud_id.get(cloud_id)
+        if inst is None or inst.state in ("shutting-down", "terminated"):
+            return
+        if inst.tasks:
+            raise SimulationError(f"terminating {inst.token} with tasks {list(inst.tasks)}")
+        inst.state = "shutting-down"
+        inst.ready = False
+        self.engine.after(inst.itype.launch_delays.terminate_s, lambda: self._terminated(inst))
+
+    def _terminated(self, inst: SimInstance) -> None:
+        inst.state = "terminated"
+        inst.terminated_at = self.engine.now()
+        self.on_change()
+
+    def bill(self, until: float | None = None) -> float:
+        """Dollars billed so far: per second from launch request to termination."""
+        now = self.engine.now() if until is None else until
+        return sum(
+            ((i.terminated_at if i.terminated_at is not None else now) - i.launched_at)
+            / 3600.0
+            * i.itype.hourly_cost
+            for i in self.instances.values()
+        )
+
+    # -- tasks ----------------------------------------------------------------
+
+    def start(self, task_id: str, token: str) -> None:
+        task = self.tasks[task_id]
+        inst = self.instances.get(token)
+        if inst is None or not inst.ready:
+            raise SimulationError(f"starting {task_id} on {token}, which is not ready")
+        if task.state not in ("new", "stopped"):
+            raise SimulationError(f"starting {task_id} while it is {task.state}")
+        spec = self.jobs[task.job_id].spec
+        tspec = next(t for t in spec.tasks if t.task_id == task_id)
+        demand = tspec.demand_on(inst.itype.family)
+        if demand is None:
+            raise SimulationError(f"{task_id} cannot run on family {inst.itype.family}")
+        cap = inst.itype.capacity
+        used = [u + d for u, d in zip(inst.used, demand, strict=True)]
+        if any(u > c + 1e-9 for u, c in zip(used, cap, strict=True)):
+            raise SimulationError(f"{task_id} does not fit on {token}: {used} > {tuple(cap)}")
+        inst.used = used
+        inst.tasks[task_id] = None
+        task.state, task.instance = "starting", token
+        task.starts += 1
+        task.epoch += 1
+        self.active_tasks[task_id] = None
+        image = tspec.image_id or tspec.task_id
+        delay = tspec.fetch_s + (0.0 if image in inst.images else tspec.build_image_s)
+        epoch = task.epoch
+        self.engine.after(delay, lambda: self._started(task, inst, image, epoch))
+
+    def _started(self, task: SimTask, inst: SimInstance, image: str, epoch: int) -> None:
+        if task.epoch != epoch or task.state != "starting":
+            return
+        task.state = "running"
+        inst.images.add(image)
+        inst.running[task.task_id] = None
+        self._reprice(inst)
+        job = self.jobs[task.job_id]
+        if all(self.tasks[t.task_id].state == "running" for t in job.spec.tasks):
+            activation = job.activation
+            self.engine.after(job.spec.init_delay_s, lambda: self._activate(job, activation))
+        self.on_change()
+
+    def _activate(self, job: SimJob, activation: int) -> None:
+        if job.activation != activation or job.completed_at is not None:
+            return
+        if not all(self.tasks[t.task_id].state == "running" for t in job.spec.tasks):
+            return
+        job.active, job.since = True, self.engine.now()
+        self._rate(job)
+
+    def stop(self, task_id: str) -> None:
+        task = self.tasks[task_id]
+        if task.state == "starting":
+            # not running yet: abandon the launch, nothing to checkpoint
+            self._leave(task)
+            task.state = "stopped"
+            self.on_change()
+            return
+        if task.state != "running":
+            raise SimulationError(f"stopping {task_id} while it is {task.state}")
+        task.state = "checkpointing"
+        spec = next(t for t in self.jobs[task.job_id].spec.tasks if t.task_id == task_id)
+        epoch = task.epoch
+        job = self.jobs[task.job_id]
+        job.activation += 1  # a pending activation is void: a task is leaving
+
+        def killed() -> None:
+            # the job kept progressing while the task was being killed
+            self._deactivate(job)
+            self.engine.after(spec.upload_s, uploaded)
+
+        def uploaded() -> None:
+            if task.epoch != epoch:
+                return
+            self._leave(task)
+            task.state = "stopped"
+            self.on_change()
+
+        self.engine.after(spec.kill_s, killed)
+
+    def _leave(self, task: SimTask) -> None:
+        inst = self.instances[task.instance] if task.instance else None
+        task.epoch += 1
+        if inst is not None:
+            spec = next(t for t in self.jobs[task.job_id].spec.tasks if t.task_id == task.task_id)
+            demand = spec.demand_on(inst.itype.family)
+            assert demand is not None
+            inst.used = [u - d for u, d in zip(inst.used, demand, strict=True)]
+            inst.tasks.pop(task.task_id, None)
+            if inst.running.pop(task.task_id, "absent") != "absent":
+                self._reprice(inst)
+        task.instance = None
+
+    def _deactivate(self, job: SimJob) -> None:
+        if job.active:
+            self._settle(job)
+            job.active = False
+            job.rate = 0.0
+            job.generation += 1
+
+    # -- progress -------------------------------------------------------------
+
+    def _settle(self, job: SimJob) -> None:
+        now = self.engine.now()
+        if job.active:
+            job.done += job.rate * (now - job.since)
+            job.active_seconds += now - job.since
+        job.since = now
+
+    def _reprice(self, inst: SimInstance) -> None:
+        """Throughputs changed on `inst`: update every job with a task running there."""
+        for job_id in {self.tasks[t].job_id for t in inst.running}:
+            job = self.jobs[job_id]
+            if job.active:
+                self._rate(job)
+
+    def task_throughput(self, task_id: str) -> float:
+        task = self.tasks[task_id]
+        inst = self.instances[task.instance]  # type: ignore[index]
+        others = [self.tasks[t].workload for t in inst.running if t != task_id]
+        return self.truth.throughput(task.workload, others)
+
+    def _rate(self, job: SimJob) -> None:
+        """Bring the job up to date and reschedule its completion at the new pace."""
+        self._settle(job)
+        job.tput = min(self.task_throughput(t.task_id) for t in job.spec.tasks)
+        job.rate = job.speed * job.tput
+        job.generation += 1
+        generation = job.generation
+        remaining = max(0.0, job.total - job.done)
+        delay = remaining / job.rate if job.rate > 0 else math.inf
+        if math.isfinite(delay):
+            self.engine.after(delay, lambda: self._complete(job, generation))
+
+    def _complete(self, job: SimJob, generation: int) -> None:
+        if job.generation != generation or not job.active:
+            return
+        self._settle(job)
+        job.done = job.total
+        job.active = False
+        job.completed_at = self.engine.now()
+        for t in job.spec.tasks:
+            task = self.tasks[t.task_id]
+            self._leave(task)
+            task.state = "completed"
+            self.active_tasks.pop(t.task_id, None)
+        self.completed[job.spec.job_id] = None
+        self.on_change()
+
+    def progress_of(self, job: SimJob) -> float:
+        if job.active:
+            return job.done + job.rate * (self.engine.now() - job.since)
+        return job.done
+
+
+def _work(job: JobSpec) -> tuple[float, float]:
+    """(total iterations, iterations per second alone) of a job."""
+    if job.total_iters is not None and job.full_throughput is not None:
+        return job.total_iters, job.full_throughput
+    if job.duration_s is not None:
+        return job.duration_s, 1.0  # seconds of work at one "iteration" per second
+    raise ValueError(f"job {job.job_id!r} has neither total_iters/full_throughput nor duration")
+
+
+class SimulatedCloud:
+    """`Cloud` binding over the simulated world."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def catalog(self) -> Catalog:
+        return self.world.catalog
+
+    def launch(self, request: LaunchRequest) -> CloudInstance:
+        return _cloud_view(self.world.launch(request))
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        for cloud_id in instance_ids:
+            self.world.terminate(cloud_id)
+
+    def list(self) -> list[CloudInstance]:
+        return [_cloud_view(i) for i in self.world.instances.values() if i.state != "terminated"]
+
+    def unavailable(self) -> list[UnavailableOffering]:
+        return []
+
+
+def _cloud_view(inst: SimInstance) -> CloudInstance:
+    return CloudInstance(
+        inst.cloud_id,
+        inst.itype.name,
+        inst.state,  # type: ignore[arg-type]
+        None,
+        inst.token,
+        inst.launched_at,
+    )
+
+
+class SimulatedExecutor:
+    """`Executor` binding over the simulated world (instances are named by token)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def start(self, job: JobSpec, task_id: str, instance_id: str, checkpoint: str | None) -> None:
+        self.world.start(task_id, instance_id)
+
+    def stop(self, task_id: str) -> None:
+        self.world.stop(task_id)
+
+    def report(self) -> ExecutorReport:
+        world = self.world
+        tasks: dict[str, TaskReport] = {}
+        throughput: dict[str, float] = {}
+        for task_id in world.active_tasks:
+            task = world.tasks[task_id]
+            job = world.jobs[task.job_id]
+            state = "stopped" if task.state == "new" else task.state
+            done = world.progress_of(job)
+            tasks[task_id] = TaskReport(
+                task_id,
+                state,
+                task.instance,
+                done,  # type: ignore[arg-type]
+                f"sim://{task.job_id}/{done:.0f}",
+            )
+            if job.active:
+                throughput[task.job_id] = job.tput
+        ready = frozenset(i.token for i in world.instances.values() if i.ready)
+        return ExecutorReport(tasks, ready, throughput, frozenset(world.completed))
+
+    def forget(self, job_id: str) -> None:
+        self.world.completed.pop(job_id, None)
+
+
+def ground_truth(contention: ThroughputTable | None, default: float = 0.95) -> ThroughputTable:
+    """The hidden interference model: the contention matrix's pairs, `default` elsewhere."""
+    if contention is None:
+        return ThroughputTable(default=default)
+    return contention.with_default(default)
+
+
+def placed_tasks(world: World) -> Mapping[str, str]:
+    """Task → instance token, for invariant checks."""
+    return {t.task_id: t.instance for t in world.tasks.values() if t.instance is not None}
