@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from autoscaler.catalog import Catalog
@@ -121,7 +121,7 @@ class ControlLoop:
         """One scheduling round; returns what it decided (also recorded in the store)."""
         now = self.clock.now()
         report = self.executor.report()
-        self._absorb(report, now)
+        self._absorb(report, now, with_progress=True)
         snap = self.store.snapshot(self.options.default_throughput)
         if self.options.learn:
             snap = self._learn(snap, report, now)
@@ -173,6 +173,7 @@ class ControlLoop:
             tuple(actions),
         )
         round_id = self.store.record_round(record)
+        record = replace(record, round_id=round_id)
         if self.options.dry_run:
             return RoundOutcome(record, plan, planning_seconds)
 
@@ -182,6 +183,7 @@ class ControlLoop:
             itype_name, tasks = launches[action.target]
             outcome, message = self._launch(action.target, catalog, itype_name, now)
             self.store.record_action_outcome(round_id, index, outcome, message)
+            actions[index] = replace(action, outcome=outcome, message=message)  # type: ignore[arg-type]
             if outcome != "done":
                 for task_id in tasks:
                     targets[task_id] = None
@@ -189,7 +191,7 @@ class ControlLoop:
         for inst_id in drains:
             self.store.transition_instance(inst_id, "draining", now)
         self.progress()
-        return RoundOutcome(record, plan, planning_seconds)
+        return RoundOutcome(replace(record, actions=tuple(actions)), plan, planning_seconds)
 
     # -- between rounds ----------------------------------------------------------
 
@@ -199,8 +201,8 @@ class ControlLoop:
             return
         now = self.clock.now()
         report = self.executor.report()
-        self._absorb(report, now)
-        snap = self.store.snapshot(self.options.default_throughput)
+        # what absorbing writes (task states) is not what the rest reads (targets)
+        snap = self._absorb(report, now)
         self._follow_cloud(snap, now)
         jobs = {j.job_id: j.spec for j in snap.jobs}
         specs = {t.task_id: t for j in snap.jobs for t in j.spec.tasks}
@@ -243,14 +245,22 @@ class ControlLoop:
                 self.executor.start(jobs[task.job_id], task.task_id, target, checkpoint)
                 self.store.update_task(task.task_id, now, status="starting", instance_id=target)
                 _occupy(used, target, demand)
+        # Tasks of jobs that are no longer active (cancelled) are stopped.
+        for task_id in where_is:
+            if task_id not in snap.tasks and task_id not in self._stopping:
+                self.executor.stop(task_id)
+                self._stopping.add(task_id)
         for inst in snap.instances:
             if inst.status == "draining" and inst.instance_id not in used:
                 self._terminate(inst.instance_id, inst.cloud_id, now)
 
     # -- steps --------------------------------------------------------------------
 
-    def _absorb(self, report: ExecutorReport, now: float) -> None:
-        """Record what the executor reports: task states, progress, completions."""
+    def _absorb(
+        self, report: ExecutorReport, now: float, with_progress: bool = False
+    ) -> StateSnapshot:
+        """Record what the executor reports: task states, completions and — at
+        rounds, not on every small step — progress and checkpoints."""
         for job_id in sorted(report.completed_jobs):
             self.store.job_finished(job_id, now)
             self.executor.forget(job_id)
@@ -265,22 +275,25 @@ class ControlLoop:
                     continue
                 status = _STATUS_OF.get(seen.state, task.status)
                 instance_id = seen.instance_id if seen.state in _ON_INSTANCE else None
-                if (status, instance_id, seen.checkpoint) != (
-                    task.status,
-                    task.instance_id,
-                    task.checkpoint,
-                ) or seen.progress != task.progress:
+                changed = (status, instance_id) != (task.status, task.instance_id)
+                if with_progress:
+                    changed = changed or (seen.progress, seen.checkpoint) != (
+                        task.progress,
+                        task.checkpoint,
+                    )
+                if changed:
                     self.store.update_task(
                         task.task_id,
                         now,
                         status=status,
                         instance_id=instance_id,
-                        progress=seen.progress,
-                        checkpoint=seen.checkpoint,
+                        progress=seen.progress if with_progress else None,
+                        checkpoint=seen.checkpoint if with_progress else None,
                     )
                 states.append(status)
             if job.started_at is None and states and all(s == "running" for s in states):
                 self.store.job_started(job.job_id, now)
+        return snap
 
     def _learn(self, snap: StateSnapshot, report: ExecutorReport, now: float) -> StateSnapshot:
         """Update the throughput table from each running job's observed throughput (§4.3–4.4)."""
@@ -290,8 +303,7 @@ class ControlLoop:
             if seen.state == "running" and seen.instance_id is not None and task_id in workload:
                 placed.setdefault(seen.instance_id, []).append(task_id)
         on = {tid: inst for inst, tids in placed.items() for tid in tids}
-        table = snap.throughput
-        changed: list = []
+        observations = []
         for job in snap.jobs:
             tput = report.job_throughput.get(job.job_id)
             task_ids = [t.task_id for t in job.spec.tasks]
@@ -301,14 +313,18 @@ class ControlLoop:
                 (workload[tid], [workload[o] for o in placed[on[tid]] if o != tid])
                 for tid in task_ids
             ]
-            table, index = table.observe_job(placements, tput, at_s=now)
+            observations.append((placements, tput))
+        table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
+        changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
+        for (placements, _), index in zip(observations, chosen, strict=True):
             if index is not None:
                 w, colocated = placements[index]
+                key = (w, tuple(sorted(colocated)))
                 entry = table.entry(w, colocated)
                 assert entry is not None
-                changed.append((w, tuple(sorted(colocated)), entry))
+                changed[key] = (w, key[1], entry)
         if changed:
-            self.store.record_throughput(changed)
+            self.store.record_throughput(list(changed.values()))
             snap = StateSnapshot(
                 snap.jobs,
                 snap.tasks,

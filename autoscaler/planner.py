@@ -31,7 +31,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import MigrationCost, expected_duration_h, migration_cost
 from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
 from autoscaler.patterns import PatternPricer
-from autoscaler.pricing import PriceBook
+from autoscaler.pricing import PriceBook, price_book_for
 from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
 
@@ -113,27 +113,24 @@ class EvaPlanner:
         self.pop_seed = pop_seed
         self._pricer = PatternPricer() if packing == "priced" else None
         self._shadow = ShadowPricer() if lower_bound else None
+        self._prices: PriceBook | None = None
+        self._memo: tuple | None = None  # last round's candidates, and what they depended on
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
     def plan(self, view: ClusterView) -> Plan:
         d_hat = expected_duration_h(view.history)
-        n_tasks = sum(len(j.tasks) for j in view.jobs)
-        prices = PriceBook(view.catalog)
-        if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
-            parts = _pop_split(view, self.pop_parts, self.pop_seed)
-            solved = _solve_parts(parts, self.mode, self.packing, self.pattern_min_tasks)
-            candidates = _combine([outcomes for outcomes, _ in solved], d_hat)
-            lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
+        prices = self._prices = price_book_for(view.catalog, self._prices)
+        key = _memo_key(view)
+        if self._memo is not None and self._memo[0] == key:
+            # Same jobs, same instances, same learned throughputs as last round:
+            # the candidates are the same; only D̂ moved, so only re-score them.
+            _, outcomes, bound, parts = self._memo
         else:
-            packer = Packer(view, prices, self._pricer, self.pattern_min_tasks)
-            candidates = [_finish(o, d_hat) for o in _evaluate(view, packer, prices, self.mode)]
-            lp_classes = _lp_classes(packer)
-            parts = [view]
+            outcomes, bound, parts = self._candidates(view, prices)
+            self._memo = (key, outcomes, bound, parts)
+        candidates = [_finish(o, d_hat) for o in outcomes]
         chosen, reason = _choose(candidates, d_hat, self.mode)
-        bound = None
-        if self._shadow is not None and n_tasks:
-            bound = self._shadow.solve(view.catalog, lp_classes)
         return Plan(
             chosen.configuration,
             chosen.name,
@@ -142,8 +139,40 @@ class EvaPlanner:
             prices.no_packing_hourly_cost(view.jobs),
             reason,
             bound,
-            len(parts),
+            parts,
         )
+
+    def _candidates(
+        self, view: ClusterView, prices: PriceBook
+    ) -> tuple[list[_Outcome], PriceSolution | None, int]:
+        """Full and/or Partial Reconfiguration of the view, and the LP bound."""
+        n_tasks = sum(len(j.tasks) for j in view.jobs)
+        if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
+            parts = _pop_split(view, self.pop_parts, self.pop_seed)
+            solved = _solve_parts(parts, self.mode, self.packing, self.pattern_min_tasks)
+            outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
+            lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
+        else:
+            packer = Packer(view, prices, self._pricer, self.pattern_min_tasks)
+            outcomes = _evaluate(view, packer, prices, self.mode)
+            lp_classes = _lp_classes(packer)
+            parts = [view]
+        bound = None
+        if self._shadow is not None and n_tasks:
+            bound = self._shadow.solve(view.catalog, lp_classes)
+        return outcomes, bound, len(parts)
+
+
+def _memo_key(view: ClusterView) -> tuple:
+    """What the candidates depend on: everything but the history, which only moves D̂."""
+    learned = tuple((key, entry.throughput) for key, entry in view.throughput.items())
+    return (
+        view.catalog,  # the object itself: an id could be reused once it is freed
+        tuple(j.job_id for j in view.jobs),
+        view.current,
+        view.throughput.default,
+        learned,
+    )
 
 
 def planner_by_name(name: str, **options) -> EvaPlanner:
@@ -325,7 +354,7 @@ def _solve_parts(
     return [([outcome(*row) for row in compact], classes) for compact, classes in results]
 
 
-def _combine(outcomes: list[list[_Outcome]], d_hat: float) -> list[Candidate]:
+def _combine_outcomes(outcomes: list[list[_Outcome]]) -> list[_Outcome]:
     """Concatenate the parts' candidates of each kind and sum their S and M."""
     combined = []
     for i, first in enumerate(outcomes[0]):
@@ -339,8 +368,6 @@ def _combine(outcomes: list[list[_Outcome]], d_hat: float) -> list[Candidate]:
             sum(o.migration.launched_instances for o in same),
         )
         combined.append(
-            _finish(
-                _Outcome(first.name, config, sum(o.saving_per_hour for o in same), migration), d_hat
-            )
+            _Outcome(first.name, config, sum(o.saving_per_hour for o in same), migration)
         )
     return combined

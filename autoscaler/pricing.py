@@ -15,6 +15,13 @@ from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, TaskSpec
 
 
+def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
+    """`previous` if it prices this very catalog (planners keep one between rounds)."""
+    if previous is not None and previous.catalog is catalog:
+        return previous
+    return PriceBook(catalog)
+
+
 def fits_alone(task: TaskSpec, itype: InstanceType) -> bool:
     """True when `task` may run on `itype`'s family and fits an empty instance of it."""
     demand = task.demand_on(itype.family)

@@ -213,8 +213,8 @@ class Store(Protocol):
 
     # -- tasks ------------------------------------------------------------
     def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        """Adopt a plan: set each task's target instance. Returns the tasks updated
-        (tasks of finished jobs are left alone)."""
+        """Adopt a plan: set each task's target instance. Returns the tasks whose
+        target is now as asked (tasks of finished jobs are left alone)."""
         ...
 
     def update_task(
@@ -292,6 +292,8 @@ class InMemoryStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._jobs: dict[str, JobRecord] = {}
+        self._active: dict[str, None] = {}  # unfinished jobs, in submission order
+        self._live: dict[str, None] = {}  # instances not yet terminated or failed
         self._tasks: dict[str, TaskRecord] = {}
         self._tasks_of: dict[str, list[str]] = {}
         self._instances: dict[str, InstanceRecord] = {}
@@ -310,6 +312,7 @@ class InMemoryStore:
                 raise DuplicateJob(job.job_id)
             record = JobRecord(job, "queued", owner, at)
             self._jobs[job.job_id] = record
+            self._active[job.job_id] = None
             self._tasks_of[job.job_id] = [t.task_id for t in job.tasks]
             for t in job.tasks:
                 self._tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, updated_at=at)
@@ -339,6 +342,7 @@ class InMemoryStore:
             if job.status in FINAL_JOB_STATUSES:
                 return False
             self._jobs[job_id] = replace(job, status=status, finished_at=at)  # type: ignore[arg-type]
+            self._active.pop(job_id, None)
             for tid in self._tasks_of[job_id]:
                 self._tasks[tid] = replace(
                     self._tasks[tid],
@@ -356,7 +360,8 @@ class InMemoryStore:
                 task = self._tasks.get(tid)
                 if task is None or self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
                     continue
-                self._tasks[tid] = replace(task, target_instance_id=target, updated_at=at)
+                if task.target_instance_id != target:
+                    self._tasks[tid] = replace(task, target_instance_id=target, updated_at=at)
                 done.add(tid)
             return done
 
@@ -376,13 +381,15 @@ class InMemoryStore:
                 raise UnknownEntity(f"no task {task_id!r}")
             if self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
                 return False
-            self._tasks[task_id] = replace(
-                task,
-                status=task.status if status is None else status,
-                instance_id=task.instance_id if instance_id == "keep" else instance_id,
-                progress=task.progress if progress is None else progress,
-                checkpoint=task.checkpoint if checkpoint is None else checkpoint,
-                updated_at=at,
+            self._tasks[task_id] = TaskRecord(
+                task_id,
+                task.job_id,
+                task.status if status is None else status,
+                task.instance_id if instance_id == "keep" else instance_id,
+                task.target_instance_id,
+                task.progress if progress is None else progress,
+                task.checkpoint if checkpoint is None else checkpoint,
+                at,
             )
             return True
 
@@ -403,6 +410,7 @@ class InMemoryStore:
                 history=(("requested", at),),
             )
             self._instances[instance_id] = record
+            self._live[instance_id] = None
             return record
 
     def transition_instance(
@@ -429,6 +437,8 @@ class InMemoryStore:
                 zone=zone or inst.zone,
                 history=(*inst.history, (status, at)),
             )
+            if status in FINAL_INSTANCE_STATUSES:
+                self._live.pop(instance_id, None)
             billed_before = inst.status in BILLED_STATUSES
             billed_after = status in BILLED_STATUSES
             if billed_after and not billed_before:
@@ -474,11 +484,9 @@ class InMemoryStore:
     # -- reads ------------------------------------------------------------
     def snapshot(self, default_throughput: float = 0.95) -> StateSnapshot:
         with self._lock:
-            jobs = tuple(j for j in self._jobs.values() if j.status not in FINAL_JOB_STATUSES)
+            jobs = tuple(self._jobs[j] for j in self._active)
             tasks = {tid: self._tasks[tid] for j in jobs for tid in self._tasks_of[j.job_id]}
-            instances = tuple(
-                i for i in self._instances.values() if i.status not in FINAL_INSTANCE_STATUSES
-            )
+            instances = tuple(self._instances[i] for i in self._live)
             return StateSnapshot(
                 jobs,
                 tasks,
@@ -508,11 +516,9 @@ class InMemoryStore:
 
     def instances(self, include_finished: bool = False) -> list[InstanceRecord]:
         with self._lock:
-            return [
-                i
-                for i in self._instances.values()
-                if include_finished or i.status not in FINAL_INSTANCE_STATUSES
-            ]
+            if include_finished:
+                return list(self._instances.values())
+            return [self._instances[i] for i in self._live]
 
     def rounds(self, limit: int | None = None) -> list[RoundRecord]:
         with self._lock:

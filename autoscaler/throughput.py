@@ -118,11 +118,8 @@ class ThroughputTable:
         key = _key(workload, colocated)
         if not key[1]:
             return self  # alone is 1.0 by definition: nothing to learn
-        previous = self._entries.get(key)
         entries = dict(self._entries)
-        entries[key] = ThroughputEntry(
-            _clean(throughput), 1 if previous is None else previous.observations + 1, at_s
-        )
+        _record(entries, key, _clean(throughput), at_s)
         return ThroughputTable(entries, self._default)
 
     def observe_job(
@@ -150,37 +147,62 @@ class ThroughputTable:
         candidate). Tasks running alone cannot be slowed by co-location and are
         never blamed. Returns the new table and the index updated (None if none).
         """
-        keys = [_key(w, c) for w, c in placements]
-        candidates = [i for i, k in enumerate(keys) if k[1]]
-        if not candidates:
-            return self, None
-        if len(keys) == 1:
-            return self.observe(keys[0][0], keys[0][1], throughput, at_s), 0
-        value = _clean(throughput)
-        recorded = [i for i in candidates if keys[i] in self._entries]
-        unrecorded = [i for i in candidates if keys[i] not in self._entries]
+        table, chosen = self.observe_jobs([(placements, throughput)], at_s)
+        return table, chosen[0]
 
-        def most_colocated(indices: list[int]) -> int:
-            return max(indices, key=lambda i: (len(keys[i][1]), -i))
+    def observe_jobs(
+        self,
+        observations: Sequence[tuple[Sequence[tuple[str, Iterable[str]]], float]],
+        at_s: float | None = None,
+    ) -> tuple[ThroughputTable, list[int | None]]:
+        """`observe_job` for many jobs at once (one round's reports), in order."""
+        entries = dict(self._entries)
+        chosen: list[int | None] = []
+        for placements, throughput in observations:
+            keys = [_key(w, c) for w, c in placements]
+            index = _attribute(entries, keys, _clean(throughput))
+            if index is not None:
+                _record(entries, keys[index], _clean(throughput), at_s)
+            chosen.append(index)
+        return ThroughputTable(entries, self._default), chosen
 
-        def lowest(indices: list[int]) -> int:
-            return min(indices, key=lambda i: (self._entries[keys[i]].throughput, i))
 
-        if not recorded:
-            chosen = most_colocated(candidates)  # rule 1
-        else:
-            lower = [i for i in recorded if self._entries[keys[i]].throughput < value]
-            equal = [i for i in recorded if self._entries[keys[i]].throughput == value]
-            if lower:
-                chosen = lowest(lower)  # rule 2
-            elif equal:
-                chosen = equal[0]
-            elif unrecorded:
-                chosen = most_colocated(unrecorded)  # rule 3
-            else:
-                chosen = lowest(recorded)
-        workload, colocated = keys[chosen]
-        return self.observe(workload, colocated, value, at_s), chosen
+def _record(
+    entries: dict[Key, ThroughputEntry], key: Key, value: float, at_s: float | None
+) -> None:
+    previous = entries.get(key)
+    entries[key] = ThroughputEntry(
+        value, 1 if previous is None else previous.observations + 1, at_s
+    )
+
+
+def _attribute(entries: Mapping[Key, ThroughputEntry], keys: list[Key], value: float) -> int | None:
+    """Which task of a job an observed job throughput is recorded for (see observe_job)."""
+    candidates = [i for i, k in enumerate(keys) if k[1]]
+    if not candidates:
+        return None
+    if len(keys) == 1:
+        return 0
+    recorded = [i for i in candidates if keys[i] in entries]
+    unrecorded = [i for i in candidates if keys[i] not in entries]
+
+    def most_colocated(indices: list[int]) -> int:
+        return max(indices, key=lambda i: (len(keys[i][1]), -i))
+
+    def lowest(indices: list[int]) -> int:
+        return min(indices, key=lambda i: (entries[keys[i]].throughput, i))
+
+    if not recorded:
+        return most_colocated(candidates)  # rule 1
+    lower = [i for i in recorded if entries[keys[i]].throughput < value]
+    equal = [i for i in recorded if entries[keys[i]].throughput == value]
+    if lower:
+        return lowest(lower)  # rule 2
+    if equal:
+        return equal[0]
+    if unrecorded:
+        return most_colocated(unrecorded)  # rule 3
+    return lowest(recorded)
 
 
 def contention_matrix_from_csv(

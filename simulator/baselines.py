@@ -32,7 +32,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import migration_cost
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.planner import Candidate, Plan
-from autoscaler.pricing import PriceBook, tnrp
+from autoscaler.pricing import PriceBook, price_book_for, tnrp
 from autoscaler.resources import EPSILON
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
@@ -77,9 +77,10 @@ class _Baseline:
     """Shared plumbing: what is running, what is new, and the Plan record."""
 
     name = "baseline"
+    _prices: PriceBook | None = None  # kept between rounds while the catalog is the same
 
     def _start(self, view: ClusterView) -> tuple[PriceBook, list[_Host], list[TaskSpec]]:
-        prices = PriceBook(view.catalog)
+        prices = self._prices = price_book_for(view.catalog, self._prices)
         tasks = {t.task_id: t for j in view.jobs for t in j.tasks}
         hosts: list[_Host] = []
         placed: set[str] = set()

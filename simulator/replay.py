@@ -162,10 +162,10 @@ def replay(
         if outcome.plan is not None:
             planning.append(outcome.planning_seconds)
         samples.append(_sample(world, engine.now()))
-        done = sum(1 for j in world.jobs.values() if j.completed_at is not None)
+        done = world.jobs_completed
         if on_round is not None:
             on_round(engine.now(), done, total_jobs)
-        live = any(i.state != "terminated" for i in world.instances.values())
+        live = bool(world.live)
         if done < total_jobs or live or arrived[0] < total_jobs:
             if engine.now() > MAX_DAYS * 86400:
                 stuck[0] = True
@@ -180,7 +180,7 @@ def replay(
 
 
 def _sample(world: World, now: float) -> tuple[float, float, int, tuple[float, float, float], int]:
-    live = [i for i in world.instances.values() if i.state != "terminated"]
+    live = list(world.live.values())
     cap = [sum(i.itype.capacity[r] for i in live) for r in range(3)]
     used = [sum(i.used[r] for i in live) for r in range(3)]
     running = sum(len(i.running) for i in live)

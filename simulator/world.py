@@ -61,6 +61,7 @@ class SimTask:
     state: str = "new"  # new/stopped → starting → running → checkpointing → stopped; completed
     instance: str | None = None  # token
     starts: int = 0  # how many times it was started (migrations = starts - 1)
+    checkpoint: str | None = None  # where its latest checkpoint is
     epoch: int = 0  # invalidates pending events when the task is stopped or restarted
 
 
@@ -99,7 +100,10 @@ class World:
         self.by_cloud_id: dict[str, SimInstance] = {}
         self.tasks: dict[str, SimTask] = {}
         self.jobs: dict[str, SimJob] = {}
-        self.completed: dict[str, None] = {}
+        self.completed: dict[str, None] = {}  # completed, not yet forgotten by the executor
+        self.jobs_completed = 0
+        self.live: dict[str, SimInstance] = {}  # not terminated, by token
+        self.ready: set[str] = set()  # tokens of instances whose worker registered
         self.active_tasks: dict[str, None] = {}  # tasks of unfinished jobs the executor runs
         self._ids = 0
         for job in jobs:
@@ -118,6 +122,7 @@ class World:
         self._ids += 1
         inst = SimInstance(f"i-{self._ids:05d}", request.launch_token, itype, self.engine.now())
         self.instances[inst.token] = inst
+        self.live[inst.token] = inst
         self.by_cloud_id[inst.cloud_id] = inst
         delays = itype.launch_delays
         self.engine.after(delays.acquisition_s, lambda: self._acquired(inst))
@@ -134,6 +139,7 @@ class World:
         if inst.state != "running":
             return
         inst.ready = True
+        self.ready.add(inst.token)
         self.on_change()
 
     def terminate(self, cloud_id: str) -> None:
@@ -144,11 +150,13 @@ class World:
             raise SimulationError(f"terminating {inst.token} with tasks {list(inst.tasks)}")
         inst.state = "shutting-down"
         inst.ready = False
+        self.ready.discard(inst.token)
         self.engine.after(inst.itype.launch_delays.terminate_s, lambda: self._terminated(inst))
 
     def _terminated(self, inst: SimInstance) -> None:
         inst.state = "terminated"
         inst.terminated_at = self.engine.now()
+        self.live.pop(inst.token, None)
         self.on_change()
 
     def bill(self, until: float | None = None) -> float:
@@ -235,6 +243,7 @@ class World:
         def uploaded() -> None:
             if task.epoch != epoch:
                 return
+            task.checkpoint = f"sim://{task.job_id}/{task.task_id}@{job.done:.0f}"
             self._leave(task)
             task.state = "stopped"
             self.on_change()
@@ -308,6 +317,7 @@ class World:
             task.state = "completed"
             self.active_tasks.pop(t.task_id, None)
         self.completed[job.spec.job_id] = None
+        self.jobs_completed += 1
         self.on_change()
 
     def progress_of(self, job: SimJob) -> float:
@@ -342,7 +352,7 @@ class SimulatedCloud:
             self.world.terminate(cloud_id)
 
     def list(self) -> list[CloudInstance]:
-        return [_cloud_view(i) for i in self.world.instances.values() if i.state != "terminated"]
+        return [_cloud_view(i) for i in self.world.live.values()]
 
     def unavailable(self) -> list[UnavailableOffering]:
         return []
@@ -384,12 +394,12 @@ class SimulatedExecutor:
                 task_id,
                 state,
                 task.instance,
-                done,  # type: ignore[arg-type]
-                f"sim://{task.job_id}/{done:.0f}",
+                done,
+                task.checkpoint,  # type: ignore[arg-type]
             )
             if job.active:
                 throughput[task.job_id] = job.tput
-        ready = frozenset(i.token for i in world.instances.values() if i.ready)
+        ready = frozenset(world.ready)
         return ExecutorReport(tasks, ready, throughput, frozenset(world.completed))
 
     def forget(self, job_id: str) -> None:
