@@ -12,8 +12,10 @@ from autoscaler.store import (
     FINAL_JOB_STATUSES,
     TRANSITIONS,
     InMemoryStore,
+    RoundRecord,
     Store,
 )
+from autoscaler.throughput import ThroughputEntry
 from state.store import SqlStore
 from tests.builders import job
 
@@ -70,9 +72,6 @@ def assert_consistent(store: SqlStore) -> None:
 def populate(*stores: Store) -> None:
     """The same history on every store given: a queued job, a running one, an instance
     billed since its request, a failed launch, a round and a throughput entry."""
-    from autoscaler.store import RoundRecord
-    from autoscaler.throughput import ThroughputEntry
-
     for store in stores:
         store.submit_job(job("j1", (1, 4, 8), (1, 4, 8)), owner="ana", at=10.0)
         store.submit_job(job("j0", (0, 2, 4)), owner="ana", at=11.0)

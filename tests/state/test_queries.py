@@ -14,6 +14,7 @@ from autoscaler.store import InMemoryStore, Store
 from autoscaler.throughput import ThroughputEntry
 from state import store as sql_store_module
 from state.database import create_state_engine
+from state.migrate import upgrade
 from state.store import TASKS, SqlStore
 from tests.builders import job
 from tests.state.checks import populate, reference, state_of
@@ -131,8 +132,6 @@ def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(
 
 
 def test_an_in_memory_sqlite_database_serves_a_replay() -> None:
-    from state.migrate import upgrade
-
     engine = create_state_engine("sqlite://")
     upgrade(engine)
     with SqlStore(engine) as store:
