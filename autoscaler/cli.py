@@ -19,6 +19,7 @@ from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_cont
 from autoscaler.view import ClusterView
 from provisioners.cli import register as register_catalog_commands
 from simulator.cli import register as register_simulator_commands
+from state.cli import register as register_db_commands
 
 
 def _throughput_arg(text: str) -> float:
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=cmd_plan)
     register_catalog_commands(sub)
     register_simulator_commands(sub)
+    register_db_commands(sub)
     return parser
 
 

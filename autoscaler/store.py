@@ -262,7 +262,9 @@ class Store(Protocol):
 
     def record_action_outcome(
         self, round_id: int, index: int, outcome: str, message: str = ""
-    ) -> None: ...
+    ) -> None:
+        """Record what came of a round's action (UnknownEntity if it has no such action)."""
+        ...
 
     # -- reads ------------------------------------------------------------
     def snapshot(self, default_throughput: float = ...) -> StateSnapshot: ...
@@ -277,7 +279,9 @@ class Store(Protocol):
 
     def instances(self, include_finished: bool = False) -> list[InstanceRecord]: ...
 
-    def rounds(self, limit: int | None = None) -> list[RoundRecord]: ...
+    def rounds(self, limit: int | None = None) -> list[RoundRecord]:
+        """The latest `limit` rounds (all when None), oldest first."""
+        ...
 
     def uptime(self) -> list[UptimeInterval]: ...
 
@@ -476,7 +480,11 @@ class InMemoryStore:
         self, round_id: int, index: int, outcome: str, message: str = ""
     ) -> None:
         with self._lock:
+            if not 1 <= round_id <= len(self._rounds):
+                raise UnknownEntity(f"no round {round_id}")
             rnd = self._rounds[round_id - 1]
+            if not 0 <= index < len(rnd.actions):
+                raise UnknownEntity(f"no action {index} in round {round_id}")
             actions = list(rnd.actions)
             actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
             self._rounds[round_id - 1] = replace(rnd, actions=tuple(actions))
@@ -522,7 +530,9 @@ class InMemoryStore:
 
     def rounds(self, limit: int | None = None) -> list[RoundRecord]:
         with self._lock:
-            return list(self._rounds if limit is None else self._rounds[-limit:])
+            if limit is None:
+                return list(self._rounds)
+            return self._rounds[max(len(self._rounds) - limit, 0) :] if limit > 0 else []
 
     def uptime(self) -> list[UptimeInterval]:
         with self._lock:

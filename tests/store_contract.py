@@ -6,13 +6,18 @@ imports these tests: `from tests.store_contract import *  # noqa: F403`.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from autoscaler.bundled import bundled
+from autoscaler.jobs import jobs_from_eva, load_jobs
 from autoscaler.store import (
     ActionRecord,
     DuplicateJob,
     IllegalTransition,
     RoundRecord,
+    UnknownEntity,
 )
 from autoscaler.throughput import ThroughputEntry
 from tests.builders import job
@@ -251,3 +256,135 @@ def test_jobs_query_by_status(store):
     store.job_started("b", 1.0)
     assert [j.job_id for j in store.jobs(["running"])] == ["b"]
     assert sorted(j.job_id for j in store.jobs()) == ["a", "b"]
+
+
+# -- added with the SQL binding: what a binding must also keep exactly --------------------
+
+
+def test_specs_with_several_families_delays_and_images_round_trip(store):
+    [spec] = jobs_from_eva(
+        {
+            "g7": {
+                "name": "gpt2[7]",
+                "arrival_time": 1732262400.123456,
+                "duration": 7200.5,
+                "total_iters": 1e6,
+                "init_delay": 47.25,
+                "max_tasks_per_instance": 1,
+                "tasks": {
+                    "0": {
+                        "name": "node0",
+                        "demand": {"p3": [1, 4, 61], "any": [0, 8, 32.5]},
+                        "kill_delay": 2.5,
+                        "upload_delay": 0.1,
+                        "image_id": "img-1",
+                    },
+                    "1": {"name": "node1", "demand": {"r7i": [0, 2, 16]}},
+                },
+            }
+        }
+    )
+    store.submit_job(spec, owner="bo", at=1.5)
+    assert store.job("g7").spec == spec
+    assert [t.task_id for t in store.tasks_of("g7")] == ["g7/0", "g7/1"]
+    trace = load_jobs(bundled("pai_200.json"))[:10]
+    for spec in trace:
+        store.submit_job(spec, owner="trace", at=spec.arrival_time_s)
+    assert [store.job(spec.job_id).spec for spec in trace] == list(trace)
+
+
+def test_times_and_prices_round_trip_exactly(store):
+    t = 1732262400.1234567  # epoch seconds below a microsecond
+    submit(store, "j1", at=t)
+    store.job_started("j1", t + 1e-6)
+    store.request_instance("i-1", "c7i.large", 0.08925, at=t + 0.1)
+    store.transition_instance("i-1", "pending", t + 0.3)
+    store.update_task("j1/0", t + 0.7, progress=1 / 3)
+    record = store.job("j1")
+    assert (record.submitted_at, record.started_at) == (t, t + 1e-6)
+    assert store.tasks_of("j1")[0].progress == 1 / 3
+    assert store.tasks_of("j1")[0].updated_at == t + 0.7
+    inst = store.instance("i-1")
+    assert (inst.hourly_price, inst.requested_at) == (0.08925, t + 0.1)
+    assert inst.history == (("requested", t + 0.1), ("pending", t + 0.3))
+    assert store.uptime()[0].start == t + 0.1
+
+
+def test_jobs_and_instances_keep_submission_order(store):
+    for job_id, at in (("b", 30.0), ("a", 10.0), ("c", 20.0)):
+        submit(store, job_id, at=at)
+    for instance_id in ("z", "x", "y"):
+        store.request_instance(instance_id, "c7i.large", 0.1, at=0.0)
+    assert [j.job_id for j in store.jobs()] == ["b", "a", "c"]
+    snap = store.snapshot()
+    assert [j.job_id for j in snap.jobs] == ["b", "a", "c"]
+    assert list(snap.tasks) == ["b/0", "b/1", "a/0", "a/1", "c/0", "c/1"]
+    assert [i.instance_id for i in snap.instances] == ["z", "x", "y"]
+
+
+def test_unknown_entities_are_reported(store):
+    with pytest.raises(UnknownEntity):
+        store.cancel_job("nope", 1.0)
+    with pytest.raises(UnknownEntity):
+        store.job_finished("nope", 1.0)
+    with pytest.raises(UnknownEntity):
+        store.update_task("nope/0", 1.0, status="running")
+    with pytest.raises(UnknownEntity):
+        store.transition_instance("nope", "pending", 1.0)
+    assert not store.job_started("nope", 1.0)
+    assert store.job("nope") is None and store.instance("nope") is None
+    assert store.tasks_of("nope") == []
+
+
+def test_a_failed_job_fails_its_tasks_and_clears_their_targets(store):
+    submit(store, "j1")
+    store.assign_tasks({"j1/0": "i-1", "j1/1": "i-2"}, 1.0)
+    store.update_task("j1/0", 2.0, status="running", instance_id="i-1")
+    assert store.job_finished("j1", 3.0, status="failed")
+    assert store.job("j1").status == "failed"
+    assert [(t.status, t.instance_id, t.target_instance_id) for t in store.tasks_of("j1")] == [
+        ("failed", "i-1", None),
+        ("failed", None, None),
+    ]
+
+
+def test_draining_and_back_keeps_one_open_interval(store):
+    store.request_instance("i-1", "c7i.large", 0.5, at=0.0)
+    store.transition_instance("i-1", "running", 10.0)
+    store.transition_instance("i-1", "draining", 20.0)
+    store.transition_instance("i-1", "running", 30.0)
+    [interval] = store.uptime()
+    assert (interval.start, interval.end) == (0.0, None)
+    assert store.cost_between(0.0, HOUR) == pytest.approx(0.5)
+    store.transition_instance("i-1", "failed", HOUR / 2)
+    assert store.cost_between(0.0, HOUR) == pytest.approx(0.25)
+
+
+def test_round_numbers_and_details_round_trip_with_infinities(store):
+    numbers = {"hourly_cost": 0.1 + 0.2, "d_hat_h": math.inf, "full": {"cost": 12.8, "n": 3}}
+    actions = (
+        ActionRecord("migrate", "j1/0", "cheaper", detail={"from": "i-1", "saving": 1e-300}),
+    )
+    rid = store.record_round(RoundRecord(1.0, "eva", "full", True, "why", numbers, actions))
+    [rnd] = store.rounds()
+    assert rnd.numbers == numbers and rnd.actions[0].detail == {"from": "i-1", "saving": 1e-300}
+    assert rnd.round_id == rid
+
+
+def test_rounds_limit_gives_the_latest_oldest_first(store):
+    ids = [store.record_round(RoundRecord(float(i), "eva", "partial", False, "")) for i in range(4)]
+    assert [r.round_id for r in store.rounds(limit=2)] == ids[2:]
+    assert [r.at for r in store.rounds(limit=10)] == [0.0, 1.0, 2.0, 3.0]
+    assert store.rounds(limit=0) == []
+
+
+def test_an_outcome_for_an_unknown_action_is_refused(store):
+    rid = store.record_round(
+        RoundRecord(1.0, "eva", "full", True, "", actions=(ActionRecord("launch", "t", "r"),))
+    )
+    with pytest.raises(UnknownEntity):
+        store.record_action_outcome(rid, 1, "done")
+    with pytest.raises(UnknownEntity):
+        store.record_action_outcome(rid + 1, 0, "done")
+    store.record_action_outcome(rid, 0, "done", "ok")
+    assert store.rounds()[0].actions[0].outcome == "done"

@@ -1,0 +1,92 @@
+"""`autoscaler db upgrade` and `autoscaler db status`: create, upgrade, inspect the state database.
+
+The daemon refuses a database whose schema is not at this code's revision
+(`SchemaOutdated`, naming the command to run); `db upgrade` is that command.
+SQLAlchemy and Alembic are imported only when a `db` command runs, so
+`autoscaler plan` does not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from state.config import database_url_for, default_state_path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `db` command and its `upgrade` and `status` actions."""
+    db = subparsers.add_parser(
+        "db",
+        help="create, upgrade or inspect the state database (SQLite or PostgreSQL)",
+        description="The daemon's state (jobs, tasks, instances, the throughput table, "
+        "rounds, the cost ledger) lives in a SQL database whose schema is versioned.",
+    )
+    actions = db.add_subparsers(dest="db_action", required=True, metavar="ACTION")
+
+    upgrade = actions.add_parser(
+        "upgrade",
+        help="create the schema, or upgrade it to this version's revision",
+        description="Create the database's schema, or upgrade it to the revision this "
+        "autoscaler needs, in one transaction. Running it again changes nothing.",
+    )
+    _database_arguments(upgrade)
+    upgrade.set_defaults(func=cmd_db_upgrade)
+
+    status = actions.add_parser(
+        "status",
+        help="show the database's schema revision and whether it needs an upgrade",
+        description="Show which schema revision the database is at and the one this "
+        "autoscaler needs. Exit status 0 when up to date, 1 when it needs `db upgrade`.",
+    )
+    _database_arguments(status)
+    status.set_defaults(func=cmd_db_status)
+
+
+def _database_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=None,
+        metavar="URL",
+        help="database URL: sqlite:////path/state.db or postgresql+psycopg://USER@HOST:PORT/DB "
+        f"(default: [state] in --config, else sqlite:///{default_state_path()})",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="TOML",
+        help="daemon configuration file whose [state] table names the database",
+    )
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from state.database import create_state_engine
+    from state.migrate import upgrade
+
+    engine = create_state_engine(database_url_for(args.url, args.config))
+    try:
+        shown = engine.url.render_as_string(hide_password=True)
+        before, after = upgrade(engine)
+    finally:
+        engine.dispose()
+    if before == after:
+        print(f"{shown}: schema already at revision {after}; nothing to do")
+    elif before is None:
+        print(f"{shown}: schema created at revision {after}")
+    else:
+        print(f"{shown}: schema upgraded from revision {before} to {after}")
+    return 0
+
+
+def cmd_db_status(args: argparse.Namespace) -> int:
+    from state.database import create_state_engine
+    from state.migrate import schema_status
+
+    engine = create_state_engine(database_url_for(args.url, args.config))
+    try:
+        status = schema_status(engine)
+    finally:
+        engine.dispose()
+    print(status.describe())
+    return 0 if status.up_to_date else 1

@@ -1,0 +1,283 @@
+"""The state schema: SQLAlchemy 2.0 declarative models of what the control loop persists.
+
+One table per fact, in the problem's words:
+
+- `jobs`: a submitted job — its spec (a JSON document, so it round-trips exactly),
+  owner, status and submitted/started/finished times.
+- `tasks`: a task's status, the instance it runs on, the instance the latest plan
+  assigned it to, its progress and checkpoint location; `task_demands` its demand
+  vector per instance family (queryable; the spec document holds the same vectors
+  as submitted, and neither changes after submission).
+- `instances`: an instance we asked for — launch token, cloud id, type, zone, the
+  hourly price at its request, its status; `instance_transitions` the history of its
+  statuses with their times.
+- `throughput`: the co-location throughput table (workload, co-located multiset,
+  observed throughput, number of observations, last update).
+- `rounds` and `round_actions`: each scheduling round's decision, the numbers behind
+  it, and each action with its reason and outcome.
+- `uptime_intervals`: the cost ledger — billed stretches of instance uptime at the
+  price of the time, so reports stay right when catalog prices change.
+
+Times are seconds as floats (epoch in production, virtual in replay), stored as
+double precision so they round-trip exactly. Statuses are strings checked against
+the status sets of `autoscaler.store`.
+
+Changing a model means writing a migration in `state/migrations/versions/`
+(the test `test_migrated_schema_matches_the_models` fails until they agree).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+#: Constraint names are fixed by convention so that migrations can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JOB_STATUSES = ("queued", "running", "completed", "cancelled", "failed")
+TASK_STATUSES = (
+    "pending",
+    "starting",
+    "running",
+    "checkpointing",
+    "completed",
+    "cancelled",
+    "failed",
+)
+INSTANCE_STATUSES = (
+    "requested",
+    "pending",
+    "running",
+    "draining",
+    "terminating",
+    "terminated",
+    "failed",
+)
+ACTION_KINDS = ("launch", "terminate", "start", "migrate", "stop", "adopt")
+ACTION_OUTCOMES = ("planned", "done", "refused", "failed", "skipped")
+
+
+def one_of(column: str, values: tuple[str, ...]) -> str:
+    """A CHECK expression: `column` holds one of `values`."""
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _plain(value: Any) -> Any:
+    """JSON fallback for numpy scalars and sets that planners put into round numbers."""
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def dump_json(value: Any) -> str:
+    """JSON text whose floats read back bit for bit, infinities and NaN included."""
+    return json.dumps(value, separators=(",", ":"), default=_plain, allow_nan=True)
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON document stored as text.
+
+    Not PostgreSQL's json/jsonb: those reject Infinity and NaN, which a round's
+    numbers may legitimately hold (an unbounded estimate), and the document must
+    read back exactly as written on both databases.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else dump_json(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+def colocated_key(colocated: tuple[str, ...] | list[str]) -> str:
+    """The co-located multiset as a key: a JSON array of the sorted workload keys
+    (unambiguous whatever characters a workload name holds)."""
+    return json.dumps(sorted(colocated), separators=(",", ":"))
+
+
+def colocated_from_key(key: str) -> tuple[str, ...]:
+    return tuple(json.loads(key))
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    """A submitted job. `id` keeps submission order (the order planners see jobs in)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (CheckConstraint(one_of("status", JOB_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String, unique=True)
+    name: Mapped[str] = mapped_column(String)
+    owner: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    submitted_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double)
+    #: The JobSpec as submitted (tasks included), never changed afterwards.
+    spec: Mapped[Any] = mapped_column(JsonText)
+
+
+class Task(Base):
+    """A task's state. `instance_id` and `target_instance_id` are launch tokens; they
+    are deliberately not foreign keys: a plan may target an instance before the round
+    records its request, and a task keeps naming the instance it ran on."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (
+        CheckConstraint(one_of("status", TASK_STATUSES), name="status"),
+        Index(None, "job_id", "position", unique=True),
+    )
+
+    task_id: Mapped[str] = mapped_column(String, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"))
+    position: Mapped[int] = mapped_column(Integer)  # order within the job's spec
+    workload: Mapped[str] = mapped_column(String, index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    instance_id: Mapped[str | None] = mapped_column(String, index=True)
+    target_instance_id: Mapped[str | None] = mapped_column(String)
+    progress: Mapped[float] = mapped_column(Double)
+    checkpoint: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[float | None] = mapped_column(Double)
+
+
+class TaskDemand(Base):
+    """A task's demand on one instance family (`any` = every family)."""
+
+    __tablename__ = "task_demands"
+
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.task_id"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    family: Mapped[str] = mapped_column(String)
+    gpu: Mapped[float] = mapped_column(Double)
+    cpu: Mapped[float] = mapped_column(Double)  # physical cores
+    ram_gb: Mapped[float] = mapped_column(Double)
+
+
+class Instance(Base):
+    """An instance the cluster asked for; `instance_id` is our launch token."""
+
+    __tablename__ = "instances"
+    __table_args__ = (CheckConstraint(one_of("status", INSTANCE_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(String, unique=True)
+    instance_type: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    hourly_price: Mapped[float] = mapped_column(Double)  # at the time of the request
+    requested_at: Mapped[float] = mapped_column(Double)
+    cloud_id: Mapped[str | None] = mapped_column(String)
+    zone: Mapped[str | None] = mapped_column(String)
+
+
+class InstanceTransition(Base):
+    """One entry of an instance's status history; `seq` 0 is its request."""
+
+    __tablename__ = "instance_transitions"
+    __table_args__ = (CheckConstraint(one_of("status", INSTANCE_STATUSES), name="status"),)
+
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Double)
+
+
+class Throughput(Base):
+    """One entry of the co-location throughput table (Eva §4.3)."""
+
+    __tablename__ = "throughput"
+
+    workload: Mapped[str] = mapped_column(String, primary_key=True)
+    colocated: Mapped[str] = mapped_column(Text, primary_key=True)  # see colocated_key
+    throughput: Mapped[float] = mapped_column(Double)
+    observations: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[float | None] = mapped_column(Double)
+
+
+class Round(Base):
+    """A scheduling round: which plan won, why, and the numbers behind it."""
+
+    __tablename__ = "rounds"
+
+    round_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double)
+    planner: Mapped[str] = mapped_column(String)
+    chosen: Mapped[str] = mapped_column(String)
+    had_event: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+    numbers: Mapped[Any] = mapped_column(JsonText)
+
+
+class RoundAction(Base):
+    """An action a round decided, its reason and its outcome."""
+
+    __tablename__ = "round_actions"
+    __table_args__ = (
+        CheckConstraint(one_of("kind", ACTION_KINDS), name="kind"),
+        CheckConstraint(one_of("outcome", ACTION_OUTCOMES), name="outcome"),
+    )
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.round_id"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text)
+    outcome: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text)
+    detail: Mapped[Any] = mapped_column(JsonText)
+
+
+class UptimeInterval(Base):
+    """The cost ledger: a billed stretch of one instance's uptime at its request's price.
+
+    At most one interval per instance is open (`end` NULL) at a time.
+    """
+
+    __tablename__ = "uptime_intervals"
+    __table_args__ = (
+        Index(
+            "uq_uptime_intervals_open",
+            "instance_id",
+            unique=True,
+            sqlite_where=text('"end" IS NULL'),
+            postgresql_where=text('"end" IS NULL'),
+        ),
+        Index(None, "start"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"))
+    instance_type: Mapped[str] = mapped_column(String)
+    hourly_price: Mapped[float] = mapped_column(Double)
+    start: Mapped[float] = mapped_column(Double)
+    end: Mapped[float | None] = mapped_column(Double)

@@ -1,0 +1,678 @@
+"""`SqlStore`: the `Store` interface in SQLite or PostgreSQL.
+
+It mirrors `autoscaler.store.InMemoryStore` transition for transition; what SQL
+adds is that state survives the process and that several processes (the
+daemon's round, a submission API, the CLI) can use it at once:
+
+- **One transition, one transaction.** Every method that changes state runs in
+  one write transaction, so a process killed at any point leaves either all of
+  a transition or none of it.
+- **Finished is final, under concurrency too.** A transition that touches a job
+  or its tasks first locks the job's row (`SELECT … FOR UPDATE` on PostgreSQL;
+  on SQLite `BEGIN IMMEDIATE` holds the database's write lock for the whole
+  transaction) and only then reads its status. A cancellation committed while a
+  round was planning is therefore seen by the round's writes, which leave the job
+  alone; a cancellation still in flight makes them wait for it. Instance
+  transitions lock the instance's row the same way, so two processes cannot both
+  move it from the same status.
+- **Snapshots are consistent**: `snapshot()` reads every table in one read
+  transaction (REPEATABLE READ on PostgreSQL; on SQLite in WAL mode a read
+  transaction sees the database as of its first read), without blocking writers.
+
+Opening a database whose schema is missing or not at the head revision raises
+`SchemaOutdated`, whose message says to run `autoscaler db upgrade --url …`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, Literal, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Row,
+    Table,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+
+from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.resources import Resources
+from autoscaler.store import (
+    BILLED_STATUSES,
+    FINAL_INSTANCE_STATUSES,
+    FINAL_JOB_STATUSES,
+    TRANSITIONS,
+    ActionRecord,
+    DuplicateJob,
+    IllegalTransition,
+    InstanceRecord,
+    InstanceStatus,
+    JobRecord,
+    JobStatus,
+    RoundRecord,
+    StateSnapshot,
+    StoreError,
+    TaskRecord,
+    TaskStatus,
+    UnknownEntity,
+)
+from autoscaler.store import UptimeInterval as UptimeRecord
+from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry, ThroughputTable
+from state.database import create_state_engine, read_transaction, write_transaction
+from state.migrate import check_schema
+from state.schema import (
+    Instance,
+    InstanceTransition,
+    Job,
+    Round,
+    RoundAction,
+    Task,
+    TaskDemand,
+    Throughput,
+    UptimeInterval,
+    colocated_from_key,
+    colocated_key,
+)
+
+__all__ = ["SqlStore", "create_state_engine", "spec_document", "spec_from_document"]
+
+JOBS = cast(Table, Job.__table__)
+TASKS = cast(Table, Task.__table__)
+DEMANDS = cast(Table, TaskDemand.__table__)
+INSTANCES = cast(Table, Instance.__table__)
+HISTORY = cast(Table, InstanceTransition.__table__)
+THROUGHPUT = cast(Table, Throughput.__table__)
+ROUNDS = cast(Table, Round.__table__)
+ACTIONS = cast(Table, RoundAction.__table__)
+LEDGER = cast(Table, UptimeInterval.__table__)
+
+#: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
+CHUNK = 5000
+
+_JOB_FIELDS = tuple(f.name for f in fields(JobSpec) if f.name != "tasks")
+_TASK_FIELDS = tuple(f.name for f in fields(TaskSpec) if f.name != "demands")
+
+
+def spec_document(job: JobSpec) -> dict[str, Any]:
+    """The job's spec as a JSON document (every field, so it round-trips exactly)."""
+    document: dict[str, Any] = {name: getattr(job, name) for name in _JOB_FIELDS}
+    document["tasks"] = [
+        {
+            **{name: getattr(task, name) for name in _TASK_FIELDS},
+            "demands": [[family, list(demand)] for family, demand in task.demands],
+        }
+        for task in job.tasks
+    ]
+    return document
+
+
+def spec_from_document(document: Mapping[str, Any]) -> JobSpec:
+    """The JobSpec a document holds; fields it lacks take their defaults."""
+    tasks = tuple(
+        TaskSpec(
+            **{name: task[name] for name in _TASK_FIELDS if name in task},
+            demands=tuple((family, Resources(*vector)) for family, vector in task["demands"]),
+        )
+        for task in document["tasks"]
+    )
+    return JobSpec(
+        **{name: document[name] for name in _JOB_FIELDS if name in document}, tasks=tasks
+    )
+
+
+def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), CHUNK):
+        yield items[start : start + CHUNK]
+
+
+class SqlStore:
+    """`Store` in a SQL database: SQLite (a file) or PostgreSQL (psycopg 3).
+
+    `database` is a URL (the store then owns its engine and `close()` disposes
+    it) or an Engine made by `create_state_engine`. Raises `BadDatabaseUrl`,
+    `DatabaseUnreachable`, or `SchemaOutdated` when the schema is not at the
+    head revision. Thread-safe: every call uses its own pooled connection (an
+    in-memory SQLite database has a single one: use it from one thread, as a replay does).
+    """
+
+    def __init__(self, database: str | URL | Engine) -> None:
+        if isinstance(database, Engine):
+            self._engine, self._owns_engine = database, False
+        else:
+            self._engine, self._owns_engine = create_state_engine(database), True
+        try:
+            check_schema(self._engine)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        """Release the connections of an engine this store made (not one it was given)."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> SqlStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self._engine.url.render_as_string(hide_password=True)!r})"
+
+    # -- jobs -------------------------------------------------------------
+    def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
+        try:
+            with write_transaction(self._engine) as conn:
+                taken = conn.execute(select(JOBS.c.id).where(JOBS.c.job_id == job.job_id))
+                if taken.first() is not None:
+                    raise DuplicateJob(job.job_id)
+                conn.execute(
+                    insert(JOBS).values(
+                        job_id=job.job_id,
+                        name=job.name,
+                        owner=owner,
+                        status="queued",
+                        submitted_at=at,
+                        spec=spec_document(job),
+                    )
+                )
+                if job.tasks:
+                    conn.execute(
+                        insert(TASKS), [_task_row(job, i, at) for i in range(len(job.tasks))]
+                    )
+                demands = [
+                    {
+                        "task_id": task.task_id,
+                        "position": i,
+                        "family": family,
+                        "gpu": demand.gpu,
+                        "cpu": demand.cpu,
+                        "ram_gb": demand.ram_gb,
+                    }
+                    for task in job.tasks
+                    for i, (family, demand) in enumerate(task.demands)
+                ]
+                if demands:
+                    conn.execute(insert(DEMANDS), demands)
+        except IntegrityError as exc:
+            # Two submissions of one job id raced (PostgreSQL: the second waits on the
+            # unique index and fails), or a task id is already another job's.
+            if self.job(job.job_id) is not None:
+                raise DuplicateJob(job.job_id) from None
+            raise StoreError(f"job {job.job_id!r} conflicts with stored data: {exc.orig}") from None
+        return JobRecord(job, "queued", owner, at)
+
+    def cancel_job(self, job_id: str, at: float) -> bool:
+        return self._finish(job_id, at, "cancelled", "cancelled")
+
+    def job_started(self, job_id: str, at: float) -> bool:
+        with write_transaction(self._engine) as conn:
+            result = conn.execute(
+                update(JOBS)
+                .where(
+                    JOBS.c.job_id == job_id,
+                    JOBS.c.status.not_in(FINAL_JOB_STATUSES),
+                    JOBS.c.started_at.is_(None),
+                )
+                .values(status="running", started_at=at)
+            )
+            return result.rowcount == 1
+
+    def job_finished(self, job_id: str, at: float, status: JobStatus = "completed") -> bool:
+        return self._finish(job_id, at, status, "completed" if status == "completed" else "failed")
+
+    def _finish(self, job_id: str, at: float, status: str, task_status: str) -> bool:
+        with write_transaction(self._engine) as conn:
+            current = conn.execute(
+                select(JOBS.c.status).where(JOBS.c.job_id == job_id).with_for_update()
+            ).scalar_one_or_none()
+            if current is None:
+                raise UnknownEntity(f"no job {job_id!r}")
+            if current in FINAL_JOB_STATUSES:
+                return False
+            conn.execute(
+                update(JOBS).where(JOBS.c.job_id == job_id).values(status=status, finished_at=at)
+            )
+            conn.execute(
+                update(TASKS)
+                .where(TASKS.c.job_id == job_id)
+                .values(status=task_status, target_instance_id=None, updated_at=at)
+            )
+            return True
+
+    @staticmethod
+    def _lock_active_jobs(conn: Connection, job_ids: Iterable[str]) -> set[str]:
+        """Lock these jobs' rows (in id order, so lockers never deadlock) and return
+        those not finished. Their tasks may then be written."""
+        active: set[str] = set()
+        for chunk in _chunks(sorted(set(job_ids))):
+            rows = conn.execute(
+                select(JOBS.c.job_id, JOBS.c.status)
+                .where(JOBS.c.job_id.in_(chunk))
+                .order_by(JOBS.c.job_id)
+                .with_for_update()
+            )
+            active.update(r.job_id for r in rows if r.status not in FINAL_JOB_STATUSES)
+        return active
+
+    # -- tasks ------------------------------------------------------------
+    def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
+        task_ids = list(targets)
+        with write_transaction(self._engine) as conn:
+            job_of: dict[str, str] = {}
+            for chunk in _chunks(task_ids):
+                rows = conn.execute(
+                    select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                )
+                job_of.update((r.task_id, r.job_id) for r in rows)
+            active = self._lock_active_jobs(conn, job_of.values())
+            updated = sorted(tid for tid, jid in job_of.items() if jid in active)
+            if updated:
+                conn.execute(
+                    update(TASKS)
+                    .where(TASKS.c.task_id == bindparam("b_task"))
+                    .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
+                    [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
+                )
+            return set(updated)
+
+    def update_task(
+        self,
+        task_id: str,
+        at: float,
+        *,
+        status: TaskStatus | None = None,
+        instance_id: str | Literal["keep"] | None = "keep",
+        progress: float | None = None,
+        checkpoint: str | None = None,
+    ) -> bool:
+        with write_transaction(self._engine) as conn:
+            job_id = conn.execute(
+                select(TASKS.c.job_id).where(TASKS.c.task_id == task_id)
+            ).scalar_one_or_none()
+            if job_id is None:
+                raise UnknownEntity(f"no task {task_id!r}")
+            if not self._lock_active_jobs(conn, [job_id]):
+                return False
+            values: dict[str, Any] = {"updated_at": at}
+            if status is not None:
+                values["status"] = status
+            if instance_id != "keep":
+                values["instance_id"] = instance_id
+            if progress is not None:
+                values["progress"] = progress
+            if checkpoint is not None:
+                values["checkpoint"] = checkpoint
+            conn.execute(update(TASKS).where(TASKS.c.task_id == task_id).values(**values))
+            return True
+
+    # -- instances --------------------------------------------------------
+    def request_instance(
+        self, instance_id: str, instance_type: str, hourly_price: float, at: float
+    ) -> InstanceRecord:
+        with write_transaction(self._engine) as conn:
+            created = conn.execute(
+                self._insert(INSTANCES)
+                .values(
+                    instance_id=instance_id,
+                    instance_type=instance_type,
+                    status="requested",
+                    hourly_price=hourly_price,
+                    requested_at=at,
+                )
+                .on_conflict_do_nothing(index_elements=["instance_id"])
+                .returning(INSTANCES.c.id)
+            )
+            if created.first() is not None:
+                conn.execute(
+                    insert(HISTORY).values(
+                        instance_id=instance_id, seq=0, status="requested", at=at
+                    )
+                )
+            # else: the same launch token again — the request already stands.
+            return self._instances(conn, INSTANCES.c.instance_id == instance_id)[0]
+
+    def transition_instance(
+        self,
+        instance_id: str,
+        status: InstanceStatus,
+        at: float,
+        *,
+        cloud_id: str | None = None,
+        zone: str | None = None,
+    ) -> bool:
+        with write_transaction(self._engine) as conn:
+            row = conn.execute(
+                select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+            ).first()
+            if row is None:
+                raise UnknownEntity(f"no instance {instance_id!r}")
+            if row.status == status:
+                return False
+            if status not in TRANSITIONS[row.status]:
+                raise IllegalTransition(instance_id, row.status, status)
+            seq = conn.execute(
+                select(func.count())
+                .select_from(HISTORY)
+                .where(HISTORY.c.instance_id == instance_id)
+            ).scalar_one()
+            conn.execute(
+                update(INSTANCES)
+                .where(INSTANCES.c.instance_id == instance_id)
+                .values(status=status, cloud_id=cloud_id or row.cloud_id, zone=zone or row.zone)
+            )
+            conn.execute(
+                insert(HISTORY).values(instance_id=instance_id, seq=seq, status=status, at=at)
+            )
+            billed_before = row.status in BILLED_STATUSES
+            billed_after = status in BILLED_STATUSES
+            if billed_after and not billed_before:
+                # Billing runs from the launch request (the cloud bills from then on),
+                # at the price recorded with the request.
+                conn.execute(
+                    insert(LEDGER).values(
+                        instance_id=instance_id,
+                        instance_type=row.instance_type,
+                        hourly_price=row.hourly_price,
+                        start=row.requested_at,
+                        end=None,
+                    )
+                )
+            elif billed_before and not billed_after:
+                conn.execute(
+                    update(LEDGER)
+                    .where(LEDGER.c.instance_id == instance_id, LEDGER.c.end.is_(None))
+                    .values(end=at)
+                )
+            return True
+
+    # -- learning ---------------------------------------------------------
+    def record_throughput(self, entries: Iterable[tuple[str, Colocated, ThroughputEntry]]) -> None:
+        # One row per key, the last entry winning (as in the in-memory store): a
+        # PostgreSQL upsert may not touch the same row twice in one statement.
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for workload, colocated, entry in entries:
+            key = colocated_key(colocated)
+            rows[(workload, key)] = {
+                "workload": workload,
+                "colocated": key,
+                "throughput": entry.throughput,
+                "observations": entry.observations,
+                "updated_at": entry.updated_at_s,
+            }
+        if not rows:
+            return
+        statement = self._insert(THROUGHPUT)
+        statement = statement.on_conflict_do_update(
+            index_elements=["workload", "colocated"],
+            set_={
+                "throughput": statement.excluded.throughput,
+                "observations": statement.excluded.observations,
+                "updated_at": statement.excluded.updated_at,
+            },
+        )
+        with write_transaction(self._engine) as conn:
+            conn.execute(statement, list(rows.values()))
+
+    # -- rounds -----------------------------------------------------------
+    def record_round(self, record: RoundRecord) -> int:
+        with write_transaction(self._engine) as conn:
+            result = conn.execute(
+                insert(ROUNDS).values(
+                    at=record.at,
+                    planner=record.planner,
+                    chosen=record.chosen,
+                    had_event=record.had_event,
+                    reason=record.reason,
+                    numbers=dict(record.numbers),
+                )
+            )
+            round_id = int(result.inserted_primary_key[0])
+            if record.actions:
+                conn.execute(
+                    insert(ACTIONS),
+                    [
+                        {
+                            "round_id": round_id,
+                            "position": i,
+                            "kind": a.kind,
+                            "target": a.target,
+                            "reason": a.reason,
+                            "outcome": a.outcome,
+                            "message": a.message,
+                            "detail": dict(a.detail),
+                        }
+                        for i, a in enumerate(record.actions)
+                    ],
+                )
+            return round_id
+
+    def record_action_outcome(
+        self, round_id: int, index: int, outcome: str, message: str = ""
+    ) -> None:
+        with write_transaction(self._engine) as conn:
+            result = conn.execute(
+                update(ACTIONS)
+                .where(ACTIONS.c.round_id == round_id, ACTIONS.c.position == index)
+                .values(outcome=outcome, message=message)
+            )
+            if result.rowcount != 1:
+                raise UnknownEntity(f"no action {index} in round {round_id}")
+
+    # -- reads ------------------------------------------------------------
+    def snapshot(self, default_throughput: float = DEFAULT_THROUGHPUT) -> StateSnapshot:
+        with read_transaction(self._engine) as conn:
+            jobs = self._jobs(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
+            tasks = self._tasks(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
+            instances = self._instances(conn, INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES))
+            entries = {
+                (r.workload, colocated_from_key(r.colocated)): ThroughputEntry(
+                    r.throughput, r.observations, r.updated_at
+                )
+                for r in conn.execute(select(THROUGHPUT))
+            }
+            # The reconfiguration history is derived from the rounds themselves.
+            first_round_at = conn.execute(
+                select(ROUNDS.c.at).order_by(ROUNDS.c.round_id).limit(1)
+            ).scalar_one_or_none()
+            event_rounds = conn.execute(
+                select(func.count()).select_from(ROUNDS).where(ROUNDS.c.had_event)
+            ).scalar_one()
+            full_rounds = conn.execute(
+                select(func.count())
+                .select_from(ROUNDS)
+                .where(ROUNDS.c.had_event, ROUNDS.c.chosen == "full")
+            ).scalar_one()
+        return StateSnapshot(
+            tuple(jobs),
+            {t.task_id: t for t in tasks},
+            tuple(instances),
+            ThroughputTable(entries, default_throughput),
+            first_round_at,
+            int(event_rounds),
+            int(full_rounds),
+        )
+
+    def job(self, job_id: str) -> JobRecord | None:
+        with read_transaction(self._engine) as conn:
+            found = self._jobs(conn, JOBS.c.job_id == job_id)
+        return found[0] if found else None
+
+    def jobs(self, statuses: Iterable[str] | None = None) -> list[JobRecord]:
+        with read_transaction(self._engine) as conn:
+            if statuses is None:
+                return self._jobs(conn, None)
+            return self._jobs(conn, JOBS.c.status.in_(list(statuses)))
+
+    def tasks_of(self, job_id: str) -> list[TaskRecord]:
+        with read_transaction(self._engine) as conn:
+            return self._tasks(conn, JOBS.c.job_id == job_id)
+
+    def instance(self, instance_id: str) -> InstanceRecord | None:
+        with read_transaction(self._engine) as conn:
+            found = self._instances(conn, INSTANCES.c.instance_id == instance_id)
+        return found[0] if found else None
+
+    def instances(self, include_finished: bool = False) -> list[InstanceRecord]:
+        with read_transaction(self._engine) as conn:
+            where = None if include_finished else INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES)
+            return self._instances(conn, where)
+
+    def rounds(self, limit: int | None = None) -> list[RoundRecord]:
+        with read_transaction(self._engine) as conn:
+            query = select(ROUNDS).order_by(ROUNDS.c.round_id.desc())
+            if limit is not None:
+                if limit <= 0:
+                    return []
+                query = query.limit(limit)
+            rounds = list(reversed(conn.execute(query).all()))
+            if not rounds:
+                return []
+            actions: dict[int, list[ActionRecord]] = {r.round_id: [] for r in rounds}
+            for a in conn.execute(
+                select(ACTIONS)
+                .where(ACTIONS.c.round_id >= rounds[0].round_id)
+                .order_by(ACTIONS.c.round_id, ACTIONS.c.position)
+            ):
+                actions[a.round_id].append(
+                    ActionRecord(a.kind, a.target, a.reason, a.outcome, a.message, a.detail)
+                )
+        return [
+            RoundRecord(
+                r.at,
+                r.planner,
+                r.chosen,
+                r.had_event,
+                r.reason,
+                r.numbers,
+                tuple(actions[r.round_id]),
+                r.round_id,
+            )
+            for r in rounds
+        ]
+
+    def uptime(self) -> list[UptimeRecord]:
+        with read_transaction(self._engine) as conn:
+            return [_interval(r) for r in conn.execute(select(LEDGER).order_by(LEDGER.c.id))]
+
+    def cost_between(self, t0: float, t1: float) -> float:
+        """Dollars billed within [t0, t1]: the ledger's intervals that overlap it, each
+        at the price recorded with its instance's request."""
+        with read_transaction(self._engine) as conn:
+            overlapping = conn.execute(
+                select(LEDGER)
+                .where(LEDGER.c.start < t1, or_(LEDGER.c.end.is_(None), LEDGER.c.end > t0))
+                .order_by(LEDGER.c.id)
+            )
+            return sum((_interval(r).cost(t0, t1) for r in overlapping), 0.0)
+
+    # -- helpers ----------------------------------------------------------
+    def _insert(self, table: Table) -> Any:
+        """INSERT with the dialect's ON CONFLICT clause (both dialects spell it alike)."""
+        dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
+        return dialect.insert(table)
+
+    @staticmethod
+    def _jobs(conn: Connection, where: ColumnElement[bool] | None) -> list[JobRecord]:
+        query = select(JOBS).order_by(JOBS.c.id)
+        if where is not None:
+            query = query.where(where)
+        return [
+            JobRecord(
+                spec_from_document(r.spec),
+                r.status,
+                r.owner,
+                r.submitted_at,
+                r.started_at,
+                r.finished_at,
+            )
+            for r in conn.execute(query)
+        ]
+
+    @staticmethod
+    def _tasks(conn: Connection, job_where: ColumnElement[bool]) -> list[TaskRecord]:
+        """Tasks of the jobs matching `job_where`, in job order then spec order."""
+        query = (
+            select(TASKS)
+            .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
+            .where(job_where)
+            .order_by(JOBS.c.id, TASKS.c.position)
+        )
+        return [
+            TaskRecord(
+                r.task_id,
+                r.job_id,
+                r.status,
+                r.instance_id,
+                r.target_instance_id,
+                r.progress,
+                r.checkpoint,
+                r.updated_at,
+            )
+            for r in conn.execute(query)
+        ]
+
+    @staticmethod
+    def _instances(conn: Connection, where: ColumnElement[bool] | None) -> list[InstanceRecord]:
+        """Instances matching `where`, in request order, each with its status history."""
+        query = select(INSTANCES).order_by(INSTANCES.c.id)
+        history = (
+            select(HISTORY.c.instance_id, HISTORY.c.status, HISTORY.c.at)
+            .join(INSTANCES, INSTANCES.c.instance_id == HISTORY.c.instance_id)
+            .order_by(HISTORY.c.instance_id, HISTORY.c.seq)
+        )
+        if where is not None:
+            query, history = query.where(where), history.where(where)
+        histories: dict[str, list[tuple[str, float]]] = {}
+        for h in conn.execute(history):
+            histories.setdefault(h.instance_id, []).append((h.status, h.at))
+        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query)]
+
+
+def _task_row(job: JobSpec, position: int, at: float) -> dict[str, Any]:
+    task = job.tasks[position]
+    return {
+        "task_id": task.task_id,
+        "job_id": job.job_id,
+        "position": position,
+        "workload": task.workload,
+        "status": "pending",
+        "instance_id": None,
+        "target_instance_id": None,
+        "progress": 0.0,
+        "checkpoint": None,
+        "updated_at": at,
+    }
+
+
+def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRecord:
+    return InstanceRecord(
+        row.instance_id,
+        row.instance_type,
+        row.status,
+        row.hourly_price,
+        row.requested_at,
+        row.cloud_id,
+        row.zone,
+        tuple(history),
+    )
+
+
+def _interval(row: Row[Any]) -> UptimeRecord:
+    return UptimeRecord(row.instance_id, row.instance_type, row.hourly_price, row.start, row.end)
