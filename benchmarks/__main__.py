@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import lp_scaling, plan_scaling
+from benchmarks import lp_scaling, plan_scaling, replay_speed
 
-BENCHMARKS = {"plan": plan_scaling.main, "scale": lp_scaling.main}
+BENCHMARKS = {
+    "plan": plan_scaling.main,
+    "scale": lp_scaling.main,
+    "replay": replay_speed.main,
+}
 
 
 def main() -> None:
