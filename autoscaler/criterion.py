@@ -12,11 +12,11 @@ Reconfiguration with probability p, the expected time to the next Full is
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autoscaler.configuration import Configuration
-from autoscaler.jobs import JobSpec
+from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.pricing import PriceBook
 from autoscaler.view import ReconfigurationHistory
 
@@ -53,6 +53,17 @@ class MigrationCost:
         return self.migration_dollars + self.launch_dollars
 
 
+def job_migration_cost(job: JobSpec, moved: Sequence[TaskSpec], prices: PriceBook) -> float:
+    """What moving these tasks of a job costs ($): the job stalls while they
+    checkpoint and relaunch, and an hour of it is worth RP(j)."""
+    delay_s = (
+        max(t.checkpoint_s for t in moved)
+        + job.init_delay_s
+        + max(t.fetch_s + t.build_image_s for t in moved)
+    )
+    return delay_s / 3600.0 * prices.job_rp(job)
+
+
 def migration_cost(
     current: Configuration, target: Configuration, jobs: Mapping[str, JobSpec], prices: PriceBook
 ) -> MigrationCost:
@@ -66,28 +77,17 @@ def migration_cost(
     """
     now = current.assignment()
     then = target.assignment() if now else {}
-    moved: dict[str, list[str]] = {}
+    job_of = {t.task_id: j for j in jobs.values() for t in j.tasks} if now else {}
+    moved: dict[str, list[TaskSpec]] = {}
     for task_id, inst in now.items():
-        if inst.instance_id is None:
+        if inst.instance_id is None or task_id not in job_of:
             continue
         dest = then.get(task_id)
         if dest is None or dest.instance_id != inst.instance_id:
-            job_id = task_id.split("/", 1)[0]
-            moved.setdefault(job_id, []).append(task_id)
-    migration = 0.0
-    moved_tasks = 0
-    for job_id, task_ids in moved.items():
-        job = jobs.get(job_id)
-        if job is None:
-            continue
-        specs = [t for t in job.tasks if t.task_id in set(task_ids)]
-        moved_tasks += len(specs)
-        delay_s = (
-            max(t.checkpoint_s for t in specs)
-            + job.init_delay_s
-            + max(t.fetch_s + t.build_image_s for t in specs)
-        )
-        migration += delay_s / 3600.0 * prices.job_rp(job)
+            job = job_of[task_id]
+            moved.setdefault(job.job_id, []).extend(t for t in job.tasks if t.task_id == task_id)
+    migration = sum(job_migration_cost(jobs[j], specs, prices) for j, specs in moved.items())
+    moved_tasks = sum(len(specs) for specs in moved.values())
     new = [inst for inst in target if inst.instance_id is None]
     launch = sum(i.type.hourly_cost * i.type.launch_delays.startup_s / 3600.0 for i in new)
     return MigrationCost(migration, launch, len(moved), moved_tasks, len(new))
