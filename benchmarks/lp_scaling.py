@@ -19,7 +19,6 @@ general) and time ÷ the default planner's time in the same run.
 from __future__ import annotations
 
 import argparse
-import time
 
 from autoscaler.lp import ShadowPricer
 from autoscaler.planner import _lp_classes, planner_by_name
@@ -28,15 +27,10 @@ from autoscaler.reference import algorithm1
 from autoscaler.table import format_table
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
+from benchmarks.timing import timed
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
 
 TARGET_RATIO = 1.013
-
-
-def timed(fn):
-    started = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - started, result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,23 +10,14 @@ above `--baseline-max` tasks because it is quadratic.
 from __future__ import annotations
 
 import argparse
-import time
 
 from autoscaler.planner import EvaPlanner
 from autoscaler.reference import algorithm1
 from autoscaler.table import format_table
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
+from benchmarks.timing import best_of
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
-
-
-def best_of(repeats: int, fn):
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - started)
-    return best, result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,23 +11,17 @@ it, which is the cost of its decisions on top of the simulation itself.
 from __future__ import annotations
 
 import argparse
-import time
 
 from autoscaler.bundled import bundled
 from autoscaler.catalog import load_catalog
 from autoscaler.jobs import jobs_from_eva, load_jobs
 from autoscaler.table import format_table
 from autoscaler.throughput import load_contention_matrix
+from benchmarks.timing import timed
 from simulator.cli import DEFAULT_SCHEDULERS
 from simulator.replay import replay
 from simulator.traces import synthesize
 from simulator.world import ground_truth
-
-
-def timed(fn):
-    started = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - started, result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from autoscaler.config_file import read_config_file
 from autoscaler.errors import InputError
 
 OrphanPolicy = Literal["report", "terminate"]
@@ -113,16 +113,7 @@ def load_config(path: str | Path | None) -> ProvisionerConfig:
     if path is None:
         return ProvisionerConfig()
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("configuration file not found", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read configuration file: {exc}", source=str(p)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"malformed TOML: {exc}", source=str(p)) from None
+    data = read_config_file(p)
     return parse_config(data, source=str(p), base_dir=p.parent)
 
 

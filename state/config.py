@@ -19,12 +19,12 @@ do not pay for it.
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoscaler.config_file import read_config_file
 from autoscaler.errors import InputError
 
 KNOWN_KEYS = frozenset({"url", "path"})
@@ -100,16 +100,7 @@ def load_state_config(path: str | Path | None) -> StateConfig:
     if path is None:
         return default_state_config()
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("configuration file not found", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read configuration file: {exc}", source=str(p)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"malformed TOML: {exc}", source=str(p)) from None
+    data = read_config_file(p)
     return parse_state_config(data, source=str(p), base_dir=p.parent)
 
 

@@ -1,0 +1,29 @@
+"""The daemon's configuration file: one TOML document, each part parsed by its owner.
+
+`[ec2]` and `[guardrails]` belong to `provisioners.config`, `[state]` to
+`state.config`; this module only reads the file, so a missing or malformed
+file gets the same one-line error whichever part asked.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from autoscaler.errors import InputError
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML document at `path`, or an InputError naming the file and the problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("configuration file not found", source=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read configuration file: {exc}", source=str(p)) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"malformed TOML: {exc}", source=str(p)) from None
