@@ -15,7 +15,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.control import ControlLoop, ControlOptions, Planner, counter_ids
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
-from autoscaler.store import InMemoryStore
+from autoscaler.store import InMemoryStore, Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
 from simulator.engine import ARRIVAL, ROUND, EventLoop
@@ -111,11 +111,13 @@ def replay(
     interval_s: float = 300.0,
     default_throughput: float = DEFAULT_THROUGHPUT,
     on_round: Callable[[float, int, int], None] | None = None,
+    store: Store | None = None,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
     `on_round(now, jobs_completed, jobs_total)` is called after each round
-    (progress display).
+    (progress display). `store` defaults to a fresh in-memory one; any empty
+    `Store` binding works (the SQL one too: the round logic needs no SQL).
     """
     engine = EventLoop()
     dirty = [False]
@@ -124,7 +126,7 @@ def replay(
         dirty[0] = True
 
     world = World(engine, catalog, truth, jobs, on_change=mark)
-    store = InMemoryStore()
+    store = store if store is not None else InMemoryStore()
     loop = ControlLoop(
         make_planner(scheduler, truth),
         SimulatedCloud(world),
@@ -191,7 +193,7 @@ def _sample(world: World, now: float) -> tuple[float, float, int, tuple[float, f
 def _result(
     scheduler: str,
     world: World,
-    store: InMemoryStore,
+    store: Store,
     samples: list,
     planning: list,
     rounds: int,
