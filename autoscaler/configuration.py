@@ -25,10 +25,6 @@ class Instance:
     def hourly_cost(self) -> float:
         return self.type.hourly_cost
 
-    @property
-    def is_new(self) -> bool:
-        return self.instance_id is None
-
 
 @dataclass(frozen=True, slots=True)
 class Configuration:

@@ -102,10 +102,6 @@ class JobSpec:
         return limit if limit is not None and limit < len(self.tasks) else None
 
 
-def task_id_of(job_id: str, task_key: str) -> str:
-    return f"{job_id}/{task_key}"
-
-
 def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
     """Parse and validate the Eva trace structure into jobs (in file order)."""
     if not isinstance(data, Mapping):

@@ -316,25 +316,6 @@ def _cheapest_for(tasks: list[TaskSpec], view: ClusterView) -> InstanceType | No
     return best
 
 
-def _best_type(
-    tasks: list[TaskSpec], view: ClusterView, prices: PriceBook
-) -> tuple[InstanceType | None, float]:
-    """The type with the most reservation price per dollar that hosts all of `tasks`."""
-    rp = sum(prices.task_rp(t) for t in tasks)
-    best, best_key = None, None
-    for itype in view.catalog:
-        host = _Host(None, itype)
-        for task in tasks:
-            if not host.fits(task):
-                break
-            host.add(task)
-        else:
-            key = (rp / itype.hourly_cost, -itype.hourly_cost)
-            if best_key is None or key > best_key:
-                best, best_key = itype, key
-    return best, (best_key[0] if best_key else 0.0)
-
-
 def _set_tnrp(
     tasks: list[TaskSpec], jobs: dict[str, JobSpec], prices: PriceBook, table: ThroughputTable
 ) -> float:

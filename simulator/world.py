@@ -23,7 +23,7 @@ contention matrix; unknown pairs at a default).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.catalog import Catalog, InstanceType
@@ -411,8 +411,3 @@ def ground_truth(contention: ThroughputTable | None, default: float = 0.95) -> T
     if contention is None:
         return ThroughputTable(default=default)
     return contention.with_default(default)
-
-
-def placed_tasks(world: World) -> Mapping[str, str]:
-    """Task → instance token, for invariant checks."""
-    return {t.task_id: t.instance for t in world.tasks.values() if t.instance is not None}
