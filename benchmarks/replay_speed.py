@@ -18,8 +18,7 @@ from autoscaler.jobs import jobs_from_eva, load_jobs
 from autoscaler.table import format_table
 from autoscaler.throughput import load_contention_matrix
 from benchmarks.timing import timed
-from simulator.cli import DEFAULT_SCHEDULERS
-from simulator.replay import replay
+from simulator.replay import DEFAULT_SCHEDULERS, replay
 from simulator.traces import synthesize
 from simulator.world import ground_truth
 

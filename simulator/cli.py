@@ -13,20 +13,10 @@ from autoscaler.cli_io import load_inputs, write_json
 from autoscaler.errors import InputError
 from autoscaler.jobs import jobs_from_eva
 from autoscaler.throughput import DEFAULT_THROUGHPUT, load_contention_matrix
-from simulator.replay import SCHEDULERS, ReplayResult, replay
+from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
 from simulator.traces import synthesize
 from simulator.world import ground_truth
-
-DEFAULT_SCHEDULERS = (
-    "eva",
-    "eva-full-only",
-    "eva-partial-only",
-    "no-packing",
-    "stratus",
-    "synergy",
-    "owl",
-)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
