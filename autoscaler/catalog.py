@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from autoscaler.errors import InputError, check_number
+from autoscaler.errors import InputError, check_number, read_input_file
 from autoscaler.resources import Resources
 
 
@@ -185,14 +185,7 @@ def read_json(path: str | Path, what: str) -> Any:
     orjson parses million-task traces markedly faster than the standard library.
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{what} file not found", source=str(p)) from None
-    except IsADirectoryError:
-        raise InputError(f"{what} path is a directory, not a file", source=str(p)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} file: {exc.strerror or exc}", source=str(p)) from None
+    data = read_input_file(p, what)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -11,18 +11,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from autoscaler.errors import InputError
+from autoscaler.errors import InputError, decode_text, read_input_file
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The parsed TOML document at `path`, or an InputError naming the file and the problem."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("configuration file not found", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read configuration file: {exc}", source=str(p)) from None
+    text = decode_text(read_input_file(p, "configuration"), "configuration", str(p))
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoscaler.errors import InputError
+from autoscaler.errors import InputError, decode_text, read_input_file
 
 #: Eva's default throughput for a pair never observed together (§4.3).
 DEFAULT_THROUGHPUT = 0.95
@@ -261,10 +261,5 @@ def load_contention_matrix(
 ) -> ThroughputTable:
     """Load Eva's contention-matrix CSV as a table of pairwise throughputs."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("throughput CSV file not found", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read throughput CSV: {exc}", source=str(p)) from None
+    text = decode_text(read_input_file(p, "throughput CSV"), "throughput CSV", str(p))
     return contention_matrix_from_csv(text, default, source=str(p))
