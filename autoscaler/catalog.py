@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import orjson
-
-from autoscaler.errors import InputError, check_number, read_input_file
+from autoscaler.errors import InputError, check_number
 from autoscaler.resources import Resources
 
 
@@ -177,23 +174,3 @@ def _vector(value: object, *, field: str, where: str, source: str | None) -> Res
         for i, v in enumerate(value)
     ]
     return Resources.of(numbers)
-
-
-def read_json(path: str | Path, what: str) -> Any:
-    """Read a JSON file, turning a missing or malformed file into an InputError.
-
-    orjson parses million-task traces markedly faster than the standard library.
-    """
-    p = Path(path)
-    data = read_input_file(p, what)
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(
-            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(p)
-        ) from None
-
-
-def load_catalog(path: str | Path) -> Catalog:
-    """Load and validate a catalog in Eva's `ec2_config.json` format."""
-    return catalog_from_eva(read_json(path, "catalog"), source=str(path))

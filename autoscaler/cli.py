@@ -12,10 +12,11 @@ from typing import Any
 from autoscaler.catalog import Catalog
 from autoscaler.cli_io import load_inputs, progress, write_json
 from autoscaler.errors import InputError
+from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.table import format_table, money, shorten
-from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable, load_contention_matrix
+from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.view import ClusterView
 from provisioners.cli import register as register_catalog_commands
 from simulator.cli import register as register_simulator_commands

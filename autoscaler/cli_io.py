@@ -9,9 +9,10 @@ from typing import Any
 import orjson
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import Catalog, load_catalog
+from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
-from autoscaler.jobs import JobSpec, load_jobs
+from autoscaler.files import load_catalog, load_jobs
+from autoscaler.jobs import JobSpec
 
 
 def load_inputs(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 class InputError(ValueError):
     """A user-supplied file or value is invalid.
@@ -86,26 +84,3 @@ def check_number(
             has_value=True,
         )
     return number
-
-
-def read_input_file(path: str | Path, what: str) -> bytes:
-    """The bytes of a user's file; a missing or unreadable one is a one-line InputError."""
-    p = Path(path)
-    try:
-        return p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{what} file not found", source=str(p)) from None
-    except IsADirectoryError:
-        raise InputError(f"{what} path is a directory, not a file", source=str(p)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} file: {exc.strerror or exc}", source=str(p)) from None
-
-
-def decode_text(data: bytes, what: str, source: str) -> str:
-    """UTF-8 text of a user's file, or an InputError saying it is not text."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"cannot read {what} file: not UTF-8 text ({exc.reason})", source=source
-        ) from None

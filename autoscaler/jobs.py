@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from autoscaler.catalog import Catalog, read_json
+from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError, check_number
 from autoscaler.resources import Resources
 
@@ -311,11 +310,3 @@ def validate_against_catalog(
                     field="demand",
                 )
             valid.add(task.demands)
-
-
-def load_jobs(path: str | Path, catalog: Catalog | None = None) -> tuple[JobSpec, ...]:
-    """Load jobs in Eva's trace format; with a catalog, also check every task can be placed."""
-    jobs = jobs_from_eva(read_json(path, "jobs"), source=str(path))
-    if catalog is not None:
-        validate_against_catalog(jobs, catalog, source=str(path))
-    return jobs

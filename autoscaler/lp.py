@@ -23,7 +23,6 @@ rounds differ little).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from autoscaler.catalog import Catalog
 from autoscaler.resources import EPSILON, RESOURCE_NAMES
+from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
 
@@ -68,7 +68,7 @@ class ShadowPricer:
         self._layout: _Layout | None = None
 
     def solve(self, catalog: Catalog, classes: Sequence[LPClass]) -> PriceSolution:
-        started = time.perf_counter()
+        elapsed = stopwatch()
         structure = (
             tuple(t.name for t in catalog.types),
             tuple(t.hourly_cost for t in catalog.types),
@@ -90,7 +90,7 @@ class ShadowPricer:
         if status != highspy.HighsModelStatus.kOptimal:
             self._highs = None  # do not warm-start from a failed solve
             raise RuntimeError(f"LP not solved to optimality: {highs.modelStatusToString(status)}")
-        return _read(highs, layout, catalog, classes, time.perf_counter() - started, warm)
+        return _read(highs, layout, catalog, classes, elapsed(), warm)
 
 
 def solve_lp(catalog: Catalog, classes: Sequence[LPClass]) -> PriceSolution:

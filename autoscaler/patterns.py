@@ -28,12 +28,13 @@ converge in a few iterations.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import highspy
 import numpy as np
+
+from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
 _EPS = 1e-9
@@ -114,7 +115,7 @@ class PatternPricer:
         `loss(sorted class indices, type index)` is the value a composition loses
         to interference (Σ RP − TNRP); None means no interference.
         """
-        started = time.perf_counter()
+        elapsed = stopwatch()
         self._round += 1
         n_cls = len(classes)
         highs = highspy.Highs()
@@ -198,9 +199,7 @@ class PatternPricer:
                 : len(self._pool) - self.pool_limit
             ]:
                 del self._pool[key]
-        return PatternSolution(
-            highs.getObjectiveValue(), used, iterations, exact, time.perf_counter() - started
-        )
+        return PatternSolution(highs.getObjectiveValue(), used, iterations, exact, elapsed())
 
 
 def _fits(demand: Demand, capacity: Demand) -> bool:

@@ -19,12 +19,10 @@ snapshot; the round that observes builds the next one.
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from autoscaler.errors import InputError, decode_text, read_input_file
+from autoscaler.errors import InputError
 
 #: Eva's default throughput for a pair never observed together (§4.3).
 DEFAULT_THROUGHPUT = 0.95
@@ -213,7 +211,7 @@ def contention_matrix_from_csv(
     Row = the workload whose throughput is given, column = the co-located
     workload, `x` = not measured (left to the default).
     """
-    rows = list(csv.reader(io.StringIO(text)))
+    rows = list(csv.reader(text.splitlines()))
     rows = [r for r in rows if any(cell.strip() for cell in r)]
     if len(rows) < 2 or len(rows[0]) < 2:
         raise InputError("needs a header row of workloads and at least one data row", source=source)
@@ -254,12 +252,3 @@ def contention_matrix_from_csv(
                 )
             entries[(workload, (other,))] = ThroughputEntry(value)
     return ThroughputTable(entries, default)
-
-
-def load_contention_matrix(
-    path: str | Path, default: float = DEFAULT_THROUGHPUT
-) -> ThroughputTable:
-    """Load Eva's contention-matrix CSV as a table of pairwise throughputs."""
-    p = Path(path)
-    text = decode_text(read_input_file(p, "throughput CSV"), "throughput CSV", str(p))
-    return contention_matrix_from_csv(text, default, source=str(p))

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import load_catalog
-from autoscaler.jobs import jobs_from_eva, load_jobs
+from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+from autoscaler.jobs import jobs_from_eva
 from autoscaler.table import format_table
-from autoscaler.throughput import load_contention_matrix
 from benchmarks.timing import timed
 from simulator.replay import DEFAULT_SCHEDULERS, replay
 from simulator.traces import synthesize

@@ -6,8 +6,9 @@ import random
 from dataclasses import replace
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import Catalog, load_catalog
-from autoscaler.jobs import JobSpec, load_jobs
+from autoscaler.catalog import Catalog
+from autoscaler.files import load_catalog, load_jobs
+from autoscaler.jobs import JobSpec
 
 
 def pai_catalog_and_jobs() -> tuple[Catalog, tuple[JobSpec, ...]]:

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import Catalog, InstanceType, catalog_from_eva, load_catalog, read_json
+from autoscaler.catalog import Catalog, InstanceType, catalog_from_eva
 from autoscaler.cloud import CloudError, CloudRequestError
 from autoscaler.errors import InputError
+from autoscaler.files import load_catalog, read_json
 from autoscaler.resources import Resources
 from provisioners.aws import AwsCaller
 from provisioners.config import EC2Config, family_of

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from autoscaler.config_file import read_config_file
 from autoscaler.errors import InputError
+from autoscaler.files import read_config_file
 
 OrphanPolicy = Literal["report", "terminate"]
 

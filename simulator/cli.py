@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import read_json
 from autoscaler.cli_io import load_inputs, write_json
 from autoscaler.errors import InputError
+from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
-from autoscaler.throughput import DEFAULT_THROUGHPUT, load_contention_matrix
+from autoscaler.throughput import DEFAULT_THROUGHPUT
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
 from simulator.traces import synthesize

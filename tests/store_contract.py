@@ -11,7 +11,8 @@ import math
 import pytest
 
 from autoscaler.bundled import bundled
-from autoscaler.jobs import jobs_from_eva, load_jobs
+from autoscaler.files import load_jobs
+from autoscaler.jobs import jobs_from_eva
 from autoscaler.store import (
     ActionRecord,
     DuplicateJob,

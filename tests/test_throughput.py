@@ -4,11 +4,8 @@ import pytest
 
 from autoscaler.bundled import bundled
 from autoscaler.errors import InputError
-from autoscaler.throughput import (
-    ThroughputTable,
-    contention_matrix_from_csv,
-    load_contention_matrix,
-)
+from autoscaler.files import load_contention_matrix
+from autoscaler.throughput import ThroughputTable, contention_matrix_from_csv
 
 
 def test_alone_is_full_throughput():

@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import load_catalog
-from autoscaler.jobs import jobs_from_eva, load_jobs
-from autoscaler.throughput import load_contention_matrix
+from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+from autoscaler.jobs import jobs_from_eva
 from simulator.replay import SCHEDULERS, replay
 from simulator.traces import synthesize
 from simulator.world import ground_truth

@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 from autoscaler.bundled import bundled
-from autoscaler.catalog import load_catalog
 from autoscaler.configuration import Configuration, Instance
-from autoscaler.jobs import jobs_from_eva, load_jobs
+from autoscaler.files import load_catalog, load_jobs
+from autoscaler.jobs import jobs_from_eva
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
