@@ -64,12 +64,70 @@ class LaunchRequest:
 
 @dataclass(frozen=True, slots=True)
 class UnavailableOffering:
-    """A (type, zone) the cloud recently had no capacity for, avoided until `until_s`."""
+    """A (type, zone) the cloud recently had no capacity for, avoided until `until_s`.
+
+    `zone` None means every zone: the type cannot be launched anywhere right
+    now, so planners leave it out until `until_s`.
+    """
 
     instance_type: str
-    zone: str
+    zone: str | None
     until_s: float
     reason: str
+
+
+#: How long an offering that failed with a capacity error is avoided (Karpenter: 3 minutes).
+UNAVAILABLE_COOLDOWN_S = 180.0
+
+
+class AvailabilityCache:
+    """Offerings (type × zone) that recently failed for lack of capacity, Karpenter-style.
+
+    One per Cloud binding: the binding marks an offering when a launch fails
+    there, skips it while it cools down, and reports it through
+    `Cloud.unavailable()`; the round reads only that. Times are the caller's
+    clock (injected in tests).
+    """
+
+    def __init__(self, cooldown_s: float = UNAVAILABLE_COOLDOWN_S) -> None:
+        self.cooldown_s = cooldown_s
+        self._marks: dict[tuple[str, str | None], UnavailableOffering] = {}
+
+    def mark(
+        self,
+        instance_type: str,
+        zone: str | None,
+        now: float,
+        reason: str,
+        cooldown_s: float | None = None,
+    ) -> UnavailableOffering:
+        until = now + (self.cooldown_s if cooldown_s is None else cooldown_s)
+        offering = UnavailableOffering(instance_type, zone, until, reason)
+        self._marks[(instance_type, zone)] = offering
+        return offering
+
+    def is_unavailable(self, instance_type: str, zone: str | None, now: float) -> bool:
+        """True while this offering, or the whole type, cools down."""
+        for key in ((instance_type, zone), (instance_type, None)):
+            mark = self._marks.get(key)
+            if mark is not None and mark.until_s > now:
+                return True
+        return False
+
+    def offerings(self, now: float) -> list[UnavailableOffering]:
+        """The offerings still cooling down at `now` (expired marks are dropped)."""
+        for key in [k for k, v in self._marks.items() if v.until_s <= now]:
+            del self._marks[key]
+        return sorted(self._marks.values(), key=lambda o: (o.instance_type, o.zone or ""))
+
+
+def unavailable_types(offerings: Iterable[UnavailableOffering], now: float) -> dict[str, str]:
+    """Types that cannot be launched anywhere at `now` (from `Cloud.unavailable()`), and why."""
+    return {
+        o.instance_type: f"{o.reason}; retried after {o.until_s - now:.0f} s"
+        for o in offerings
+        if o.zone is None and o.until_s > now
+    }
 
 
 class CloudError(Exception):
@@ -135,42 +193,129 @@ class Cloud(Protocol):
         ...
 
     def unavailable(self) -> list[UnavailableOffering]:
-        """Offerings currently marked unavailable after capacity errors."""
+        """Offerings currently cooling down after capacity errors, from the binding's
+        `AvailabilityCache`; a type none of whose zones can be tried has an entry
+        with zone None."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
-class Reconciliation:
-    """Differences between what the state knows and what the cloud has."""
+class Listing:
+    """The cloud's listing of our instances, matched against the state's instances.
 
-    orphans: tuple[CloudInstance, ...]  # tagged as ours, unknown to the state: money leaking
-    gone: tuple[str, ...]  # known to the state, no longer (or never) in the cloud
+    `by_instance` maps our id (launch token) to what the cloud lists for it:
+    by cloud id when the state knows it, else by launch token (a launch whose
+    answer was never recorded: the state adopts it). `orphans` are ours by tag
+    but unknown to the state: money leaking, handled by the `OrphanPolicy`.
+    """
+
+    by_instance: Mapping[str, CloudInstance]
+    orphans: tuple[CloudInstance, ...]
 
 
-def reconcile(known_ids: Iterable[str], listed: Iterable[CloudInstance]) -> Reconciliation:
-    """Compare the state's live instance ids with the cloud's listing of our instances."""
-    known = set(known_ids)
+def match_listing(
+    known: Iterable[tuple[str, str | None]], listed: Iterable[CloudInstance]
+) -> Listing:
+    """Match the state's `(our id, cloud id or None)` pairs with the cloud's listing.
+
+    A token listed twice (a retried launch that started a second instance)
+    stands for its first-launched instance; the other is an orphan.
+    """
     live = [i for i in listed if i.state != "terminated"]
-    listed_ids = {i.instance_id for i in live}
-    orphans = tuple(
-        sorted((i for i in live if i.instance_id not in known), key=lambda i: i.instance_id)
-    )
-    gone = tuple(sorted(known - listed_ids))
-    return Reconciliation(orphans, gone)
+    by_cloud_id = {i.instance_id: i for i in live}
+    by_token: dict[str, CloudInstance] = {}
+    for inst in sorted(
+        live,
+        key=lambda i: (
+            i.launched_at_s if i.launched_at_s is not None else float("inf"),
+            i.instance_id,
+        ),
+    ):
+        if inst.launch_token:
+            by_token.setdefault(inst.launch_token, inst)
+    matched: dict[str, CloudInstance] = {}
+    claimed: set[str] = set()
+    pending: list[str] = []
+    for our_id, cloud_id in known:
+        if cloud_id is not None:
+            claimed.add(cloud_id)
+            if cloud_id in by_cloud_id:
+                matched[our_id] = by_cloud_id[cloud_id]
+        else:
+            pending.append(our_id)
+    for our_id in pending:
+        found = by_token.get(our_id)
+        if found is not None and found.instance_id not in claimed:
+            matched[our_id] = found
+            claimed.add(found.instance_id)
+    orphans = tuple(sorted((i for i in live if i.instance_id not in claimed), key=_by_id))
+    return Listing(matched, orphans)
+
+
+def _by_id(instance: CloudInstance) -> str:
+    return instance.instance_id
+
+
+OrphanAction = Literal["report", "terminate"]
+
+#: An unknown instance younger than this is reported but never terminated as an orphan:
+#: it may be a launch whose result another process is about to record.
+DEFAULT_ORPHAN_GRACE_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanPolicy:
+    """What to do with instances tagged as ours that the state does not know."""
+
+    action: OrphanAction = "report"
+    grace_s: float = DEFAULT_ORPHAN_GRACE_S
+
+    def judge(self, orphan: CloudInstance, now: float) -> tuple[OrphanAction, str]:
+        """Report or terminate this orphan now, and why."""
+        age = None if orphan.launched_at_s is None else now - orphan.launched_at_s
+        seen = (
+            f"{orphan.instance_id} ({orphan.instance_type}) is tagged for this cluster "
+            "but unknown to the state"
+        )
+        if self.action == "report":
+            return (
+                "report",
+                f"{seen}; orphan_policy = report: terminate it or set orphan_policy = terminate",
+            )
+        if age is not None and age < self.grace_s:
+            return (
+                "report",
+                f"{seen}; launched {age:.0f} s ago, within the {self.grace_s:.0f} s grace period",
+            )
+        return "terminate", f"{seen} (orphan_policy = terminate)"
 
 
 @dataclass(frozen=True, slots=True)
 class Guardrails:
     """Limits every launch is checked against before any money is spent.
 
-    `max_hourly_spend` counts running plus requested instances at catalog
-    prices. Empty `allowed_*` sets allow everything.
+    One type, read from the `[guardrails]` table, checked in one place: the
+    round's `decide`, against the state's instances (so the limits hold across
+    processes and restarts). `max_hourly_spend` counts every live instance
+    (requested, launching, running, draining) at catalog prices. Empty
+    `allowed_*` sets allow everything; `allowed_regions` is checked by the
+    cloud binding when it is built.
     """
 
     max_instances: int | None = None
     max_hourly_spend: float | None = None
     allowed_types: frozenset[str] = frozenset()
     allowed_families: frozenset[str] = frozenset()
+    allowed_regions: tuple[str, ...] = ()
+
+    def check_region(self, region: str) -> None:
+        """Raise `LaunchRefused` if this cluster may not launch in `region`."""
+        if self.allowed_regions and region not in self.allowed_regions:
+            raise LaunchRefused(
+                "allowed_regions",
+                f"region {region} is not allowed (allowed: {', '.join(self.allowed_regions)}); "
+                "change the region or [guardrails] allowed_regions",
+            )
 
     def check_launch(self, instance_type: str, catalog: Catalog, live_types: Sequence[str]) -> None:
         """Raise `LaunchRefused` (with the numbers) if launching one more would break a limit.

@@ -1,73 +1,101 @@
-"""The control loop: one scheduling round, and the small steps between rounds.
+"""The control loop: a scheduling round, and the small steps between rounds, as a reconciler.
 
-A round (`ControlLoop.schedule`), every scheduling period:
+A round (`ControlLoop.schedule`, every scheduling period), in the manner of
+Ray autoscaler v2's reconciler and Karpenter's decide → validate → execute:
 
-    observe  Store.snapshot + Executor.report + Cloud.list  ->  ClusterView
-    plan     Planner.plan(view)                             ->  Plan
-    diff     (view, plan)                                   ->  launches, drains, moves
-    guard    guardrails (instance cap, hourly budget)       ->  allowed; the rest refused
-    record   Store.record_round                             ->  every decision and its reason
-    act      Cloud.launch / Store transitions               ->  outcomes recorded
+    sync      Cloud.list + Executor.report  ->  Store      what is, written down; changes
+                                                           nothing in the cloud
+    snapshot  Store                         ->  StateSnapshot, read once, after sync
+    decide    autoscaler.decide.decide      ->  RoundDecision (pure: plan, diff, guardrails,
+                                                infeasible tasks, orphans; every reason)
+    record    Store.record_round            ->  the decision and its intents, one transaction
+    act       Cloud / Executor              ->  launches and terminations; outcomes recorded
 
-Between rounds (`ControlLoop.progress`, on every event in replay, every few
-seconds in the daemon) the loop only carries out what the last plan decided:
-it starts tasks on instances whose worker became ready, moves a task once its
-destination is ready (make-before-break: the task keeps running where it is
-until then), terminates drained instances once their tasks have left, and
-absorbs completions. It never plans.
+A step (`ControlLoop.progress`, on every event in replay, every few seconds
+in the daemon) is the same with `advance` in place of `decide`: it carries
+out what the last round decided (start, move, terminate), never plans.
 
-The same code runs against EC2 and in replay: it talks only to the `Cloud`,
-`Executor`, `Store` and `Clock` interfaces.
+Nothing the loop needs lives only in this object: tasks being stopped are
+tasks in status `checkpointing`, cool-downs are the cloud's availability
+cache, D̂'s event rate and Full share come from recorded rounds, launch
+tokens are numbered from the store. A `ControlLoop` thrown away and rebuilt
+from the store between any two calls decides exactly the same (tested).
+`dry_run` means exactly "record, don't act".
+
+The loop talks only to the `Cloud`, `Executor`, `Store` and `Clock`
+interfaces: the same code runs against EC2, on this machine, and in replay.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     Cloud,
     CloudError,
-    Guardrails,
-    InsufficientCapacity,
-    LaunchRefused,
+    CloudInstance,
+    CloudUnavailable,
     LaunchRequest,
-    reconcile,
+    match_listing,
 )
-from autoscaler.configuration import Configuration, Instance
-from autoscaler.execution import Clock, Executor, ExecutorReport
+from autoscaler.decide import (
+    ON_INSTANCE,
+    ControlOptions,
+    Planner,
+    RoundDecision,
+    StepDecision,
+    advance,
+    decide,
+)
+from autoscaler.execution import TERMINAL_TASK_STATES, Clock, Executor, ExecutorReport
 from autoscaler.planner import Plan
+from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
-    FINAL_INSTANCE_STATUSES,
     ActionRecord,
     RoundRecord,
     StateSnapshot,
     Store,
     TaskRecord,
+    TaskUpdate,
 )
-from autoscaler.view import ClusterView
 
-#: After a launch found no capacity in any allowed zone, the type is left out
-#: of plans for this long (Karpenter's cool-down).
-CAPACITY_COOLDOWN_S = 180.0
+__all__ = [
+    "ControlLoop",
+    "ControlOptions",
+    "Observed",
+    "Planner",
+    "RoundOutcome",
+    "act",
+    "decide",
+    "record",
+    "sync",
+]
 
+log = logging.getLogger(__name__)
 
-class Planner(Protocol):
-    name: str
-
-    def plan(self, view: ClusterView) -> Plan: ...
+#: How the executor's task states map onto task statuses in the state.
+_STATUS_OF = {
+    "starting": "starting",
+    "running": "running",
+    "checkpointing": "checkpointing",
+    "stopped": "pending",
+    "completed": "completed",
+    "failed": "pending",
+}
 
 
 @dataclass(frozen=True, slots=True)
-class ControlOptions:
-    default_throughput: float = 0.95
-    guardrails: Guardrails = field(default_factory=Guardrails)
-    dry_run: bool = False  # decide and record, but launch, move and terminate nothing
-    learn: bool = True  # update the throughput table from observed throughputs
+class Observed:
+    """What `sync` saw that the state does not hold, for the decision that follows."""
+
+    orphans: tuple[CloudInstance, ...] = ()  # ours by tag, unknown to the state
+    strays: tuple[tuple[str, int], ...] = ()  # (task, attempt) running for no active job
+    ready: frozenset[str] = frozenset()  # instances whose worker the executor reaches now
+    listed: Mapping[str, str] | None = None  # our instance id -> the cloud's state of it
+    # The store as sync read it, when sync wrote nothing: then it is the snapshot after sync.
+    unchanged: StateSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,20 +107,406 @@ class RoundOutcome:
     planning_seconds: float
 
 
-def counter_ids(prefix: str = "inst") -> Callable[[], str]:
-    """Deterministic instance ids (replays); production uses random ones."""
-    numbers = itertools.count(1)
-    return lambda: f"{prefix}-{next(numbers)}"
+# -- sync ---------------------------------------------------------------------------------------
 
 
-def random_ids() -> str:
-    import uuid
+def sync(
+    cloud: Cloud,
+    executor: Executor,
+    store: Store,
+    *,
+    now: float,
+    options: ControlOptions,
+    learn: bool = False,
+) -> Observed:
+    """Write into the store what the cloud and the executor say; change nothing outside.
 
-    return f"inst-{uuid.uuid4().hex[:16]}"
+    Instances: adopted when a launch's answer was never recorded, running once
+    the cloud says so, terminated once the cloud no longer lists them, ready
+    when their worker registers, lost when it falls silent. Tasks: their state,
+    checkpoints, failures (a task failing `max_attempts` times fails its job),
+    completions. With `learn` (at rounds): progress, and the co-location
+    throughputs observed (Eva §4.3–4.4).
+    """
+    listed = cloud.list()
+    report = executor.report()
+    snap = store.snapshot(options.default_throughput, with_throughput=learn)
+    listing = match_listing(((i.instance_id, i.cloud_id) for i in snap.instances), listed)
+    gone, wrote = _sync_instances(store, snap, listing.by_instance, report, now)
+    strays, acknowledged, wrote_tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
+    wrote = wrote or wrote_tasks
+    if learn and options.learn:
+        wrote = _learn(store, snap, report, now) or wrote
+    for task_id, attempt in acknowledged:
+        executor.acknowledge(task_id, attempt)
+    return Observed(
+        listing.orphans,
+        tuple(strays),
+        frozenset(report.ready_instances),
+        {our_id: seen.state for our_id, seen in listing.by_instance.items()},
+        None if wrote else snap,
+    )
+
+
+def _sync_instances(
+    store: Store,
+    snap: StateSnapshot,
+    seen_by_id: Mapping[str, CloudInstance],
+    report: ExecutorReport,
+    now: float,
+) -> tuple[set[str], bool]:
+    """Follow the cloud and the workers; returns the instances that are gone, and
+    whether anything was written."""
+    gone: set[str] = set()
+    changes: list[tuple[str, str, str, CloudInstance | None]] = []  # id, status, reason, seen
+    wrote = False
+    for inst in snap.instances:
+        seen = seen_by_id.get(inst.instance_id)
+        our_id = inst.instance_id
+        if inst.cloud_id is None:
+            if seen is not None and inst.status == "requested":
+                status = "running" if seen.state == "running" else "pending"
+                reason = "the cloud lists the instance this launch token started"
+                changes.append((our_id, status, reason, seen))
+            continue
+        if seen is None:
+            changes.append((our_id, "terminated", "the cloud no longer lists it", None))
+            gone.add(our_id)
+            continue
+        if seen.state == "running" and inst.status == "pending":
+            changes.append((our_id, "running", "the cloud reports it running", None))
+        elif seen.state in ("shutting-down", "stopping", "stopped") and inst.status != (
+            "terminating"
+        ):
+            changes.append((our_id, "terminating", f"the cloud reports it {seen.state}", None))
+        if our_id in report.ready_instances and inst.ready_at is None:
+            wrote = store.instance_worker(our_id, now, ready=True) or wrote
+        lost = report.lost_instances.get(our_id)
+        if lost is not None and inst.lost_at is None:
+            wrote = store.instance_worker(our_id, now, ready=False, reason=lost) or wrote
+    for our_id, status, reason, seen in changes:
+        store.transition_instance(
+            our_id,
+            status,  # type: ignore[arg-type]
+            now,
+            cloud_id=seen.instance_id if seen else None,
+            zone=seen.zone if seen else None,
+            reason=reason,
+        )
+    return gone, wrote or bool(changes)
+
+
+def _sync_tasks(
+    store: Store,
+    snap: StateSnapshot,
+    report: ExecutorReport,
+    gone: set[str],
+    now: float,
+    options: ControlOptions,
+    with_progress: bool,
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]], bool]:
+    """Record task states; returns (strays to stop, terminal attempts to acknowledge,
+    whether anything was written)."""
+    live = {i.instance_id for i in snap.instances} - gone
+    updates: list[TaskUpdate] = []
+    acknowledged: list[tuple[str, int]] = []
+    strays: list[tuple[str, int]] = []
+    started: list[str] = []
+    completed: list[str] = []
+    failed_jobs: dict[str, str] = {}
+    for job in snap.jobs:
+        statuses = []
+        for spec in job.spec.tasks:
+            task = snap.tasks[spec.task_id]
+            seen = report.tasks.get(spec.task_id)
+            if seen is not None and seen.attempt != task.attempt:
+                # Another attempt than the one the state knows: an old one still running
+                # is stopped; an old terminal report is only acknowledged.
+                if seen.state in TERMINAL_TASK_STATES:
+                    acknowledged.append((spec.task_id, seen.attempt))
+                elif seen.attempt < task.attempt:
+                    strays.append((spec.task_id, seen.attempt))
+                seen = None
+            change, status = _task_change(task, seen, live, report, with_progress)
+            failures = change.failures if change is not None else None
+            if failures is not None and failures >= options.max_attempts:
+                failed_jobs.setdefault(
+                    job.job_id,
+                    f"task {spec.task_id} failed {failures} times; last: {change.reason}",
+                )
+            if change is not None:
+                updates.append(change)
+            if seen is not None and seen.state in TERMINAL_TASK_STATES:
+                acknowledged.append((spec.task_id, seen.attempt))
+            statuses.append(status)
+        if job.started_at is None and statuses and all(s == "running" for s in statuses):
+            started.append(job.job_id)
+        if statuses and all(s == "completed" for s in statuses):
+            completed.append(job.job_id)
+    if updates:
+        store.update_tasks(updates, now)
+    for job_id in started:
+        store.job_started(job_id, now)
+    for job_id in completed:
+        store.job_finished(job_id, now)
+    for job_id, reason in sorted(failed_jobs.items()):
+        store.job_finished(job_id, now, "failed", reason)
+    wrote = bool(updates or started or completed or failed_jobs)
+    for task_id, seen in report.tasks.items():
+        if task_id not in snap.tasks:
+            if seen.state in TERMINAL_TASK_STATES:
+                acknowledged.append((task_id, seen.attempt))
+            else:
+                strays.append((task_id, seen.attempt))
+    return sorted(strays), acknowledged, wrote
+
+
+def _task_change(
+    task: TaskRecord,
+    seen,
+    live: set[str],
+    report: ExecutorReport,
+    with_progress: bool,
+) -> tuple[TaskUpdate | None, str]:
+    """The update a report implies for one task (None: nothing changed), and its status."""
+    if seen is None:
+        if task.status not in ON_INSTANCE:
+            return None, task.status
+        where = task.instance_id
+        if where not in live or where in report.lost_instances:
+            reason = report.lost_instances.get(where or "", "its instance is gone")
+            return _lost(task, f"lost with its instance {where}: {reason}"), "pending"
+        if where in report.ready_instances:
+            # The worker is reachable but does not know this attempt: it never started
+            # (the process stopped between recording the start and asking for it).
+            return (
+                TaskUpdate(
+                    task.task_id,
+                    status="pending",
+                    instance_id=None,
+                    reason=f"attempt {task.attempt} never reached its worker; starting again",
+                    gpus=(),
+                ),
+                "pending",
+            )
+        return None, task.status  # its worker has not re-registered yet: wait
+    status = _STATUS_OF[seen.state]
+    if seen.state == "failed":
+        if task.status not in ON_INSTANCE:
+            return None, task.status  # already recorded
+        return _lost(task, seen.reason or f"exit code {seen.exit_code}", seen.checkpoint), status
+    instance_id = seen.instance_id if status in ON_INSTANCE else None
+    checkpoint = seen.checkpoint if seen.checkpoint != task.checkpoint else None
+    changed = (status, instance_id) != (task.status, task.instance_id) or checkpoint is not None
+    if with_progress:
+        changed = changed or (seen.progress, seen.throughput) != (task.progress, task.throughput)
+    if not changed:
+        return None, status
+    reason = None
+    if status != task.status:
+        reason = {
+            "running": "running",
+            "pending": "checkpointed and stopped" if seen.checkpoint else "stopped",
+            "completed": "completed",
+        }.get(status, seen.reason or status)
+    return (
+        TaskUpdate(
+            task.task_id,
+            status=status,
+            instance_id=instance_id,
+            progress=seen.progress if with_progress else None,
+            checkpoint=checkpoint,
+            reason=reason,
+            throughput=seen.throughput if with_progress else "keep",
+            gpus=() if instance_id is None else None,
+        ),
+        status,
+    )
+
+
+def _lost(task: TaskRecord, reason: str, checkpoint: str | None = None) -> TaskUpdate:
+    """A failed attempt: back to pending (resuming from its last checkpoint), counted."""
+    return TaskUpdate(
+        task.task_id,
+        status="pending",
+        instance_id=None,
+        checkpoint=checkpoint,
+        failures=task.failures + 1,
+        reason=f"attempt {task.attempt} failed: {reason}",
+        throughput=None,
+        gpus=(),
+    )
+
+
+def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float) -> bool:
+    """Update the throughput table from each running job's observed throughput (§4.3–4.4).
+
+    Workers report raw iterations per second; a job's normalized throughput is
+    its slowest task's rate over its solo rate (the spec's, else learned the
+    first time all its tasks ran alone).
+    """
+    placed: dict[str, list[str]] = {}  # instance -> tasks running there
+    workload = {t.task_id: t.workload for j in snap.jobs for t in j.spec.tasks}
+    for task_id, seen in report.tasks.items():
+        if seen.state == "running" and seen.instance_id is not None and task_id in workload:
+            placed.setdefault(seen.instance_id, []).append(task_id)
+    on = {tid: inst for inst, tids in placed.items() for tid in tids}
+    observations = []
+    wrote = False
+    for job in snap.jobs:
+        task_ids = [t.task_id for t in job.spec.tasks]
+        rates = [report.tasks[t].throughput if t in on else None for t in task_ids]
+        if any(r is None for r in rates):
+            continue
+        rate = min(rates)  # type: ignore[type-var]
+        solo = job.spec.full_throughput or job.solo_throughput
+        alone = all(len(placed[on[t]]) == 1 for t in task_ids)
+        if solo is None:
+            if not alone or not rate:
+                continue
+            wrote = store.learn_solo_throughput(job.job_id, rate) or wrote
+            solo = rate
+        placements = [
+            (workload[tid], [workload[o] for o in placed[on[tid]] if o != tid]) for tid in task_ids
+        ]
+        observations.append((placements, rate / solo))
+    table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
+    changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
+    for (placements, _), index in zip(observations, chosen, strict=True):
+        if index is not None:
+            w, colocated = placements[index]
+            key = (w, tuple(sorted(colocated)))
+            entry = table.entry(w, colocated)
+            assert entry is not None
+            changed[key] = (w, key[1], entry)
+    if changed:
+        store.record_throughput(list(changed.values()))
+    return wrote or bool(changed)
+
+
+# -- record ------------------------------------------------------------------------------------
+
+
+def record(store: Store, decision: RoundDecision, *, dry_run: bool = False) -> RoundDecision:
+    """Store the round's decision, with its intents unless this is a dry run; returns it
+    with its round id. Nothing has been done yet."""
+    intents = None if dry_run else decision.intents()
+    round_id = store.record_round(decision.record(), intents)
+    return replace(decision, round_id=round_id)
+
+
+def record_step(store: Store, step: StepDecision) -> None:
+    """Store what a step is about to do, each change with its reason."""
+    if step.updates:
+        store.update_tasks(step.updates, step.at)
+    for job_id, reason in step.failed_jobs:
+        store.job_finished(job_id, step.at, "failed", reason)
+    for action in step.terminations:
+        store.transition_instance(action.instance_id, action.status, step.at, reason=action.reason)
+
+
+# -- act ---------------------------------------------------------------------------------------
+
+
+def act(
+    decision: RoundDecision,
+    *,
+    cloud: Cloud,
+    store: Store,
+    now: float,
+) -> tuple[ActionRecord, ...]:
+    """Carry out the round's launches and orphan terminations; record each outcome.
+
+    A launch is retried with the same token if the cloud could not be reached
+    (it may have started the instance); any other failure fails the instance,
+    whose tasks are planned again next round.
+    """
+    assert decision.round_id is not None, "record the decision before acting on it"
+    actions = list(decision.actions())
+    for index, launch in enumerate(decision.launches):
+        outcome, message = launch_instance(cloud, store, launch.instance_id, now)
+        if outcome != "planned":
+            store.record_action_outcome(decision.round_id, index, outcome, message)
+        actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    doomed = [
+        (position, o) for position, o in enumerate(decision.orphans) if o.action == "terminate"
+    ]
+    if doomed:
+        index_of = [decision.orphan_index(position) for position, _ in doomed]
+        try:
+            cloud.terminate([o.instance.instance_id for _, o in doomed])
+            outcome, message = "done", ""
+        except CloudError as exc:
+            outcome, message = "failed", f"{type(exc).__name__}: {exc}"
+        for index in index_of:
+            store.record_action_outcome(decision.round_id, index, outcome, message)
+            actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    return tuple(actions)
+
+
+def launch_instance(cloud: Cloud, store: Store, instance_id: str, now: float) -> tuple[str, str]:
+    """Ask the cloud for a recorded instance (idempotent by its token); record the answer."""
+    inst = store.instance(instance_id)
+    if inst is None or inst.status != "requested" or inst.cloud_id is not None:
+        return "skipped", "no longer requested"
+    try:
+        got = cloud.launch(LaunchRequest(inst.instance_type, instance_id))
+    except CloudUnavailable as exc:
+        log.warning("launch %s: %s; retried with the same token", instance_id, exc)
+        return "planned", f"CloudUnavailable: {exc}; retried with the same token"
+    except CloudError as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        store.transition_instance(instance_id, "failed", now, reason=message)
+        return "failed", message
+    store.transition_instance(
+        instance_id,
+        "running" if got.state == "running" else "pending",
+        now,
+        cloud_id=got.instance_id,
+        zone=got.zone,
+        reason=f"launched as {got.instance_id}",
+    )
+    return "done", got.instance_id
+
+
+def act_step(
+    step: StepDecision,
+    snapshot: StateSnapshot,
+    *,
+    cloud: Cloud,
+    executor: Executor,
+    store: Store,
+) -> None:
+    """Carry out a recorded step: stop, start, launch again, terminate."""
+    for stop in step.stops:
+        executor.stop(stop.task_id, stop.attempt)
+    for launch in step.starts:
+        executor.start(launch)
+    for instance_id in step.relaunch:
+        launch_instance(cloud, store, instance_id, step.at)
+    cloud_ids = {i.instance_id: i.cloud_id for i in snapshot.instances}
+    doomed = [t.instance_id for t in step.terminations if t.status == "terminating"]
+    doomed += list(step.reterminate)
+    for instance_id in doomed:
+        executor.release(instance_id)
+    ids = [cloud_ids[i] for i in doomed if cloud_ids.get(i)]
+    if ids:
+        try:
+            cloud.terminate(ids)
+        except CloudError as exc:
+            # The state says terminating: the next step asks again.
+            log.warning("terminate %s: %s", ", ".join(ids), exc)
+
+
+# -- the loop ------------------------------------------------------------------------------------
 
 
 class ControlLoop:
-    """Runs rounds and the steps between them for one cluster."""
+    """Runs rounds and the steps between them for one cluster.
+
+    It holds the bindings and the planner, nothing else: every call starts
+    from the store.
+    """
 
     def __init__(
         self,
@@ -102,7 +516,6 @@ class ControlLoop:
         store: Store,
         clock: Clock,
         options: ControlOptions | None = None,
-        new_instance_id: Callable[[], str] = random_ids,
     ) -> None:
         self.planner = planner
         self.cloud = cloud
@@ -110,435 +523,54 @@ class ControlLoop:
         self.store = store
         self.clock = clock
         self.options = options or ControlOptions()
-        self._new_id = new_instance_id
-        self._jobs_at_last_round: frozenset[str] | None = None
-        self._cooling: dict[str, float] = {}  # instance type -> until
-        self._stopping: set[str] = set()  # tasks asked to checkpoint and stop
-
-    # -- a round --------------------------------------------------------------
 
     def schedule(self) -> RoundOutcome:
-        """One scheduling round; returns what it decided (also recorded in the store)."""
+        """One scheduling round: sync → snapshot → decide → record → act."""
         now = self.clock.now()
-        report = self.executor.report()
-        self._absorb(report, now, with_progress=True)
-        snap = self.store.snapshot(self.options.default_throughput)
-        if self.options.learn:
-            snap = self._learn(snap, report, now)
-        self._reconcile(snap, now)
-        catalog = self._usable_catalog(now)
-        self._retry_unconfirmed(catalog, now)
-        active = frozenset(j.job_id for j in snap.jobs)
-        had_event = active != self._jobs_at_last_round
-        self._jobs_at_last_round = active
-        current = _current_configuration(snap, catalog)
-        progress = {
-            j.job_id: max((snap.tasks[t.task_id].progress for t in j.spec.tasks), default=0.0)
-            for j in snap.jobs
-        }
-        view = ClusterView(
-            catalog,
-            tuple(j.spec for j in snap.jobs),
-            current,
-            snap.throughput,
-            snap.history(now),
-            now,
-            progress,
+        options = self.options
+        observed = sync(self.cloud, self.executor, self.store, now=now, options=options, learn=True)
+        snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
+        elapsed = stopwatch()
+        decision = decide(
+            snapshot,
+            self.cloud.catalog(),
+            self.cloud.unavailable(),
+            options,
+            planner=self.planner,
+            now=now,
+            orphans=observed.orphans,
         )
-        if not view.jobs and not current.instances:
-            record = RoundRecord(now, self.planner.name, "none", had_event, "no jobs")
-            self.store.record_round(record)
-            return RoundOutcome(record, None, 0.0)
-        started = time.perf_counter()
-        plan = self.planner.plan(view)
-        planning_seconds = time.perf_counter() - started
+        seconds = elapsed()
+        if decision.plan is not None:
+            decision = replace(decision, numbers={**decision.numbers, "planning_seconds": seconds})
+        decision = record(self.store, decision, dry_run=options.dry_run)
+        recorded = decision.record()
+        if not options.dry_run:
+            actions = act(decision, cloud=self.cloud, store=self.store, now=now)
+            recorded = replace(recorded, actions=actions)
+            self.progress()
+        return RoundOutcome(recorded, decision.plan, seconds)
 
-        launches, drains, targets, moves = _diff(current, plan.configuration, snap, self._new_id)
-        actions, refused = self._guard(launches, catalog, snap)
-        for token in refused:
-            for task_id in launches[token][1]:
-                targets[task_id] = None
-        actions += [
-            ActionRecord("terminate", inst_id, "the plan no longer uses it; drain, then terminate")
-            for inst_id in drains
-        ]
-        actions += moves
-        record = RoundRecord(
-            now,
-            self.planner.name,
-            plan.chosen,
-            had_event,
-            plan.reason,
-            _numbers(plan, planning_seconds, catalog),
-            tuple(actions),
-        )
-        round_id = self.store.record_round(record)
-        record = replace(record, round_id=round_id)
-        if self.options.dry_run:
-            return RoundOutcome(record, plan, planning_seconds)
-
-        for index, action in enumerate(actions):
-            if action.kind != "launch" or action.outcome == "refused":
-                continue
-            itype_name, tasks = launches[action.target]
-            outcome, message = self._launch(action.target, catalog, itype_name, now)
-            self.store.record_action_outcome(round_id, index, outcome, message)
-            actions[index] = replace(action, outcome=outcome, message=message)  # type: ignore[arg-type]
-            if outcome != "done":
-                for task_id in tasks:
-                    targets[task_id] = None
-        self.store.assign_tasks(targets, now)
-        for inst_id in drains:
-            self.store.transition_instance(inst_id, "draining", now)
-        self.progress()
-        return RoundOutcome(replace(record, actions=tuple(actions)), plan, planning_seconds)
-
-    # -- between rounds ----------------------------------------------------------
-
-    def progress(self) -> None:
+    def progress(self) -> StepDecision:
         """Carry out the adopted plan as far as the world allows right now."""
-        if self.options.dry_run:
-            return
         now = self.clock.now()
-        report = self.executor.report()
-        # what absorbing writes (task states) is not what the rest reads (targets)
-        snap = self._absorb(report, now)
-        self._follow_cloud(snap, now)
-        jobs = {j.job_id: j.spec for j in snap.jobs}
-        specs = {t.task_id: t for j in snap.jobs for t in j.spec.tasks}
-        catalog = self.cloud.catalog()
-        type_of = {
-            i.instance_id: catalog[i.instance_type]
-            for i in snap.instances
-            if i.instance_type in catalog
-        }
-        # What occupies each instance right now, per the executor (tasks that are
-        # leaving still hold their resources until their checkpoint is uploaded).
-        used: dict[str, list[float]] = {}
-        where_is: dict[str, str] = {}
-        for task_id, seen in report.tasks.items():
-            if seen.state in _ON_INSTANCE and seen.instance_id is not None:
-                where_is[task_id] = seen.instance_id
-                itype = type_of.get(seen.instance_id)
-                spec = specs.get(task_id)
-                if itype is not None and spec is not None:
-                    _occupy(used, seen.instance_id, spec.demand_on(itype.family))
-        for task in snap.tasks.values():
-            seen = report.tasks.get(task.task_id)
-            where = where_is.get(task.task_id)
-            target = task.target_instance_id
-            if where is not None and where != target:
-                # Make before break: leave only once the destination can take it.
-                if (target is None or target in report.ready_instances) and (
-                    task.task_id not in self._stopping
-                ):
-                    self.executor.stop(task.task_id)
-                    self._stopping.add(task.task_id)
-                    self.store.update_task(task.task_id, now, status="checkpointing")
-            elif where is None and target is not None and target in report.ready_instances:
-                itype = type_of.get(target)
-                demand = specs[task.task_id].demand_on(itype.family) if itype else None
-                if itype is None or demand is None or not _room(used, target, demand, itype):
-                    continue  # wait until the tasks leaving the destination are gone
-                checkpoint = seen.checkpoint if seen else task.checkpoint
-                self._stopping.discard(task.task_id)
-                self.executor.start(jobs[task.job_id], task.task_id, target, checkpoint)
-                self.store.update_task(task.task_id, now, status="starting", instance_id=target)
-                _occupy(used, target, demand)
-        # Tasks of jobs that are no longer active (cancelled) are stopped.
-        for task_id in where_is:
-            if task_id not in snap.tasks and task_id not in self._stopping:
-                self.executor.stop(task_id)
-                self._stopping.add(task_id)
-        for inst in snap.instances:
-            if inst.status == "draining" and inst.instance_id not in used:
-                self._terminate(inst.instance_id, inst.cloud_id, now)
-
-    # -- steps --------------------------------------------------------------------
-
-    def _absorb(
-        self, report: ExecutorReport, now: float, with_progress: bool = False
-    ) -> StateSnapshot:
-        """Record what the executor reports: task states, completions and — at
-        rounds, not on every small step — progress and checkpoints."""
-        for job_id in sorted(report.completed_jobs):
-            self.store.job_finished(job_id, now)
-            self.executor.forget(job_id)
-        snap = self.store.snapshot(self.options.default_throughput)
-        for job in snap.jobs:
-            states = []
-            for task_id in (t.task_id for t in job.spec.tasks):
-                task = snap.tasks[task_id]
-                seen = report.tasks.get(task.task_id)
-                if seen is None:
-                    states.append(task.status)
-                    continue
-                status = _STATUS_OF.get(seen.state, task.status)
-                instance_id = seen.instance_id if seen.state in _ON_INSTANCE else None
-                changed = (status, instance_id) != (task.status, task.instance_id)
-                if with_progress:
-                    changed = changed or (seen.progress, seen.checkpoint) != (
-                        task.progress,
-                        task.checkpoint,
-                    )
-                if changed:
-                    self.store.update_task(
-                        task.task_id,
-                        now,
-                        status=status,
-                        instance_id=instance_id,
-                        progress=seen.progress if with_progress else None,
-                        checkpoint=seen.checkpoint if with_progress else None,
-                    )
-                states.append(status)
-            if job.started_at is None and states and all(s == "running" for s in states):
-                self.store.job_started(job.job_id, now)
-        return snap
-
-    def _learn(self, snap: StateSnapshot, report: ExecutorReport, now: float) -> StateSnapshot:
-        """Update the throughput table from each running job's observed throughput (§4.3–4.4)."""
-        placed: dict[str, list[str]] = {}  # instance -> workloads of the tasks running there
-        workload = {t.task_id: t.workload for j in snap.jobs for t in j.spec.tasks}
-        for task_id, seen in report.tasks.items():
-            if seen.state == "running" and seen.instance_id is not None and task_id in workload:
-                placed.setdefault(seen.instance_id, []).append(task_id)
-        on = {tid: inst for inst, tids in placed.items() for tid in tids}
-        observations = []
-        for job in snap.jobs:
-            tput = report.job_throughput.get(job.job_id)
-            task_ids = [t.task_id for t in job.spec.tasks]
-            if tput is None or any(tid not in on for tid in task_ids):
-                continue
-            placements = [
-                (workload[tid], [workload[o] for o in placed[on[tid]] if o != tid])
-                for tid in task_ids
-            ]
-            observations.append((placements, tput))
-        table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
-        changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
-        for (placements, _), index in zip(observations, chosen, strict=True):
-            if index is not None:
-                w, colocated = placements[index]
-                key = (w, tuple(sorted(colocated)))
-                entry = table.entry(w, colocated)
-                assert entry is not None
-                changed[key] = (w, key[1], entry)
-        if changed:
-            self.store.record_throughput(list(changed.values()))
-            snap = StateSnapshot(
-                snap.jobs,
-                snap.tasks,
-                snap.instances,
-                table,
-                snap.first_round_at,
-                snap.event_rounds,
-                snap.full_rounds,
-            )
-        return snap
-
-    def _reconcile(self, snap: StateSnapshot, now: float) -> None:
-        """Instances the cloud has but the store does not are orphans: terminate them."""
-        listed = self.cloud.list()
-        known = {i.cloud_id for i in self.store.instances(include_finished=False) if i.cloud_id}
-        tokens = {i.instance_id for i in snap.instances}
-        found = reconcile(known, listed)
-        orphans = [o.instance_id for o in found.orphans if o.launch_token not in tokens]
-        if orphans:
-            self.cloud.terminate(orphans)
-        self._follow_cloud(snap, now, listed)
-
-    def _follow_cloud(self, snap: StateSnapshot, now: float, listed: list | None = None) -> None:
-        """Move instances along the status machine as the cloud reports them.
-
-        An instance recorded as requested but never confirmed (the process died
-        between asking the cloud and recording the answer) is adopted when the
-        cloud lists an instance with its launch token.
-        """
-        listed = listed if listed is not None else self.cloud.list()
-        by_cloud_id = {c.instance_id: c for c in listed}
-        by_token = {c.launch_token: c for c in listed if c.launch_token}
-        for inst in snap.instances:
-            if inst.cloud_id is None:
-                found = by_token.get(inst.instance_id)
-                if found is not None and inst.status == "requested":
-                    self.store.transition_instance(
-                        inst.instance_id,
-                        "pending",
-                        now,
-                        cloud_id=found.instance_id,
-                        zone=found.zone,
-                    )
-                continue
-            seen = by_cloud_id.get(inst.cloud_id)
-            if seen is None or seen.state == "terminated":
-                if inst.status not in FINAL_INSTANCE_STATUSES and inst.status != "requested":
-                    self.store.transition_instance(inst.instance_id, "terminated", now)
-            elif seen.state == "running" and inst.status == "pending":
-                self.store.transition_instance(inst.instance_id, "running", now)
-
-    def _retry_unconfirmed(self, catalog: Catalog, now: float) -> None:
-        """Launches recorded but never confirmed are retried with the same token
-        (the cloud binding returns the instance if the first call did start one)."""
-        for inst in self.store.instances():
-            if (
-                inst.status == "requested"
-                and inst.cloud_id is None
-                and (inst.instance_type in catalog)
-            ):
-                self._launch(inst.instance_id, catalog, inst.instance_type, now)
-
-    def _usable_catalog(self, now: float) -> Catalog:
-        catalog = self.cloud.catalog()
-        cooling = {t for t, until in self._cooling.items() if until > now}
-        if not cooling:
-            return catalog
-        return catalog.restricted_to({t.name for t in catalog if t.name not in cooling})
-
-    def _guard(
-        self, launches: dict[str, tuple[str, list[str]]], catalog: Catalog, snap: StateSnapshot
-    ) -> tuple[list[ActionRecord], set[str]]:
-        """Check every launch against the guardrails; refused ones are recorded, not done."""
-        live = [i.instance_type for i in snap.instances]
-        actions, refused = [], set()
-        for token, (itype, tasks) in launches.items():
-            reason = f"launch {itype} for {len(tasks)} task(s): {', '.join(tasks[:5])}" + (
-                " …" if len(tasks) > 5 else ""
-            )
-            try:
-                self.options.guardrails.check_launch(itype, catalog, live)
-            except LaunchRefused as exc:
-                refused.add(token)
-                actions.append(
-                    ActionRecord(
-                        "launch",
-                        token,
-                        reason,
-                        "refused",
-                        str(exc),
-                        {"type": itype, "tasks": tasks},
-                    )
-                )
-                continue
-            live.append(itype)
-            actions.append(
-                ActionRecord("launch", token, reason, detail={"type": itype, "tasks": tasks})
-            )
-        return actions, refused
-
-    def _launch(self, token: str, catalog: Catalog, itype: str, now: float) -> tuple[str, str]:
-        """Record, then launch: a crash in between leaves a token the retry finds."""
-        self.store.request_instance(token, itype, catalog[itype].hourly_cost, now)
-        try:
-            got = self.cloud.launch(LaunchRequest(itype, token))
-        except CloudError as exc:
-            if isinstance(exc, InsufficientCapacity):
-                self._cooling[itype] = now + CAPACITY_COOLDOWN_S
-            self.store.transition_instance(token, "failed", now)
-            return "failed", f"{type(exc).__name__}: {exc}"
-        self.store.transition_instance(
-            token,
-            "running" if got.state == "running" else "pending",
-            now,
-            cloud_id=got.instance_id,
-            zone=got.zone,
+        options = self.options
+        observed = sync(self.cloud, self.executor, self.store, now=now, options=options)
+        if options.dry_run:
+            return StepDecision(now)
+        snapshot = observed.unchanged or self.store.snapshot(
+            options.default_throughput, with_throughput=False
         )
-        return "done", got.instance_id
-
-    def _terminate(self, instance_id: str, cloud_id: str | None, now: float) -> None:
-        if cloud_id is not None:
-            try:
-                self.cloud.terminate([cloud_id])
-            except CloudError:
-                return  # still draining; retried at the next step
-        self.store.transition_instance(instance_id, "terminating", now)
-
-
-_ON_INSTANCE = frozenset({"starting", "running", "checkpointing"})
-_STATUS_OF = {
-    "starting": "starting",
-    "running": "running",
-    "checkpointing": "checkpointing",
-    "stopped": "pending",
-    "completed": "completed",
-    "failed": "failed",
-}
-
-
-def _occupy(used: dict[str, list[float]], instance_id: str, demand) -> None:
-    total = used.setdefault(instance_id, [0.0, 0.0, 0.0])
-    if demand is not None:
-        for r in range(3):
-            total[r] += demand[r]
-
-
-def _room(used: dict[str, list[float]], instance_id: str, demand, itype) -> bool:
-    total = used.get(instance_id, [0.0, 0.0, 0.0])
-    return all(total[r] + demand[r] <= itype.capacity[r] + 1e-9 for r in range(3))
-
-
-def _current_configuration(snap: StateSnapshot, catalog: Catalog) -> Configuration:
-    """Live instances the plan may keep, each with the tasks assigned to it."""
-    assigned: dict[str, list[str]] = {}
-    for task in snap.tasks.values():
-        if task.target_instance_id is not None:
-            assigned.setdefault(task.target_instance_id, []).append(task.task_id)
-    instances = []
-    for inst in snap.instances:
-        if inst.status not in ("requested", "pending", "running") or inst.instance_type not in (
-            catalog
-        ):
-            continue
-        instances.append(
-            Instance(
-                inst.instance_id,
-                catalog[inst.instance_type],
-                tuple(sorted(assigned.get(inst.instance_id, ()))),
-            )
+        step = advance(
+            snapshot,
+            self.cloud.catalog(),
+            options,
+            now=now,
+            ready=observed.ready,
+            strays=observed.strays,
+            listed=observed.listed,
         )
-    return Configuration(tuple(instances))
-
-
-def _diff(
-    current: Configuration, target: Configuration, snap: StateSnapshot, new_id: Callable[[], str]
-) -> tuple[dict[str, tuple[str, list[str]]], list[str], dict[str, str | None], list[ActionRecord]]:
-    """Launches, drains, the new target of every task, and the moves that implies."""
-    launches: dict[str, tuple[str, list[str]]] = {}
-    targets: dict[str, str | None] = {tid: None for tid in snap.tasks}
-    kept: set[str] = set()
-    for inst in target:
-        inst_id = inst.instance_id
-        if inst_id is None:
-            inst_id = new_id()
-            launches[inst_id] = (inst.type.name, list(inst.tasks))
-        else:
-            kept.add(inst_id)
-        for task_id in inst.tasks:
-            targets[task_id] = inst_id
-    drains = [i.instance_id for i in current if i.instance_id not in kept]
-    moves = []
-    for task_id, new in targets.items():
-        task: TaskRecord = snap.tasks[task_id]
-        old = task.target_instance_id
-        if new == old:
-            continue
-        if old is None:
-            moves.append(ActionRecord("start", task_id, "new task placed", detail={"to": new}))
-        else:
-            moves.append(
-                ActionRecord(
-                    "migrate", task_id, "the adopted plan moves it", detail={"from": old, "to": new}
-                )
-            )
-    return launches, drains, targets, moves
-
-
-def _numbers(plan: Plan, seconds: float, catalog: Catalog) -> dict[str, Any]:
-    return {
-        "hourly_cost": plan.hourly_cost,
-        "no_packing_hourly_cost": plan.no_packing_hourly_cost,
-        "lower_bound_hourly_cost": plan.lower_bound_hourly_cost,
-        "expected_duration_h": plan.expected_duration_h,
-        "planning_seconds": seconds,
-        "candidates": [c.summary() for c in plan.candidates],
-        "instance_types": len(catalog),
-    }
+        if step:
+            record_step(self.store, step)
+            act_step(step, snapshot, cloud=self.cloud, executor=self.executor, store=self.store)
+        return step

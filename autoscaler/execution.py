@@ -1,19 +1,38 @@
 """The `Executor` and `Clock` interfaces: running tasks, and telling time.
 
-Executor bindings: `executor` (gRPC to a worker agent running Docker) in
-production, `simulator` in replay. The contract:
+Executor bindings: `executor.client.GrpcExecutor` (gRPC to a worker agent
+running Docker on every instance) in production, `simulator.world` in replay.
+Instances are named by *our* id (the launch token) everywhere here: a worker
+learns it from its instance (user data), never from the cloud's id.
+
+The contract, which every binding honours:
 
 - **Asynchronous.** `start` and `stop` return at once; what happened shows in
-  the next `report()` (a task moves starting → running, or checkpointing →
+  a later `report()` (a task moves starting → running, or checkpointing →
   stopped).
-- **Checkpoint before stop.** `stop` checkpoints the task and then stops it;
-  the checkpoint's location is reported, and a later `start` elsewhere
-  resumes from it, losing no completed work.
-- **Readiness.** An instance can take tasks once its worker has registered;
-  `report().ready_instances` lists those.
-- **Throughput.** Each running job's throughput over the last window is
-  reported normalized (1.0 = as fast as alone). For a multi-task job this is
-  the job's pace, set by its slowest task (Eva §4.4).
+- **Attempts, and idempotence by attempt.** Every start of a task carries an
+  attempt number, one more than the last; starting the same (task, attempt)
+  twice starts one container, and stopping an attempt that already stopped,
+  or that the executor never saw, does nothing. The control loop records an
+  attempt before asking for it, so after a crash it simply asks again.
+- **Checkpoint before stop.** `stop` asks the task to checkpoint, then stops
+  it; the checkpoint's location is reported with the `stopped` state, and a
+  later `start` anywhere resumes from it, losing no checkpointed work. A
+  checkpoint is referenced only once it is complete.
+- **Terminal states are reported until acknowledged.** `stopped`,
+  `completed` and `failed` stay in every report until `acknowledge`, so a
+  control loop that crashed before recording one sees it again.
+- **Failures carry their reason**: the image did not build, the process
+  exited with a code, it ran out of memory, its worker was lost.
+- **Readiness and liveness.** An instance can take tasks once its worker has
+  registered (`ready_instances`); a worker silent past the heartbeat timeout
+  is reported in `lost_instances` with the reason, and its tasks as `failed`.
+- **Raw throughput.** Each running task reports iterations per second over
+  its last window (None until a window has passed). The core normalizes it by
+  the job's solo throughput (`JobSpec.full_throughput`, else learned the first
+  time the job runs alone): bindings never guess what "alone" means.
+- **Measured phases.** A report may carry how long each phase of the attempt
+  took (fetch, build, start, checkpoint, upload), in seconds.
 """
 
 from __future__ import annotations
@@ -22,48 +41,84 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from autoscaler.jobs import JobSpec
+from autoscaler.jobs import TaskRun
 
 TaskState = Literal["starting", "running", "checkpointing", "stopped", "completed", "failed"]
+
+#: States after which an attempt does nothing more (reported until acknowledged).
+TERMINAL_TASK_STATES: frozenset[str] = frozenset({"stopped", "completed", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """What the container of one task may use on its instance."""
+
+    cpus: float  # physical cores
+    memory_gb: float
+    gpus: tuple[int, ...] = ()  # device indices on the instance
+    shm_size_gb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLaunch:
+    """Everything a worker needs to start (or resume) one attempt of a task."""
+
+    task_id: str
+    job_id: str
+    attempt: int  # 1 for the first start; one more at every start after it
+    instance_id: str  # ours (the launch token)
+    workload: str
+    run: TaskRun
+    limits: ResourceLimits
+    checkpoint: str | None = None  # resume from here; None: start from scratch
 
 
 @dataclass(frozen=True, slots=True)
 class TaskReport:
-    """What the executor knows about one task it was asked to run."""
+    """What the executor knows about the latest attempt of one task."""
 
     task_id: str
     state: TaskState
     instance_id: str | None
-    progress: float = 0.0  # the job's completed iterations, as of the latest checkpoint or report
-    checkpoint: str | None = None
+    attempt: int = 1
+    progress: float = 0.0  # iterations done, as of the latest report or checkpoint
+    throughput: float | None = None  # raw iterations per second over the last window
+    checkpoint: str | None = None  # latest complete checkpoint
+    exit_code: int | None = None
+    reason: str = ""  # why it failed or stopped
+    phases: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds
+    log_tail: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorReport:
     tasks: Mapping[str, TaskReport] = field(default_factory=dict)
     ready_instances: frozenset[str] = frozenset()
-    job_throughput: Mapping[str, float] = field(default_factory=dict)  # normalized, running jobs
-    completed_jobs: frozenset[str] = frozenset()  # completed and not yet forgotten
+    lost_instances: Mapping[str, str] = field(default_factory=dict)  # instance -> reason
 
 
 @runtime_checkable
 class Executor(Protocol):
     """Start, checkpoint-and-stop, and observe tasks on instances."""
 
-    def start(self, job: JobSpec, task_id: str, instance_id: str, checkpoint: str | None) -> None:
-        """Start (or resume from `checkpoint`) a task on a ready instance."""
+    def start(self, launch: TaskLaunch) -> None:
+        """Start (or resume from `launch.checkpoint`) one attempt of a task on a ready instance."""
         ...
 
-    def stop(self, task_id: str) -> None:
-        """Checkpoint the task, then stop it (reported `stopped` when done)."""
+    def stop(self, task_id: str, attempt: int) -> None:
+        """Checkpoint the attempt, then stop it (reported `stopped` when done)."""
         ...
 
     def report(self) -> ExecutorReport:
         """Current state of the tasks it runs and of the instances' workers."""
         ...
 
-    def forget(self, job_id: str) -> None:
-        """The job's completion is recorded: stop reporting it."""
+    def acknowledge(self, task_id: str, attempt: int) -> None:
+        """The attempt's terminal state is recorded: stop reporting it."""
+        ...
+
+    def release(self, instance_id: str) -> None:
+        """The instance is gone or going: forget its worker."""
         ...
 
 

@@ -1,5 +1,16 @@
 """Jobs and their tasks, as submitted by users or read from Eva's trace format.
 
+A job spec has three parts, each read by a different component:
+
+- **what the planner needs** (`JobSpec`, `TaskSpec`): demands per instance
+  family, the workload key throughputs are learned under, the delays a move
+  costs, anti-affinity, the solo throughput a report is normalized by;
+- **what a worker runs** (`TaskRun`): a build context or an image, the
+  command, environment, shared-memory size, whether it may use the network;
+- **trace facts** (`TraceFacts`): arrival, duration, total iterations — what
+  a trace knows in advance and a real cluster only learns by running the job.
+  Only the simulator (and the baselines it runs) reads them.
+
 Trace format (`pai_200.json`): `{job_id: {"name", "tasks": {task_id: {"name",
 "demand": {family_or_any: [gpu, cpu, ram_gb]}, ...}}, ...}}`. Only `tasks` and
 each task's `demand` are required; the rest (arrival time, duration, delays)
@@ -10,7 +21,7 @@ is ours: `max_tasks_per_instance` (anti-affinity).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from autoscaler.catalog import Catalog
@@ -44,8 +55,35 @@ def workload_key(job_name: str, task_name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRun:
+    """What a worker runs for a task: a container from a build context or an image.
+
+    `build_context` is the content-addressed location of the packed directory
+    holding the task's Dockerfile (`s3://bucket/prefix/contexts/<sha256>.tar.gz`);
+    `image` an image reference used instead. Eva's traces name an image id,
+    which the simulator uses to model the image cache.
+    """
+
+    build_context: str | None = None
+    image: str | None = None
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # sorted (name, value) pairs
+    shm_size_gb: float | None = None
+    network: bool = False  # containers get no network unless the job asks for it
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFacts:
+    """What a trace knows about a job before it runs (the simulator's, not the planner's)."""
+
+    arrival_time_s: float = 0.0
+    duration_s: float | None = None
+    total_iters: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSpec:
-    """One task: a demand vector per instance family it may run on, and its delays."""
+    """One task: a demand vector per instance family it may run on, its delays, what it runs."""
 
     task_id: str  # "<job_id>/<task_id>"
     job_id: str
@@ -56,7 +94,7 @@ class TaskSpec:
     upload_s: float = DEFAULT_UPLOAD_S
     fetch_s: float = DEFAULT_FETCH_S
     build_image_s: float = DEFAULT_BUILD_IMAGE_S
-    image_id: str | None = None
+    run: TaskRun = TaskRun()
 
     def demand_on(self, family: str) -> Resources | None:
         """Demand on `family`, falling back to the `any` vector; None if it can't run there."""
@@ -81,14 +119,14 @@ class JobSpec:
     job_id: str
     name: str
     tasks: tuple[TaskSpec, ...]
-    arrival_time_s: float = 0.0
-    duration_s: float | None = None
-    total_iters: float | None = None
-    full_throughput: float | None = None  # iterations per second when alone
+    # Iterations per second when alone: reported throughputs are divided by it.
+    # None: learned the first time the job runs alone.
+    full_throughput: float | None = None
     init_delay_s: float = DEFAULT_INIT_S
     # Anti-affinity (CvxCluster §3.2.1): at most this many of the job's tasks on
     # one instance, e.g. 1 to spread replicas for fault tolerance. None: no limit.
     max_tasks_per_instance: int | None = None
+    trace: TraceFacts = TraceFacts()
 
     @property
     def is_multi_task(self) -> bool:
@@ -145,12 +183,14 @@ def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
         job_id=job_id,
         name=name,
         tasks=tasks,
-        arrival_time_s=_number(spec, "arrival_time", 0.0, where, source) or 0.0,
-        duration_s=_number(spec, "duration", None, where, source, positive=True),
-        total_iters=_number(spec, "total_iters", None, where, source, positive=True),
         full_throughput=_number(spec, "full_throughput", None, where, source, positive=True),
         init_delay_s=_number(spec, "init_delay", DEFAULT_INIT_S, where, source) or 0.0,
         max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
+        trace=TraceFacts(
+            arrival_time_s=_number(spec, "arrival_time", 0.0, where, source) or 0.0,
+            duration_s=_number(spec, "duration", None, where, source, positive=True),
+            total_iters=_number(spec, "total_iters", None, where, source, positive=True),
+        ),
     )
 
 
@@ -234,6 +274,10 @@ def _task(
     else:
         kill, upload, fetch, build = (default for _, default in _DELAY_FIELDS)
     image = spec.get("image_id")
+    shm = spec.get("shm_size")
+    where = f"job {job_id!r} task {task_key!r}"
+    shm_gb = None if shm is None else _number(spec, "shm_size", None, where, source)
+    run = TaskRun(image=None if image is None else str(image), shm_size_gb=shm_gb)
     return TaskSpec(
         task_id=f"{job_id}/{task_key}",
         job_id=job_id,
@@ -244,7 +288,7 @@ def _task(
         upload_s=upload,  # type: ignore[arg-type]
         fetch_s=fetch,  # type: ignore[arg-type]
         build_image_s=build,  # type: ignore[arg-type]
-        image_id=None if image is None else str(image),
+        run=run,
     )
 
 
@@ -310,3 +354,55 @@ def validate_against_catalog(
                     field="demand",
                 )
             valid.add(task.demands)
+
+
+def spec_document(job: JobSpec) -> dict[str, Any]:
+    """The job's spec as a JSON-ready document with every field, so it round-trips exactly."""
+    document = _fields(job, skip=("tasks", "trace"))
+    document["trace"] = _fields(job.trace)
+    document["tasks"] = [
+        {
+            **_fields(task, skip=("demands", "run")),
+            "demands": [[family, list(demand)] for family, demand in task.demands],
+            "run": {
+                **_fields(task.run, skip=("command", "env")),
+                "command": list(task.run.command),
+                "env": [list(pair) for pair in task.run.env],
+            },
+        }
+        for task in job.tasks
+    ]
+    return document
+
+
+def spec_from_document(document: Mapping[str, Any]) -> JobSpec:
+    """The JobSpec a document holds (see `spec_document`); fields it lacks take their defaults."""
+    tasks = []
+    for task in document["tasks"]:
+        run = task.get("run") or {}
+        tasks.append(
+            TaskSpec(
+                **_known(TaskSpec, task, skip=("demands", "run")),
+                demands=tuple((family, Resources(*vector)) for family, vector in task["demands"]),
+                run=TaskRun(
+                    **_known(TaskRun, run, skip=("command", "env")),
+                    command=tuple(run.get("command", ())),
+                    env=tuple((name, value) for name, value in run.get("env", ())),
+                ),
+            )
+        )
+    return JobSpec(
+        **_known(JobSpec, document, skip=("tasks", "trace")),
+        tasks=tuple(tasks),
+        trace=TraceFacts(**_known(TraceFacts, document.get("trace") or {})),
+    )
+
+
+def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in fields(value) if f.name not in skip}
+
+
+def _known(cls: type, document: Mapping[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        f.name: document[f.name] for f in fields(cls) if f.name in document and f.name not in skip
+    }

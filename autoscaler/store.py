@@ -1,7 +1,7 @@
 """The `Store` interface: what the control loop persists, as named state transitions.
 
 Bindings: `state` (SQLAlchemy; SQLite by default, PostgreSQL in production)
-and `InMemoryStore` below (replay and unit tests).
+and `autoscaler.memory_store.InMemoryStore` (replay and unit tests).
 
 The contract every binding honours (checked by `tests/store_contract.py`):
 
@@ -20,13 +20,19 @@ The contract every binding honours (checked by `tests/store_contract.py`):
   read the ledger, so they stay right when catalog prices change.
 - **Snapshots are consistent**: `snapshot()` reads everything the planner
   needs in one transaction.
+- **A round is recorded with its intents, at once.** `record_round` stores the
+  decision and, unless it is a dry run, what it means for the state (instances
+  requested, tasks' targets, instances to drain) in the same transaction: the
+  round's actions are carried out only after, from the state, so a crash
+  between the two leaves a decision the next step carries out.
+- **Transitions carry their reasons** (an instance terminated because its
+  worker went silent; a task back to pending because its start timed out).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from autoscaler.jobs import JobSpec
@@ -88,6 +94,9 @@ class JobRecord:
     submitted_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    reason: str = ""  # why it failed (or was cancelled)
+    # Iterations per second when the job ran alone, learned when the spec gave none.
+    solo_throughput: float | None = None
 
     @property
     def job_id(self) -> str:
@@ -101,7 +110,10 @@ class TaskRecord:
     `instance_id` is the instance it runs on (or is starting on, or is being
     checkpointed from); `target_instance_id` the one the latest adopted plan
     assigned it to. `progress` is the job's completed iterations as last
-    observed; `checkpoint` where its latest checkpoint is stored.
+    observed; `checkpoint` where its latest complete checkpoint is stored.
+    `attempt` counts its starts (the executor's idempotency key), `failures`
+    the attempts that failed; `status_since` is when it entered its status
+    (timeouts are measured from it) and `reason` why.
     """
 
     task_id: str
@@ -112,12 +124,37 @@ class TaskRecord:
     progress: float = 0.0
     checkpoint: str | None = None
     updated_at: float | None = None
+    attempt: int = 0
+    failures: int = 0
+    status_since: float | None = None
+    reason: str = ""
+    throughput: float | None = None  # raw iterations per second, as last reported
+    gpus: tuple[int, ...] = ()  # device indices on its instance
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdate:
+    """What to change in one task (fields left at their defaults are kept)."""
+
+    task_id: str
+    status: TaskStatus | None = None
+    instance_id: str | Literal["keep"] | None = "keep"
+    progress: float | None = None
+    checkpoint: str | None = None
+    attempt: int | None = None
+    failures: int | None = None
+    reason: str | None = None
+    throughput: float | Literal["keep"] | None = "keep"
+    gpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class InstanceRecord:
-    """An instance the cluster asked for. `instance_id` is ours (the launch token);
-    `cloud_id` the cloud's, once the launch succeeded."""
+    """An instance the cluster asked for. `instance_id` is ours (the launch token),
+    used everywhere outside the Cloud binding; `cloud_id` the cloud's, once the
+    launch succeeded, known only to the binding and the state. `ready_at` is
+    when its worker registered, `lost_at` when it was declared lost; `reason`
+    is why it entered its current status."""
 
     instance_id: str
     instance_type: str
@@ -127,6 +164,16 @@ class InstanceRecord:
     cloud_id: str | None = None
     zone: str | None = None
     history: tuple[tuple[str, float], ...] = ()
+    ready_at: float | None = None
+    lost_at: float | None = None
+    reason: str = ""
+
+    def entered(self, status: str) -> float | None:
+        """When the instance last entered `status` (None if it never did)."""
+        for name, at in reversed(self.history):
+            if name == status:
+                return at
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +197,7 @@ class UptimeInterval:
 class ActionRecord:
     """One action a round decided, why, and what came of it."""
 
-    kind: Literal["launch", "terminate", "start", "migrate", "stop", "adopt"]
+    kind: Literal["launch", "terminate", "start", "migrate", "stop", "adopt", "report"]
     target: str  # an instance id or a task id
     reason: str
     outcome: Literal["planned", "done", "refused", "failed", "skipped"] = "planned"
@@ -170,6 +217,24 @@ class RoundRecord:
     numbers: Mapping[str, Any] = field(default_factory=dict)
     actions: tuple[ActionRecord, ...] = ()
     round_id: int | None = None
+    job_events: int = 0  # the store's count of arrivals and completions its snapshot saw
+
+
+@dataclass(frozen=True, slots=True)
+class RoundIntents:
+    """What an adopted round means for the state, recorded with the round.
+
+    `requests`: (our id, type, hourly price) of instances to launch;
+    `targets`: task -> the instance the plan assigns it to (None: unplaced);
+    `drains`: (instance, reason) of instances the plan no longer uses;
+    `terminations`: (instance, status, reason) of instances to give up now:
+    `terminating` (then terminated by the cloud) or `failed` (never launched).
+    """
+
+    requests: tuple[tuple[str, str, float], ...] = ()
+    targets: Mapping[str, str | None] = field(default_factory=dict)
+    drains: tuple[tuple[str, str], ...] = ()
+    terminations: tuple[tuple[str, InstanceStatus, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +248,9 @@ class StateSnapshot:
     first_round_at: float | None = None
     event_rounds: int = 0  # rounds in which a job arrived or completed
     full_rounds: int = 0  # of those, rounds that adopted a Full Reconfiguration
+    instances_requested: int = 0  # every instance ever requested (numbers new launch tokens)
+    job_events: int = 0  # arrivals plus completions so far
+    last_round_job_events: int | None = None  # what the latest round saw (None: no round yet)
 
     def history(self, now: float) -> ReconfigurationHistory:
         """What the migration criterion needs, as of `now`."""
@@ -207,14 +275,26 @@ class Store(Protocol):
         """First moment all its tasks run: queued → running (started_at set once)."""
         ...
 
-    def job_finished(self, job_id: str, at: float, status: JobStatus = "completed") -> bool:
-        """A running or queued job completed (or failed); its tasks complete."""
+    def job_finished(
+        self, job_id: str, at: float, status: JobStatus = "completed", reason: str = ""
+    ) -> bool:
+        """A running or queued job completed (or failed, with the reason); its tasks end too."""
+        ...
+
+    def learn_solo_throughput(self, job_id: str, throughput: float) -> bool:
+        """Record the job's iterations per second alone, once (False if already known)."""
         ...
 
     # -- tasks ------------------------------------------------------------
     def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
         """Adopt a plan: set each task's target instance. Returns the tasks whose
         target is now as asked (tasks of finished jobs are left alone)."""
+        ...
+
+    def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
+        """Record what the executor reports, or what a step starts, in one transaction.
+        Returns the tasks updated (tasks of finished jobs are left alone); a change of
+        status resets `status_since`. UnknownEntity for an unknown task."""
         ...
 
     def update_task(
@@ -227,7 +307,7 @@ class Store(Protocol):
         progress: float | None = None,
         checkpoint: str | None = None,
     ) -> bool:
-        """Record what the executor reports about a task; False if its job has finished."""
+        """`update_tasks` for one task; False if its job has finished."""
         ...
 
     # -- instances --------------------------------------------------------
@@ -245,9 +325,16 @@ class Store(Protocol):
         *,
         cloud_id: str | None = None,
         zone: str | None = None,
+        reason: str = "",
     ) -> bool:
         """Move an instance along the status machine (IllegalTransition if not allowed;
         False if it is already in that status). Opens/closes its uptime interval."""
+        ...
+
+    def instance_worker(
+        self, instance_id: str, at: float, *, ready: bool, reason: str = ""
+    ) -> bool:
+        """Its worker registered (`ready`) or was declared lost (with the reason), once each."""
         ...
 
     # -- learning ---------------------------------------------------------
@@ -256,8 +343,9 @@ class Store(Protocol):
         ...
 
     # -- rounds -----------------------------------------------------------
-    def record_round(self, record: RoundRecord) -> int:
-        """Store a round's decision and planned actions; returns its id."""
+    def record_round(self, record: RoundRecord, intents: RoundIntents | None = None) -> int:
+        """Store a round's decision and planned actions, with its intents (none in a
+        dry run), in one transaction; returns its id."""
         ...
 
     def record_action_outcome(
@@ -267,7 +355,12 @@ class Store(Protocol):
         ...
 
     # -- reads ------------------------------------------------------------
-    def snapshot(self, default_throughput: float = ...) -> StateSnapshot: ...
+    def snapshot(
+        self, default_throughput: float = ..., *, with_throughput: bool = True
+    ) -> StateSnapshot:
+        """Everything a round reads, in one transaction (the throughput table only
+        when asked: a step between rounds does not need it)."""
+        ...
 
     def job(self, job_id: str) -> JobRecord | None: ...
 
@@ -290,254 +383,22 @@ class Store(Protocol):
         ...
 
 
-class InMemoryStore:
-    """`Store` in process memory: for replays and tests. Thread-safe; snapshots are copies."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._jobs: dict[str, JobRecord] = {}
-        self._active: dict[str, None] = {}  # unfinished jobs, in submission order
-        self._live: dict[str, None] = {}  # instances not yet terminated or failed
-        self._tasks: dict[str, TaskRecord] = {}
-        self._tasks_of: dict[str, list[str]] = {}
-        self._instances: dict[str, InstanceRecord] = {}
-        self._entries: dict[tuple[str, Colocated], ThroughputEntry] = {}
-        self._rounds: list[RoundRecord] = []
-        self._uptime: list[UptimeInterval] = []
-        self._open: dict[str, int] = {}  # instance id -> index of its open interval
-        self._first_round_at: float | None = None
-        self._event_rounds = 0
-        self._full_rounds = 0
-
-    # -- jobs -------------------------------------------------------------
-    def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
-        with self._lock:
-            if job.job_id in self._jobs:
-                raise DuplicateJob(job.job_id)
-            record = JobRecord(job, "queued", owner, at)
-            self._jobs[job.job_id] = record
-            self._active[job.job_id] = None
-            self._tasks_of[job.job_id] = [t.task_id for t in job.tasks]
-            for t in job.tasks:
-                self._tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, updated_at=at)
-            return record
-
-    def cancel_job(self, job_id: str, at: float) -> bool:
-        return self._finish(job_id, at, "cancelled", "cancelled")
-
-    def job_started(self, job_id: str, at: float) -> bool:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None or job.status in FINAL_JOB_STATUSES:
-                return False
-            if job.started_at is not None:
-                return False
-            self._jobs[job_id] = replace(job, status="running", started_at=at)
-            return True
-
-    def job_finished(self, job_id: str, at: float, status: JobStatus = "completed") -> bool:
-        return self._finish(job_id, at, status, "completed" if status == "completed" else "failed")
-
-    def _finish(self, job_id: str, at: float, status: str, task_status: str) -> bool:
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                raise UnknownEntity(f"no job {job_id!r}")
-            if job.status in FINAL_JOB_STATUSES:
-                return False
-            self._jobs[job_id] = replace(job, status=status, finished_at=at)  # type: ignore[arg-type]
-            self._active.pop(job_id, None)
-            for tid in self._tasks_of[job_id]:
-                self._tasks[tid] = replace(
-                    self._tasks[tid],
-                    status=task_status,  # type: ignore[arg-type]
-                    target_instance_id=None,
-                    updated_at=at,
-                )
-            return True
-
-    # -- tasks ------------------------------------------------------------
-    def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        with self._lock:
-            done = set()
-            for tid, target in targets.items():
-                task = self._tasks.get(tid)
-                if task is None or self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
-                    continue
-                if task.target_instance_id != target:
-                    self._tasks[tid] = replace(task, target_instance_id=target, updated_at=at)
-                done.add(tid)
-            return done
-
-    def update_task(
-        self,
-        task_id: str,
-        at: float,
-        *,
-        status: TaskStatus | None = None,
-        instance_id: str | Literal["keep"] | None = "keep",
-        progress: float | None = None,
-        checkpoint: str | None = None,
-    ) -> bool:
-        with self._lock:
-            task = self._tasks.get(task_id)
-            if task is None:
-                raise UnknownEntity(f"no task {task_id!r}")
-            if self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
-                return False
-            self._tasks[task_id] = TaskRecord(
-                task_id,
-                task.job_id,
-                task.status if status is None else status,
-                task.instance_id if instance_id == "keep" else instance_id,
-                task.target_instance_id,
-                task.progress if progress is None else progress,
-                task.checkpoint if checkpoint is None else checkpoint,
-                at,
-            )
-            return True
-
-    # -- instances --------------------------------------------------------
-    def request_instance(
-        self, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> InstanceRecord:
-        with self._lock:
-            existing = self._instances.get(instance_id)
-            if existing is not None:
-                return existing  # idempotent: the same launch token
-            record = InstanceRecord(
-                instance_id,
-                instance_type,
-                "requested",
-                hourly_price,
-                at,
-                history=(("requested", at),),
-            )
-            self._instances[instance_id] = record
-            self._live[instance_id] = None
-            return record
-
-    def transition_instance(
-        self,
-        instance_id: str,
-        status: InstanceStatus,
-        at: float,
-        *,
-        cloud_id: str | None = None,
-        zone: str | None = None,
-    ) -> bool:
-        with self._lock:
-            inst = self._instances.get(instance_id)
-            if inst is None:
-                raise UnknownEntity(f"no instance {instance_id!r}")
-            if inst.status == status:
-                return False
-            if status not in TRANSITIONS[inst.status]:
-                raise IllegalTransition(instance_id, inst.status, status)
-            self._instances[instance_id] = replace(
-                inst,
-                status=status,
-                cloud_id=cloud_id or inst.cloud_id,
-                zone=zone or inst.zone,
-                history=(*inst.history, (status, at)),
-            )
-            if status in FINAL_INSTANCE_STATUSES:
-                self._live.pop(instance_id, None)
-            billed_before = inst.status in BILLED_STATUSES
-            billed_after = status in BILLED_STATUSES
-            if billed_after and not billed_before:
-                # Billing runs from the launch request (the cloud bills from then on).
-                self._open[instance_id] = len(self._uptime)
-                self._uptime.append(
-                    UptimeInterval(
-                        instance_id, inst.instance_type, inst.hourly_price, inst.requested_at
-                    )
-                )
-            elif billed_before and not billed_after:
-                index = self._open.pop(instance_id)
-                self._uptime[index] = replace(self._uptime[index], end=at)
-            return True
-
-    # -- learning ---------------------------------------------------------
-    def record_throughput(self, entries: Iterable[tuple[str, Colocated, ThroughputEntry]]) -> None:
-        with self._lock:
-            for workload, colocated, entry in entries:
-                self._entries[(workload, tuple(sorted(colocated)))] = entry
-
-    # -- rounds -----------------------------------------------------------
-    def record_round(self, record: RoundRecord) -> int:
-        with self._lock:
-            round_id = len(self._rounds) + 1
-            self._rounds.append(replace(record, round_id=round_id))
-            if self._first_round_at is None:
-                self._first_round_at = record.at
-            if record.had_event:
-                self._event_rounds += 1
-                self._full_rounds += record.chosen == "full"
-            return round_id
-
-    def record_action_outcome(
-        self, round_id: int, index: int, outcome: str, message: str = ""
-    ) -> None:
-        with self._lock:
-            if not 1 <= round_id <= len(self._rounds):
-                raise UnknownEntity(f"no round {round_id}")
-            rnd = self._rounds[round_id - 1]
-            if not 0 <= index < len(rnd.actions):
-                raise UnknownEntity(f"no action {index} in round {round_id}")
-            actions = list(rnd.actions)
-            actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
-            self._rounds[round_id - 1] = replace(rnd, actions=tuple(actions))
-
-    # -- reads ------------------------------------------------------------
-    def snapshot(self, default_throughput: float = 0.95) -> StateSnapshot:
-        with self._lock:
-            jobs = tuple(self._jobs[j] for j in self._active)
-            tasks = {tid: self._tasks[tid] for j in jobs for tid in self._tasks_of[j.job_id]}
-            instances = tuple(self._instances[i] for i in self._live)
-            return StateSnapshot(
-                jobs,
-                tasks,
-                instances,
-                ThroughputTable(self._entries, default_throughput),
-                self._first_round_at,
-                self._event_rounds,
-                self._full_rounds,
-            )
-
-    def job(self, job_id: str) -> JobRecord | None:
-        with self._lock:
-            return self._jobs.get(job_id)
-
-    def jobs(self, statuses: Iterable[str] | None = None) -> list[JobRecord]:
-        with self._lock:
-            wanted = None if statuses is None else set(statuses)
-            return [j for j in self._jobs.values() if wanted is None or j.status in wanted]
-
-    def tasks_of(self, job_id: str) -> list[TaskRecord]:
-        with self._lock:
-            return [self._tasks[t] for t in self._tasks_of.get(job_id, ())]
-
-    def instance(self, instance_id: str) -> InstanceRecord | None:
-        with self._lock:
-            return self._instances.get(instance_id)
-
-    def instances(self, include_finished: bool = False) -> list[InstanceRecord]:
-        with self._lock:
-            if include_finished:
-                return list(self._instances.values())
-            return [self._instances[i] for i in self._live]
-
-    def rounds(self, limit: int | None = None) -> list[RoundRecord]:
-        with self._lock:
-            if limit is None:
-                return list(self._rounds)
-            return self._rounds[max(len(self._rounds) - limit, 0) :] if limit > 0 else []
-
-    def uptime(self) -> list[UptimeInterval]:
-        with self._lock:
-            return list(self._uptime)
-
-    def cost_between(self, t0: float, t1: float) -> float:
-        with self._lock:
-            return sum(i.cost(t0, t1) for i in self._uptime)
+def updated_task(task: TaskRecord, change: TaskUpdate, at: float) -> TaskRecord:
+    """`task` with `change` applied at `at` (the rule both bindings follow)."""
+    status = task.status if change.status is None else change.status
+    return TaskRecord(
+        task.task_id,
+        task.job_id,
+        status,
+        task.instance_id if change.instance_id == "keep" else change.instance_id,
+        task.target_instance_id,
+        task.progress if change.progress is None else change.progress,
+        task.checkpoint if change.checkpoint is None else change.checkpoint,
+        at,
+        task.attempt if change.attempt is None else change.attempt,
+        task.failures if change.failures is None else change.failures,
+        at if status != task.status or task.status_since is None else task.status_since,
+        task.reason if change.reason is None else change.reason,
+        task.throughput if change.throughput == "keep" else change.throughput,
+        task.gpus if change.gpus is None else change.gpus,
+    )

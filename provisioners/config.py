@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from autoscaler.cloud import Guardrails
 from autoscaler.errors import InputError
 from autoscaler.files import read_config_file
 
@@ -86,20 +87,11 @@ class EC2Config:
 
 
 @dataclass(frozen=True, slots=True)
-class GuardrailsConfig:
-    """Limits on spending (the `[guardrails]` table); `None` or empty means no limit."""
-
-    max_instances: int | None = None
-    max_hourly_spend: float | None = None
-    allowed_regions: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class ProvisionerConfig:
     """Both tables, as parsed from one configuration file."""
 
     ec2: EC2Config = field(default_factory=EC2Config)
-    guardrails: GuardrailsConfig = field(default_factory=GuardrailsConfig)
+    guardrails: Guardrails = field(default_factory=Guardrails)
     source: str | None = None
 
 
@@ -153,7 +145,7 @@ def parse_config(
     ec2.reject_unknown()
 
     rails = _Table(data, "guardrails", source)
-    guardrails = GuardrailsConfig(
+    guardrails = Guardrails(
         max_instances=rails.get("max_instances", _count, None),
         max_hourly_spend=rails.get("max_hourly_spend", _money, None),
         allowed_regions=rails.get("allowed_regions", _list_of(_region), ()),

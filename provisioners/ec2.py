@@ -12,13 +12,15 @@ How it keeps money safe:
 - **Capacity fallback.** `InsufficientInstanceCapacity`, `InstanceLimitExceeded`,
   `Unsupported` (and their vCPU/spot cousins) move on to the next allowed
   zone and mark the (type, zone) offering unavailable for three minutes
-  (Karpenter's cool-down); `unavailable()` reports them to the planner.
-- **Guardrails before every launch** (`autoscaler.cloud.Guardrails`): instance
-  cap, hourly budget over live plus requested instances at catalog prices,
-  allowed types/families; the region is checked at construction. A refusal is
-  a `LaunchRefused` with the numbers in it.
-- **Reconciliation.** Instances tagged with our cluster that the state does
-  not know are reported as orphans and, per `[ec2] orphan_policy`, terminated.
+  (Karpenter's cool-down) in the binding's one `AvailabilityCache`;
+  `unavailable()` reports it, with a whole-type entry once no allowed zone is
+  left, and the round plans around it.
+- **Guardrails** (instance cap, hourly budget) are the round's: `decide`
+  checks every launch against the state before asking for it. This binding
+  checks only the region, when it is built, and refuses types its `[ec2]`
+  table does not allow.
+- **Orphans** are the round's too: `list()` returns every instance tagged
+  with the cluster, and the round's orphan policy decides.
 - **Dry run** (`[ec2] dry_run`): EC2 is called with `DryRun=True`, so
   permissions and parameters are checked, and nothing is launched or
   terminated.
@@ -33,7 +35,6 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +43,19 @@ from botocore.exceptions import ClientError
 
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
-    LIVE_STATES,
+    UNAVAILABLE_COOLDOWN_S,
+    AvailabilityCache,
     CloudInstance,
     CloudRequestError,
     Guardrails,
     InsufficientCapacity,
-    LaunchRefused,
     LaunchRequest,
     UnavailableOffering,
-    reconcile,
 )
 from autoscaler.errors import InputError
 from provisioners.aws import AwsCaller, error_code, error_message, make_client
 from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
-from provisioners.config import EC2Config, GuardrailsConfig, ProvisionerConfig
+from provisioners.config import EC2Config, ProvisionerConfig
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,7 @@ CAPACITY_ERROR_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: How long an offering that failed with a capacity error is avoided (Karpenter: 3 minutes).
-UNAVAILABLE_COOLDOWN_S = 180.0
-
-#: An unknown instance younger than this is reported but never terminated as an orphan:
-#: it may be a launch whose result the state is about to record.
-DEFAULT_ORPHAN_GRACE_S = 300.0
+__all__ = ["UNAVAILABLE_COOLDOWN_S", "EC2Cloud", "client_token", "worker_user_data"]
 
 #: After falling back to a stale cached catalog, ask AWS again after this long.
 CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
@@ -90,23 +85,6 @@ MAX_USER_DATA_BYTES = 16 * 1024
 
 _NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 _DRY_RUN = "DryRunOperation"
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileReport:
-    """What `EC2Cloud.reconcile` found and did.
-
-    `orphans` are ours (cluster tag) but unknown to the state; `terminated`
-    lists those terminated now (policy `terminate`, older than the grace
-    period, not in dry run). `awaiting_record` are unknown ids whose launch
-    token the state knows: launches the state will adopt by retrying them, not
-    orphans. `gone` are ids the state knows that the cloud no longer has.
-    """
-
-    orphans: tuple[CloudInstance, ...]
-    gone: tuple[str, ...]
-    terminated: tuple[str, ...]
-    awaiting_record: tuple[CloudInstance, ...] = ()
 
 
 class EC2Cloud:
@@ -120,7 +98,7 @@ class EC2Cloud:
     def __init__(
         self,
         config: EC2Config,
-        guardrails: GuardrailsConfig | None = None,
+        guardrails: Guardrails | None = None,
         *,
         ec2: BaseClient | None = None,
         endpoint_url: str | None = None,
@@ -128,33 +106,23 @@ class EC2Cloud:
         sleep: Callable[[float], None] = time.sleep,
         user_data: str = "",
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
-        orphan_grace_s: float = DEFAULT_ORPHAN_GRACE_S,
     ) -> None:
-        limits = guardrails or GuardrailsConfig()
-        if limits.allowed_regions and config.region not in limits.allowed_regions:
-            raise LaunchRefused(
-                "allowed_regions",
-                f"region {config.region} is not allowed "
-                f"(allowed: {', '.join(limits.allowed_regions)}); "
-                "change [ec2] region or [guardrails] allowed_regions",
-            )
+        (guardrails or Guardrails()).check_region(config.region)
         if len(user_data.encode("utf-8")) > MAX_USER_DATA_BYTES:
             raise InputError(
                 f"worker user data is {len(user_data.encode('utf-8'))} bytes; "
                 f"EC2 accepts at most {MAX_USER_DATA_BYTES}"
             )
         self.config = config
-        self.limits = limits
         self.clock = clock
         self.user_data = user_data
         self.catalog_max_age_s = catalog_max_age_s
-        self.orphan_grace_s = orphan_grace_s
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._catalog: EC2Catalog | None = None
         self._catalog_loaded_at_s = 0.0
         self._subnet_by_zone: dict[str, str] | None = None
-        self._unavailable: dict[tuple[str, str], UnavailableOffering] = {}
+        self.availability = AvailabilityCache(UNAVAILABLE_COOLDOWN_S)
         self._dry_run_launches: dict[str, CloudInstance] = {}
         self._lock = threading.RLock()
 
@@ -188,31 +156,16 @@ class EC2Cloud:
         """Instance types this cluster may use, with on-demand prices."""
         return self.ec2_catalog().catalog
 
-    @property
-    def guardrails(self) -> Guardrails:
-        """The shared budget and instance-cap rule with this configuration's limits.
-
-        Allowed families/types are checked by `EC2Config.allows` before it: the
-        configuration allows the *union* of `families` and `types`, the shared
-        rule's two sets would have to hold both at once.
-        """
-        return Guardrails(
-            max_instances=self.limits.max_instances,
-            max_hourly_spend=self.limits.max_hourly_spend,
-        )
-
     # --- launch -------------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
         """Start one instance, or return the one this launch token already started.
 
-        Raises `LaunchRefused` (guardrails), `InsufficientCapacity` (no allowed
-        zone had capacity; the offerings are marked unavailable),
-        `CloudUnavailable` (unreachable or throttled past the backoff) or
-        `CloudRequestError` (configuration or permissions).
-
-        The budget counts every type at its on-demand catalog price, spot
-        included: an upper bound, so spot never lets spending pass the budget.
+        Raises `InsufficientCapacity` (no allowed zone had capacity; the
+        offerings are marked unavailable), `CloudUnavailable` (unreachable or
+        throttled past the backoff) or `CloudRequestError` (configuration,
+        permissions, a type `[ec2]` does not allow). The guardrails were checked
+        by the round before it asked.
         """
         if not 0 < len(request.launch_token) <= 256:
             raise CloudRequestError(
@@ -233,16 +186,12 @@ class EC2Cloud:
             if not self.config.ami:
                 raise CloudRequestError("no AMI configured; set [ec2] ami to the worker image")
             if not self.config.allows(request.instance_type):
-                raise LaunchRefused(
-                    "allowed_types",
+                raise CloudRequestError(
                     f"instance type {request.instance_type} is not allowed "
                     f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
-                    f"types: {', '.join(self.config.types) or 'none'})",
+                    f"types: {', '.join(self.config.types) or 'none'})"
                 )
             catalog = self.ec2_catalog()
-            live = [i.instance_type for i in self.list() if i.state in LIVE_STATES]
-            live += [i.instance_type for i in self._dry_run_launches.values()]
-            self.guardrails.check_launch(request.instance_type, catalog.catalog, live)
 
             zones = self._zones_to_try(request, catalog)
             spot = request.spot or self.config.spot_for(request.instance_type)
@@ -280,18 +229,13 @@ class EC2Cloud:
 
     def _zones_to_try(self, request: LaunchRequest, catalog: EC2Catalog) -> list[str]:
         itype = request.instance_type
-        offered = catalog.zones.get(itype, ())
-        subnets = self._subnets()
-        allowed: Sequence[str] = self.config.zones or (sorted(subnets) if subnets else offered)
-        if subnets:
-            allowed = [z for z in allowed if z in subnets]
+        allowed, offered = self._allowed_zones(itype, catalog, self._subnets())
         if request.zones:
             wanted = [z for z in request.zones if z in allowed]
             if not wanted:
-                raise LaunchRefused(
-                    "allowed_zones",
+                raise CloudRequestError(
                     f"zones {', '.join(request.zones)} requested for {itype} are not allowed "
-                    f"(allowed: {', '.join(allowed) or 'none'})",
+                    f"(allowed: {', '.join(allowed) or 'none'})"
                 )
         else:
             wanted = list(allowed)
@@ -305,14 +249,10 @@ class EC2Cloud:
                 "in one to [ec2] subnet_ids"
             )
         now = self.clock()
-        open_zones = [z for z in wanted if not self._is_unavailable(itype, z, now)]
+        open_zones = [z for z in wanted if not self.availability.is_unavailable(itype, z, now)]
         if not open_zones:
-            until = max(self._unavailable[(itype, z)].until_s for z in wanted)
             raise InsufficientCapacity(
-                itype,
-                wanted,
-                f"every allowed zone is cooling down after capacity errors "
-                f"for {until - now:.0f} s more",
+                itype, wanted, "every allowed zone is cooling down after capacity errors"
             )
         return open_zones
 
@@ -400,24 +340,48 @@ class EC2Cloud:
     # --- capacity errors ----------------------------------------------------------------------
 
     def _mark_unavailable(self, instance_type: str, zone: str, reason: str) -> None:
-        until = self.clock() + UNAVAILABLE_COOLDOWN_S
-        self._unavailable[(instance_type, zone)] = UnavailableOffering(
-            instance_type, zone, until, reason
-        )
-
-    def _is_unavailable(self, instance_type: str, zone: str, now: float) -> bool:
-        mark = self._unavailable.get((instance_type, zone))
-        return mark is not None and mark.until_s > now
+        self.availability.mark(instance_type, zone, self.clock(), reason)
 
     def unavailable(self) -> list[UnavailableOffering]:
-        """Offerings avoided after capacity errors, until their cool-down ends."""
+        """Offerings avoided after capacity errors, until their cool-down ends; a type
+        with no allowed zone left gets an entry for every zone (zone None)."""
         now = self.clock()
         with self._lock:
-            for key in [k for k, v in self._unavailable.items() if v.until_s <= now]:
-                del self._unavailable[key]
-            return sorted(self._unavailable.values(), key=lambda o: (o.instance_type, o.zone))
+            offerings = self.availability.offerings(now)
+            catalog = self._catalog
+            by_type: dict[str, list[UnavailableOffering]] = {}
+            for o in offerings:
+                if o.zone is not None:
+                    by_type.setdefault(o.instance_type, []).append(o)
+            whole = []
+            for itype, marks in by_type.items():
+                zones: list[str] = []
+                if catalog is not None:
+                    allowed, offered = self._allowed_zones(itype, catalog, self._subnet_by_zone)
+                    zones = [z for z in allowed if not offered or z in offered]
+                cooling = {o.zone for o in marks}
+                if zones and all(z in cooling for z in zones):
+                    whole.append(
+                        UnavailableOffering(
+                            itype,
+                            None,
+                            min(o.until_s for o in marks),
+                            "; ".join(sorted({f"{o.zone}: {o.reason}" for o in marks})),
+                        )
+                    )
+            return sorted(offerings + whole, key=lambda o: (o.instance_type, o.zone or ""))
 
-    # --- list, terminate, reconcile -----------------------------------------------------------
+    def _allowed_zones(
+        self, itype: str, catalog: EC2Catalog, subnets: Mapping[str, str] | None
+    ) -> tuple[list[str], tuple[str, ...]]:
+        """(zones this cluster may launch `itype` in, zones EC2 offers it in)."""
+        offered = tuple(catalog.zones.get(itype, ()))
+        allowed = list(self.config.zones or (sorted(subnets) if subnets else offered))
+        if subnets:
+            allowed = [z for z in allowed if z in subnets]
+        return allowed, offered
+
+    # --- list, terminate -----------------------------------------------------------
 
     def list(self) -> list[CloudInstance]:
         """This cluster's instances (by cluster tag) that are not terminated, by id."""
@@ -482,42 +446,6 @@ class EC2Cloud:
                 except ClientError:
                     log.info("terminate: %s is already gone", instance_id)
 
-    def reconcile(
-        self, known_ids: Iterable[str], known_tokens: Iterable[str] = ()
-    ) -> ReconcileReport:
-        """Compare the state's instances with the cloud's; report and handle orphans.
-
-        An instance tagged with our cluster that the state does not know is an
-        orphan (money leaking) unless its launch token is known — then the state
-        is about to record it, and retrying the launch adopts it. With
-        `orphan_policy = "terminate"`, orphans older than the grace period are
-        terminated.
-        """
-        known = set(known_ids)
-        listed = self.list()
-        found = reconcile(known, listed)
-        adoptable = _adoptable(listed, known, set(known_tokens))
-        orphans = tuple(o for o in found.orphans if o.instance_id not in adoptable)
-        awaiting = tuple(o for o in found.orphans if o.instance_id in adoptable)
-        terminated: tuple[str, ...] = ()
-        if orphans:
-            log.warning(
-                "orphans in cluster %s: %s",
-                self.config.cluster_id,
-                ", ".join(o.instance_id for o in orphans),
-            )
-        if self.config.orphan_policy == "terminate":
-            now = self.clock()
-            old = [
-                o.instance_id
-                for o in orphans
-                if o.launched_at_s is None or now - o.launched_at_s >= self.orphan_grace_s
-            ]
-            if old:
-                self.terminate(old)
-                terminated = () if self.config.dry_run else tuple(old)
-        return ReconcileReport(orphans, found.gone, terminated, awaiting)
-
     def _describe(self, filters: list[dict[str, Any]]) -> list[CloudInstance]:
         instances = [
             _cloud_instance(raw)
@@ -560,24 +488,6 @@ def _first_launched(instances: Iterable[CloudInstance]) -> CloudInstance | None:
         ),
     )
     return ordered[0] if ordered else None
-
-
-def _adoptable(
-    listed: Sequence[CloudInstance], known_ids: set[str], known_tokens: set[str]
-) -> set[str]:
-    """Ids the state will adopt: per known token with no known instance, its first launched."""
-    by_token: dict[str, list[CloudInstance]] = {}
-    for instance in listed:
-        if instance.launch_token in known_tokens and instance.state != "terminated":
-            by_token.setdefault(instance.launch_token, []).append(instance)
-    adoptable: set[str] = set()
-    for instances in by_token.values():
-        if any(i.instance_id in known_ids for i in instances):
-            continue
-        first = _first_launched(instances)
-        if first is not None:
-            adoptable.add(first.instance_id)
-    return adoptable
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:

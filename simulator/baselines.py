@@ -292,10 +292,11 @@ def _host_bin(host: _Host, bin_of) -> int:
 
 
 def _remaining_s(job: JobSpec, done: float) -> float:
-    if job.total_iters is not None and job.full_throughput:
-        return max(1.0, (job.total_iters - done) / job.full_throughput)
-    if job.duration_s is not None:
-        return max(1.0, job.duration_s - done)
+    facts = job.trace
+    if facts.total_iters is not None and job.full_throughput:
+        return max(1.0, (facts.total_iters - done) / job.full_throughput)
+    if facts.duration_s is not None:
+        return max(1.0, facts.duration_s - done)
     return 1.0
 
 

@@ -155,7 +155,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         source = f"synthetic: {args.synthesize} jobs from {source}, seed {args.seed}"
     for job in jobs:
-        if job.duration_s is None and (job.total_iters is None or job.full_throughput is None):
+        facts = job.trace
+        if facts.duration_s is None and (facts.total_iters is None or job.full_throughput is None):
             raise InputError(
                 "a replay needs 'duration' or 'total_iters' and 'full_throughput'",
                 source=source,

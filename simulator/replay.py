@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.catalog import Catalog
-from autoscaler.control import ControlLoop, ControlOptions, Planner, counter_ids
+from autoscaler.control import ControlLoop, ControlOptions, Planner
 from autoscaler.jobs import JobSpec
+from autoscaler.memory_store import InMemoryStore
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
-from autoscaler.store import InMemoryStore, Store
+from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
 from simulator.engine import ARRIVAL, ROUND, EventLoop
@@ -114,12 +115,16 @@ def replay(
     default_throughput: float = DEFAULT_THROUGHPUT,
     on_round: Callable[[float, int, int], None] | None = None,
     store: Store | None = None,
+    rebuild: bool = False,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
     `on_round(now, jobs_completed, jobs_total)` is called after each round
     (progress display). `store` defaults to a fresh in-memory one; any empty
     `Store` binding works (the SQL one too: the round logic needs no SQL).
+    With `rebuild`, the control loop and its planner are thrown away and built
+    anew before every round and every step, as a daemon restarted there would
+    be: the result must not change (nothing the loop needs lives in memory).
     """
     engine = EventLoop()
     dirty = [False]
@@ -129,31 +134,32 @@ def replay(
 
     world = World(engine, catalog, truth, jobs, on_change=mark)
     store = store if store is not None else InMemoryStore()
-    loop = ControlLoop(
-        make_planner(scheduler, truth),
-        SimulatedCloud(world),
-        SimulatedExecutor(world),
-        store,
-        engine,
-        ControlOptions(default_throughput=default_throughput),
-        counter_ids("inst"),
-    )
+    cloud, executor = SimulatedCloud(world), SimulatedExecutor(world)
+    options = ControlOptions(default_throughput=default_throughput, instance_prefix="inst-")
+
+    def new_loop() -> ControlLoop:
+        return ControlLoop(make_planner(scheduler, truth), cloud, executor, store, engine, options)
+
+    kept = new_loop()
+
+    def loop() -> ControlLoop:
+        return new_loop() if rebuild else kept
 
     def after_batch() -> None:
         if dirty[0]:
             dirty[0] = False
-            loop.progress()
+            loop().progress()
 
     engine.after_batch = after_batch
     total_jobs = len(jobs)
     arrived = [0]
-    for job in sorted(jobs, key=lambda j: (j.arrival_time_s, j.job_id)):
+    for job in sorted(jobs, key=lambda j: (j.trace.arrival_time_s, j.job_id)):
 
         def submit(job: JobSpec = job) -> None:
             store.submit_job(job, owner="trace", at=engine.now())
             arrived[0] += 1
 
-        engine.at(job.arrival_time_s, submit, priority=ARRIVAL)
+        engine.at(job.trace.arrival_time_s, submit, priority=ARRIVAL)
 
     samples: list[tuple[float, float, int, tuple[float, float, float], int]] = []
     planning: list[float] = []
@@ -162,7 +168,7 @@ def replay(
 
     def round_() -> None:
         rounds[0] += 1
-        outcome = loop.schedule()
+        outcome = loop().schedule()
         if outcome.plan is not None:
             planning.append(outcome.planning_seconds)
         samples.append(_sample(world, engine.now()))
@@ -207,7 +213,7 @@ def _result(
     for job_id, job in world.jobs.items():
         if job.completed_at is None:
             continue
-        jct[job_id] = (job.completed_at - job.spec.arrival_time_s) / 3600.0
+        jct[job_id] = (job.completed_at - job.spec.trace.arrival_time_s) / 3600.0
         if job.active_seconds > 0:
             ratios.append(min(1.0, (job.total / job.speed) / job.active_seconds))
     with_instances = [s for s in samples if s[2] > 0]

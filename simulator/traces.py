@@ -54,7 +54,7 @@ def synthesize(
                     "build_image_delay": task.build_image_s,
                     "kill_delay": task.kill_s,
                     "upload_delay": task.upload_s,
-                    **({"image_id": task.image_id} if task.image_id is not None else {}),
+                    **({"image_id": task.run.image} if task.run.image is not None else {}),
                 }
         trace[job_id] = {
             "name": f"{base}[{n}]",

@@ -27,8 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autoscaler.catalog import Catalog, InstanceType
-from autoscaler.cloud import CloudInstance, LaunchRequest, UnavailableOffering
-from autoscaler.execution import ExecutorReport, TaskReport
+from autoscaler.cloud import (
+    AvailabilityCache,
+    CloudInstance,
+    InsufficientCapacity,
+    LaunchRequest,
+    UnavailableOffering,
+)
+from autoscaler.execution import TERMINAL_TASK_STATES, ExecutorReport, TaskLaunch, TaskReport
 from autoscaler.jobs import JobSpec
 from autoscaler.throughput import ThroughputTable
 from simulator.engine import EventLoop
@@ -61,6 +67,8 @@ class SimTask:
     state: str = "new"  # new/stopped → starting → running → checkpointing → stopped; completed
     instance: str | None = None  # token
     starts: int = 0  # how many times it was started (migrations = starts - 1)
+    attempt: int = 0  # the control loop's attempt number of the latest start
+    reason: str = ""  # why its latest attempt failed
     checkpoint: str | None = None  # where its latest checkpoint is
     epoch: int = 0  # invalidates pending events when the task is stopped or restarted
 
@@ -100,11 +108,12 @@ class World:
         self.by_cloud_id: dict[str, SimInstance] = {}
         self.tasks: dict[str, SimTask] = {}
         self.jobs: dict[str, SimJob] = {}
-        self.completed: dict[str, None] = {}  # completed, not yet forgotten by the executor
         self.jobs_completed = 0
         self.live: dict[str, SimInstance] = {}  # not terminated, by token
         self.ready: set[str] = set()  # tokens of instances whose worker registered
-        self.active_tasks: dict[str, None] = {}  # tasks of unfinished jobs the executor runs
+        # Tasks the executor reports: started, until a terminal state is acknowledged.
+        self.reported: dict[str, None] = {}
+        self.no_capacity: set[str] = set()  # types the cloud refuses (tests of capacity errors)
         self._ids = 0
         for job in jobs:
             total, speed = _work(job)
@@ -171,12 +180,14 @@ class World:
 
     # -- tasks ----------------------------------------------------------------
 
-    def start(self, task_id: str, token: str) -> None:
+    def start(self, task_id: str, token: str, attempt: int = 0) -> None:
         task = self.tasks[task_id]
+        if attempt and task.attempt == attempt:
+            return  # the same attempt again: already started
         inst = self.instances.get(token)
         if inst is None or not inst.ready:
             raise SimulationError(f"starting {task_id} on {token}, which is not ready")
-        if task.state not in ("new", "stopped"):
+        if task.state not in ("new", "stopped", "failed"):
             raise SimulationError(f"starting {task_id} while it is {task.state}")
         spec = self.jobs[task.job_id].spec
         tspec = next(t for t in spec.tasks if t.task_id == task_id)
@@ -191,9 +202,10 @@ class World:
         inst.tasks[task_id] = None
         task.state, task.instance = "starting", token
         task.starts += 1
+        task.attempt = attempt
         task.epoch += 1
-        self.active_tasks[task_id] = None
-        image = tspec.image_id or tspec.task_id
+        self.reported[task_id] = None
+        image = tspec.run.image or tspec.run.build_context or tspec.task_id
         delay = tspec.fetch_s + (0.0 if image in inst.images else tspec.build_image_s)
         epoch = task.epoch
         self.engine.after(delay, lambda: self._started(task, inst, image, epoch))
@@ -249,6 +261,19 @@ class World:
             self.on_change()
 
         self.engine.after(spec.kill_s, killed)
+
+    def crash(self, task_id: str, reason: str) -> None:
+        """The task's process dies (tests of failures): its attempt ends `failed` and
+        the job stops progressing until every task runs again."""
+        task = self.tasks[task_id]
+        if task.state not in ("starting", "running", "checkpointing"):
+            raise SimulationError(f"crashing {task_id} while it is {task.state}")
+        job = self.jobs[task.job_id]
+        job.activation += 1
+        self._deactivate(job)
+        self._leave(task)
+        task.state, task.reason = "failed", reason
+        self.on_change()
 
     def _leave(self, task: SimTask) -> None:
         inst = self.instances[task.instance] if task.instance else None
@@ -315,8 +340,6 @@ class World:
             task = self.tasks[t.task_id]
             self._leave(task)
             task.state = "completed"
-            self.active_tasks.pop(t.task_id, None)
-        self.completed[job.spec.job_id] = None
         self.jobs_completed += 1
         self.on_change()
 
@@ -328,10 +351,11 @@ class World:
 
 def _work(job: JobSpec) -> tuple[float, float]:
     """(total iterations, iterations per second alone) of a job."""
-    if job.total_iters is not None and job.full_throughput is not None:
-        return job.total_iters, job.full_throughput
-    if job.duration_s is not None:
-        return job.duration_s, 1.0  # seconds of work at one "iteration" per second
+    facts = job.trace
+    if facts.total_iters is not None and job.full_throughput is not None:
+        return facts.total_iters, job.full_throughput
+    if facts.duration_s is not None:
+        return facts.duration_s, 1.0  # seconds of work at one "iteration" per second
     raise ValueError(f"job {job.job_id!r} has neither total_iters/full_throughput nor duration")
 
 
@@ -340,11 +364,18 @@ class SimulatedCloud:
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.availability = AvailabilityCache()
 
     def catalog(self) -> Catalog:
         return self.world.catalog
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
+        now = self.world.engine.now()
+        if self.availability.is_unavailable(request.instance_type, None, now):
+            raise InsufficientCapacity(request.instance_type, (), "cooling down")
+        if request.instance_type in self.world.no_capacity:
+            self.availability.mark(request.instance_type, None, now, "InsufficientInstanceCapacity")
+            raise InsufficientCapacity(request.instance_type, (), "InsufficientInstanceCapacity")
         return _cloud_view(self.world.launch(request))
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -355,7 +386,7 @@ class SimulatedCloud:
         return [_cloud_view(i) for i in self.world.live.values()]
 
     def unavailable(self) -> list[UnavailableOffering]:
-        return []
+        return self.availability.offerings(self.world.engine.now())
 
 
 def _cloud_view(inst: SimInstance) -> CloudInstance:
@@ -370,40 +401,49 @@ def _cloud_view(inst: SimInstance) -> CloudInstance:
 
 
 class SimulatedExecutor:
-    """`Executor` binding over the simulated world (instances are named by token)."""
+    """`Executor` binding over the simulated world (instances are named by token).
+
+    Throughput is reported raw (iterations per second), as a worker would; the
+    world computes it from the hidden interference the planner never sees.
+    """
 
     def __init__(self, world: World) -> None:
         self.world = world
 
-    def start(self, job: JobSpec, task_id: str, instance_id: str, checkpoint: str | None) -> None:
-        self.world.start(task_id, instance_id)
+    def start(self, launch: TaskLaunch) -> None:
+        self.world.start(launch.task_id, launch.instance_id, launch.attempt)
 
-    def stop(self, task_id: str) -> None:
-        self.world.stop(task_id)
+    def stop(self, task_id: str, attempt: int) -> None:
+        task = self.world.tasks[task_id]
+        if task.attempt == attempt and task.state in ("starting", "running"):
+            self.world.stop(task_id)
 
     def report(self) -> ExecutorReport:
         world = self.world
         tasks: dict[str, TaskReport] = {}
-        throughput: dict[str, float] = {}
-        for task_id in world.active_tasks:
+        for task_id in world.reported:
             task = world.tasks[task_id]
             job = world.jobs[task.job_id]
             state = "stopped" if task.state == "new" else task.state
-            done = world.progress_of(job)
             tasks[task_id] = TaskReport(
                 task_id,
-                state,
+                state,  # type: ignore[arg-type]
                 task.instance,
-                done,
-                task.checkpoint,  # type: ignore[arg-type]
+                task.attempt,
+                world.progress_of(job),
+                job.rate if job.active and task.state == "running" else None,
+                task.checkpoint,
+                reason=task.reason if task.state == "failed" else "",
             )
-            if job.active:
-                throughput[task.job_id] = job.tput
-        ready = frozenset(world.ready)
-        return ExecutorReport(tasks, ready, throughput, frozenset(world.completed))
+        return ExecutorReport(tasks, frozenset(world.ready))
 
-    def forget(self, job_id: str) -> None:
-        self.world.completed.pop(job_id, None)
+    def acknowledge(self, task_id: str, attempt: int) -> None:
+        task = self.world.tasks[task_id]
+        if task.attempt == attempt and task.state in TERMINAL_TASK_STATES:
+            self.world.reported.pop(task_id, None)
+
+    def release(self, instance_id: str) -> None:
+        """Nothing to forget: the simulated workers go with their instances."""
 
 
 def ground_truth(contention: ThroughputTable | None, default: float = 0.95) -> ThroughputTable:

@@ -4,13 +4,13 @@ One table per fact, in the problem's words:
 
 - `jobs`: a submitted job — its spec (a JSON document, so it round-trips exactly),
   owner, status and submitted/started/finished times.
-- `tasks`: a task's status, the instance it runs on, the instance the latest plan
-  assigned it to, its progress and checkpoint location; `task_demands` its demand
-  vector per instance family (queryable; the spec document holds the same vectors
-  as submitted, and neither changes after submission).
-- `instances`: an instance we asked for — launch token, cloud id, type, zone, the
-  hourly price at its request, its status; `instance_transitions` the history of its
-  statuses with their times.
+- `tasks`: a task's status (since when, and why), the instance it runs on, the
+  instance the latest plan assigned it to, its progress and checkpoint location,
+  its attempts and failures. Its demands live in the job's spec document, once.
+- `instances`: an instance we asked for — launch token (our id), cloud id, type,
+  zone, the hourly price at its request, its status and why, when its worker
+  registered or was lost; `instance_transitions` the history of its statuses with
+  their times and reasons.
 - `throughput`: the co-location throughput table (workload, co-located multiset,
   observed throughput, number of observations, last update).
 - `rounds` and `round_actions`: each scheduling round's decision, the numbers behind
@@ -75,7 +75,7 @@ INSTANCE_STATUSES = (
     "terminated",
     "failed",
 )
-ACTION_KINDS = ("launch", "terminate", "start", "migrate", "stop", "adopt")
+ACTION_KINDS = ("launch", "terminate", "start", "migrate", "stop", "adopt", "report")
 ACTION_OUTCOMES = ("planned", "done", "refused", "failed", "skipped")
 
 
@@ -146,6 +146,9 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Double)
     #: The JobSpec as submitted (tasks included), never changed afterwards.
     spec: Mapped[Any] = mapped_column(JsonText)
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+    #: Iterations per second alone, learned when the spec gave none.
+    solo_throughput: Mapped[float | None] = mapped_column(Double)
 
 
 class Task(Base):
@@ -169,19 +172,12 @@ class Task(Base):
     progress: Mapped[float] = mapped_column(Double)
     checkpoint: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[float | None] = mapped_column(Double)
-
-
-class TaskDemand(Base):
-    """A task's demand on one instance family (`any` = every family)."""
-
-    __tablename__ = "task_demands"
-
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.task_id"), primary_key=True)
-    position: Mapped[int] = mapped_column(Integer, primary_key=True)
-    family: Mapped[str] = mapped_column(String)
-    gpu: Mapped[float] = mapped_column(Double)
-    cpu: Mapped[float] = mapped_column(Double)  # physical cores
-    ram_gb: Mapped[float] = mapped_column(Double)
+    attempt: Mapped[int] = mapped_column(Integer, server_default="0")
+    failures: Mapped[int] = mapped_column(Integer, server_default="0")
+    status_since: Mapped[float | None] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+    throughput: Mapped[float | None] = mapped_column(Double)  # raw iterations per second
+    gpus: Mapped[Any] = mapped_column(JsonText, server_default="[]")  # device indices
 
 
 class Instance(Base):
@@ -198,10 +194,13 @@ class Instance(Base):
     requested_at: Mapped[float] = mapped_column(Double)
     cloud_id: Mapped[str | None] = mapped_column(String)
     zone: Mapped[str | None] = mapped_column(String)
+    ready_at: Mapped[float | None] = mapped_column(Double)  # its worker registered
+    lost_at: Mapped[float | None] = mapped_column(Double)  # its worker fell silent
+    reason: Mapped[str] = mapped_column(Text, server_default="")  # of its current status
 
 
 class InstanceTransition(Base):
-    """One entry of an instance's status history; `seq` 0 is its request."""
+    """One entry of an instance's status history, with its reason; `seq` 0 is its request."""
 
     __tablename__ = "instance_transitions"
     __table_args__ = (CheckConstraint(one_of("status", INSTANCE_STATUSES), name="status"),)
@@ -210,6 +209,7 @@ class InstanceTransition(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     status: Mapped[str] = mapped_column(String(16))
     at: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text, server_default="")
 
 
 class Throughput(Base):
@@ -236,6 +236,9 @@ class Round(Base):
     had_event: Mapped[bool] = mapped_column(Boolean)
     reason: Mapped[str] = mapped_column(Text)
     numbers: Mapped[Any] = mapped_column(JsonText)
+    #: The store's count of job arrivals and completions the round's snapshot saw:
+    #: the next round had an event exactly when the count moved (restart-safe).
+    job_events: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class RoundAction(Base):

@@ -1,6 +1,6 @@
 """`SqlStore`: the `Store` interface in SQLite or PostgreSQL.
 
-It mirrors `autoscaler.store.InMemoryStore` transition for transition; what SQL
+It mirrors `autoscaler.memory_store.InMemoryStore` transition for transition; what SQL
 adds is that state survives the process and that several processes (the
 daemon's round, a submission API, the CLI) can use it at once:
 
@@ -26,7 +26,6 @@ Opening a database whose schema is missing or not at the head revision raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import fields
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
@@ -46,8 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from autoscaler.jobs import JobSpec, TaskSpec
-from autoscaler.resources import Resources
+from autoscaler.jobs import JobSpec, spec_document, spec_from_document
 from autoscaler.store import (
     BILLED_STATUSES,
     FINAL_INSTANCE_STATUSES,
@@ -60,11 +58,13 @@ from autoscaler.store import (
     InstanceStatus,
     JobRecord,
     JobStatus,
+    RoundIntents,
     RoundRecord,
     StateSnapshot,
     StoreError,
     TaskRecord,
     TaskStatus,
+    TaskUpdate,
     UnknownEntity,
 )
 from autoscaler.store import UptimeInterval as UptimeRecord
@@ -78,7 +78,6 @@ from state.schema import (
     Round,
     RoundAction,
     Task,
-    TaskDemand,
     Throughput,
     UptimeInterval,
     colocated_from_key,
@@ -89,7 +88,6 @@ __all__ = ["SqlStore", "create_state_engine", "spec_document", "spec_from_docume
 
 JOBS = cast(Table, Job.__table__)
 TASKS = cast(Table, Task.__table__)
-DEMANDS = cast(Table, TaskDemand.__table__)
 INSTANCES = cast(Table, Instance.__table__)
 HISTORY = cast(Table, InstanceTransition.__table__)
 THROUGHPUT = cast(Table, Throughput.__table__)
@@ -99,36 +97,6 @@ LEDGER = cast(Table, UptimeInterval.__table__)
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
-
-_JOB_FIELDS = tuple(f.name for f in fields(JobSpec) if f.name != "tasks")
-_TASK_FIELDS = tuple(f.name for f in fields(TaskSpec) if f.name != "demands")
-
-
-def spec_document(job: JobSpec) -> dict[str, Any]:
-    """The job's spec as a JSON document (every field, so it round-trips exactly)."""
-    document: dict[str, Any] = {name: getattr(job, name) for name in _JOB_FIELDS}
-    document["tasks"] = [
-        {
-            **{name: getattr(task, name) for name in _TASK_FIELDS},
-            "demands": [[family, list(demand)] for family, demand in task.demands],
-        }
-        for task in job.tasks
-    ]
-    return document
-
-
-def spec_from_document(document: Mapping[str, Any]) -> JobSpec:
-    """The JobSpec a document holds; fields it lacks take their defaults."""
-    tasks = tuple(
-        TaskSpec(
-            **{name: task[name] for name in _TASK_FIELDS if name in task},
-            demands=tuple((family, Resources(*vector)) for family, vector in task["demands"]),
-        )
-        for task in document["tasks"]
-    )
-    return JobSpec(
-        **{name: document[name] for name in _JOB_FIELDS if name in document}, tasks=tasks
-    )
 
 
 def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
@@ -156,6 +124,7 @@ class SqlStore:
         except BaseException:
             self.close()
             raise
+        self._specs: dict[int, JobSpec] = {}  # parsed specs of the active jobs, by row id
 
     @property
     def engine(self) -> Engine:
@@ -196,20 +165,6 @@ class SqlStore:
                     conn.execute(
                         insert(TASKS), [_task_row(job, i, at) for i in range(len(job.tasks))]
                     )
-                demands = [
-                    {
-                        "task_id": task.task_id,
-                        "position": i,
-                        "family": family,
-                        "gpu": demand.gpu,
-                        "cpu": demand.cpu,
-                        "ram_gb": demand.ram_gb,
-                    }
-                    for task in job.tasks
-                    for i, (family, demand) in enumerate(task.demands)
-                ]
-                if demands:
-                    conn.execute(insert(DEMANDS), demands)
         except IntegrityError as exc:
             # Two submissions of one job id raced (PostgreSQL: the second waits on the
             # unique index and fails), or a task id is already another job's.
@@ -219,7 +174,7 @@ class SqlStore:
         return JobRecord(job, "queued", owner, at)
 
     def cancel_job(self, job_id: str, at: float) -> bool:
-        return self._finish(job_id, at, "cancelled", "cancelled")
+        return self._finish(job_id, at, "cancelled", "cancelled", "cancelled by the user")
 
     def job_started(self, job_id: str, at: float) -> bool:
         with write_transaction(self._engine) as conn:
@@ -234,10 +189,27 @@ class SqlStore:
             )
             return result.rowcount == 1
 
-    def job_finished(self, job_id: str, at: float, status: JobStatus = "completed") -> bool:
-        return self._finish(job_id, at, status, "completed" if status == "completed" else "failed")
+    def job_finished(
+        self, job_id: str, at: float, status: JobStatus = "completed", reason: str = ""
+    ) -> bool:
+        task_status = "completed" if status == "completed" else "failed"
+        return self._finish(job_id, at, status, task_status, reason)
 
-    def _finish(self, job_id: str, at: float, status: str, task_status: str) -> bool:
+    def learn_solo_throughput(self, job_id: str, throughput: float) -> bool:
+        with write_transaction(self._engine) as conn:
+            known = conn.execute(
+                select(JOBS.c.solo_throughput).where(JOBS.c.job_id == job_id).with_for_update()
+            ).first()
+            if known is None:
+                raise UnknownEntity(f"no job {job_id!r}")
+            if known.solo_throughput is not None:
+                return False
+            conn.execute(
+                update(JOBS).where(JOBS.c.job_id == job_id).values(solo_throughput=throughput)
+            )
+            return True
+
+    def _finish(self, job_id: str, at: float, status: str, task_status: str, reason: str) -> bool:
         with write_transaction(self._engine) as conn:
             current = conn.execute(
                 select(JOBS.c.status).where(JOBS.c.job_id == job_id).with_for_update()
@@ -247,12 +219,14 @@ class SqlStore:
             if current in FINAL_JOB_STATUSES:
                 return False
             conn.execute(
-                update(JOBS).where(JOBS.c.job_id == job_id).values(status=status, finished_at=at)
+                update(JOBS)
+                .where(JOBS.c.job_id == job_id)
+                .values(status=status, finished_at=at, reason=reason)
             )
             conn.execute(
                 update(TASKS)
                 .where(TASKS.c.job_id == job_id)
-                .values(status=task_status, target_instance_id=None, updated_at=at)
+                .values(status=task_status, target_instance_id=None, updated_at=at, status_since=at)
             )
             return True
 
@@ -273,24 +247,65 @@ class SqlStore:
 
     # -- tasks ------------------------------------------------------------
     def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        task_ids = list(targets)
         with write_transaction(self._engine) as conn:
-            job_of: dict[str, str] = {}
-            for chunk in _chunks(task_ids):
+            return self._assign(conn, targets, at)
+
+    def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> set[str]:
+        task_ids = list(targets)
+        job_of: dict[str, str] = {}
+        for chunk in _chunks(task_ids):
+            rows = conn.execute(
+                select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+            )
+            job_of.update((r.task_id, r.job_id) for r in rows)
+        active = self._lock_active_jobs(conn, job_of.values())
+        updated = sorted(tid for tid, jid in job_of.items() if jid in active)
+        if updated:
+            conn.execute(
+                update(TASKS)
+                .where(TASKS.c.task_id == bindparam("b_task"))
+                .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
+                [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
+            )
+        return set(updated)
+
+    def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
+        changes = list(updates)
+        if not changes:
+            return set()
+        with write_transaction(self._engine) as conn:
+            current: dict[str, Row[Any]] = {}
+            for chunk in _chunks([c.task_id for c in changes]):
                 rows = conn.execute(
-                    select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                    select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.status).where(
+                        TASKS.c.task_id.in_(chunk)
+                    )
                 )
-                job_of.update((r.task_id, r.job_id) for r in rows)
-            active = self._lock_active_jobs(conn, job_of.values())
-            updated = sorted(tid for tid, jid in job_of.items() if jid in active)
-            if updated:
+                current.update((r.task_id, r) for r in rows)
+            unknown = [c.task_id for c in changes if c.task_id not in current]
+            if unknown:
+                raise UnknownEntity(f"no task {unknown[0]!r}")
+            active = self._lock_active_jobs(conn, {r.job_id for r in current.values()})
+            # One executemany per set of changed columns (a round changes the same few).
+            batches: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            done: set[str] = set()
+            for change in changes:
+                row = current[change.task_id]
+                if row.job_id not in active:
+                    continue
+                values = _task_values(change, row.status, at)
+                batches.setdefault(tuple(sorted(values)), []).append(
+                    {"b_task": change.task_id, **{f"b_{k}": v for k, v in values.items()}}
+                )
+                done.add(change.task_id)
+            for columns, rows in batches.items():
                 conn.execute(
                     update(TASKS)
                     .where(TASKS.c.task_id == bindparam("b_task"))
-                    .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
-                    [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
+                    .values(**{column: bindparam(f"b_{column}") for column in columns}),
+                    rows,
                 )
-            return set(updated)
+            return done
 
     def update_task(
         self,
@@ -302,51 +317,37 @@ class SqlStore:
         progress: float | None = None,
         checkpoint: str | None = None,
     ) -> bool:
-        with write_transaction(self._engine) as conn:
-            job_id = conn.execute(
-                select(TASKS.c.job_id).where(TASKS.c.task_id == task_id)
-            ).scalar_one_or_none()
-            if job_id is None:
-                raise UnknownEntity(f"no task {task_id!r}")
-            if not self._lock_active_jobs(conn, [job_id]):
-                return False
-            values: dict[str, Any] = {"updated_at": at}
-            if status is not None:
-                values["status"] = status
-            if instance_id != "keep":
-                values["instance_id"] = instance_id
-            if progress is not None:
-                values["progress"] = progress
-            if checkpoint is not None:
-                values["checkpoint"] = checkpoint
-            conn.execute(update(TASKS).where(TASKS.c.task_id == task_id).values(**values))
-            return True
+        change = TaskUpdate(task_id, status, instance_id, progress, checkpoint)
+        return bool(self.update_tasks([change], at))
 
     # -- instances --------------------------------------------------------
     def request_instance(
         self, instance_id: str, instance_type: str, hourly_price: float, at: float
     ) -> InstanceRecord:
         with write_transaction(self._engine) as conn:
-            created = conn.execute(
-                self._insert(INSTANCES)
-                .values(
-                    instance_id=instance_id,
-                    instance_type=instance_type,
-                    status="requested",
-                    hourly_price=hourly_price,
-                    requested_at=at,
-                )
-                .on_conflict_do_nothing(index_elements=["instance_id"])
-                .returning(INSTANCES.c.id)
-            )
-            if created.first() is not None:
-                conn.execute(
-                    insert(HISTORY).values(
-                        instance_id=instance_id, seq=0, status="requested", at=at
-                    )
-                )
-            # else: the same launch token again — the request already stands.
+            self._request(conn, instance_id, instance_type, hourly_price, at)
             return self._instances(conn, INSTANCES.c.instance_id == instance_id)[0]
+
+    def _request(
+        self, conn: Connection, instance_id: str, instance_type: str, hourly_price: float, at: float
+    ) -> None:
+        created = conn.execute(
+            self._insert(INSTANCES)
+            .values(
+                instance_id=instance_id,
+                instance_type=instance_type,
+                status="requested",
+                hourly_price=hourly_price,
+                requested_at=at,
+            )
+            .on_conflict_do_nothing(index_elements=["instance_id"])
+            .returning(INSTANCES.c.id)
+        )
+        if created.first() is not None:
+            conn.execute(
+                insert(HISTORY).values(instance_id=instance_id, seq=0, status="requested", at=at)
+            )
+        # else: the same launch token again — the request already stands.
 
     def transition_instance(
         self,
@@ -356,50 +357,86 @@ class SqlStore:
         *,
         cloud_id: str | None = None,
         zone: str | None = None,
+        reason: str = "",
     ) -> bool:
         with write_transaction(self._engine) as conn:
-            row = conn.execute(
-                select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+            return self._transition(conn, instance_id, status, at, cloud_id, zone, reason)
+
+    def _transition(
+        self,
+        conn: Connection,
+        instance_id: str,
+        status: InstanceStatus,
+        at: float,
+        cloud_id: str | None = None,
+        zone: str | None = None,
+        reason: str = "",
+    ) -> bool:
+        row = conn.execute(
+            select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+        ).first()
+        if row is None:
+            raise UnknownEntity(f"no instance {instance_id!r}")
+        if row.status == status:
+            return False
+        if status not in TRANSITIONS[row.status]:
+            raise IllegalTransition(instance_id, row.status, status)
+        seq = conn.execute(
+            select(func.count()).select_from(HISTORY).where(HISTORY.c.instance_id == instance_id)
+        ).scalar_one()
+        conn.execute(
+            update(INSTANCES)
+            .where(INSTANCES.c.instance_id == instance_id)
+            .values(
+                status=status,
+                cloud_id=cloud_id or row.cloud_id,
+                zone=zone or row.zone,
+                reason=reason,
+            )
+        )
+        conn.execute(
+            insert(HISTORY).values(
+                instance_id=instance_id, seq=seq, status=status, at=at, reason=reason
+            )
+        )
+        billed_before = row.status in BILLED_STATUSES
+        billed_after = status in BILLED_STATUSES
+        if billed_after and not billed_before:
+            # Billing runs from the launch request (the cloud bills from then on),
+            # at the price recorded with the request.
+            conn.execute(
+                insert(LEDGER).values(
+                    instance_id=instance_id,
+                    instance_type=row.instance_type,
+                    hourly_price=row.hourly_price,
+                    start=row.requested_at,
+                    end=None,
+                )
+            )
+        elif billed_before and not billed_after:
+            conn.execute(
+                update(LEDGER)
+                .where(LEDGER.c.instance_id == instance_id, LEDGER.c.end.is_(None))
+                .values(end=at)
+            )
+        return True
+
+    def instance_worker(
+        self, instance_id: str, at: float, *, ready: bool, reason: str = ""
+    ) -> bool:
+        column = INSTANCES.c.ready_at if ready else INSTANCES.c.lost_at
+        values: dict[str, Any] = {"ready_at": at} if ready else {"lost_at": at, "reason": reason}
+        with write_transaction(self._engine) as conn:
+            found = conn.execute(
+                select(column).where(INSTANCES.c.instance_id == instance_id).with_for_update()
             ).first()
-            if row is None:
+            if found is None:
                 raise UnknownEntity(f"no instance {instance_id!r}")
-            if row.status == status:
+            if found[0] is not None:
                 return False
-            if status not in TRANSITIONS[row.status]:
-                raise IllegalTransition(instance_id, row.status, status)
-            seq = conn.execute(
-                select(func.count())
-                .select_from(HISTORY)
-                .where(HISTORY.c.instance_id == instance_id)
-            ).scalar_one()
             conn.execute(
-                update(INSTANCES)
-                .where(INSTANCES.c.instance_id == instance_id)
-                .values(status=status, cloud_id=cloud_id or row.cloud_id, zone=zone or row.zone)
+                update(INSTANCES).where(INSTANCES.c.instance_id == instance_id).values(**values)
             )
-            conn.execute(
-                insert(HISTORY).values(instance_id=instance_id, seq=seq, status=status, at=at)
-            )
-            billed_before = row.status in BILLED_STATUSES
-            billed_after = status in BILLED_STATUSES
-            if billed_after and not billed_before:
-                # Billing runs from the launch request (the cloud bills from then on),
-                # at the price recorded with the request.
-                conn.execute(
-                    insert(LEDGER).values(
-                        instance_id=instance_id,
-                        instance_type=row.instance_type,
-                        hourly_price=row.hourly_price,
-                        start=row.requested_at,
-                        end=None,
-                    )
-                )
-            elif billed_before and not billed_after:
-                conn.execute(
-                    update(LEDGER)
-                    .where(LEDGER.c.instance_id == instance_id, LEDGER.c.end.is_(None))
-                    .values(end=at)
-                )
             return True
 
     # -- learning ---------------------------------------------------------
@@ -431,7 +468,7 @@ class SqlStore:
             conn.execute(statement, list(rows.values()))
 
     # -- rounds -----------------------------------------------------------
-    def record_round(self, record: RoundRecord) -> int:
+    def record_round(self, record: RoundRecord, intents: RoundIntents | None = None) -> int:
         with write_transaction(self._engine) as conn:
             result = conn.execute(
                 insert(ROUNDS).values(
@@ -441,6 +478,7 @@ class SqlStore:
                     had_event=record.had_event,
                     reason=record.reason,
                     numbers=dict(record.numbers),
+                    job_events=record.job_events,
                 )
             )
             round_id = int(result.inserted_primary_key[0])
@@ -461,6 +499,16 @@ class SqlStore:
                         for i, a in enumerate(record.actions)
                     ],
                 )
+            if intents is not None:
+                at = record.at
+                for instance_id, instance_type, price in intents.requests:
+                    self._request(conn, instance_id, instance_type, price, at)
+                if intents.targets:
+                    self._assign(conn, intents.targets, at)
+                for instance_id, reason in intents.drains:
+                    self._transition(conn, instance_id, "draining", at, reason=reason)
+                for instance_id, status, reason in intents.terminations:
+                    self._transition(conn, instance_id, status, at, reason=reason)
             return round_id
 
     def record_action_outcome(
@@ -476,17 +524,23 @@ class SqlStore:
                 raise UnknownEntity(f"no action {index} in round {round_id}")
 
     # -- reads ------------------------------------------------------------
-    def snapshot(self, default_throughput: float = DEFAULT_THROUGHPUT) -> StateSnapshot:
+    def snapshot(
+        self, default_throughput: float = DEFAULT_THROUGHPUT, *, with_throughput: bool = True
+    ) -> StateSnapshot:
         with read_transaction(self._engine) as conn:
-            jobs = self._jobs(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
+            jobs = self._active_jobs(conn)
             tasks = self._tasks(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
             instances = self._instances(conn, INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES))
-            entries = {
-                (r.workload, colocated_from_key(r.colocated)): ThroughputEntry(
-                    r.throughput, r.observations, r.updated_at
-                )
-                for r in conn.execute(select(THROUGHPUT))
-            }
+            entries = (
+                {
+                    (r.workload, colocated_from_key(r.colocated)): ThroughputEntry(
+                        r.throughput, r.observations, r.updated_at
+                    )
+                    for r in conn.execute(select(THROUGHPUT))
+                }
+                if with_throughput
+                else {}
+            )
             # The reconfiguration history is derived from the rounds themselves.
             first_round_at = conn.execute(
                 select(ROUNDS.c.at).order_by(ROUNDS.c.round_id).limit(1)
@@ -499,6 +553,13 @@ class SqlStore:
                 .select_from(ROUNDS)
                 .where(ROUNDS.c.had_event, ROUNDS.c.chosen == "full")
             ).scalar_one()
+            last_round_job_events = conn.execute(
+                select(ROUNDS.c.job_events).order_by(ROUNDS.c.round_id.desc()).limit(1)
+            ).scalar_one_or_none()
+            requested = conn.execute(select(func.count()).select_from(INSTANCES)).scalar_one()
+            submitted, finished = conn.execute(
+                select(func.count(), func.count(JOBS.c.finished_at)).select_from(JOBS)
+            ).one()
         return StateSnapshot(
             tuple(jobs),
             {t.task_id: t for t in tasks},
@@ -507,6 +568,9 @@ class SqlStore:
             first_round_at,
             int(event_rounds),
             int(full_rounds),
+            int(requested),
+            int(submitted) + int(finished),
+            last_round_job_events,
         )
 
     def job(self, job_id: str) -> JobRecord | None:
@@ -563,6 +627,7 @@ class SqlStore:
                 r.numbers,
                 tuple(actions[r.round_id]),
                 r.round_id,
+                r.job_events,
             )
             for r in rounds
         ]
@@ -588,6 +653,34 @@ class SqlStore:
         dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
         return dialect.insert(table)
 
+    def _active_jobs(self, conn: Connection) -> list[JobRecord]:
+        """Queued and running jobs. A spec never changes once submitted, so the parsed
+        specs of active jobs are kept between snapshots (and only theirs: the cache
+        holds what is active, however long the daemon runs)."""
+        columns = [c for c in JOBS.c if c.name != "spec"]
+        rows = conn.execute(
+            select(*columns).where(JOBS.c.status.not_in(FINAL_JOB_STATUSES)).order_by(JOBS.c.id)
+        ).all()
+        cache = self._specs
+        missing = [r.id for r in rows if r.id not in cache]
+        for chunk in _chunks(missing):
+            for r in conn.execute(select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(chunk))):
+                cache[r.id] = spec_from_document(r.spec)
+        self._specs = {r.id: cache[r.id] for r in rows}
+        return [
+            JobRecord(
+                self._specs[r.id],
+                r.status,
+                r.owner,
+                r.submitted_at,
+                r.started_at,
+                r.finished_at,
+                r.reason,
+                r.solo_throughput,
+            )
+            for r in rows
+        ]
+
     @staticmethod
     def _jobs(conn: Connection, where: ColumnElement[bool] | None) -> list[JobRecord]:
         query = select(JOBS).order_by(JOBS.c.id)
@@ -601,6 +694,8 @@ class SqlStore:
                 r.submitted_at,
                 r.started_at,
                 r.finished_at,
+                r.reason,
+                r.solo_throughput,
             )
             for r in conn.execute(query)
         ]
@@ -624,6 +719,12 @@ class SqlStore:
                 r.progress,
                 r.checkpoint,
                 r.updated_at,
+                r.attempt,
+                r.failures,
+                r.status_since,
+                r.reason,
+                r.throughput,
+                tuple(r.gpus),
             )
             for r in conn.execute(query)
         ]
@@ -658,6 +759,12 @@ def _task_row(job: JobSpec, position: int, at: float) -> dict[str, Any]:
         "progress": 0.0,
         "checkpoint": None,
         "updated_at": at,
+        "attempt": 0,
+        "failures": 0,
+        "status_since": at,
+        "reason": "",
+        "throughput": None,
+        "gpus": [],
     }
 
 
@@ -671,8 +778,31 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.cloud_id,
         row.zone,
         tuple(history),
+        row.ready_at,
+        row.lost_at,
+        row.reason,
     )
 
 
 def _interval(row: Row[Any]) -> UptimeRecord:
     return UptimeRecord(row.instance_id, row.instance_type, row.hourly_price, row.start, row.end)
+
+
+def _task_values(change: TaskUpdate, status: str, at: float) -> dict[str, Any]:
+    """The columns a TaskUpdate sets (the rule of `autoscaler.store.updated_task`)."""
+    values: dict[str, Any] = {"updated_at": at}
+    if change.status is not None:
+        values["status"] = change.status
+        if change.status != status:
+            values["status_since"] = at
+    if change.instance_id != "keep":
+        values["instance_id"] = change.instance_id
+    for name in ("progress", "checkpoint", "attempt", "failures", "reason"):
+        value = getattr(change, name)
+        if value is not None:
+            values[name] = value
+    if change.throughput != "keep":
+        values["throughput"] = change.throughput
+    if change.gpus is not None:
+        values["gpus"] = list(change.gpus)
+    return values

@@ -69,3 +69,50 @@ def configuration(*instances: Instance) -> Configuration:
 def placement(config: Configuration) -> list[tuple[str, tuple[str, ...]]]:
     """(type name, tasks) of every instance, sorted: compare plans without ids."""
     return sorted((i.type.name, tuple(sorted(i.tasks))) for i in config)
+
+
+class KeepPlanner:
+    """A planner that keeps the current configuration as it is (tests of the round's
+    handling of the world, where planning is beside the point)."""
+
+    name = "keep"
+
+    def plan(self, view):
+        from autoscaler.planner import Plan
+
+        return Plan(view.current, "partial", (), 0.0, 0.0, "keep everything")
+
+
+class NullExecutor:
+    """An executor with no workers: it runs nothing and reports nothing."""
+
+    def __init__(self) -> None:
+        from autoscaler.execution import ExecutorReport
+
+        self.calls: list[tuple] = []
+        self._report = ExecutorReport()
+
+    def start(self, launch) -> None:
+        self.calls.append(("start", launch.task_id, launch.attempt))
+
+    def stop(self, task_id: str, attempt: int) -> None:
+        self.calls.append(("stop", task_id, attempt))
+
+    def report(self):
+        return self._report
+
+    def acknowledge(self, task_id: str, attempt: int) -> None:
+        self.calls.append(("acknowledge", task_id, attempt))
+
+    def release(self, instance_id: str) -> None:
+        self.calls.append(("release", instance_id))
+
+
+class Ticking:
+    """A `Clock` over a callable (the provisioner tests' hand-moved clock)."""
+
+    def __init__(self, now) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()

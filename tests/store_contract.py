@@ -12,12 +12,14 @@ import pytest
 
 from autoscaler.bundled import bundled
 from autoscaler.files import load_jobs
-from autoscaler.jobs import jobs_from_eva
+from autoscaler.jobs import TraceFacts, jobs_from_eva
 from autoscaler.store import (
     ActionRecord,
     DuplicateJob,
     IllegalTransition,
+    RoundIntents,
     RoundRecord,
+    TaskUpdate,
     UnknownEntity,
 )
 from autoscaler.throughput import ThroughputEntry
@@ -38,10 +40,8 @@ def test_submitted_job_round_trips_with_its_tasks(store):
         name="resnet18[3]",
         init_delay_s=80.0,
         max_tasks_per_instance=1,
-        arrival_time_s=12.0,
-        duration_s=3600.0,
-        total_iters=1000.0,
         full_throughput=2.5,
+        trace=TraceFacts(arrival_time_s=12.0, duration_s=3600.0, total_iters=1000.0),
     )
     record = store.submit_job(spec, owner="ana", at=5.0)
     assert (record.status, record.owner, record.submitted_at) == ("queued", "ana", 5.0)
@@ -290,7 +290,7 @@ def test_specs_with_several_families_delays_and_images_round_trip(store):
     assert [t.task_id for t in store.tasks_of("g7")] == ["g7/0", "g7/1"]
     trace = load_jobs(bundled("pai_200.json"))[:10]
     for spec in trace:
-        store.submit_job(spec, owner="trace", at=spec.arrival_time_s)
+        store.submit_job(spec, owner="trace", at=spec.trace.arrival_time_s)
     assert [store.job(spec.job_id).spec for spec in trace] == list(trace)
 
 
@@ -389,3 +389,115 @@ def test_an_outcome_for_an_unknown_action_is_refused(store):
         store.record_action_outcome(rid + 1, 0, "done")
     store.record_action_outcome(rid, 0, "done", "ok")
     assert store.rounds()[0].actions[0].outcome == "done"
+
+
+def test_a_batch_of_task_updates_is_applied_at_once_and_skips_finished_jobs(store):
+    submit(store, "j1", n_tasks=2, at=0.0)
+    submit(store, "j2", n_tasks=1, at=0.0)
+    store.cancel_job("j2", 1.0)
+    done = store.update_tasks(
+        [
+            TaskUpdate("j1/0", status="starting", instance_id="i-1", attempt=1, gpus=(0,)),
+            TaskUpdate("j1/1", progress=5.0, throughput=2.5, reason="observed"),
+            TaskUpdate("j2/0", status="running"),
+        ],
+        at=2.0,
+    )
+    assert done == {"j1/0", "j1/1"}
+    first, second = store.tasks_of("j1")
+    assert (first.status, first.instance_id, first.attempt, first.gpus) == (
+        "starting",
+        "i-1",
+        1,
+        (0,),
+    )
+    assert first.status_since == 2.0  # its status changed
+    assert (second.status, second.status_since, second.progress) == ("pending", 0.0, 5.0)
+    assert (second.throughput, second.reason) == (2.5, "observed")
+    assert store.tasks_of("j2")[0].status == "cancelled"
+    with pytest.raises(UnknownEntity):
+        store.update_tasks([TaskUpdate("nope/0", status="running")], at=3.0)
+    # keep / clear: throughput None clears it, "keep" keeps it
+    store.update_tasks([TaskUpdate("j1/1", throughput=None, failures=2)], at=4.0)
+    assert (store.tasks_of("j1")[1].throughput, store.tasks_of("j1")[1].failures) == (None, 2)
+
+
+def test_workers_register_and_are_lost_once_each_with_the_reason(store):
+    store.request_instance("i-1", "small", 1.0, at=0.0)
+    assert store.instance_worker("i-1", 5.0, ready=True)
+    assert not store.instance_worker("i-1", 6.0, ready=True)
+    assert store.instance_worker("i-1", 9.0, ready=False, reason="silent for 60 s")
+    assert not store.instance_worker("i-1", 10.0, ready=False, reason="again")
+    inst = store.instance("i-1")
+    assert (inst.ready_at, inst.lost_at, inst.reason) == (5.0, 9.0, "silent for 60 s")
+    with pytest.raises(UnknownEntity):
+        store.instance_worker("nope", 1.0, ready=True)
+
+
+def test_transitions_carry_their_reason(store):
+    store.request_instance("i-1", "small", 1.0, at=0.0)
+    store.transition_instance("i-1", "pending", 1.0, cloud_id="c-1", reason="launched as c-1")
+    assert store.instance("i-1").reason == "launched as c-1"
+    assert store.instance("i-1").entered("pending") == 1.0
+    assert store.instance("i-1").entered("running") is None
+
+
+def test_a_round_and_its_intents_are_recorded_together(store):
+    submit(store, "j1", n_tasks=2, at=0.0)
+    store.request_instance("i-old", "small", 1.0, at=0.0)
+    store.transition_instance("i-old", "running", 1.0, cloud_id="c-old")
+    store.request_instance("i-never", "small", 1.0, at=0.0)
+    intents = RoundIntents(
+        requests=(("i-new", "big", 5.0),),
+        targets={"j1/0": "i-new", "j1/1": None},
+        drains=(("i-old", "the plan no longer uses it"),),
+        terminations=(("i-never", "failed", "never booted"),),
+    )
+    record = RoundRecord(10.0, "eva", "full", True, "why", {"hourly_cost": 5.0}, job_events=1)
+    round_id = store.record_round(record, intents)
+    assert store.rounds()[-1].round_id == round_id and store.rounds()[-1].job_events == 1
+    assert store.instance("i-new").status == "requested"
+    assert store.instance("i-new").requested_at == 10.0
+    assert (store.instance("i-old").status, store.instance("i-old").reason) == (
+        "draining",
+        "the plan no longer uses it",
+    )
+    assert store.instance("i-never").status == "failed"
+    assert [t.target_instance_id for t in store.tasks_of("j1")] == ["i-new", None]
+    # a dry run records the round alone
+    store.record_round(RoundRecord(20.0, "eva", "partial", False, "dry"), None)
+    assert store.instance("i-new").status == "requested"
+
+
+def test_the_snapshot_counts_requests_and_job_events_for_the_next_round(store):
+    first = store.snapshot()
+    assert (first.instances_requested, first.job_events, first.last_round_job_events) == (
+        0,
+        0,
+        None,
+    )
+    submit(store, "j1", n_tasks=1, at=0.0)
+    submit(store, "j2", n_tasks=1, at=0.0)
+    store.request_instance("i-1", "small", 1.0, at=0.0)
+    store.record_round(RoundRecord(1.0, "eva", "full", True, "", job_events=2))
+    store.job_finished("j1", 2.0)
+    snap = store.snapshot()
+    assert (snap.instances_requested, snap.job_events, snap.last_round_job_events) == (1, 3, 2)
+
+
+def test_a_solo_throughput_is_learned_once(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    assert store.learn_solo_throughput("j1", 2.5)
+    assert not store.learn_solo_throughput("j1", 3.0)
+    assert store.job("j1").solo_throughput == 2.5
+    assert store.snapshot().jobs[0].solo_throughput == 2.5
+
+
+def test_a_failed_job_keeps_its_reason(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    store.job_finished("j1", 5.0, "failed", "task j1/0 failed 3 times; last: exit code 1")
+    record = store.job("j1")
+    assert (record.status, record.reason) == (
+        "failed",
+        "task j1/0 failed 3 times; last: exit code 1",
+    )

@@ -1,8 +1,17 @@
-"""Rules every Cloud binding shares: orphan reconciliation and launch guardrails."""
+"""Rules every Cloud binding shares: matching a listing to the state, orphans, the
+availability cache and launch guardrails."""
 
 import pytest
 
-from autoscaler.cloud import CloudInstance, Guardrails, LaunchRefused, reconcile
+from autoscaler.cloud import (
+    AvailabilityCache,
+    CloudInstance,
+    Guardrails,
+    LaunchRefused,
+    OrphanPolicy,
+    match_listing,
+    unavailable_types,
+)
 from tests.builders import itype
 
 
@@ -14,15 +23,52 @@ def catalog():
     )
 
 
-def test_reconcile_finds_orphans_and_gone_instances():
+def test_a_listing_is_matched_by_cloud_id_then_by_launch_token():
     listed = [
-        CloudInstance("i-known", "cpu.small", "running"),
+        CloudInstance("i-known", "cpu.small", "running", launch_token="tok-1"),
+        CloudInstance("i-unrecorded", "cpu.small", "pending", launch_token="tok-2"),
         CloudInstance("i-orphan", "cpu.small", "pending"),
-        CloudInstance("i-dead", "cpu.small", "terminated"),
+        CloudInstance("i-dead", "cpu.small", "terminated", launch_token="tok-3"),
     ]
-    result = reconcile({"i-known", "i-dead", "i-lost"}, listed)
+    known = [("tok-1", "i-known"), ("tok-2", None), ("tok-3", "i-dead"), ("tok-4", "i-lost")]
+    result = match_listing(known, listed)
+    assert {k: v.instance_id for k, v in result.by_instance.items()} == {
+        "tok-1": "i-known",
+        "tok-2": "i-unrecorded",  # a launch whose answer was never recorded: adopted
+    }
     assert [o.instance_id for o in result.orphans] == ["i-orphan"]
-    assert result.gone == ("i-dead", "i-lost")
+
+
+def test_a_token_listed_twice_stands_for_its_first_launch_and_the_other_is_an_orphan():
+    listed = [
+        CloudInstance("i-second", "cpu.small", "running", launch_token="tok-1", launched_at_s=20),
+        CloudInstance("i-first", "cpu.small", "running", launch_token="tok-1", launched_at_s=10),
+    ]
+    result = match_listing([("tok-1", None)], listed)
+    assert result.by_instance["tok-1"].instance_id == "i-first"
+    assert [o.instance_id for o in result.orphans] == ["i-second"]
+
+
+def test_orphan_policy_reports_or_terminates_after_its_grace_period():
+    orphan = CloudInstance("i-9", "cpu.small", "running", launched_at_s=1000.0)
+    assert OrphanPolicy("report").judge(orphan, 5000.0)[0] == "report"
+    young, why = OrphanPolicy("terminate", grace_s=300).judge(orphan, 1299.0)
+    assert young == "report" and "299 s ago, within the 300 s grace period" in why
+    assert OrphanPolicy("terminate", grace_s=300).judge(orphan, 1301.0)[0] == "terminate"
+
+
+def test_availability_cache_cools_an_offering_down_then_forgets_it():
+    cache = AvailabilityCache(cooldown_s=180)
+    cache.mark("big", "zone-a", now=100.0, reason="InsufficientInstanceCapacity")
+    assert cache.is_unavailable("big", "zone-a", 279.0)
+    assert not cache.is_unavailable("big", "zone-b", 279.0)
+    assert not cache.is_unavailable("big", "zone-a", 280.0)
+    cache.mark("big", None, now=100.0, reason="no zone left")  # the whole type
+    assert cache.is_unavailable("big", "zone-b", 200.0)
+    assert unavailable_types(cache.offerings(200.0), 200.0) == {
+        "big": "no zone left; retried after 80 s"
+    }
+    assert cache.offerings(400.0) == []
 
 
 def test_guardrails_allow_a_launch_within_every_limit():

@@ -24,7 +24,7 @@ def test_only_demands_are_required_and_the_rest_defaults():
     (job,) = jobs_from_eva({"7": {"tasks": {"a": {"demand": {"any": [1, 2, 3]}}}}})
     (task,) = job.tasks
     assert (job.name, task.task_id, task.name, task.workload) == ("7", "7/a", "a", "7_a")
-    assert job.init_delay_s == DEFAULT_INIT_S and job.arrival_time_s == 0.0
+    assert job.init_delay_s == DEFAULT_INIT_S and job.trace.arrival_time_s == 0.0
     assert job.max_tasks_per_instance is None
 
 

@@ -17,5 +17,13 @@ def test_the_deciding_core_imports_no_binding_no_io_and_no_clock(monkeypatch):
 
 def test_the_contract_names_every_module_that_decides():
     text = (ROOT / "pyproject.toml").read_text()
-    for module in ("planner", "patterns", "lp", "reconfiguration", "pricing", "throughput"):
+    for module in (
+        "planner",
+        "patterns",
+        "lp",
+        "reconfiguration",
+        "pricing",
+        "throughput",
+        "decide",
+    ):
         assert f'"autoscaler.{module}"' in text

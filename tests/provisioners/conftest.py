@@ -20,7 +20,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from provisioners.config import EC2Config, GuardrailsConfig
+from autoscaler.cloud import Guardrails
+from provisioners.config import EC2Config
 from provisioners.ec2 import EC2Cloud
 
 REGION = "us-east-1"
@@ -182,7 +183,7 @@ def make_cloud(
     ec2: Any,
     clock: Clock,
     sleeps: list[float],
-    guardrails: GuardrailsConfig | None = None,
+    guardrails: Guardrails | None = None,
     **kwargs: Any,
 ) -> EC2Cloud:
     return EC2Cloud(config, guardrails, ec2=ec2, clock=clock, sleep=sleeps.append, **kwargs)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.cloud import Guardrails
 from autoscaler.errors import InputError
 from provisioners.config import (
     DEFAULT_FAMILIES,
     EC2Config,
-    GuardrailsConfig,
     load_config,
     parse_config,
 )
@@ -68,7 +68,7 @@ def test_full_configuration_is_parsed_into_frozen_dataclasses(tmp_path):
         dry_run=True,
         cache_dir=tmp_path / "cache",  # relative to the configuration file
     )
-    assert config.guardrails == GuardrailsConfig(
+    assert config.guardrails == Guardrails(
         max_instances=20, max_hourly_spend=50.0, allowed_regions=("us-west-2", "us-east-1")
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -91,7 +91,7 @@ def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
     assert config.ec2.orphan_policy == "report" and not config.ec2.dry_run
     assert config.ec2.spot == () and config.ec2.ami is None
     assert config.ec2.cache_dir == tmp_path / "ec2-batch-autoscaler"
-    assert config.guardrails == GuardrailsConfig()
+    assert config.guardrails == Guardrails()
     assert parse_config({}) == dataclasses.replace(config, source="config")
 
 

@@ -87,10 +87,10 @@ def test_iam_policy_grants_exactly_the_calls_the_provisioner_makes(
     config = replace(
         config, subnet_ids=tuple(subnets), iam_instance_profile="autoscaler-worker", spot=("c7i",)
     )
-    cloud = make_cloud(replace(config, orphan_policy="terminate"), ec2, clock, sleeps)
+    cloud = make_cloud(config, ec2, clock, sleeps)
 
     launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
-    cloud.reconcile({launched.instance_id})
+    cloud.list()
     cloud.terminate([launched.instance_id])
 
     implied = {

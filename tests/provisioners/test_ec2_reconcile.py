@@ -1,13 +1,16 @@
-"""EC2Cloud.list, terminate and reconcile against moto: never lose track of an instance,
-never touch one that is not ours."""
+"""EC2Cloud.list and terminate, and the round's orphan handling, against moto: never lose
+track of an instance, never touch one that is not ours."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from autoscaler.cloud import LaunchRequest
-from provisioners.ec2 import DEFAULT_ORPHAN_GRACE_S, TAG_CLUSTER, TAG_LAUNCH_TOKEN
+from autoscaler.cloud import DEFAULT_ORPHAN_GRACE_S, LaunchRequest, OrphanPolicy
+from autoscaler.control import ControlLoop, ControlOptions
+from autoscaler.memory_store import InMemoryStore
+from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
+from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import live_instances, make_cloud
 
 
@@ -52,72 +55,104 @@ def test_list_returns_only_this_clusters_live_instances_with_their_state(
     assert listed[stopped].state in ("stopping", "stopped")
 
 
-def test_orphan_is_found_and_terminated_per_policy(config, ec2, ami, clock, sleeps):
-    cloud = make_cloud(replace(config, orphan_policy="terminate"), ec2, clock, sleeps)
+def round_over(cloud, store, clock, action="terminate"):
+    """One round of the control loop against EC2 (moto); nothing to plan."""
+    options = ControlOptions(orphans=OrphanPolicy(action))
+    loop = ControlLoop(KeepPlanner(), cloud, NullExecutor(), store, Ticking(clock), options)
+    return loop.schedule().record
+
+
+def known_to(store, cloud_instance, at):
+    """The state records an instance the cloud has (as a round would have)."""
+    token = cloud_instance.launch_token
+    store.request_instance(token, cloud_instance.instance_type, 0.1, at)
+    store.transition_instance(token, "pending", at, cloud_id=cloud_instance.instance_id)
+
+
+def orphan_actions(record):
+    return [(a.kind, a.target, a.outcome) for a in record.actions if a.detail.get("orphan")]
+
+
+def past_grace(clock, ec2, instance_id):
+    """Move the test clock past the orphan grace period of this instance's launch."""
+    [reservation] = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    launched = reservation["Instances"][0]["LaunchTime"].timestamp()
+    clock.now = launched + DEFAULT_ORPHAN_GRACE_S + 1
+
+
+def test_orphan_is_found_and_terminated_by_the_round_per_policy(config, ec2, ami, clock, sleeps):
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
     known = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    known_to(store, known, clock())
     orphan = start_instance(ec2, ami, **OURS, **{TAG_LAUNCH_TOKEN: "tok-lost"})
     neighbour = start_instance(ec2, ami, **{TAG_CLUSTER: "other-cluster"})
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
+    past_grace(clock, ec2, orphan)
 
-    report = cloud.reconcile({known.instance_id, "i-0000000000000dead"})
+    record = round_over(cloud, store, clock)
 
-    assert [o.instance_id for o in report.orphans] == [orphan]
-    assert report.terminated == (orphan,)
-    assert report.gone == ("i-0000000000000dead",)
+    assert orphan_actions(record) == [("terminate", orphan, "done")]
+    assert "unknown to the state" in next(a.reason for a in record.actions if a.target == orphan)
     assert state_of(ec2, orphan) in ("shutting-down", "terminated")
     assert state_of(ec2, known.instance_id) in ("pending", "running")
     assert state_of(ec2, neighbour) in ("pending", "running")
-    assert cloud.reconcile({known.instance_id}).orphans == ()
+    assert orphan_actions(round_over(cloud, store, clock)) == []
 
 
 def test_orphans_are_only_reported_under_the_report_policy(config, ec2, ami, clock, sleeps):
-    cloud = make_cloud(config, ec2, clock, sleeps)  # orphan_policy defaults to "report"
+    cloud = make_cloud(config, ec2, clock, sleeps)
     orphan = start_instance(ec2, ami, **OURS)
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
+    past_grace(clock, ec2, orphan)
 
-    report = cloud.reconcile(set())
+    record = round_over(cloud, InMemoryStore(), clock, action="report")
 
-    assert [o.instance_id for o in report.orphans] == [orphan]
-    assert report.terminated == ()
+    assert orphan_actions(record) == [("report", orphan, "planned")]
     assert state_of(ec2, orphan) in ("pending", "running")
 
 
 def test_young_orphans_are_reported_but_not_terminated(config, ec2, ami, clock, sleeps):
-    cloud = make_cloud(replace(config, orphan_policy="terminate"), ec2, clock, sleeps)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
     orphan = start_instance(ec2, ami, **OURS)
+    past_grace(clock, ec2, orphan)
+    clock.advance(-2)  # one second inside the grace period
 
-    report = cloud.reconcile(set())
-    assert [o.instance_id for o in report.orphans] == [orphan] and report.terminated == ()
+    record = round_over(cloud, store, clock)
+    assert orphan_actions(record) == [("report", orphan, "planned")]
+    assert "grace period" in record.actions[0].reason
     assert state_of(ec2, orphan) in ("pending", "running")
 
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
-    assert cloud.reconcile(set()).terminated == (orphan,)
+    clock.advance(2)
+    assert orphan_actions(round_over(cloud, store, clock)) == [("terminate", orphan, "done")]
 
 
-def test_instance_with_a_known_launch_token_awaits_recording_and_is_adopted_by_a_retry(
+def test_instance_with_a_known_launch_token_is_adopted_not_orphaned(
     config, ec2, ami, clock, sleeps
 ):
-    cloud = make_cloud(replace(config, orphan_policy="terminate"), ec2, clock, sleeps)
-    unrecorded = cloud.launch(LaunchRequest("c7i.large", "tok-1"))  # result lost in a crash
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
+    store.request_instance("tok-1", "c7i.large", 0.1, clock())  # recorded before the call
+    unrecorded = cloud.launch(LaunchRequest("c7i.large", "tok-1"))  # answer lost in a crash
+    past_grace(clock, ec2, unrecorded.instance_id)
 
-    report = cloud.reconcile(set(), known_tokens={"tok-1"})
+    record = round_over(cloud, store, clock)
 
-    assert report.orphans == () and report.terminated == ()
-    assert [i.instance_id for i in report.awaiting_record] == [unrecorded.instance_id]
-    assert cloud.launch(LaunchRequest("c7i.large", "tok-1")).instance_id == unrecorded.instance_id
+    assert orphan_actions(record) == []
+    assert store.instance("tok-1").cloud_id == unrecorded.instance_id
     assert len(live_instances(ec2)) == 1
 
 
 def test_a_second_instance_with_a_recorded_token_is_an_orphan(config, ec2, ami, clock, sleeps):
-    cloud = make_cloud(replace(config, orphan_policy="terminate"), ec2, clock, sleeps)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
     recorded = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    known_to(store, recorded, clock())
     duplicate = start_instance(ec2, ami, **OURS, **{TAG_LAUNCH_TOKEN: "tok-1"})
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
+    past_grace(clock, ec2, duplicate)
 
-    report = cloud.reconcile({recorded.instance_id}, known_tokens={"tok-1"})
+    record = round_over(cloud, store, clock)
 
-    assert report.terminated == (duplicate,)
+    assert orphan_actions(record) == [("terminate", duplicate, "done")]
     assert state_of(ec2, recorded.instance_id) in ("pending", "running")
 
 
@@ -139,14 +174,11 @@ def test_terminate_ignores_unknown_and_foreign_ids(config, ec2, ami, clock, slee
 
 def test_dry_run_terminate_leaves_the_instance_running(config, ec2, ami, clock, sleeps, faults):
     instance = start_instance(ec2, ami, **OURS)
-    cloud = make_cloud(replace(config, dry_run=True, orphan_policy="terminate"), ec2, clock, sleeps)
+    cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
     faults.watch("TerminateInstances")
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
 
-    report = cloud.reconcile(set())
+    cloud.terminate([instance])
 
-    assert [o.instance_id for o in report.orphans] == [instance]
-    assert report.terminated == ()
     assert [c.get("DryRun") for c in faults.calls["TerminateInstances"]] == [True]
     assert state_of(ec2, instance) in ("pending", "running")
 

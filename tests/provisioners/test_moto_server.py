@@ -20,9 +20,11 @@ import boto3
 import pytest
 
 from autoscaler.cloud import LaunchRequest
+from autoscaler.memory_store import InMemoryStore
 from provisioners.config import load_config
-from provisioners.ec2 import DEFAULT_ORPHAN_GRACE_S, TAG_CLUSTER, EC2Cloud
+from provisioners.ec2 import TAG_CLUSTER, EC2Cloud
 from tests.provisioners.conftest import REGION, Clock, register_worker_image
+from tests.provisioners.test_ec2_reconcile import known_to, orphan_actions, past_grace, round_over
 
 
 def free_port() -> int:
@@ -110,9 +112,10 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
             {"ResourceType": "instance", "Tags": [{"Key": TAG_CLUSTER, "Value": "e2e"}]}
         ],
     )["Instances"][0]["InstanceId"]
-    clock.advance(DEFAULT_ORPHAN_GRACE_S + 1)
-    report = after_crash.reconcile({launched.instance_id})
-    assert report.terminated == (orphan,)
+    store = InMemoryStore()
+    known_to(store, launched, clock())
+    past_grace(clock, raw, orphan)  # the grace period runs from the orphan's own launch time
+    assert orphan_actions(round_over(after_crash, store, clock)) == [("terminate", orphan, "done")]
     assert [i.instance_id for i in after_crash.list() if i.state != "shutting-down"] == [
         launched.instance_id
     ]

@@ -9,7 +9,7 @@ initializes for 8 s; one iteration per second.
 import pytest
 
 from autoscaler.catalog import Catalog, InstanceType, LaunchDelays
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import JobSpec, TaskRun, TaskSpec, TraceFacts
 from autoscaler.resources import Resources
 from autoscaler.throughput import ThroughputTable
 from simulator.replay import replay
@@ -40,16 +40,14 @@ def job(
         upload_s=5.0,
         fetch_s=2.0,
         build_image_s=10.0,
-        image_id=f"img-{job_id}",
+        run=TaskRun(image=f"img-{job_id}"),
     )
     return JobSpec(
         job_id,
         f"w{job_id}",
         (task,),
-        arrival_time_s=arrival,
-        duration_s=seconds,
-        total_iters=seconds,
         full_throughput=1.0,
+        trace=TraceFacts(arrival_time_s=arrival, duration_s=seconds, total_iters=seconds),
         init_delay_s=8.0,
     )
 

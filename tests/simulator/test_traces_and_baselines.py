@@ -31,18 +31,20 @@ def test_synthesis_is_reproducible_and_seed_dependent(pai_jobs):
 
 def test_synthetic_durations_and_arrivals_follow_gavel_and_poisson(pai_jobs):
     jobs = jobs_from_eva(synthesize(pai_jobs, 4000, seed=7, arrivals_per_hour=3.0))
-    minutes = [j.duration_s / 60 for j in jobs]
+    minutes = [j.trace.duration_s / 60 for j in jobs]
     exponents = [math.log10(m) for m in minutes]
     assert min(exponents) >= 1.5 - 1e-3 and max(exponents) <= 4 + 1e-3
     long_share = sum(x > 3 for x in exponents) / len(exponents)
     assert long_share == pytest.approx(0.2, abs=0.03)  # x in [3, 4] w.p. 0.2
-    gaps = [b.arrival_time_s - a.arrival_time_s for a, b in itertools.pairwise(jobs)]
+    gaps = [b.trace.arrival_time_s - a.trace.arrival_time_s for a, b in itertools.pairwise(jobs)]
     assert min(gaps) >= 0
     assert statistics.mean(gaps) == pytest.approx(1200, rel=0.06)  # 3 per hour
     # demands and workloads come from the source trace
     source = {(t.demands, t.workload.split("_")[0]) for j in pai_jobs for t in j.tasks}
     assert all((t.demands, t.workload.split("_")[0]) in source for j in jobs for t in j.tasks)
-    assert all(j.total_iters == pytest.approx(j.duration_s * j.full_throughput) for j in jobs)
+    assert all(
+        j.trace.total_iters == pytest.approx(j.trace.duration_s * j.full_throughput) for j in jobs
+    )
 
 
 def test_multi_task_share_duplicates_tasks_into_2_or_4(pai_jobs):

@@ -7,11 +7,11 @@ from typing import Any
 
 from sqlalchemy import text
 
+from autoscaler.memory_store import InMemoryStore
 from autoscaler.store import (
     BILLED_STATUSES,
     FINAL_JOB_STATUSES,
     TRANSITIONS,
-    InMemoryStore,
     RoundRecord,
     Store,
 )
@@ -62,8 +62,8 @@ def assert_consistent(store: SqlStore) -> None:
         else:
             orphans = conn.execute(
                 text(
-                    "SELECT count(*) FROM task_demands d LEFT JOIN tasks t USING (task_id) "
-                    "WHERE t.task_id IS NULL"
+                    "SELECT count(*) FROM tasks t LEFT JOIN jobs j USING (job_id) "
+                    "WHERE j.job_id IS NULL"
                 )
             ).scalar()
             assert orphans == 0

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
-from autoscaler.store import InMemoryStore, Store
+from autoscaler.memory_store import InMemoryStore
+from autoscaler.store import Store
 from autoscaler.throughput import ThroughputEntry
 from state import store as sql_store_module
 from state.database import create_state_engine

@@ -1,0 +1,741 @@
+"""Deciding: pure functions from a snapshot of the state to what should happen.
+
+Two decisions, both functions of plain data (no cloud, no executor, no
+database, no clock — the time is an argument):
+
+- `decide` — a scheduling round (Eva §4, every period): plan the jobs onto
+  instances (the planner), diff the plan against the current configuration
+  into launches, drains and task moves, check every launch against the
+  guardrails, report tasks that nothing available can host (they wait; the
+  round goes on for everyone else), and judge orphans.
+- `advance` — a step between rounds (every few seconds): carry the adopted
+  plan out as far as the world allows — start tasks on instances whose worker
+  is ready, move a task once its destination is ready (make before break: it
+  keeps running where it is until then), terminate drained instances once
+  empty — and apply the timeouts (an instance that never boots or whose worker
+  never registers, a task stuck starting or checkpointing, a lost worker),
+  each with its reason.
+
+`autoscaler.control` records each decision before it acts on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from autoscaler.catalog import Catalog, InstanceType
+from autoscaler.cloud import (
+    CloudInstance,
+    Guardrails,
+    LaunchRefused,
+    OrphanAction,
+    OrphanPolicy,
+    UnavailableOffering,
+    unavailable_types,
+)
+from autoscaler.configuration import Configuration, Instance
+from autoscaler.execution import ResourceLimits, TaskLaunch
+from autoscaler.jobs import TaskSpec
+from autoscaler.planner import Plan
+from autoscaler.resources import Resources
+from autoscaler.store import (
+    ActionRecord,
+    InstanceRecord,
+    RoundIntents,
+    RoundRecord,
+    StateSnapshot,
+    TaskRecord,
+    TaskUpdate,
+)
+from autoscaler.throughput import DEFAULT_THROUGHPUT
+from autoscaler.view import ClusterView
+
+#: Task statuses in which a task occupies an instance.
+ON_INSTANCE: frozenset[str] = frozenset({"starting", "running", "checkpointing"})
+#: Instance statuses a plan may keep or place tasks on.
+PLANNABLE: frozenset[str] = frozenset({"requested", "pending", "running"})
+
+
+class Planner(Protocol):
+    name: str
+
+    def plan(self, view: ClusterView) -> Plan: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long each transition may take before it is given up, with a reason (seconds).
+
+    Defaults are generous multiples of Eva's Table 1 (acquisition ≤ 83 s, setup
+    ≤ 251 s, launch ≤ 160 s, checkpoint ≤ 30 s): they catch what is stuck,
+    not what is slow.
+    """
+
+    boot_s: float = 900.0  # launch request → the cloud reports it running
+    register_s: float = 900.0  # running → its worker registered
+    start_s: float = 1800.0  # task starting → running (fetch, build, start)
+    checkpoint_s: float = 900.0  # task checkpointing → stopped
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOptions:
+    """Everything a round and a step decide by, besides the snapshot."""
+
+    default_throughput: float = DEFAULT_THROUGHPUT
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_attempts: int = 3  # a task failing this many times fails its job
+    dry_run: bool = False  # decide and record, but launch, move and terminate nothing
+    learn: bool = True  # update the throughput table from observed throughputs
+    instance_prefix: str = "inst-"  # launch tokens are this prefix and a sequence number
+
+
+# -- a round --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    instance_id: str  # ours: the launch token
+    instance_type: str
+    hourly_price: float
+    tasks: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedLaunch:
+    instance_type: str
+    tasks: tuple[str, ...]
+    reason: str
+    rule: str
+    message: str  # the guardrail's numbers
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceAction:
+    """Drain or terminate one instance, and why.
+
+    `status` is what the state records first: `terminating` for an instance the
+    cloud has (then the cloud is asked), `failed` for a launch that never
+    produced one (nothing to terminate, nothing was billed).
+    """
+
+    instance_id: str
+    reason: str
+    status: Literal["draining", "terminating", "failed"] = "terminating"
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanDecision:
+    instance: CloudInstance
+    action: OrphanAction
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoundDecision:
+    """What a round decided, with every reason; `record()` is how it is stored."""
+
+    at: float
+    planner: str
+    chosen: str  # "full", "partial" or "none"
+    reason: str
+    had_event: bool
+    job_events: int
+    plan: Plan | None = None
+    launches: tuple[Launch, ...] = ()
+    refused: tuple[RefusedLaunch, ...] = ()
+    drains: tuple[InstanceAction, ...] = ()
+    terminations: tuple[InstanceAction, ...] = ()
+    targets: Mapping[str, str | None] = field(default_factory=dict)
+    moves: tuple[ActionRecord, ...] = ()
+    infeasible: Mapping[str, str] = field(default_factory=dict)  # task -> why it waits
+    orphans: tuple[OrphanDecision, ...] = ()
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+    round_id: int | None = None
+
+    def actions(self) -> tuple[ActionRecord, ...]:
+        """Every action in a fixed order: launches first (their index is their position)."""
+        actions = [
+            ActionRecord(
+                "launch",
+                launch.instance_id,
+                launch.reason,
+                detail={"type": launch.instance_type, "tasks": list(launch.tasks)},
+            )
+            for launch in self.launches
+        ]
+        actions += [
+            ActionRecord(
+                "launch",
+                refused.instance_type,
+                refused.reason,
+                "refused",
+                refused.message,
+                {"type": refused.instance_type, "tasks": list(refused.tasks), "rule": refused.rule},
+            )
+            for refused in self.refused
+        ]
+        actions += [ActionRecord("terminate", d.instance_id, d.reason) for d in self.drains]
+        actions += [ActionRecord("terminate", t.instance_id, t.reason) for t in self.terminations]
+        actions += [
+            ActionRecord(
+                "terminate" if o.action == "terminate" else "report",
+                o.instance.instance_id,
+                o.reason,
+                detail={"type": o.instance.instance_type, "orphan": True},
+            )
+            for o in self.orphans
+        ]
+        actions += self.moves
+        return tuple(actions)
+
+    def orphan_index(self, position: int) -> int:
+        """Index among `actions()` of the `position`-th orphan decision."""
+        return (
+            len(self.launches)
+            + len(self.refused)
+            + len(self.drains)
+            + len(self.terminations)
+            + position
+        )
+
+    def record(self) -> RoundRecord:
+        numbers = dict(self.numbers)
+        if self.infeasible:
+            numbers["infeasible"] = dict(self.infeasible)
+        return RoundRecord(
+            self.at,
+            self.planner,
+            self.chosen,
+            self.had_event,
+            self.reason,
+            numbers,
+            self.actions(),
+            self.round_id,
+            self.job_events,
+        )
+
+    def intents(self) -> RoundIntents:
+        return RoundIntents(
+            requests=tuple(
+                (launch.instance_id, launch.instance_type, launch.hourly_price)
+                for launch in self.launches
+            ),
+            targets=self.targets,
+            drains=tuple((d.instance_id, d.reason) for d in self.drains),
+            terminations=tuple((t.instance_id, t.status, t.reason) for t in self.terminations),
+        )
+
+
+def decide(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    unavailable: Sequence[UnavailableOffering],
+    options: ControlOptions,
+    *,
+    planner: Planner,
+    now: float,
+    orphans: Sequence[CloudInstance] = (),
+) -> RoundDecision:
+    """One scheduling round's decision, from the snapshot taken after `sync`."""
+    had_event = (
+        snapshot.last_round_job_events is None
+        or snapshot.job_events != snapshot.last_round_job_events
+    )
+    judged = tuple(
+        OrphanDecision(orphan, *options.orphans.judge(orphan, now)) for orphan in orphans
+    )
+    terminations = tuple(instance_timeouts(snapshot, now, options.timeouts))
+    leaving = {t.instance_id for t in terminations}
+    blocked = unavailable_types(unavailable, now)
+    live = [
+        i
+        for i in snapshot.instances
+        if i.status in PLANNABLE and i.instance_id not in leaving and i.instance_type in catalog
+    ]
+    # Types of instances that exist stay plannable even while the type cools down:
+    # a plan may keep an instance it cannot launch another of.
+    kept_types = {i.instance_type for i in live}
+    usable = catalog.restricted_to(
+        {t.name for t in catalog if t.name not in blocked or t.name in kept_types}
+    )
+    infeasible = _infeasible(snapshot, usable, blocked, live)
+    jobs = tuple(
+        j.spec for j in snapshot.jobs if not any(t.task_id in infeasible for t in j.spec.tasks)
+    )
+    planned_tasks = {t.task_id for j in jobs for t in j.tasks}
+    current = current_configuration(snapshot, catalog, live, planned_tasks)
+    common = {
+        "at": now,
+        "planner": planner.name,
+        "had_event": had_event,
+        "job_events": snapshot.job_events,
+        "terminations": terminations,
+        "infeasible": infeasible,
+        "orphans": judged,
+    }
+    if not jobs and not current.instances:
+        targets = {tid: None for tid in snapshot.tasks}
+        return RoundDecision(chosen="none", reason="no jobs", targets=targets, **common)
+
+    progress = {
+        j.job_id: max((snapshot.tasks[t.task_id].progress for t in j.spec.tasks), default=0.0)
+        for j in snapshot.jobs
+    }
+    view = ClusterView(
+        usable,
+        jobs,
+        current,
+        snapshot.throughput,
+        snapshot.history(now),
+        now,
+        progress,
+    )
+    plan = planner.plan(view)
+    launches, refused, targets, moves = _diff(
+        snapshot, plan.configuration, current, catalog, options
+    )
+    # Drained: what the plan does not keep, unless a refused launch left tasks on it.
+    kept = {i.instance_id for i in plan.configuration if i.instance_id is not None}
+    kept |= {target for target in targets.values() if target is not None}
+    drains = tuple(
+        InstanceAction(
+            i.instance_id, "the plan no longer uses it: drain, then terminate", "draining"
+        )
+        for i in current
+        if i.instance_id not in kept
+    )
+    return RoundDecision(
+        chosen=plan.chosen,
+        reason=plan.reason,
+        plan=plan,
+        launches=launches,
+        refused=refused,
+        drains=drains,
+        targets=targets,
+        moves=moves,
+        numbers=plan_numbers(plan, len(usable)),
+        **common,
+    )
+
+
+def current_configuration(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    live: Sequence[InstanceRecord],
+    planned_tasks: set[str],
+) -> Configuration:
+    """The instances a plan may keep, each with the tasks assigned to it.
+
+    A task counts on the instance the adopted plan assigned it to, or — while
+    that instance is gone or never came — on the one it still runs on.
+    """
+    live_ids = {i.instance_id for i in live}
+    assigned: dict[str, list[str]] = {}
+    for task in snapshot.tasks.values():
+        if task.task_id not in planned_tasks:
+            continue
+        where = task.target_instance_id
+        if where not in live_ids and task.status in ON_INSTANCE:
+            where = task.instance_id
+        if where in live_ids:
+            assigned.setdefault(where, []).append(task.task_id)  # type: ignore[arg-type]
+    return Configuration(
+        tuple(
+            Instance(
+                inst.instance_id,
+                catalog[inst.instance_type],
+                tuple(sorted(assigned.get(inst.instance_id, ()))),
+            )
+            for inst in live
+        )
+    )
+
+
+def _infeasible(
+    snapshot: StateSnapshot,
+    usable: Catalog,
+    blocked: Mapping[str, str],
+    live: Sequence[InstanceRecord],
+) -> dict[str, str]:
+    """Tasks not on a live instance that no usable type can host, with the reason.
+
+    Their jobs wait (a data-parallel job runs whole or not at all) and are
+    reported; every other job is planned as usual.
+    """
+    live_ids = {i.instance_id for i in live}
+    infeasible: dict[str, str] = {}
+    fits_cache: dict[tuple, bool] = {}
+    for job in snapshot.jobs:
+        for task in job.spec.tasks:
+            record = snapshot.tasks[task.task_id]
+            if record.status in ON_INSTANCE and record.instance_id in live_ids:
+                continue
+            fits = fits_cache.get(task.demands)
+            if fits is None:
+                fits = fits_cache[task.demands] = any(
+                    (d := task.demand_on(t.family)) is not None and d.fits_in(t.capacity)
+                    for t in usable
+                )
+            if not fits:
+                waiting = sorted(blocked)
+                infeasible[task.task_id] = (
+                    "fits no instance type available now"
+                    + (f" ({', '.join(f'{t}: {blocked[t]}' for t in waiting)})" if waiting else "")
+                    + "; it waits and is planned again every round"
+                )
+    return infeasible
+
+
+def _diff(
+    snapshot: StateSnapshot,
+    target: Configuration,
+    current: Configuration,
+    catalog: Catalog,
+    options: ControlOptions,
+) -> tuple[
+    tuple[Launch, ...], tuple[RefusedLaunch, ...], dict[str, str | None], tuple[ActionRecord, ...]
+]:
+    """Launches (each checked against the guardrails), refusals, every task's target, moves."""
+    targets: dict[str, str | None] = {tid: None for tid in snapshot.tasks}
+    live_types = [i.instance_type for i in snapshot.instances]
+    current_ids = {i.instance_id for i in current}
+    launches: list[Launch] = []
+    refused: list[RefusedLaunch] = []
+    number = snapshot.instances_requested
+    for inst in target:
+        tasks = inst.tasks
+        if inst.instance_id is not None:
+            for task_id in tasks:
+                targets[task_id] = inst.instance_id
+            continue
+        reason = f"launch {inst.type.name} for {len(tasks)} task(s): {', '.join(tasks[:5])}" + (
+            " …" if len(tasks) > 5 else ""
+        )
+        try:
+            options.guardrails.check_launch(inst.type.name, catalog, live_types)
+        except LaunchRefused as exc:
+            refused.append(RefusedLaunch(inst.type.name, tasks, reason, exc.rule, str(exc)))
+            for task_id in tasks:
+                # it stays where the last plan put it, if that instance still exists
+                previous = snapshot.tasks[task_id].target_instance_id
+                targets[task_id] = previous if previous in current_ids else None
+            continue
+        number += 1
+        token = f"{options.instance_prefix}{number}"
+        live_types.append(inst.type.name)
+        launches.append(Launch(token, inst.type.name, inst.type.hourly_cost, tasks, reason))
+        for task_id in tasks:
+            targets[task_id] = token
+    moves = []
+    for task_id, new in targets.items():
+        old = snapshot.tasks[task_id].target_instance_id
+        if new == old or new is None:
+            continue
+        if old is None:
+            moves.append(ActionRecord("start", task_id, "new task placed", detail={"to": new}))
+        else:
+            moves.append(
+                ActionRecord(
+                    "migrate", task_id, "the adopted plan moves it", detail={"from": old, "to": new}
+                )
+            )
+    return tuple(launches), tuple(refused), targets, tuple(moves)
+
+
+def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
+    """The numbers behind a plan, as a round records them."""
+    return {
+        "hourly_cost": plan.hourly_cost,
+        "no_packing_hourly_cost": plan.no_packing_hourly_cost,
+        "lower_bound_hourly_cost": plan.lower_bound_hourly_cost,
+        "expected_duration_h": plan.expected_duration_h,
+        "candidates": [c.summary() for c in plan.candidates],
+        "instance_types": instance_types,
+    }
+
+
+# -- timeouts ---------------------------------------------------------------------------------
+
+
+def instance_timeouts(
+    snapshot: StateSnapshot, now: float, timeouts: Timeouts
+) -> list[InstanceAction]:
+    """Instances to terminate now: lost workers, launches that never boot, workers that
+    never register (Ray autoscaler v2's stuck-instance handling)."""
+    found = []
+    for inst in snapshot.instances:
+        if inst.status not in ("requested", "pending", "running", "draining"):
+            continue
+        if inst.lost_at is not None:
+            found.append(InstanceAction(inst.instance_id, f"worker lost: {inst.reason}"))
+        elif inst.status in ("requested", "pending") and now - inst.requested_at > timeouts.boot_s:
+            found.append(
+                InstanceAction(
+                    inst.instance_id,
+                    f"still {inst.status} {now - inst.requested_at:.0f} s after its launch "
+                    f"request (limit {timeouts.boot_s:.0f} s)",
+                    "failed" if inst.cloud_id is None else "terminating",
+                )
+            )
+        elif inst.ready_at is None and inst.status in ("running", "draining"):
+            running_since = inst.entered("running")
+            if running_since is not None and now - running_since > timeouts.register_s:
+                found.append(
+                    InstanceAction(
+                        inst.instance_id,
+                        f"its worker did not register within {timeouts.register_s:.0f} s "
+                        "of the instance running",
+                    )
+                )
+    return found
+
+
+# -- a step between rounds ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    task_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepDecision:
+    """What a step does: each change recorded (`updates`, `failed_jobs`, `terminations`)
+    before the executor and the cloud are asked (`starts`, `stops`, `terminations`)."""
+
+    at: float
+    starts: tuple[TaskLaunch, ...] = ()
+    stops: tuple[Stop, ...] = ()
+    updates: tuple[TaskUpdate, ...] = ()
+    failed_jobs: tuple[tuple[str, str], ...] = ()  # (job, reason)
+    terminations: tuple[InstanceAction, ...] = ()
+    relaunch: tuple[str, ...] = ()  # requested instances to ask the cloud for (again)
+    reterminate: tuple[str, ...] = ()  # terminating instances the cloud still runs
+    replan: bool = False  # something happened that the next round should not wait for
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.starts
+            or self.stops
+            or self.updates
+            or self.failed_jobs
+            or self.terminations
+            or self.relaunch
+            or self.reterminate
+        )
+
+
+def advance(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    options: ControlOptions,
+    *,
+    now: float,
+    ready: frozenset[str] | None = None,
+    strays: Sequence[tuple[str, int]] = (),
+    listed: Mapping[str, str] | None = None,
+) -> StepDecision:
+    """Carry the adopted plan out as far as the world allows right now.
+
+    What the state cannot hold comes from `sync`: `ready` are the instances
+    whose worker the executor can reach now (None: every instance whose worker
+    ever registered); `strays` are (task, attempt) the executor runs that
+    belong to no active job (a cancelled job's), stopped here; `listed` maps
+    our instance ids to the cloud's state of them.
+    """
+    instances = {i.instance_id: i for i in snapshot.instances}
+    specs = {t.task_id: t for j in snapshot.jobs for t in j.spec.tasks}
+    terminations = instance_timeouts(snapshot, now, options.timeouts)
+    leaving = {t.instance_id for t in terminations}
+    ready_now = {
+        i.instance_id
+        for i in snapshot.instances
+        if i.status in ("running", "draining")
+        and i.ready_at is not None
+        and i.instance_id not in leaving
+        and (ready is None or i.instance_id in ready)
+    }
+
+    used: dict[str, list[float]] = {}  # what occupies each instance (leaving tasks too)
+    gpu_load: dict[str, dict[int, float]] = {}  # instance -> GPU index -> share in use
+    for task in snapshot.tasks.values():
+        if task.status in ON_INSTANCE and task.instance_id is not None:
+            inst = instances.get(task.instance_id)
+            demand = _demand(specs[task.task_id], inst, catalog)
+            if demand is not None:
+                _occupy(used, task.instance_id, demand)
+                _load_gpus(gpu_load.setdefault(task.instance_id, {}), task.gpus, demand.gpu)
+
+    starts: list[TaskLaunch] = []
+    stops: list[Stop] = [
+        Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
+    ]
+    updates: list[TaskUpdate] = []
+    failed: dict[str, str] = {}
+    timeouts = options.timeouts
+    for task in snapshot.tasks.values():
+        where, target = task.instance_id, task.target_instance_id
+        on_instance = task.status in ON_INSTANCE
+        # A step that takes too long is given up, counted as a failed attempt.
+        stuck = _stuck(task, now, timeouts)
+        if stuck:
+            count = task.failures + 1
+            updates.append(
+                TaskUpdate(
+                    task.task_id,
+                    status="pending",
+                    instance_id=None,
+                    failures=count,
+                    reason=stuck,
+                    throughput=None,
+                    gpus=(),
+                )
+            )
+            stops.append(Stop(task.task_id, task.attempt, stuck))
+            if count >= options.max_attempts:
+                failed.setdefault(
+                    task.job_id, f"task {task.task_id} failed {count} times; last: {stuck}"
+                )
+            continue
+        if on_instance and where in leaving:
+            continue  # its worker is lost or its instance is being given up: sync reports it
+        if on_instance and where != target:
+            if task.status == "checkpointing":
+                continue  # already leaving
+            # Make before break: leave only once the destination can take it.
+            if target is None or target in ready_now:
+                reason = "no longer planned" if target is None else f"moving to {target}"
+                updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
+                stops.append(Stop(task.task_id, task.attempt, reason))
+        elif not on_instance and target is not None and target in ready_now:
+            if task.job_id in failed:
+                continue
+            inst = instances[target]
+            spec = specs[task.task_id]
+            demand = _demand(spec, inst, catalog)
+            if demand is None:
+                continue
+            itype = catalog[inst.instance_type]
+            if not _room(used, target, demand, itype):
+                continue  # wait until the tasks leaving the destination are gone
+            load = gpu_load.setdefault(target, {})
+            gpus = pick_gpus(load, int(itype.capacity.gpu), demand.gpu)
+            attempt = task.attempt + 1
+            starts.append(
+                TaskLaunch(
+                    task.task_id,
+                    task.job_id,
+                    attempt,
+                    target,
+                    spec.workload,
+                    spec.run,
+                    ResourceLimits(demand.cpu, demand.ram_gb, gpus, spec.run.shm_size_gb),
+                    task.checkpoint,
+                )
+            )
+            updates.append(
+                TaskUpdate(
+                    task.task_id,
+                    status="starting",
+                    instance_id=target,
+                    attempt=attempt,
+                    reason=f"attempt {attempt} on {target}"
+                    + (" from its checkpoint" if task.checkpoint else ""),
+                    gpus=gpus,
+                )
+            )
+            _occupy(used, target, demand)
+            _load_gpus(load, gpus, demand.gpu)
+    # Drained instances terminate once no task occupies them.
+    for inst in snapshot.instances:
+        if (
+            inst.status == "draining"
+            and inst.instance_id not in used
+            and inst.instance_id not in leaving
+        ):
+            terminations.append(InstanceAction(inst.instance_id, "drained: no task left on it"))
+    # Launches recorded but never confirmed (a crash between recording and asking) are
+    # asked again with the same token; terminations the cloud has not carried out yet too.
+    relaunch = tuple(
+        i.instance_id for i in snapshot.instances if i.status == "requested" and not i.cloud_id
+    )
+    listed = listed or {}
+    reterminate = tuple(
+        i.instance_id
+        for i in snapshot.instances
+        if i.status == "terminating" and listed.get(i.instance_id) in ("pending", "running")
+    )
+    return StepDecision(
+        now,
+        tuple(starts),
+        tuple(stops),
+        tuple(updates),
+        tuple(sorted(failed.items())),
+        tuple(terminations),
+        relaunch,
+        reterminate,
+        replan=bool(leaving),
+    )
+
+
+def _stuck(task: TaskRecord, now: float, timeouts: Timeouts) -> str:
+    since = task.status_since
+    if since is None:
+        return ""
+    if task.status == "starting" and now - since > timeouts.start_s:
+        return (
+            f"attempt {task.attempt} still starting after {now - since:.0f} s "
+            f"(limit {timeouts.start_s:.0f} s)"
+        )
+    if task.status == "checkpointing" and now - since > timeouts.checkpoint_s:
+        return (
+            f"attempt {task.attempt} still checkpointing after {now - since:.0f} s "
+            f"(limit {timeouts.checkpoint_s:.0f} s); it resumes from its previous checkpoint"
+        )
+    return ""
+
+
+def _demand(spec: TaskSpec, inst: InstanceRecord | None, catalog: Catalog) -> Resources | None:
+    if inst is None or inst.instance_type not in catalog:
+        return None
+    return spec.demand_on(catalog[inst.instance_type].family)
+
+
+def _occupy(used: dict[str, list[float]], instance_id: str, demand: Resources) -> None:
+    total = used.setdefault(instance_id, [0.0, 0.0, 0.0])
+    for r in range(3):
+        total[r] += demand[r]
+
+
+def _room(
+    used: dict[str, list[float]], instance_id: str, demand: Resources, itype: InstanceType
+) -> bool:
+    total = used.get(instance_id, [0.0, 0.0, 0.0])
+    return all(total[r] + demand[r] <= itype.capacity[r] + 1e-9 for r in range(3))
+
+
+def pick_gpus(load: Mapping[int, float], count: int, demand: float) -> tuple[int, ...]:
+    """GPU indices for a task needing `demand` GPUs on an instance with `count` of them.
+
+    Whole GPUs go to the least-loaded devices (idle ones first, lowest index on
+    ties); a fractional demand shares a device. The planner has already checked
+    that the demand fits, so this never refuses: at worst devices are shared.
+    """
+    wanted = min(math.ceil(demand - 1e-9), count)
+    if wanted <= 0:
+        return ()
+    ranked = sorted(range(count), key=lambda g: (load.get(g, 0.0), g))
+    return tuple(sorted(ranked[:wanted]))
+
+
+def _load_gpus(load: dict[int, float], gpus: Sequence[int], demand: float) -> None:
+    for g in gpus:
+        load[g] = load.get(g, 0.0) + demand / len(gpus)
