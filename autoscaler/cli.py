@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.catalog import Catalog
-from autoscaler.cli_io import load_inputs, progress, write_json
+from autoscaler.cli_io import load_inputs, progress, silence_solver_banner, write_json
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
+from autoscaler.service.cli import register as register_cluster_commands
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.view import ClusterView
@@ -120,17 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
     register_catalog_commands(sub)
     register_simulator_commands(sub)
     register_db_commands(sub)
+    register_cluster_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    silence_solver_banner()
+    from autoscaler.service.api import DaemonUnavailable
+
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
         return 2
+    except DaemonUnavailable as exc:
+        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("autoscaler: interrupted", file=sys.stderr)
         return 130

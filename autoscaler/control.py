@@ -29,7 +29,7 @@ interfaces: the same code runs against EC2, on this machine, and in replay.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from autoscaler.cloud import (
@@ -414,6 +414,7 @@ def act(
     cloud: Cloud,
     store: Store,
     now: float,
+    after_launch: Callable[[str], None] = lambda instance_id: None,
 ) -> tuple[ActionRecord, ...]:
     """Carry out the round's launches and orphan terminations; record each outcome.
 
@@ -425,6 +426,7 @@ def act(
     actions = list(decision.actions())
     for index, launch in enumerate(decision.launches):
         outcome, message = launch_instance(cloud, store, launch.instance_id, now)
+        after_launch(launch.instance_id)
         if outcome != "planned":
             store.record_action_outcome(decision.round_id, index, outcome, message)
         actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
@@ -505,7 +507,10 @@ class ControlLoop:
     """Runs rounds and the steps between them for one cluster.
 
     It holds the bindings and the planner, nothing else: every call starts
-    from the store.
+    from the store. `passed(point)` is called as each named point of a round
+    is passed (`synced`, `decided`, `recorded`, `launched` after each launch,
+    `acted`, and `stepped` after a step is recorded): the daemon logs there,
+    and its crash tests kill it there.
     """
 
     def __init__(
@@ -516,6 +521,7 @@ class ControlLoop:
         store: Store,
         clock: Clock,
         options: ControlOptions | None = None,
+        passed: Callable[[str], None] | None = None,
     ) -> None:
         self.planner = planner
         self.cloud = cloud
@@ -523,12 +529,14 @@ class ControlLoop:
         self.store = store
         self.clock = clock
         self.options = options or ControlOptions()
+        self.passed = passed or (lambda point: None)
 
     def schedule(self) -> RoundOutcome:
         """One scheduling round: sync → snapshot → decide → record → act."""
         now = self.clock.now()
         options = self.options
         observed = sync(self.cloud, self.executor, self.store, now=now, options=options, learn=True)
+        self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
         elapsed = stopwatch()
         decision = decide(
@@ -543,11 +551,20 @@ class ControlLoop:
         seconds = elapsed()
         if decision.plan is not None:
             decision = replace(decision, numbers={**decision.numbers, "planning_seconds": seconds})
+        self.passed("decided")
         decision = record(self.store, decision, dry_run=options.dry_run)
+        self.passed("recorded")
         recorded = decision.record()
         if not options.dry_run:
-            actions = act(decision, cloud=self.cloud, store=self.store, now=now)
+            actions = act(
+                decision,
+                cloud=self.cloud,
+                store=self.store,
+                now=now,
+                after_launch=lambda _: self.passed("launched"),
+            )
             recorded = replace(recorded, actions=actions)
+            self.passed("acted")
             self.progress()
         return RoundOutcome(recorded, decision.plan, seconds)
 
@@ -572,5 +589,6 @@ class ControlLoop:
         )
         if step:
             record_step(self.store, step)
+            self.passed("stepped")
             act_step(step, snapshot, cloud=self.cloud, executor=self.executor, store=self.store)
         return step

@@ -24,6 +24,7 @@ from autoscaler.store import (
     InstanceStatus,
     JobRecord,
     JobStatus,
+    Placement,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
@@ -56,6 +57,8 @@ class InMemoryStore:
         self._event_rounds = 0
         self._full_rounds = 0
         self._job_events = 0
+        self._placements: list[Placement] = []
+        self._placed: dict[str, int] = {}  # task -> index of its open placement
 
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
@@ -103,6 +106,7 @@ class InMemoryStore:
             self._active.pop(job_id, None)
             self._job_events += 1
             for tid in self._tasks_of[job_id]:
+                self._leave(tid, at)
                 task = self._tasks[tid]
                 self._tasks[tid] = replace(
                     task,
@@ -148,9 +152,21 @@ class InMemoryStore:
                     raise UnknownEntity(f"no task {change.task_id!r}")
                 if self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
                     continue
-                self._tasks[change.task_id] = updated_task(task, change, at)
+                new = self._tasks[change.task_id] = updated_task(task, change, at)
+                if new.instance_id != task.instance_id:
+                    self._leave(task.task_id, at)
+                    if new.instance_id is not None:
+                        self._placed[task.task_id] = len(self._placements)
+                        self._placements.append(
+                            Placement(task.task_id, task.job_id, new.instance_id, new.attempt, at)
+                        )
                 done.add(change.task_id)
             return done
+
+    def _leave(self, task_id: str, at: float) -> None:
+        index = self._placed.pop(task_id, None)
+        if index is not None:
+            self._placements[index] = replace(self._placements[index], end=at)
 
     def update_task(
         self,
@@ -354,6 +370,10 @@ class InMemoryStore:
     def uptime(self) -> list[UptimeInterval]:
         with self._lock:
             return list(self._uptime)
+
+    def placements(self, since: float | None = None) -> list[Placement]:
+        with self._lock:
+            return [p for p in self._placements if since is None or p.end is None or p.end >= since]
 
     def cost_between(self, t0: float, t1: float) -> float:
         with self._lock:

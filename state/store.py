@@ -67,6 +67,7 @@ from autoscaler.store import (
     TaskUpdate,
     UnknownEntity,
 )
+from autoscaler.store import Placement as PlacementRecord
 from autoscaler.store import UptimeInterval as UptimeRecord
 from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry, ThroughputTable
 from state.database import create_state_engine, read_transaction, write_transaction
@@ -75,6 +76,7 @@ from state.schema import (
     Instance,
     InstanceTransition,
     Job,
+    Placement,
     Round,
     RoundAction,
     Task,
@@ -94,6 +96,7 @@ THROUGHPUT = cast(Table, Throughput.__table__)
 ROUNDS = cast(Table, Round.__table__)
 ACTIONS = cast(Table, RoundAction.__table__)
 LEDGER = cast(Table, UptimeInterval.__table__)
+PLACEMENTS = cast(Table, Placement.__table__)
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
@@ -228,6 +231,11 @@ class SqlStore:
                 .where(TASKS.c.job_id == job_id)
                 .values(status=task_status, target_instance_id=None, updated_at=at, status_since=at)
             )
+            conn.execute(
+                update(PLACEMENTS)
+                .where(PLACEMENTS.c.job_id == job_id, PLACEMENTS.c.end.is_(None))
+                .values(end=at)
+            )
             return True
 
     @staticmethod
@@ -277,9 +285,13 @@ class SqlStore:
             current: dict[str, Row[Any]] = {}
             for chunk in _chunks([c.task_id for c in changes]):
                 rows = conn.execute(
-                    select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.status).where(
-                        TASKS.c.task_id.in_(chunk)
-                    )
+                    select(
+                        TASKS.c.task_id,
+                        TASKS.c.job_id,
+                        TASKS.c.status,
+                        TASKS.c.instance_id,
+                        TASKS.c.attempt,
+                    ).where(TASKS.c.task_id.in_(chunk))
                 )
                 current.update((r.task_id, r) for r in rows)
             unknown = [c.task_id for c in changes if c.task_id not in current]
@@ -289,10 +301,13 @@ class SqlStore:
             # One executemany per set of changed columns (a round changes the same few).
             batches: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             done: set[str] = set()
+            moved: list[tuple[Row[Any], TaskUpdate]] = []
             for change in changes:
                 row = current[change.task_id]
                 if row.job_id not in active:
                     continue
+                if change.instance_id != "keep" and change.instance_id != row.instance_id:
+                    moved.append((row, change))
                 values = _task_values(change, row.status, at)
                 batches.setdefault(tuple(sorted(values)), []).append(
                     {"b_task": change.task_id, **{f"b_{k}": v for k, v in values.items()}}
@@ -305,7 +320,32 @@ class SqlStore:
                     .values(**{column: bindparam(f"b_{column}") for column in columns}),
                     rows,
                 )
+            if moved:
+                self._close_placements(conn, [row.task_id for row, _ in moved], at)
+                opened = [
+                    {
+                        "task_id": row.task_id,
+                        "job_id": row.job_id,
+                        "instance_id": change.instance_id,
+                        "attempt": change.attempt if change.attempt is not None else row.attempt,
+                        "start": at,
+                        "end": None,
+                    }
+                    for row, change in moved
+                    if change.instance_id is not None
+                ]
+                if opened:
+                    conn.execute(insert(PLACEMENTS), opened)
             return done
+
+    @staticmethod
+    def _close_placements(conn: Connection, task_ids: Sequence[str], at: float) -> None:
+        for chunk in _chunks(sorted(task_ids)):
+            conn.execute(
+                update(PLACEMENTS)
+                .where(PLACEMENTS.c.task_id.in_(chunk), PLACEMENTS.c.end.is_(None))
+                .values(end=at)
+            )
 
     def update_task(
         self,
@@ -635,6 +675,16 @@ class SqlStore:
     def uptime(self) -> list[UptimeRecord]:
         with read_transaction(self._engine) as conn:
             return [_interval(r) for r in conn.execute(select(LEDGER).order_by(LEDGER.c.id))]
+
+    def placements(self, since: float | None = None) -> list[PlacementRecord]:
+        with read_transaction(self._engine) as conn:
+            query = select(PLACEMENTS).order_by(PLACEMENTS.c.id)
+            if since is not None:
+                query = query.where(or_(PLACEMENTS.c.end.is_(None), PLACEMENTS.c.end >= since))
+            return [
+                PlacementRecord(r.task_id, r.job_id, r.instance_id, r.attempt, r.start, r.end)
+                for r in conn.execute(query)
+            ]
 
     def cost_between(self, t0: float, t1: float) -> float:
         """Dollars billed within [t0, t1]: the ledger's intervals that overlap it, each
