@@ -3,7 +3,7 @@
 On PostgreSQL it is a session advisory lock (`pg_try_advisory_lock`) held by
 one connection for the daemon's life: the server releases it when that
 connection ends, so a daemon killed with SIGKILL frees it for the next one at
-once. On SQLite it is an OS file lock on `<database>.leader` (filelock), which
+once. On SQLite it is an OS file lock on `<database>.<cluster>.leader` (filelock), which
 the kernel drops with the process. A daemon that cannot take the lock waits,
 says so, and tries again.
 """
@@ -95,7 +95,7 @@ class LeaderLock:
                 self._connection = None
 
     def _lock_path(self) -> Path:
-        database = make_url(str(self.engine.url)).database or "state.db"
+        database = make_url(str(self.engine.url)).database or ""
         if database in ("", ":memory:"):
             return Path(f"/tmp/autoscaler-{self.cluster}.leader")
-        return Path(database + ".leader")
+        return Path(f"{database}.{self.cluster}.leader")

@@ -21,6 +21,14 @@ from autoscaler.service.config import ClusterConfig, load_cluster_config
 from autoscaler.service.init import init_cluster
 from autoscaler.service.wiring import daemon_security, open_state
 from executor.security import TokenAuth, server_options
+from tests.state.conftest import (  # noqa: F401 (fixtures: both database backends)
+    backend,
+    db_url,
+    pg_admin,
+    pg_databases,
+    pg_template,
+    sqlite_template,
+)
 
 
 class DirStorage:
