@@ -85,20 +85,29 @@ def build_bindings(config: ClusterConfig) -> Bindings:
 
 
 def _cloud(config: ClusterConfig) -> Any:
-    if config.cloud.provider == "ec2":
-        from provisioners.ec2 import EC2Cloud
+    if config.cloud.provider == "local":
+        return local_cloud(config)
+    from provisioners.ec2 import EC2Cloud
 
-        if not config.provisioner.ec2.ami:
-            raise InputError(
-                'is required for provider = "ec2": the image workers boot from',
-                source=str(config.path),
-                where="[ec2]",
-                field="ami",
-            )
-        return EC2Cloud.from_config(config.provisioner)
-    raise InputError(
-        f"provider {config.cloud.provider!r} is not available in this build",
-        source=str(config.path),
-        where="[cloud]",
-        field="provider",
+    if not config.provisioner.ec2.ami:
+        raise InputError(
+            'is required for provider = "ec2": the image workers boot from',
+            source=str(config.path),
+            where="[ec2]",
+            field="ami",
+        )
+    return EC2Cloud.from_config(config.provisioner)
+
+
+def local_cloud(config: ClusterConfig) -> Any:
+    """The cluster's local cloud: agents on this host, registered under the state's directory."""
+    from provisioners.local import LocalCloud
+
+    return LocalCloud(
+        offline_catalog(config),
+        config.path.parent / "local-cloud",
+        daemon_address=config.api_address,
+        ca_path=config.secrets.ca_cert,
+        token_path=config.secrets.worker_token,
+        emulate_delays=config.cloud.emulate_delays,
     )
