@@ -72,6 +72,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     _config(submit)
     submit.set_defaults(func=cmd_submit)
 
+    down = sub.add_parser(
+        "down",
+        help="terminate every instance of the cluster (stop the daemon first)",
+        description="Terminate every instance the cloud lists for this cluster — with the "
+        "local provider, stop every worker agent and remove its containers — and record it. "
+        "Jobs stay queued: the next `autoscaler daemon` places them again.",
+    )
+    down.add_argument("--yes", action="store_true", help="do it (without it: only list)")
+    _config(down)
+    down.set_defaults(func=cmd_down)
+
     jobs = sub.add_parser("jobs", help="list jobs")
     jobs.add_argument("--status", nargs="+", default=None, choices=["queued", "running", *FINAL])
     jobs.add_argument("--limit", type=int, default=0, help="the latest N (0: all)")
@@ -171,6 +182,29 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop.set())
     return daemon.run()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from autoscaler.service.wiring import bring_down, build_cloud, open_state
+
+    config = load_cluster_config(args.config)
+    cloud = build_cloud(config)
+    listed = cloud.list()
+    if not args.yes:
+        for inst in listed:
+            print(
+                f"would terminate {inst.launch_token or '?'} ({inst.instance_id}, "
+                f"{inst.instance_type}, {inst.state})"
+            )
+        print(f"{len(listed)} instance(s); run again with --yes to terminate them")
+        return 0
+    store = open_state(config)
+    try:
+        gone = bring_down(store, cloud, time.time())
+    finally:
+        store.close()
+    print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    return 0
 
 
 # -- talking to the daemon ----------------------------------------------------------------------

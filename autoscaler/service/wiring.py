@@ -84,6 +84,44 @@ def build_bindings(config: ClusterConfig) -> Bindings:
     )
 
 
+def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
+    """Terminate every instance of the cluster and record it; tasks go back to pending
+    (not counted as failures: the operator stopped them), jobs stay queued."""
+    from autoscaler.cloud import match_listing
+    from autoscaler.store import TaskUpdate
+
+    snapshot = store.snapshot(with_throughput=False)
+    leaving = [
+        TaskUpdate(t.task_id, status="pending", instance_id=None, reason="cluster brought down")
+        for t in snapshot.tasks.values()
+        if t.instance_id is not None
+    ]
+    if leaving:
+        store.update_tasks(leaving, now)
+    listed = cloud.list()
+    listing = match_listing(((i.instance_id, i.cloud_id) for i in snapshot.instances), listed)
+    for inst in snapshot.instances:
+        if inst.status in ("terminating", "terminated", "failed"):
+            continue
+        status = (
+            "failed"
+            if inst.cloud_id is None and inst.instance_id not in listing.by_instance
+            else "terminating"
+        )
+        store.transition_instance(inst.instance_id, status, now, reason="autoscaler down")
+    cloud.terminate([i.instance_id for i in listed])
+    remaining = {i.instance_id for i in cloud.list()}
+    for inst in store.instances():
+        if inst.status == "terminating" and inst.cloud_id not in remaining:
+            store.transition_instance(inst.instance_id, "terminated", now, reason="autoscaler down")
+    return sorted(i.launch_token or i.instance_id for i in listed)
+
+
+def build_cloud(config: ClusterConfig) -> Any:
+    """The cluster's Cloud binding."""
+    return _cloud(config)
+
+
 def _cloud(config: ClusterConfig) -> Any:
     if config.cloud.provider == "local":
         return local_cloud(config)
