@@ -54,6 +54,7 @@ from autoscaler.planner import Plan
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
+    InstanceChange,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -416,59 +417,76 @@ def act(
     now: float,
     after_launch: Callable[[str], None] = lambda instance_id: None,
 ) -> tuple[ActionRecord, ...]:
-    """Carry out the round's launches and orphan terminations; record each outcome.
+    """Carry out the round's launches and orphan terminations; record what came of them.
 
-    A launch is retried with the same token if the cloud could not be reached
-    (it may have started the instance); any other failure fails the instance,
-    whose tasks are planned again next round.
+    The launches were recorded (requested, with their tokens) before this; their
+    answers are recorded together after the calls: a crash in between leaves
+    instances the cloud lists under tokens the state knows, which the next sync
+    adopts. A launch is retried with the same token if the cloud could not be
+    reached (it may have started the instance); any other failure fails the
+    instance, whose tasks are planned again next round.
     """
     assert decision.round_id is not None, "record the decision before acting on it"
     actions = list(decision.actions())
+    changes: list[InstanceChange] = []
+    outcomes: list[tuple[int, str, str]] = []
     for index, launch in enumerate(decision.launches):
-        outcome, message = launch_instance(cloud, store, launch.instance_id, now)
+        outcome, message, change = ask_cloud(cloud, launch.instance_id, launch.instance_type)
         after_launch(launch.instance_id)
+        if change is not None:
+            changes.append(change)
         if outcome != "planned":
-            store.record_action_outcome(decision.round_id, index, outcome, message)
+            outcomes.append((index, outcome, message))
         actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    if changes:
+        store.transition_instances(changes, now)
     doomed = [
         (position, o) for position, o in enumerate(decision.orphans) if o.action == "terminate"
     ]
     if doomed:
-        index_of = [decision.orphan_index(position) for position, _ in doomed]
         try:
             cloud.terminate([o.instance.instance_id for _, o in doomed])
             outcome, message = "done", ""
         except CloudError as exc:
             outcome, message = "failed", f"{type(exc).__name__}: {exc}"
-        for index in index_of:
-            store.record_action_outcome(decision.round_id, index, outcome, message)
+        for position, _ in doomed:
+            index = decision.orphan_index(position)
+            outcomes.append((index, outcome, message))
             actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    if outcomes:
+        store.record_action_outcomes(decision.round_id, outcomes)
     return tuple(actions)
 
 
+def ask_cloud(
+    cloud: Cloud, instance_id: str, instance_type: str
+) -> tuple[str, str, InstanceChange | None]:
+    """Ask the cloud for one recorded instance (idempotent by its token):
+    (outcome, message, the transition to record)."""
+    try:
+        got = cloud.launch(LaunchRequest(instance_type, instance_id))
+    except CloudUnavailable as exc:
+        log.warning("launch %s: %s; retried with the same token", instance_id, exc)
+        return "planned", f"CloudUnavailable: {exc}; retried with the same token", None
+    except CloudError as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        return "failed", message, InstanceChange(instance_id, "failed", reason=message)
+    status = "running" if got.state == "running" else "pending"
+    change = InstanceChange(
+        instance_id, status, got.instance_id, got.zone, f"launched as {got.instance_id}"
+    )
+    return "done", got.instance_id, change
+
+
 def launch_instance(cloud: Cloud, store: Store, instance_id: str, now: float) -> tuple[str, str]:
-    """Ask the cloud for a recorded instance (idempotent by its token); record the answer."""
+    """Ask the cloud again for an instance recorded but never confirmed; record the answer."""
     inst = store.instance(instance_id)
     if inst is None or inst.status != "requested" or inst.cloud_id is not None:
         return "skipped", "no longer requested"
-    try:
-        got = cloud.launch(LaunchRequest(inst.instance_type, instance_id))
-    except CloudUnavailable as exc:
-        log.warning("launch %s: %s; retried with the same token", instance_id, exc)
-        return "planned", f"CloudUnavailable: {exc}; retried with the same token"
-    except CloudError as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        store.transition_instance(instance_id, "failed", now, reason=message)
-        return "failed", message
-    store.transition_instance(
-        instance_id,
-        "running" if got.state == "running" else "pending",
-        now,
-        cloud_id=got.instance_id,
-        zone=got.zone,
-        reason=f"launched as {got.instance_id}",
-    )
-    return "done", got.instance_id
+    outcome, message, change = ask_cloud(cloud, instance_id, inst.instance_type)
+    if change is not None:
+        store.transition_instances([change], now)
+    return outcome, message
 
 
 def act_step(

@@ -20,6 +20,7 @@ from autoscaler.store import (
     TRANSITIONS,
     DuplicateJob,
     IllegalTransition,
+    InstanceChange,
     InstanceRecord,
     InstanceStatus,
     JobRecord,
@@ -260,6 +261,11 @@ class InMemoryStore:
             self._uptime[index] = replace(self._uptime[index], end=at)
         return True
 
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        with self._lock:
+            for c in changes:
+                self._transition(c.instance_id, c.status, at, c.cloud_id, c.zone, c.reason)
+
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
     ) -> bool:
@@ -303,6 +309,13 @@ class InMemoryStore:
                 for instance_id, status, reason in intents.terminations:
                     self._transition(instance_id, status, at, reason=reason)
             return round_id
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        with self._lock:
+            for index, outcome, message in outcomes:
+                self.record_action_outcome(round_id, index, outcome, message)
 
     def record_action_outcome(
         self, round_id: int, index: int, outcome: str, message: str = ""

@@ -151,6 +151,17 @@ class TaskUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceChange:
+    """One instance transition, for `transition_instances`."""
+
+    instance_id: str
+    status: InstanceStatus
+    cloud_id: str | None = None
+    zone: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceRecord:
     """An instance the cluster asked for. `instance_id` is ours (the launch token),
     used everywhere outside the Cloud binding; `cloud_id` the cloud's, once the
@@ -349,6 +360,10 @@ class Store(Protocol):
         False if it is already in that status). Opens/closes its uptime interval."""
         ...
 
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        """Several `transition_instance`s in one transaction (a round's launch answers)."""
+        ...
+
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
     ) -> bool:
@@ -370,6 +385,12 @@ class Store(Protocol):
         self, round_id: int, index: int, outcome: str, message: str = ""
     ) -> None:
         """Record what came of a round's action (UnknownEntity if it has no such action)."""
+        ...
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        """Several (index, outcome, message) of one round, in one transaction."""
         ...
 
     # -- reads ------------------------------------------------------------

@@ -54,6 +54,7 @@ from autoscaler.store import (
     ActionRecord,
     DuplicateJob,
     IllegalTransition,
+    InstanceChange,
     InstanceRecord,
     InstanceStatus,
     JobRecord,
@@ -261,13 +262,22 @@ class SqlStore:
     def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> set[str]:
         task_ids = list(targets)
         job_of: dict[str, str] = {}
+        unchanged: set[str] = set()
         for chunk in _chunks(task_ids):
             rows = conn.execute(
-                select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id).where(
+                    TASKS.c.task_id.in_(chunk)
+                )
             )
-            job_of.update((r.task_id, r.job_id) for r in rows)
-        active = self._lock_active_jobs(conn, job_of.values())
-        updated = sorted(tid for tid, jid in job_of.items() if jid in active)
+            for r in rows:
+                job_of[r.task_id] = r.job_id
+                if r.target_instance_id == targets[r.task_id]:
+                    unchanged.add(r.task_id)
+        active = self._lock_active_jobs(conn, {job_of[t] for t in job_of if t not in unchanged})
+        # A task whose target is already as asked needs no write (a round rewrites few).
+        updated = sorted(
+            tid for tid, jid in job_of.items() if jid in active and tid not in unchanged
+        )
         if updated:
             conn.execute(
                 update(TASKS)
@@ -275,7 +285,19 @@ class SqlStore:
                 .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
                 [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
             )
-        return set(updated)
+        done = set(updated)
+        if unchanged:
+            finished = {
+                r.job_id
+                for chunk in _chunks(sorted({job_of[t] for t in unchanged}))
+                for r in conn.execute(
+                    select(JOBS.c.job_id).where(
+                        JOBS.c.job_id.in_(chunk), JOBS.c.status.in_(FINAL_JOB_STATUSES)
+                    )
+                )
+            }
+            done |= {t for t in unchanged if job_of[t] not in finished}
+        return done
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
@@ -371,23 +393,42 @@ class SqlStore:
     def _request(
         self, conn: Connection, instance_id: str, instance_type: str, hourly_price: float, at: float
     ) -> None:
-        created = conn.execute(
-            self._insert(INSTANCES)
-            .values(
-                instance_id=instance_id,
-                instance_type=instance_type,
-                status="requested",
-                hourly_price=hourly_price,
-                requested_at=at,
+        self._request_many(conn, [(instance_id, instance_type, hourly_price)], at)
+
+    def _request_many(
+        self, conn: Connection, requests: Sequence[tuple[str, str, float]], at: float
+    ) -> None:
+        """Record instances before asking the cloud; a token already recorded stands as it is."""
+        wanted = {instance_id: (itype, price) for instance_id, itype, price in requests}
+        if not wanted:
+            return
+        taken: set[str] = set()
+        for chunk in _chunks(sorted(wanted)):
+            taken.update(
+                conn.execute(
+                    select(INSTANCES.c.instance_id).where(INSTANCES.c.instance_id.in_(chunk))
+                ).scalars()
             )
-            .on_conflict_do_nothing(index_elements=["instance_id"])
-            .returning(INSTANCES.c.id)
+        new = [i for i in wanted if i not in taken]
+        if not new:
+            return
+        conn.execute(
+            insert(INSTANCES),
+            [
+                {
+                    "instance_id": i,
+                    "instance_type": wanted[i][0],
+                    "status": "requested",
+                    "hourly_price": wanted[i][1],
+                    "requested_at": at,
+                }
+                for i in new
+            ],
         )
-        if created.first() is not None:
-            conn.execute(
-                insert(HISTORY).values(instance_id=instance_id, seq=0, status="requested", at=at)
-            )
-        # else: the same launch token again — the request already stands.
+        conn.execute(
+            insert(HISTORY),
+            [{"instance_id": i, "seq": 0, "status": "requested", "at": at} for i in new],
+        )
 
     def transition_instance(
         self,
@@ -412,54 +453,114 @@ class SqlStore:
         zone: str | None = None,
         reason: str = "",
     ) -> bool:
-        row = conn.execute(
-            select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
-        ).first()
-        if row is None:
-            raise UnknownEntity(f"no instance {instance_id!r}")
-        if row.status == status:
-            return False
-        if status not in TRANSITIONS[row.status]:
-            raise IllegalTransition(instance_id, row.status, status)
-        seq = conn.execute(
-            select(func.count()).select_from(HISTORY).where(HISTORY.c.instance_id == instance_id)
-        ).scalar_one()
-        conn.execute(
-            update(INSTANCES)
-            .where(INSTANCES.c.instance_id == instance_id)
-            .values(
-                status=status,
-                cloud_id=cloud_id or row.cloud_id,
-                zone=zone or row.zone,
-                reason=reason,
+        change = InstanceChange(instance_id, status, cloud_id, zone, reason)
+        return bool(self._transition_many(conn, [change], at))
+
+    def _transition_many(
+        self, conn: Connection, changes: Sequence[InstanceChange], at: float
+    ) -> set[str]:
+        """Instance transitions in one transaction, a few statements for any number:
+        rows locked in id order, each change checked against the status machine, then
+        the instances, their histories and the ledger written in bulk. Returns the
+        instances that changed (one already in its status is left alone)."""
+        if not changes:
+            return set()
+        rows: dict[str, Row[Any]] = {}
+        ids = sorted({c.instance_id for c in changes})
+        for chunk in _chunks(ids):
+            for row in conn.execute(
+                select(INSTANCES)
+                .where(INSTANCES.c.instance_id.in_(chunk))
+                .order_by(INSTANCES.c.instance_id)
+                .with_for_update()
+            ):
+                rows[row.instance_id] = row
+        seqs: dict[str, int] = {}
+        for chunk in _chunks(ids):
+            seqs.update(
+                conn.execute(
+                    select(HISTORY.c.instance_id, func.count())
+                    .where(HISTORY.c.instance_id.in_(chunk))
+                    .group_by(HISTORY.c.instance_id)
+                ).all()
             )
-        )
-        conn.execute(
-            insert(HISTORY).values(
-                instance_id=instance_id, seq=seq, status=status, at=at, reason=reason
+        status_now = {i: r.status for i, r in rows.items()}
+        updates, history, opened, closed = [], [], [], []
+        changed: set[str] = set()
+        for c in changes:
+            row = rows.get(c.instance_id)
+            if row is None:
+                raise UnknownEntity(f"no instance {c.instance_id!r}")
+            current = status_now[c.instance_id]
+            if current == c.status:
+                continue
+            if c.status not in TRANSITIONS[current]:
+                raise IllegalTransition(c.instance_id, current, c.status)
+            status_now[c.instance_id] = c.status
+            changed.add(c.instance_id)
+            updates.append(
+                {
+                    "b_id": c.instance_id,
+                    "b_status": c.status,
+                    "b_cloud": c.cloud_id or row.cloud_id,
+                    "b_zone": c.zone or row.zone,
+                    "b_reason": c.reason,
+                }
             )
-        )
-        billed_before = row.status in BILLED_STATUSES
-        billed_after = status in BILLED_STATUSES
-        if billed_after and not billed_before:
-            # Billing runs from the launch request (the cloud bills from then on),
-            # at the price recorded with the request.
-            conn.execute(
-                insert(LEDGER).values(
-                    instance_id=instance_id,
-                    instance_type=row.instance_type,
-                    hourly_price=row.hourly_price,
-                    start=row.requested_at,
-                    end=None,
+            seq = seqs.get(c.instance_id, 0)
+            seqs[c.instance_id] = seq + 1
+            history.append(
+                {
+                    "instance_id": c.instance_id,
+                    "seq": seq,
+                    "status": c.status,
+                    "at": at,
+                    "reason": c.reason,
+                }
+            )
+            billed_before = current in BILLED_STATUSES
+            billed_after = c.status in BILLED_STATUSES
+            if billed_after and not billed_before:
+                # Billing runs from the launch request (the cloud bills from then on),
+                # at the price recorded with the request.
+                opened.append(
+                    {
+                        "instance_id": c.instance_id,
+                        "instance_type": row.instance_type,
+                        "hourly_price": row.hourly_price,
+                        "start": row.requested_at,
+                        "end": None,
+                    }
                 )
+            elif billed_before and not billed_after:
+                closed.append({"b_id": c.instance_id, "b_end": at})
+        if updates:
+            conn.execute(
+                update(INSTANCES)
+                .where(INSTANCES.c.instance_id == bindparam("b_id"))
+                .values(
+                    status=bindparam("b_status"),
+                    cloud_id=bindparam("b_cloud"),
+                    zone=bindparam("b_zone"),
+                    reason=bindparam("b_reason"),
+                ),
+                updates,
             )
-        elif billed_before and not billed_after:
+            conn.execute(insert(HISTORY), history)
+        if opened:
+            conn.execute(insert(LEDGER), opened)
+        if closed:
             conn.execute(
                 update(LEDGER)
-                .where(LEDGER.c.instance_id == instance_id, LEDGER.c.end.is_(None))
-                .values(end=at)
+                .where(LEDGER.c.instance_id == bindparam("b_id"), LEDGER.c.end.is_(None))
+                .values(end=bindparam("b_end")),
+                closed,
             )
-        return True
+        return changed
+
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        with write_transaction(self._engine) as conn:
+            self._transition_many(conn, list(changes), at)
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
@@ -541,15 +642,36 @@ class SqlStore:
                 )
             if intents is not None:
                 at = record.at
-                for instance_id, instance_type, price in intents.requests:
-                    self._request(conn, instance_id, instance_type, price, at)
+                self._request_many(conn, intents.requests, at)
                 if intents.targets:
                     self._assign(conn, intents.targets, at)
-                for instance_id, reason in intents.drains:
-                    self._transition(conn, instance_id, "draining", at, reason=reason)
-                for instance_id, status, reason in intents.terminations:
-                    self._transition(conn, instance_id, status, at, reason=reason)
+                self._transition_many(
+                    conn,
+                    [InstanceChange(i, "draining", reason=why) for i, why in intents.drains]
+                    + [InstanceChange(i, s, reason=why) for i, s, why in intents.terminations],
+                    at,
+                )
             return round_id
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        rows = [
+            {"b_round": round_id, "b_position": i, "b_outcome": o, "b_message": m}
+            for i, o, m in outcomes
+        ]
+        if not rows:
+            return
+        with write_transaction(self._engine) as conn:
+            conn.execute(
+                update(ACTIONS)
+                .where(
+                    ACTIONS.c.round_id == bindparam("b_round"),
+                    ACTIONS.c.position == bindparam("b_position"),
+                )
+                .values(outcome=bindparam("b_outcome"), message=bindparam("b_message")),
+                rows,
+            )
 
     def record_action_outcome(
         self, round_id: int, index: int, outcome: str, message: str = ""

@@ -257,15 +257,18 @@ def parse_submitted(spec_json: str) -> JobSpec:
         )
     if not job.tasks:
         raise InputError("needs at least one task", where=f"job {job.job_id!r}", field="tasks")
+    seen: set[str] = set()
     for task in job.tasks:
-        if task.job_id != job.job_id or task.task_id != f"{job.job_id}/{task.name}":
+        key = task.task_id.removeprefix(f"{job.job_id}/")
+        if task.job_id != job.job_id or key == task.task_id or not key or "/" in key or key in seen:
             raise InputError(
-                f"must be '{job.job_id}/<name>' with the task's own name",
+                f"must be '{job.job_id}/<key>', a key of its own without '/'",
                 where=f"job {job.job_id!r}",
                 field="task_id",
                 value=task.task_id,
                 has_value=True,
             )
+        seen.add(key)
     return job
 
 
