@@ -49,7 +49,13 @@ from autoscaler.decide import (
     advance,
     decide,
 )
-from autoscaler.execution import TERMINAL_TASK_STATES, Clock, Executor, ExecutorReport
+from autoscaler.execution import (
+    TERMINAL_TASK_STATES,
+    Clock,
+    Executor,
+    ExecutorReport,
+    TaskReport,
+)
 from autoscaler.planner import Plan
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
@@ -264,7 +270,7 @@ def _sync_tasks(
 
 def _task_change(
     task: TaskRecord,
-    seen,
+    seen: TaskReport | None,
     live: set[str],
     report: ExecutorReport,
     with_progress: bool,

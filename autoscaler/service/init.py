@@ -95,13 +95,13 @@ def config_template(
 # marked; an unknown key is an error. Relative paths are relative to this file.
 
 [cluster]
-name = "{name}"                    # required, unique per account: tags, tokens and keys use it
-region = "{region}"
+{f'name = "{name}"':<34} # required, unique per account: tags, tokens and keys use it
+{f'region = "{region}"':<34} # EC2 region (the catalog's prices are per region)
 interval_s = 300                   # seconds between scheduling rounds (Eva uses 300)
 step_s = 5                         # seconds between the steps that carry a round's plan out
 
 [cloud]
-provider = "{provider}"                 # "ec2", or "local": instances are agents on this host
+{f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
 emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
 
 [api]
