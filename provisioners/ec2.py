@@ -393,41 +393,49 @@ class EC2Cloud:
         )
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
-        """Terminate these instances of this cluster.
+        """Terminate these instances of this cluster, by id.
 
-        Ids that are unknown, already terminated, or not tagged with this
-        cluster are skipped (logged): the binding only ever terminates what it owns.
+        `DescribeInstances` lags `RunInstances` by seconds, so an id EC2 does
+        not list yet is still terminated by id (EC2 answering NotFound for it is
+        not an error: the round asks again while the state says terminating).
+        Ids EC2 lists with another cluster's tag, or none, are refused, and
+        already terminated ones skipped: the binding only terminates what it
+        owns (the IAM policy enforces the same by tag).
         """
         wanted = sorted(set(instance_ids))
         if not wanted:
             return
-        ours: list[str] = []
+        refused: list[str] = []
+        gone: list[str] = []
         for chunk in _chunks(wanted, 200):
-            ours += [
-                i.instance_id
-                for i in self._describe(
-                    [
-                        {"Name": "instance-id", "Values": chunk},
-                        {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
-                        {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
-                    ]
-                )
-            ]
-        skipped = sorted(set(wanted) - set(ours))
-        if skipped:
-            log.info(
-                "terminate: skipping ids not live in cluster %s: %s",
+            for page in self._ec2.pages(
+                "describe_instances", Filters=[{"Name": "instance-id", "Values": chunk}]
+            ):
+                for reservation in page.get("Reservations", []):
+                    for raw in reservation.get("Instances", []):
+                        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                        if tags.get(TAG_CLUSTER) != self.config.cluster_id:
+                            refused.append(raw["InstanceId"])
+                        elif raw["State"]["Name"] == "terminated":
+                            gone.append(raw["InstanceId"])
+        if refused:
+            log.warning(
+                "terminate: refusing ids not tagged for cluster %s: %s",
                 self.config.cluster_id,
-                ", ".join(skipped),
+                ", ".join(sorted(refused)),
             )
-        for chunk in _chunks(sorted(ours), 500):
+        ours = sorted(set(wanted) - set(refused) - set(gone))
+        for chunk in _chunks(ours, 500):
             self._terminate(chunk)
 
     def _terminate(self, ids: list[str]) -> None:
+        """One `TerminateInstances` call; when EC2 does not know one of the ids, the whole
+        call fails, so the ids are then terminated one by one (dry run stays dry)."""
+        passthrough = frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"})
         try:
             self._ec2.call(
                 "terminate_instances",
-                passthrough=frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"}),
+                passthrough=passthrough,
                 InstanceIds=ids,
                 DryRun=self.config.dry_run,
             )
@@ -435,16 +443,13 @@ class EC2Cloud:
             if error_code(exc) == _DRY_RUN:
                 log.info("dry run: would terminate %s", ", ".join(ids))
                 return
-            # One id vanished between the lookup and the call: terminate the others one by one.
+            if len(ids) == 1:
+                log.info(
+                    "terminate: EC2 does not know %s (already gone, or not listed yet)", ids[0]
+                )
+                return
             for instance_id in ids:
-                try:
-                    self._ec2.call(
-                        "terminate_instances",
-                        passthrough=frozenset({"InvalidInstanceID.NotFound"}),
-                        InstanceIds=[instance_id],
-                    )
-                except ClientError:
-                    log.info("terminate: %s is already gone", instance_id)
+                self._terminate([instance_id])
 
     def _describe(self, filters: list[dict[str, Any]]) -> list[CloudInstance]:
         instances = [

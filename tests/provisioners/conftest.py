@@ -201,3 +201,41 @@ def live_instances(ec2: Any) -> list[dict[str, Any]]:
         Filters=[{"Name": "instance-state-name", "Values": states}]
     )
     return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
+class Lag:
+    """`DescribeInstances` lagging `RunInstances`, as on real EC2 (moto lists at once).
+
+    Hidden instances are left out of every `DescribeInstances` answer until
+    revealed; with `hide_new`, each instance `RunInstances` starts is hidden.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.hidden: set[str] = set()
+        self.hide_new = False
+        client.meta.events.register("after-call.ec2.DescribeInstances", self._filter)
+        client.meta.events.register("after-call.ec2.RunInstances", self._launched)
+
+    def hide(self, *instance_ids: str) -> None:
+        self.hidden |= set(instance_ids)
+
+    def reveal(self) -> None:
+        self.hidden.clear()
+
+    def _filter(self, parsed: dict[str, Any], **_: Any) -> None:
+        reservations = []
+        for reservation in parsed.get("Reservations", []):
+            kept = [i for i in reservation["Instances"] if i["InstanceId"] not in self.hidden]
+            if kept:
+                reservations.append({**reservation, "Instances": kept})
+        if "Reservations" in parsed:
+            parsed["Reservations"] = reservations
+
+    def _launched(self, parsed: dict[str, Any], **_: Any) -> None:
+        if self.hide_new:
+            self.hidden |= {i["InstanceId"] for i in parsed.get("Instances", [])}
+
+
+@pytest.fixture
+def lag(ec2: Any) -> Lag:
+    return Lag(ec2)
