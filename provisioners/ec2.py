@@ -9,12 +9,16 @@ How it keeps money safe:
   instance. `ClientToken` is passed too (real EC2 honours it for a few hours;
   moto ignores it), one per (token, zone) so a zone fallback is not mistaken
   for a changed request.
-- **Capacity fallback.** `InsufficientInstanceCapacity`, `InstanceLimitExceeded`,
-  `Unsupported` (and their vCPU/spot cousins) move on to the next allowed
-  zone and mark the (type, zone) offering unavailable for three minutes
-  (Karpenter's cool-down) in the binding's one `AvailabilityCache`;
+- **Capacity fallback.** `InsufficientInstanceCapacity`, `Unsupported`, a
+  subnet out of addresses and the rest of `ZONE_FALLBACK_CODES` move on to the
+  next allowed zone and mark the (type, zone) offering unavailable for three
+  minutes (Karpenter's cool-down) in the binding's one `AvailabilityCache`;
   `unavailable()` reports it, with a whole-type entry once no allowed zone is
   left, and the round plans around it.
+- **Quotas are not capacity.** `VcpuLimitExceeded` and its cousins are
+  region-wide account quotas: the launch stops at once with `QuotaExceeded`
+  (naming the quota and its Service Quotas page), and every type of the
+  family is reported unavailable in every zone for half an hour.
 - **Guardrails** (instance cap, hourly budget) are the round's: `decide`
   checks every launch against the state before asking for it. This binding
   checks only the region, when it is built, and refuses types its `[ec2]`
@@ -45,6 +49,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     UNAVAILABLE_COOLDOWN_S,
     AvailabilityCache,
+    CloudError,
     CloudInstance,
     CloudRequestError,
     Guardrails,
@@ -55,7 +60,8 @@ from autoscaler.cloud import (
 from autoscaler.errors import InputError
 from provisioners.aws import AwsCaller, error_code, error_message, make_client
 from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
-from provisioners.config import EC2Config, ProvisionerConfig
+from provisioners.config import EC2Config, ProvisionerConfig, family_of
+from provisioners.quotas import Quota, quota_for
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +70,37 @@ TAG_LAUNCH_TOKEN = "autoscaler:launch-token"
 TAG_MANAGED_BY = "autoscaler:managed-by"
 MANAGED_BY = "ec2-batch-autoscaler"
 
-#: Launch errors that mean "not here, not now": try the next zone, avoid this offering a while.
-CAPACITY_ERROR_CODES: frozenset[str] = frozenset(
+#: Launch errors that mean "not in this zone, not now": try the next allowed zone and avoid
+#: the offering for a few minutes (Karpenter's unfulfillable-capacity codes, and a subnet —
+#: one per zone here — with no address left, which holds for every type in that zone).
+ZONE_FALLBACK_CODES: frozenset[str] = frozenset(
     {
         "InsufficientInstanceCapacity",
-        "InstanceLimitExceeded",
+        "InsufficientCapacity",
+        "UnfulfillableCapacity",
         "Unsupported",
-        "VcpuLimitExceeded",
-        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "InsufficientFreeAddressesInSubnet",
     }
 )
+#: Account quotas, region-wide (`provisioners.quotas`): no other zone helps, so the launch
+#: stops at once and the whole family is avoided for `QUOTA_COOLDOWN_S`.
+QUOTA_ERROR_CODES: frozenset[str] = frozenset(
+    {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
+)
+#: A quota changes only when a person asks AWS for more: retry it after half an hour,
+#: not after a capacity cool-down of three minutes.
+QUOTA_COOLDOWN_S = 1800.0
+_SUBNET_FULL = "InsufficientFreeAddressesInSubnet"
 
-__all__ = ["UNAVAILABLE_COOLDOWN_S", "EC2Cloud", "client_token", "worker_user_data"]
+__all__ = [
+    "QUOTA_COOLDOWN_S",
+    "UNAVAILABLE_COOLDOWN_S",
+    "EC2Cloud",
+    "QuotaExceeded",
+    "client_token",
+    "worker_user_data",
+]
 
 #: After falling back to a stale cached catalog, ask AWS again after this long.
 CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
@@ -85,6 +110,32 @@ MAX_USER_DATA_BYTES = 16 * 1024
 
 _NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 _DRY_RUN = "DryRunOperation"
+
+
+class QuotaExceeded(InsufficientCapacity):
+    """An account quota, not capacity, stopped the launch: no zone of the region can help.
+
+    Carries the quota (name, Service Quotas code, region) and the page where
+    an increase is requested; the family is avoided until `until_s`.
+    """
+
+    def __init__(
+        self, instance_type: str, code: str, quota: Quota, until_s: float, detail: str = ""
+    ) -> None:
+        self.instance_type = instance_type
+        self.zones = ()
+        self.code = code
+        self.quota = quota
+        self.until_s = until_s
+        family = family_of(instance_type)
+        CloudError.__init__(
+            self,
+            f"{instance_type}: {code}: the account's {quota.describe()} allows no more "
+            f"{'spot ' if 'Spot' in quota.name else ''}instances of family {family}"
+            + (f" ({detail})" if detail else "")
+            + f"; request an increase at {quota.url} — {family} is avoided until then, "
+            f"retried every {QUOTA_COOLDOWN_S / 60:.0f} min",
+        )
 
 
 class EC2Cloud:
@@ -201,7 +252,9 @@ class EC2Cloud:
                     return self._run_instance(request, zone, spot)
                 except ClientError as exc:
                     code = error_code(exc)
-                    if code not in CAPACITY_ERROR_CODES:
+                    if code in QUOTA_ERROR_CODES:
+                        raise self._quota_exceeded(request.instance_type, code, spot, exc) from None
+                    if code not in ZONE_FALLBACK_CODES:
                         raise
                     self._mark_unavailable(request.instance_type, zone, code)
                     failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
@@ -249,6 +302,9 @@ class EC2Cloud:
                 "in one to [ec2] subnet_ids"
             )
         now = self.clock()
+        whole = self._whole_type_mark(itype, now)
+        if whole is not None:
+            raise InsufficientCapacity(itype, (), whole.reason)
         open_zones = [z for z in wanted if not self.availability.is_unavailable(itype, z, now)]
         if not open_zones:
             raise InsufficientCapacity(
@@ -305,7 +361,9 @@ class EC2Cloud:
             params["DryRun"] = True
         try:
             response = self._ec2.call(
-                "run_instances", passthrough=CAPACITY_ERROR_CODES | {_DRY_RUN}, **params
+                "run_instances",
+                passthrough=ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN},
+                **params,
             )
         except ClientError as exc:
             if error_code(exc) != _DRY_RUN:
@@ -339,8 +397,45 @@ class EC2Cloud:
 
     # --- capacity errors ----------------------------------------------------------------------
 
-    def _mark_unavailable(self, instance_type: str, zone: str, reason: str) -> None:
-        self.availability.mark(instance_type, zone, self.clock(), reason)
+    def _mark_unavailable(self, instance_type: str, zone: str, code: str) -> None:
+        now = self.clock()
+        if code == _SUBNET_FULL:
+            # The zone's subnet has no address left: no type can launch there for now.
+            subnet = self._subnets().get(zone, "the default subnet")
+            reason = f"{code}: subnet {subnet} has no free IP address"
+            for itype in self._catalog_types() | {instance_type}:
+                self.availability.mark(itype, zone, now, reason)
+            return
+        self.availability.mark(instance_type, zone, now, code)
+
+    def _quota_exceeded(
+        self, instance_type: str, code: str, spot: bool, exc: ClientError
+    ) -> QuotaExceeded:
+        """The typed error for a quota, after marking every type of the family unavailable
+        in every zone (zone None) for `QUOTA_COOLDOWN_S`: the round plans without them."""
+        now = self.clock()
+        family = family_of(instance_type)
+        quota = quota_for(family, self.config.region, spot=spot)
+        error = QuotaExceeded(
+            instance_type, code, quota, now + QUOTA_COOLDOWN_S, error_message(exc)
+        )
+        reason = (
+            f"{code}: {quota.describe()} allows no more {family} instances; "
+            f"request an increase at {quota.url}"
+        )
+        for itype in {t for t in self._catalog_types() if family_of(t) == family} | {instance_type}:
+            self.availability.mark(itype, None, now, reason, QUOTA_COOLDOWN_S)
+        log.warning("launch %s: %s", instance_type, error)
+        return error
+
+    def _catalog_types(self) -> set[str]:
+        return {t.name for t in self._catalog.catalog} if self._catalog is not None else set()
+
+    def _whole_type_mark(self, instance_type: str, now: float) -> UnavailableOffering | None:
+        for offering in self.availability.offerings(now):
+            if offering.instance_type == instance_type and offering.zone is None:
+                return offering
+        return None
 
     def unavailable(self) -> list[UnavailableOffering]:
         """Offerings avoided after capacity errors, until their cool-down ends; a type
@@ -350,8 +445,9 @@ class EC2Cloud:
             offerings = self.availability.offerings(now)
             catalog = self._catalog
             by_type: dict[str, list[UnavailableOffering]] = {}
+            whole_already = {o.instance_type for o in offerings if o.zone is None}
             for o in offerings:
-                if o.zone is not None:
+                if o.zone is not None and o.instance_type not in whole_already:
                     by_type.setdefault(o.instance_type, []).append(o)
             whole = []
             for itype, marks in by_type.items():

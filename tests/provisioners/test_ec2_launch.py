@@ -22,15 +22,20 @@ from autoscaler.cloud import (
     LaunchRefused,
     LaunchRequest,
     UnavailableOffering,
+    unavailable_types,
 )
 from provisioners.aws import make_client
 from provisioners.ec2 import (
     CATALOG_RETRY_AFTER_OUTAGE_S,
     MANAGED_BY,
+    QUOTA_COOLDOWN_S,
+    QUOTA_ERROR_CODES,
     TAG_CLUSTER,
     TAG_LAUNCH_TOKEN,
     TAG_MANAGED_BY,
     UNAVAILABLE_COOLDOWN_S,
+    ZONE_FALLBACK_CODES,
+    QuotaExceeded,
     read_worker_bootstrap,
 )
 from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
@@ -169,9 +174,7 @@ def test_capacity_error_in_one_zone_falls_back_to_the_next(config, ec2, clock, s
     assert [zone_of(p) for p in faults.calls["RunInstances"]][-2:] == [ZONE_A, ZONE_B]
 
 
-@pytest.mark.parametrize(
-    "code", ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "Unsupported"]
-)
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "Unsupported"])
 def test_no_capacity_anywhere_is_insufficient_capacity(code, config, ec2, clock, sleeps, faults):
     config = replace(config, zones=(ZONE_A, ZONE_B))
     faults.when("RunInstances", lambda p: True, code)
@@ -194,6 +197,83 @@ def test_no_capacity_anywhere_is_insufficient_capacity(code, config, ec2, clock,
     with pytest.raises(InsufficientCapacity, match="cooling down"):
         cloud.launch(request("tok-1"))
     assert len(faults.calls["RunInstances"]) == calls
+
+
+@pytest.mark.parametrize("code", sorted(ZONE_FALLBACK_CODES))
+def test_every_zone_capacity_error_falls_back_to_the_next_zone(
+    code, config, ec2, clock, sleeps, faults
+):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when("RunInstances", lambda p: zone_of(p) == ZONE_A, code)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    assert cloud.launch(request("tok-1")).zone == ZONE_B
+    assert ("c7i.large", ZONE_A) in {(o.instance_type, o.zone) for o in cloud.unavailable()}
+
+
+def test_a_subnet_out_of_addresses_is_avoided_for_every_type(config, ec2, clock, sleeps, faults):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when(
+        "RunInstances",
+        lambda p: zone_of(p) == ZONE_A and p["InstanceType"] == "c7i.large",
+        "InsufficientFreeAddressesInSubnet",
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    assert cloud.launch(request("tok-1")).zone == ZONE_B
+    # The zone's subnet is full for every type, not only the one that tried.
+    assert cloud.launch(request("tok-2", "r7i.large")).zone == ZONE_B
+    assert [zone_of(p) for p in faults.calls["RunInstances"]] == [ZONE_A, ZONE_B, ZONE_B]
+    reasons = {o.reason for o in cloud.unavailable() if o.instance_type == "r7i.large"}
+    assert any("no free IP address" in r for r in reasons)
+
+
+@pytest.mark.parametrize("code", sorted(QUOTA_ERROR_CODES))
+def test_a_quota_error_stops_at_once_and_cools_down_the_family_region_wide(
+    code, config, ec2, clock, sleeps, faults
+):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when("RunInstances", lambda p: p["InstanceType"].startswith("c7i."), code)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    with pytest.raises(QuotaExceeded) as failed:
+        cloud.launch(request("tok-1"))
+
+    # A region-wide quota: the other zone is not tried.
+    assert [zone_of(p) for p in faults.calls["RunInstances"]] == [ZONE_A]
+    message = str(failed.value)
+    assert "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances" in message
+    assert "(L-1216C47A) in us-east-1" in message
+    page = (
+        "https://us-east-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-1216C47A"
+    )
+    assert page in message
+    assert failed.value.quota.code == "L-1216C47A" and failed.value.retryable
+    # Every c7i type of the catalog is unavailable in every zone, for the quota's cool-down.
+    c7i = {t.name for t in cloud.catalog() if t.family == "c7i"}
+    whole = {o.instance_type: o for o in cloud.unavailable() if o.zone is None}
+    assert set(whole) == c7i and len(c7i) > 1
+    assert {o.until_s for o in whole.values()} == {clock.now + QUOTA_COOLDOWN_S}
+    assert set(unavailable_types(cloud.unavailable(), clock.now)) == c7i
+    assert page in unavailable_types(cloud.unavailable(), clock.now)["c7i.xlarge"]
+    # Another c7i type fails fast, without asking EC2; another family is not affected.
+    calls = len(faults.calls["RunInstances"])
+    with pytest.raises(InsufficientCapacity, match="L-1216C47A"):
+        cloud.launch(request("tok-2", "c7i.xlarge"))
+    assert len(faults.calls["RunInstances"]) == calls
+    assert cloud.launch(request("tok-3", "r7i.large")).zone == ZONE_A
+    # After the cool-down the family is tried again.
+    clock.advance(QUOTA_COOLDOWN_S + 1)
+    with pytest.raises(QuotaExceeded):
+        cloud.launch(request("tok-2", "c7i.xlarge"))
+    assert len(faults.calls["RunInstances"]) == calls + 2
+
+
+def test_a_spot_quota_names_the_spot_quota(config, ec2, clock, sleeps, faults):
+    faults.when("RunInstances", lambda p: True, "MaxSpotInstanceCountExceeded")
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    with pytest.raises(QuotaExceeded, match=r"All Standard .* Spot Instance Requests.*L-34B43A08"):
+        cloud.launch(request("tok-1"))
 
 
 def test_throttling_is_retried_with_a_bounded_backoff(config, ec2, clock, sleeps, faults):
