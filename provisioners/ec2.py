@@ -25,6 +25,14 @@ How it keeps money safe:
   table does not allow.
 - **Orphans** are the round's too: `list()` returns every instance tagged
   with the cluster, and the round's orphan policy decides.
+- **Launch settings a real account needs, explicit.** Subnets and security
+  groups (never a default VPC), a public IP only when asked, IMDSv2 with hop
+  limit 1, an encrypted gp3 root volume sized on the image's root device,
+  `InstanceInitiatedShutdownBehavior = terminate` (a worker whose bootstrap
+  fails shuts down, and that ends the billing), the image for the type's
+  architecture and accelerator (`provisioners.ami`), and a bounded retry
+  while a new instance profile propagates. `EC2Cloud` refuses to start while
+  any is missing (`EC2Config.launch_problems`).
 - **Dry run** (`[ec2] dry_run`): EC2 is called with `DryRun=True`, so
   permissions and parameters are checked, and nothing is launched or
   terminated.
@@ -58,9 +66,17 @@ from autoscaler.cloud import (
     UnavailableOffering,
 )
 from autoscaler.errors import InputError
-from provisioners.aws import AwsCaller, error_code, error_message, make_client
+from provisioners.ami import Image, ImageResolver
+from provisioners.aws import (
+    AwsCaller,
+    error_code,
+    error_message,
+    make_client,
+    translate_client_error,
+)
 from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
 from provisioners.config import EC2Config, ProvisionerConfig, family_of
+from provisioners.images import check_kind
 from provisioners.quotas import Quota, quota_for
 
 log = logging.getLogger(__name__)
@@ -92,6 +108,9 @@ QUOTA_ERROR_CODES: frozenset[str] = frozenset(
 #: not after a capacity cool-down of three minutes.
 QUOTA_COOLDOWN_S = 1800.0
 _SUBNET_FULL = "InsufficientFreeAddressesInSubnet"
+_INVALID_PARAMETER = "InvalidParameterValue"
+#: Waits between `RunInstances` attempts while a new instance profile propagates (~30 s).
+PROFILE_PROPAGATION_DELAYS_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0)
 
 __all__ = [
     "QUOTA_COOLDOWN_S",
@@ -157,8 +176,15 @@ class EC2Cloud:
         sleep: Callable[[float], None] = time.sleep,
         user_data: str = "",
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
+        ssm: BaseClient | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
+        problems = config.launch_problems()
+        if problems:
+            raise InputError(
+                f"[ec2] cannot launch yet; set {', '.join(problems)} "
+                "(`autoscaler init` writes them, commented)"
+            )
         if len(user_data.encode("utf-8")) > MAX_USER_DATA_BYTES:
             raise InputError(
                 f"worker user data is {len(user_data.encode('utf-8'))} bytes; "
@@ -170,6 +196,9 @@ class EC2Cloud:
         self.catalog_max_age_s = catalog_max_age_s
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
+        self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
+        self._endpoint_url = endpoint_url
+        self.images = ImageResolver(self._ec2, self._ssm_caller, clock)
         self._catalog: EC2Catalog | None = None
         self._catalog_loaded_at_s = 0.0
         self._subnet_by_zone: dict[str, str] | None = None
@@ -180,6 +209,18 @@ class EC2Cloud:
     @classmethod
     def from_config(cls, config: ProvisionerConfig, **kwargs: Any) -> EC2Cloud:
         return cls(config.ec2, config.guardrails, **kwargs)
+
+    @property
+    def cluster_id(self) -> str:
+        assert self.config.cluster_id is not None  # launch_problems() checked it
+        return self.config.cluster_id
+
+    def _ssm_caller(self) -> AwsCaller:
+        """SSM, for `resolve:ssm:` images only (made on first use)."""
+        if self._ssm is None:
+            client = make_client("ssm", self.config.region, endpoint_url=self._endpoint_url)
+            self._ssm = AwsCaller(client, sleep=self._ec2.sleep)
+        return self._ssm
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -234,8 +275,6 @@ class EC2Cloud:
                 return existing
             if request.launch_token in self._dry_run_launches:
                 return self._dry_run_launches[request.launch_token]
-            if not self.config.ami:
-                raise CloudRequestError("no AMI configured; set [ec2] ami to the worker image")
             if not self.config.allows(request.instance_type):
                 raise CloudRequestError(
                     f"instance type {request.instance_type} is not allowed "
@@ -243,13 +282,14 @@ class EC2Cloud:
                     f"types: {', '.join(self.config.types) or 'none'})"
                 )
             catalog = self.ec2_catalog()
+            image = self._image_for(request.instance_type)
 
             zones = self._zones_to_try(request, catalog)
             spot = request.spot or self.config.spot_for(request.instance_type)
             failures: list[str] = []
             for zone in zones:
                 try:
-                    return self._run_instance(request, zone, spot)
+                    return self._run_instance(request, zone, spot, image)
                 except ClientError as exc:
                     code = error_code(exc)
                     if code in QUOTA_ERROR_CODES:
@@ -265,7 +305,7 @@ class EC2Cloud:
         """The not-yet-terminated instance this cluster launched with this token, if any."""
         found = self._describe(
             [
-                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
                 {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [launch_token]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
@@ -312,8 +352,35 @@ class EC2Cloud:
             )
         return open_zones
 
-    def _run_instance(self, request: LaunchRequest, zone: str, spot: bool) -> CloudInstance:
-        cluster = self.config.cluster_id
+    def _image_for(self, instance_type: str) -> Image:
+        """The image this type boots: resolved, and checked against the type's architecture."""
+        kind, reference = self.config.image_for(instance_type)
+        if reference is None:
+            raise CloudRequestError(
+                f"no image for {instance_type} (kind {kind}); add {kind} to [ec2.ami]"
+            )
+        image = self.images.image(reference)
+        wanted, _ = check_kind(kind)
+        if image.architecture is not None and image.architecture != wanted:
+            raise CloudRequestError(
+                f"[ec2.ami] {kind} = {reference!r} is {image.image_id}, an {image.architecture} "
+                f"image; {instance_type} needs {wanted}"
+            )
+        if image.root_snapshot_gb is not None and image.root_snapshot_gb > (
+            self.config.root_volume_gb
+        ):
+            raise CloudRequestError(
+                f"[ec2] root_volume_gb = {self.config.root_volume_gb} is smaller than the "
+                f"{image.root_snapshot_gb} GiB root snapshot of {image.image_id} ({kind}); "
+                "raise root_volume_gb"
+            )
+        return image
+
+    def _run_instance(
+        self, request: LaunchRequest, zone: str, spot: bool, image: Image
+    ) -> CloudInstance:
+        config = self.config
+        cluster = self.cluster_id
         tags = {
             "Name": f"autoscaler-{cluster}",
             **request.tags,
@@ -322,8 +389,16 @@ class EC2Cloud:
             TAG_MANAGED_BY: MANAGED_BY,
         }
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        root: dict[str, Any] = {
+            "VolumeSize": config.root_volume_gb,
+            "VolumeType": config.root_volume_type,
+            "Encrypted": config.root_volume_encrypted,
+            "DeleteOnTermination": True,
+        }
+        if config.root_volume_kms_key:
+            root["KmsKeyId"] = config.root_volume_kms_key
         params: dict[str, Any] = {
-            "ImageId": self.config.ami,
+            "ImageId": image.image_id,
             "InstanceType": request.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
@@ -332,21 +407,35 @@ class EC2Cloud:
                 {"ResourceType": "instance", "Tags": tag_list},
                 {"ResourceType": "volume", "Tags": tag_list},
             ],
+            # Subnet, security groups and public IP in one place, explicit: the subnet's own
+            # "auto-assign public IP" never decides.
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0,
+                    "SubnetId": self._subnets()[zone],
+                    "Groups": list(config.security_group_ids),
+                    "AssociatePublicIpAddress": config.associate_public_ip,
+                    "DeleteOnTermination": True,
+                }
+            ],
+            # IMDSv2 only; hop limit 1 keeps containers away from the role's credentials.
+            "MetadataOptions": {
+                "HttpEndpoint": "enabled",
+                "HttpTokens": "required",
+                "HttpPutResponseHopLimit": config.metadata_hop_limit,
+                "InstanceMetadataTags": "disabled",
+            },
+            "BlockDeviceMappings": [{"DeviceName": image.root_device_name, "Ebs": root}],
+            # A worker whose bootstrap fails shuts itself down: that must end the billing.
+            "InstanceInitiatedShutdownBehavior": "terminate",
         }
-        subnets = self._subnets()
-        if subnets:
-            params["SubnetId"] = subnets[zone]
-        else:
-            params["Placement"] = {"AvailabilityZone": zone}
-        if self.config.security_group_ids:
-            params["SecurityGroupIds"] = list(self.config.security_group_ids)
-        profile = self.config.iam_instance_profile
+        profile = config.iam_instance_profile
         if profile:
             params["IamInstanceProfile"] = (
                 {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
             )
-        if self.config.key_name:
-            params["KeyName"] = self.config.key_name
+        if config.key_name:
+            params["KeyName"] = config.key_name
         if self.user_data:
             params["UserData"] = self.user_data
         if spot:
@@ -357,14 +446,10 @@ class EC2Cloud:
                     "InstanceInterruptionBehavior": "terminate",
                 },
             }
-        if self.config.dry_run:
+        if config.dry_run:
             params["DryRun"] = True
         try:
-            response = self._ec2.call(
-                "run_instances",
-                passthrough=ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN},
-                **params,
-            )
+            response = self._run_instances(params)
         except ClientError as exc:
             if error_code(exc) != _DRY_RUN:
                 raise
@@ -383,10 +468,33 @@ class EC2Cloud:
             return planned
         return _cloud_instance(response["Instances"][0])
 
+    def _run_instances(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`RunInstances`, retried (same parameters, same `ClientToken`) while a new
+        instance profile propagates: for seconds after IAM creates it, EC2 answers
+        `InvalidParameterValue` for it. Bounded by `PROFILE_PROPAGATION_DELAYS_S`."""
+        passthrough = ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN, _INVALID_PARAMETER}
+        waited = 0.0
+        for delay in (*PROFILE_PROPAGATION_DELAYS_S, None):
+            try:
+                return self._ec2.call("run_instances", passthrough=passthrough, **params)
+            except ClientError as exc:
+                if error_code(exc) != _INVALID_PARAMETER:
+                    raise
+                if "iaminstanceprofile" not in error_message(exc).lower():
+                    raise translate_client_error(exc, "EC2 RunInstances") from exc
+                if delay is None:
+                    raise CloudRequestError(
+                        f"EC2 RunInstances: instance profile {self.config.iam_instance_profile} "
+                        f"is still not usable after {waited:g} s ({error_message(exc)}); check "
+                        "[ec2] iam_instance_profile: it must exist and hold the worker role"
+                    ) from exc
+                log.info("instance profile not usable yet (propagating?); retry in %g s", delay)
+                self._ec2.sleep(delay)
+                waited += delay
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _subnets(self) -> dict[str, str]:
         """Configured subnets by zone (a subnet lives in one zone), looked up once."""
-        if not self.config.subnet_ids:
-            return {}
         if self._subnet_by_zone is None:
             response = self._ec2.call("describe_subnets", SubnetIds=list(self.config.subnet_ids))
             by_zone: dict[str, str] = {}
@@ -401,7 +509,7 @@ class EC2Cloud:
         now = self.clock()
         if code == _SUBNET_FULL:
             # The zone's subnet has no address left: no type can launch there for now.
-            subnet = self._subnets().get(zone, "the default subnet")
+            subnet = self._subnets().get(zone, "?")
             reason = f"{code}: subnet {subnet} has no free IP address"
             for itype in self._catalog_types() | {instance_type}:
                 self.availability.mark(itype, zone, now, reason)
@@ -483,7 +591,7 @@ class EC2Cloud:
         """This cluster's instances (by cluster tag) that are not terminated, by id."""
         return self._describe(
             [
-                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
         )
@@ -510,14 +618,14 @@ class EC2Cloud:
                 for reservation in page.get("Reservations", []):
                     for raw in reservation.get("Instances", []):
                         tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
-                        if tags.get(TAG_CLUSTER) != self.config.cluster_id:
+                        if tags.get(TAG_CLUSTER) != self.cluster_id:
                             refused.append(raw["InstanceId"])
                         elif raw["State"]["Name"] == "terminated":
                             gone.append(raw["InstanceId"])
         if refused:
             log.warning(
                 "terminate: refusing ids not tagged for cluster %s: %s",
-                self.config.cluster_id,
+                self.cluster_id,
                 ", ".join(sorted(refused)),
             )
         ours = sorted(set(wanted) - set(refused) - set(gone))

@@ -81,13 +81,7 @@ def test_iam_policy_grants_exactly_the_calls_the_provisioner_makes(
         called.add(f"ec2:{model.name}")
 
     ec2.meta.events.register("before-call.ec2", record)
-    subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
-    client("iam").create_instance_profile(InstanceProfileName="autoscaler-worker")
-    called.clear()
-    config = replace(
-        config, subnet_ids=tuple(subnets), iam_instance_profile="autoscaler-worker", spot=("c7i",)
-    )
-    cloud = make_cloud(config, ec2, clock, sleeps)
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
 
     launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     cloud.list()

@@ -7,6 +7,7 @@ orphan, a termination, and finally AWS going away.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -76,10 +77,17 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     url, server = moto_server
     raw = boto3.client("ec2", region_name=REGION, endpoint_url=url)
     ami = register_worker_image(raw)
+    subnets = [s["SubnetId"] for s in raw.describe_subnets()["Subnets"]]
+    group = raw.create_security_group(GroupName="workers", Description="workers")["GroupId"]
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=url)
+    iam.create_instance_profile(InstanceProfileName="autoscaler-worker")
     config_path = tmp_path / "autoscaler.toml"
     config_path.write_text(
-        f'[ec2]\ncluster_id = "e2e"\nami = "{ami}"\norphan_policy = "terminate"\n'
+        f'[ec2]\ncluster_id = "e2e"\norphan_policy = "terminate"\n'
         f'zones = ["{REGION}b", "{REGION}c"]\ncache_dir = "{tmp_path / "cache"}"\n'
+        f'subnet_ids = {json.dumps(subnets)}\nsecurity_group_ids = ["{group}"]\n'
+        'iam_instance_profile = "autoscaler-worker"\nfamilies = ["c7i", "r7i"]\n'
+        f'[ec2.ami]\nx86_64 = "{ami}"\n'
         "[guardrails]\nmax_instances = 3\nmax_hourly_spend = 5.0\n"
     )
 
