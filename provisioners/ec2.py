@@ -42,12 +42,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.client import BaseClient
@@ -74,6 +71,7 @@ from provisioners.aws import (
     make_client,
     translate_client_error,
 )
+from provisioners.bootstrap import WorkerBootstrap
 from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
 from provisioners.config import EC2Config, ProvisionerConfig, family_of
 from provisioners.images import check_kind
@@ -118,14 +116,10 @@ __all__ = [
     "EC2Cloud",
     "QuotaExceeded",
     "client_token",
-    "worker_user_data",
 ]
 
 #: After falling back to a stale cached catalog, ask AWS again after this long.
 CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
-
-#: EC2 accepts at most 16 KB of user data (before base64).
-MAX_USER_DATA_BYTES = 16 * 1024
 
 _NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 _DRY_RUN = "DryRunOperation"
@@ -161,8 +155,9 @@ class EC2Cloud:
     """The EC2 binding of `autoscaler.cloud.Cloud` for one cluster in one region.
 
     `clock` (epoch seconds) and `sleep` are injectable: cool-downs, cache ages
-    and backoff are tested without waiting. `user_data` is the rendered worker
-    bootstrap (`worker_user_data`) passed to every instance.
+    and backoff are tested without waiting. `bootstrap` renders each instance's
+    user data at its launch (our instance id, the launch token, is in it); None
+    launches without user data (an image that starts its worker by itself).
     """
 
     def __init__(
@@ -174,7 +169,7 @@ class EC2Cloud:
         endpoint_url: str | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        user_data: str = "",
+        bootstrap: WorkerBootstrap | None = None,
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
         ssm: BaseClient | None = None,
     ) -> None:
@@ -185,14 +180,19 @@ class EC2Cloud:
                 f"[ec2] cannot launch yet; set {', '.join(problems)} "
                 "(`autoscaler init` writes them, commented)"
             )
-        if len(user_data.encode("utf-8")) > MAX_USER_DATA_BYTES:
-            raise InputError(
-                f"worker user data is {len(user_data.encode('utf-8'))} bytes; "
-                f"EC2 accepts at most {MAX_USER_DATA_BYTES}"
-            )
+        if bootstrap is not None:
+            if bootstrap.cluster_id != config.cluster_id or bootstrap.region != config.region:
+                raise InputError(
+                    f"the worker bootstrap is for cluster {bootstrap.cluster_id} in "
+                    f"{bootstrap.region}, not {config.cluster_id} in {config.region}"
+                )
+            bootstrap.render("size-check", accelerator="nvidia")  # fails now, not at a launch
         self.config = config
         self.clock = clock
-        self.user_data = user_data
+        self.bootstrap = bootstrap
+        # User data rendered for launches not yet answered: a retry with the same token must
+        # send the same parameters, or EC2 refuses its ClientToken (IdempotentParameterMismatch).
+        self._user_data: dict[str, str] = {}
         self.catalog_max_age_s = catalog_max_age_s
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
@@ -436,8 +436,9 @@ class EC2Cloud:
             )
         if config.key_name:
             params["KeyName"] = config.key_name
-        if self.user_data:
-            params["UserData"] = self.user_data
+        user_data = self._user_data_for(request, image)
+        if user_data:
+            params["UserData"] = user_data
         if spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -466,7 +467,23 @@ class EC2Cloud:
             self._dry_run_launches[request.launch_token] = planned
             log.info("dry run: would launch %s in %s", request.instance_type, zone)
             return planned
+        self._user_data.pop(request.launch_token, None)
         return _cloud_instance(response["Instances"][0])
+
+    def _user_data_for(self, request: LaunchRequest, image: Image) -> str:
+        """The worker bootstrap for this launch, rendered once per launch token."""
+        if self.bootstrap is None:
+            return ""
+        rendered = self._user_data.get(request.launch_token)
+        if rendered is None:
+            kind, _ = self.config.image_for(request.instance_type)
+            _, accelerator = check_kind(kind)
+            try:
+                rendered = self.bootstrap.render(request.launch_token, accelerator=accelerator)
+            except InputError as exc:
+                raise CloudRequestError(f"worker bootstrap: {exc}") from None
+            self._user_data[request.launch_token] = rendered
+        return rendered
 
     def _run_instances(self, params: dict[str, Any]) -> dict[str, Any]:
         """`RunInstances`, retried (same parameters, same `ClientToken`) while a new
@@ -702,45 +719,3 @@ def _first_launched(instances: Iterable[CloudInstance]) -> CloudInstance | None:
 def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
-
-
-# --- worker bootstrap -------------------------------------------------------------------------
-
-#: Placeholders of `deploy/worker-bootstrap.sh`, each replaced by a shell-quoted value.
-BOOTSTRAP_PLACEHOLDERS: tuple[str, ...] = (
-    "MASTER_ADDRESS",
-    "WORKER_TOKEN",
-    "CLUSTER_ID",
-    "AGENT_PACKAGE",
-)
-
-
-_PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
-
-
-def worker_user_data(template: str, values: Mapping[str, str]) -> str:
-    """Render the worker bootstrap template into EC2 user data.
-
-    `{{NAME}}` placeholders are replaced by shell-quoted values, so an address
-    or token can never inject commands into the script.
-    """
-    missing = [name for name in BOOTSTRAP_PLACEHOLDERS if name not in values]
-    if missing:
-        raise InputError(f"worker bootstrap needs a value for {', '.join(missing)}")
-    text = template
-    for name in BOOTSTRAP_PLACEHOLDERS:
-        text = text.replace("{{" + name + "}}", shlex.quote(values[name]))
-    unknown = _PLACEHOLDER.search(text)
-    if unknown:
-        raise InputError(f"worker bootstrap has an unknown placeholder {unknown.group(0)}")
-    return text
-
-
-def read_worker_bootstrap(path: str | Path, values: Mapping[str, str]) -> str:
-    """Read and render a worker bootstrap template file (`deploy/worker-bootstrap.sh`)."""
-    p = Path(path)
-    try:
-        template = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read worker bootstrap: {exc}", source=str(p)) from None
-    return worker_user_data(template, values)

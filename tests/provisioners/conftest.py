@@ -62,6 +62,8 @@ def client(aws: None, botocore_session: botocore.session.Session) -> Callable[[s
     """`client("ec2")`: a boto3 client talking to moto."""
 
     def make(service: str) -> Any:
+        if service == "s3":  # boto3 cannot add its S3 methods twice to one botocore session
+            return boto3.Session().client(service, region_name=REGION)
         return boto3.Session(botocore_session=botocore_session).client(service, region_name=REGION)
 
     return make

@@ -38,9 +38,9 @@ from provisioners.ec2 import (
     UNAVAILABLE_COOLDOWN_S,
     ZONE_FALLBACK_CODES,
     QuotaExceeded,
-    read_worker_bootstrap,
 )
 from tests.provisioners.conftest import REGION, Faults, live_instances, make_cloud, zone_of
+from tests.provisioners.test_bootstrap import worker_bootstrap
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_C7I_LARGE = 0.08925  # provisioners/data/prices-us-east-1.json
@@ -62,16 +62,8 @@ def test_launch_tags_and_configures_the_instance_from_the_config(
     ec2.create_key_pair(KeyName="ops")
     subnets = network.subnets
     config = replace(config, subnet_ids=(subnets[ZONE_B], subnets[ZONE_C]), key_name="ops")
-    user_data = read_worker_bootstrap(
-        REPO / "deploy" / "worker-bootstrap.sh",
-        {
-            "MASTER_ADDRESS": "10.0.0.5:50051",
-            "WORKER_TOKEN": "s3cret",
-            "CLUSTER_ID": "test-cluster",
-            "AGENT_PACKAGE": "ec2-batch-autoscaler",
-        },
-    )
-    cloud = make_cloud(config, ec2, clock, sleeps, user_data=user_data)
+    bootstrap = worker_bootstrap(config)
+    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap)
 
     launched = cloud.launch(request("tok-1", tags={"team": "ml"}))
 
@@ -92,7 +84,7 @@ def test_launch_tags_and_configures_the_instance_from_the_config(
     assert raw["ImageId"] == dict(config.ami)["x86_64"]
     assert raw["InstanceType"] == "c7i.large"
     sent = ec2.describe_instance_attribute(InstanceId=raw["InstanceId"], Attribute="userData")
-    assert base64.b64decode(sent["UserData"]["Value"]).decode() == user_data
+    assert base64.b64decode(sent["UserData"]["Value"]).decode() == bootstrap.render("tok-1")
     assert launched.launch_token == "tok-1" and not launched.spot and not launched.dry_run
 
 
