@@ -8,7 +8,12 @@ How it keeps money safe:
   crash between the call and recording its result never starts a second
   instance. `ClientToken` is passed too (real EC2 honours it for a few hours;
   moto ignores it), one per (token, zone) so a zone fallback is not mistaken
-  for a changed request.
+  for a changed request. `DescribeInstances` lags `RunInstances` by seconds, so
+  a retry after an attempt whose answer was lost (`CloudUnavailable`) goes to
+  that attempt's zone first, where the same `ClientToken` returns the same
+  instance; `IdempotentParameterMismatch` (the token was used, with other
+  parameters) is `CloudUnavailable` too: the round keeps the launch requested
+  and adopts the instance by its tag once it is listed.
 - **Capacity fallback.** `InsufficientInstanceCapacity`, `Unsupported`, a
   subnet out of addresses and the rest of `ZONE_FALLBACK_CODES` move on to the
   next allowed zone and mark the (type, zone) offering unavailable for three
@@ -57,6 +62,7 @@ from autoscaler.cloud import (
     CloudError,
     CloudInstance,
     CloudRequestError,
+    CloudUnavailable,
     Guardrails,
     InsufficientCapacity,
     LaunchRequest,
@@ -107,6 +113,7 @@ QUOTA_ERROR_CODES: frozenset[str] = frozenset(
 QUOTA_COOLDOWN_S = 1800.0
 _SUBNET_FULL = "InsufficientFreeAddressesInSubnet"
 _INVALID_PARAMETER = "InvalidParameterValue"
+_MISMATCH = "IdempotentParameterMismatch"
 #: Waits between `RunInstances` attempts while a new instance profile propagates (~30 s).
 PROFILE_PROPAGATION_DELAYS_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0)
 
@@ -193,6 +200,9 @@ class EC2Cloud:
         # User data rendered for launches not yet answered: a retry with the same token must
         # send the same parameters, or EC2 refuses its ClientToken (IdempotentParameterMismatch).
         self._user_data: dict[str, str] = {}
+        # Launch token -> the zone of an attempt that ended in CloudUnavailable (it may have
+        # started the instance): the retry asks that zone first, with the same ClientToken.
+        self._uncertain: dict[str, str] = {}
         self.catalog_max_age_s = catalog_max_age_s
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
@@ -284,14 +294,34 @@ class EC2Cloud:
             catalog = self.ec2_catalog()
             image = self._image_for(request.instance_type)
 
-            zones = self._zones_to_try(request, catalog)
+            # After an attempt whose answer was lost, its zone comes first, whatever has
+            # cooled down since: the same ClientToken there returns the instance EC2 may
+            # have started (DescribeInstances may not list it yet), a new zone would not.
+            uncertain = self._uncertain.get(request.launch_token)
+            try:
+                zones = self._zones_to_try(request, catalog)
+            except InsufficientCapacity:
+                if uncertain is None:
+                    raise
+                zones = []
+            if uncertain is not None:
+                zones = [uncertain, *(z for z in zones if z != uncertain)]
             spot = request.spot or self.config.spot_for(request.instance_type)
             failures: list[str] = []
             for zone in zones:
                 try:
-                    return self._run_instance(request, zone, spot, image)
+                    launched = self._run_instance(request, zone, spot, image)
+                except CloudUnavailable:
+                    self._uncertain[request.launch_token] = zone
+                    raise
                 except ClientError as exc:
                     code = error_code(exc)
+                    if code == _MISMATCH:
+                        raise CloudUnavailable(
+                            f"launch {request.launch_token}: EC2 already ran this launch in "
+                            f"{zone} with other parameters (a new image or user data since): "
+                            "its instance is adopted once DescribeInstances lists it"
+                        ) from None
                     if code in QUOTA_ERROR_CODES:
                         raise self._quota_exceeded(request.instance_type, code, spot, exc) from None
                     if code not in ZONE_FALLBACK_CODES:
@@ -299,6 +329,9 @@ class EC2Cloud:
                     self._mark_unavailable(request.instance_type, zone, code)
                     failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
                     log.warning("launch %s: %s in %s", request.instance_type, code, zone)
+                    continue
+                self._uncertain.pop(request.launch_token, None)
+                return launched
             raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
 
     def find_by_token(self, launch_token: str) -> CloudInstance | None:
@@ -489,7 +522,9 @@ class EC2Cloud:
         """`RunInstances`, retried (same parameters, same `ClientToken`) while a new
         instance profile propagates: for seconds after IAM creates it, EC2 answers
         `InvalidParameterValue` for it. Bounded by `PROFILE_PROPAGATION_DELAYS_S`."""
-        passthrough = ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN, _INVALID_PARAMETER}
+        passthrough = (
+            ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN, _INVALID_PARAMETER, _MISMATCH}
+        )
         waited = 0.0
         for delay in (*PROFILE_PROPAGATION_DELAYS_S, None):
             try:

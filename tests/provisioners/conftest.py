@@ -8,6 +8,7 @@ top of moto: a handler on `provide-client-params.ec2.<Operation>` raises the
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -312,3 +313,44 @@ class Lag:
 @pytest.fixture
 def lag(ec2: Any) -> Lag:
     return Lag(ec2)
+
+
+class IdempotentRunInstances:
+    """EC2's `ClientToken` semantics, which moto lacks: a repeated `RunInstances` with a
+    token that already succeeded returns the same instances, or fails with
+    `IdempotentParameterMismatch` when any other parameter differs."""
+
+    def __init__(self, client: Any) -> None:
+        self.done: dict[str, tuple[dict[str, Any], Any, dict[str, Any]]] = {}
+        events = client.meta.events
+        events.register("before-parameter-build.ec2.RunInstances", self._remember)
+        events.register("before-call.ec2.RunInstances", self._replay)
+        events.register("after-call.ec2.RunInstances", self._record)
+
+    @staticmethod
+    def _remember(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["test_client_token"] = params.get("ClientToken")
+        context["test_params"] = copy.deepcopy(params)
+
+    def _replay(self, context: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]] | None:
+        earlier = self.done.get(context.get("test_client_token") or "")
+        if earlier is None:
+            return None
+        params, http, parsed = earlier
+        if params != context["test_params"]:
+            raise client_error("IdempotentParameterMismatch", "RunInstances")
+        return http, copy.deepcopy(parsed)
+
+    def _record(
+        self, http_response: Any, parsed: dict[str, Any], context: dict[str, Any], **_: Any
+    ) -> None:
+        token = context.get("test_client_token")
+        if token and http_response.status_code == 200 and parsed.get("Instances"):
+            self.done.setdefault(
+                token, (context["test_params"], http_response, copy.deepcopy(parsed))
+            )
+
+
+@pytest.fixture
+def idempotent(ec2: Any) -> IdempotentRunInstances:
+    return IdempotentRunInstances(ec2)
