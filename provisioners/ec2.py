@@ -264,8 +264,10 @@ class EC2Cloud:
         """Start one instance, or return the one this launch token already started.
 
         Raises `InsufficientCapacity` (no allowed zone had capacity; the
-        offerings are marked unavailable), `CloudUnavailable` (unreachable or
-        throttled past the backoff) or `CloudRequestError` (configuration,
+        offerings are marked unavailable), `QuotaExceeded` (an account quota;
+        the family is marked unavailable), `CloudUnavailable` (unreachable,
+        throttled past the backoff, or a launch EC2 may have carried out: ask
+        again with the same token) or `CloudRequestError` (configuration,
         permissions, a type `[ec2]` does not allow). The guardrails were checked
         by the round before it asked.
         """
@@ -275,64 +277,79 @@ class EC2Cloud:
                 f"got {len(request.launch_token)}"
             )
         with self._lock:
-            existing = self.find_by_token(request.launch_token)
-            if existing is not None:
-                log.info(
-                    "launch %s: found %s, not launching again",
-                    request.launch_token,
-                    existing.instance_id,
-                )
-                return existing
-            if request.launch_token in self._dry_run_launches:
-                return self._dry_run_launches[request.launch_token]
-            if not self.config.allows(request.instance_type):
-                raise CloudRequestError(
-                    f"instance type {request.instance_type} is not allowed "
-                    f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
-                    f"types: {', '.join(self.config.types) or 'none'})"
-                )
-            catalog = self.ec2_catalog()
-            image = self._image_for(request.instance_type)
-
-            # After an attempt whose answer was lost, its zone comes first, whatever has
-            # cooled down since: the same ClientToken there returns the instance EC2 may
-            # have started (DescribeInstances may not list it yet), a new zone would not.
-            uncertain = self._uncertain.get(request.launch_token)
             try:
-                zones = self._zones_to_try(request, catalog)
-            except InsufficientCapacity:
-                if uncertain is None:
-                    raise
-                zones = []
-            if uncertain is not None:
-                zones = [uncertain, *(z for z in zones if z != uncertain)]
-            spot = request.spot or self.config.spot_for(request.instance_type)
-            failures: list[str] = []
-            for zone in zones:
-                try:
-                    launched = self._run_instance(request, zone, spot, image)
-                except CloudUnavailable:
-                    self._uncertain[request.launch_token] = zone
-                    raise
-                except ClientError as exc:
-                    code = error_code(exc)
-                    if code == _MISMATCH:
-                        raise CloudUnavailable(
-                            f"launch {request.launch_token}: EC2 already ran this launch in "
-                            f"{zone} with other parameters (a new image or user data since): "
-                            "its instance is adopted once DescribeInstances lists it"
-                        ) from None
-                    if code in QUOTA_ERROR_CODES:
-                        raise self._quota_exceeded(request.instance_type, code, spot, exc) from None
-                    if code not in ZONE_FALLBACK_CODES:
-                        raise
-                    self._mark_unavailable(request.instance_type, zone, code)
-                    failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
-                    log.warning("launch %s: %s in %s", request.instance_type, code, zone)
-                    continue
-                self._uncertain.pop(request.launch_token, None)
-                return launched
-            raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
+                launched = self._launch(request)
+            except CloudUnavailable:
+                raise  # the same token comes back: keep its user data and its zone
+            except BaseException:
+                self._forget(request.launch_token)
+                raise
+            self._forget(request.launch_token)
+            return launched
+
+    def _forget(self, launch_token: str) -> None:
+        """Drop what a launch kept for its retries once it will not be retried."""
+        self._user_data.pop(launch_token, None)
+        self._uncertain.pop(launch_token, None)
+
+    def _launch(self, request: LaunchRequest) -> CloudInstance:
+        existing = self.find_by_token(request.launch_token)
+        if existing is not None:
+            log.info(
+                "launch %s: found %s, not launching again",
+                request.launch_token,
+                existing.instance_id,
+            )
+            return existing
+        if request.launch_token in self._dry_run_launches:
+            return self._dry_run_launches[request.launch_token]
+        if not self.config.allows(request.instance_type):
+            raise CloudRequestError(
+                f"instance type {request.instance_type} is not allowed "
+                f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
+                f"types: {', '.join(self.config.types) or 'none'})"
+            )
+        catalog = self.ec2_catalog()
+        image = self._image_for(request.instance_type)
+
+        # After an attempt whose answer was lost, its zone comes first, whatever has
+        # cooled down since: the same ClientToken there returns the instance EC2 may
+        # have started (DescribeInstances may not list it yet), a new zone would not.
+        uncertain = self._uncertain.get(request.launch_token)
+        try:
+            zones = self._zones_to_try(request, catalog)
+        except InsufficientCapacity:
+            if uncertain is None:
+                raise
+            zones = []
+        if uncertain is not None:
+            zones = [uncertain, *(z for z in zones if z != uncertain)]
+        spot = request.spot or self.config.spot_for(request.instance_type)
+        failures: list[str] = []
+        for zone in zones:
+            try:
+                launched = self._run_instance(request, zone, spot, image)
+            except CloudUnavailable:
+                self._uncertain[request.launch_token] = zone
+                raise
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == _MISMATCH:
+                    raise CloudUnavailable(
+                        f"launch {request.launch_token}: EC2 already ran this launch in "
+                        f"{zone} with other parameters (a new image or user data since): "
+                        "its instance is adopted once DescribeInstances lists it"
+                    ) from None
+                if code in QUOTA_ERROR_CODES:
+                    raise self._quota_exceeded(request.instance_type, code, spot, exc) from None
+                if code not in ZONE_FALLBACK_CODES:
+                    raise translate_client_error(exc, "EC2 RunInstances") from exc
+                self._mark_unavailable(request.instance_type, zone, code)
+                failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
+                log.warning("launch %s: %s in %s", request.instance_type, code, zone)
+                continue
+            return launched
+        raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
 
     def find_by_token(self, launch_token: str) -> CloudInstance | None:
         """The not-yet-terminated instance this cluster launched with this token, if any."""
@@ -500,7 +517,6 @@ class EC2Cloud:
             self._dry_run_launches[request.launch_token] = planned
             log.info("dry run: would launch %s in %s", request.instance_type, zone)
             return planned
-        self._user_data.pop(request.launch_token, None)
         return _cloud_instance(response["Instances"][0])
 
     def _user_data_for(self, request: LaunchRequest, image: Image) -> str:

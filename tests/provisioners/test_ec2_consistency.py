@@ -8,6 +8,7 @@ carried out — across daemon restarts too (each `ControlLoop` here is built fro
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
@@ -120,7 +121,10 @@ def test_a_lost_answer_is_retried_in_its_zone_with_its_token_not_launched_twice(
     config, ec2, client, clock, sleeps, faults, idempotent, lag
 ):
     config = replace(config, zones=(ZONE_A, ZONE_B))
-    cloud = make_cloud(config, ec2, clock, sleeps)
+    # Every render presigns a new wheel URL: the retry must send the first one again.
+    fresh = (f"{WHEEL_URL}{n}" for n in itertools.count())
+    bootstrap = worker_bootstrap(config, wheel_url=lambda: next(fresh))
+    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap)
     store = InMemoryStore()
     lag.hide_new = True
     faults.watch("RunInstances")
@@ -146,8 +150,8 @@ def test_a_lost_answer_is_retried_in_its_zone_with_its_token_not_launched_twice(
     record = store.instance("inst-1")
     assert record.status == "pending" and record.cloud_id == started["InstanceId"]
     assert len(live_instances(inspect)) == 2  # inst-1's one instance and inst-2's
-    tokens = {c["ClientToken"] for c in faults.calls["RunInstances"] if zone_of(c) == ZONE_A}
-    assert first_token in tokens
+    retries = [c for c in faults.calls["RunInstances"] if c["ClientToken"] == first_token]
+    assert len(retries) == 2 and retries[0]["UserData"] == retries[1]["UserData"]
 
 
 def test_a_retry_with_other_parameters_waits_for_the_listing_instead_of_failing(
