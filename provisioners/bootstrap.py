@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from botocore.exceptions import ClientError
 
 from autoscaler.errors import InputError
-from provisioners.aws import AwsCaller, error_code
+from provisioners.aws import AwsCaller
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,10 @@ def publish_worker_token(
 
     `ssm` is a boto3 SSM client or a boto3 session (its client is made). Idempotent:
     the parameter is written only when missing or different, so a restart does not
-    add a version. The token appears in no log or error message of ours.
+    add a version. The token appears in no log or error message of ours (botocore's
+    own DEBUG logging prints request parameters: keep it off in production).
+    `kms_key_id` encrypts it with a customer-managed key instead of `aws/ssm`; both
+    roles then need that key (kms:Encrypt for the daemon, kms:Decrypt for workers).
     """
     if not token or not token.strip():
         raise InputError("the worker token is empty")
@@ -210,9 +213,8 @@ def publish_worker_token(
         )["Parameter"]
         if current.get("Type") == "SecureString" and current.get("Value") == token:
             return name
-    except ClientError as exc:
-        if error_code(exc) != "ParameterNotFound":  # pragma: no cover - passthrough only
-            raise
+    except ClientError:
+        pass  # ParameterNotFound (the only code passed through): the first publication
     params: dict[str, Any] = {
         "Name": name,
         "Value": token,

@@ -29,7 +29,12 @@ How it keeps money safe:
   checks only the region, when it is built, and refuses types its `[ec2]`
   table does not allow.
 - **Orphans** are the round's too: `list()` returns every instance tagged
-  with the cluster, and the round's orphan policy decides.
+  with the cluster, and the round's orphan policy decides. `terminate()` goes
+  by id (an instance launched moments ago may not be listed yet), refusing
+  ids EC2 lists with another cluster's tag.
+- **No secret in user data.** Each instance's user data is rendered for it
+  at its launch (`provisioners.bootstrap`): its id, the worker token's SSM
+  parameter name, a presigned URL and hash of the worker wheel.
 - **Launch settings a real account needs, explicit.** Subnets and security
   groups (never a default VPC), a public IP only when asked, IMDSv2 with hop
   limit 1, an encrypted gp3 root volume sized on the image's root device,
