@@ -61,6 +61,7 @@ from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
     InstanceChange,
+    InstanceRecord,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -139,7 +140,9 @@ def sync(
     report = executor.report()
     snap = store.snapshot(options.default_throughput, with_throughput=learn)
     listing = match_listing(((i.instance_id, i.cloud_id) for i in snap.instances), listed)
-    gone, wrote = _sync_instances(store, snap, listing.by_instance, report, now)
+    gone, wrote = _sync_instances(
+        store, snap, listing.by_instance, report, now, options.unlisted_grace_s
+    )
     strays, acknowledged, wrote_tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
     wrote = wrote or wrote_tasks
     if learn and options.learn:
@@ -161,6 +164,7 @@ def _sync_instances(
     seen_by_id: Mapping[str, CloudInstance],
     report: ExecutorReport,
     now: float,
+    unlisted_grace_s: float,
 ) -> tuple[set[str], bool]:
     """Follow the cloud and the workers; returns the instances that are gone, and
     whether anything was written."""
@@ -177,8 +181,11 @@ def _sync_instances(
                 changes.append((our_id, status, reason, seen))
             continue
         if seen is None:
-            changes.append((our_id, "terminated", "the cloud no longer lists it", None))
-            gone.add(our_id)
+            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s):
+                since = now - last_confirmed(inst)
+                reason = f"the cloud no longer lists it (last confirmed {since:.0f} s ago)"
+                changes.append((our_id, "terminated", reason, None))
+                gone.add(our_id)
             continue
         if seen.state == "running" and inst.status == "pending":
             changes.append((our_id, "running", "the cloud reports it running", None))
@@ -201,6 +208,28 @@ def _sync_instances(
             reason=reason,
         )
     return gone, wrote or bool(changes)
+
+
+def last_confirmed(inst: InstanceRecord) -> float:
+    """The last time the state heard of this instance from the cloud, or asked for it:
+    its request, its launch answered or adopted (`pending`), or reported `running`."""
+    times = [at for status, at in inst.history if status in ("pending", "running")]
+    return max([inst.requested_at, *times])
+
+
+def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace_s: float) -> bool:
+    """Whether an instance the cloud does not list is really gone.
+
+    `DescribeInstances` lags `RunInstances` by seconds: one missed listing of an
+    instance launched a moment ago is not its end. It is presumed gone only once
+    `grace_s` have passed since it was last confirmed (`last_confirmed`, from its
+    status history) and its worker is not reachable now — several listings of the
+    daemon's steps. Both come from the state and the executor, not from memory, so
+    a daemon restarted in between counts the same way.
+    """
+    if inst.instance_id in ready:
+        return False
+    return now - last_confirmed(inst) >= grace_s
 
 
 def _sync_tasks(
@@ -477,6 +506,10 @@ def ask_cloud(
     except CloudError as exc:
         message = f"{type(exc).__name__}: {exc}"
         return "failed", message, InstanceChange(instance_id, "failed", reason=message)
+    if got.dry_run:
+        # EC2 checked the call (permissions and parameters) and started nothing.
+        message = f"dry run: the cloud accepted the launch of {instance_type} and started nothing"
+        return "skipped", message, InstanceChange(instance_id, "failed", reason=message)
     status = "running" if got.state == "running" else "pending"
     change = InstanceChange(
         instance_id, status, got.instance_id, got.zone, f"launched as {got.instance_id}"

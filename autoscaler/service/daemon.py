@@ -83,7 +83,9 @@ class Daemon:
         self.config = config
         self.bindings = bindings
         self.clock = clock or WallClock()
-        self.options = config.control_options(dry_run=dry_run or config.provisioner.ec2.dry_run)
+        # --dry-run: record, don't act. [ec2] dry_run is EC2's own: the round acts and EC2
+        # checks every call (permissions too) with DryRun=True, starting nothing.
+        self.options = config.control_options(dry_run=dry_run)
         self.metrics = Metrics()
         self.stop = threading.Event()
         self.server_credentials = server_credentials
