@@ -81,6 +81,7 @@ def config_template(
 ) -> str:
     """The commented configuration `init` writes."""
     provider = "local" if local else "ec2"
+    ec2 = _LOCAL_EC2 if local else _ec2_tables(name, region)
     if local:
         storage = f'url = "file://{directory.resolve()}/storage"'
         state = 'path = "state.db"                  # a SQLite file beside this one'
@@ -137,17 +138,28 @@ max_attempts = 3                   # a task failing this often fails its job
 max_context_mb = 256               # the largest build context a submission may upload
 orphan_grace_s = 300               # an unknown instance of ours is left alone this long
 
-[guardrails]
-max_instances = 20                 # never more instances than this (requested ones count)
-max_hourly_spend = 50.0            # USD per hour at catalog prices, every live instance
-# allowed_regions = ["{region}"]
+{ec2}"""
+
+
+_LOCAL_EC2 = """[guardrails]
+max_instances = 8                  # never more instances than this (requested ones count)
+max_hourly_spend = 20.0            # USD per hour at catalog prices, every live instance
 
 [ec2]
-families = ["c7i", "r7i", "p3"]    # instance families the planner may use
-orphan_policy = "report"           # or "terminate": instances tagged as ours, unknown to the state
-dry_run = false                    # true: EC2 checks every call (permissions too), launches nothing
-# ami = "ami-0123456789abcdef0"    # the worker image (required for provider = "ec2")
-# subnet_ids = ["subnet-0abc"]
-# security_group_ids = ["sg-0123"]
-# iam_instance_profile = "autoscaler-worker"
+# The local cloud plans with the same catalog as EC2 (its instances are agents here).
+families = ["c7i", "r7i"]          # instance families the planner may use
 """
+
+
+def _ec2_tables(name: str, region: str) -> str:
+    """The provisioner's commented [ec2] and [guardrails] tables, without the cluster's
+    name and region (said once, in [cluster])."""
+    from provisioners.config import ec2_config_template
+
+    text = ec2_config_template(name, region)
+    kept = []
+    for paragraph in text.split("\n\n"):
+        lines = [line for line in paragraph.splitlines() if not line.startswith("region = ")]
+        if not any(line.startswith("cluster_id = ") for line in lines):
+            kept.append("\n".join(lines))
+    return "\n\n".join(kept).rstrip() + "\n"
