@@ -12,7 +12,7 @@ so it carries only what is public or short-lived:
 - the **name** of an SSM SecureString holding the token (`publish_worker_token`),
   which the worker reads with its instance role (`--token-ssm`), never the token.
 
-`WorkerBootstrap.render(instance_id)` fills `deploy/worker-bootstrap.sh` for one
+`WorkerBootstrap.render(instance_id)` fills `provisioners/data/worker-bootstrap.sh` for one
 launch (our instance id is the launch token, so every instance's user data
 differs); `EC2Cloud` calls it at each launch. Values are validated and
 shell-quoted, and the result is checked against EC2's 16 KB limit.
@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 MAX_USER_DATA_BYTES = 16 * 1024
 
 #: The template, in the repository's deploy/ folder (pass another with `template=`).
-DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "worker-bootstrap.sh"
+#: The template ships inside the package (deploy/worker-bootstrap.sh links to it), so an
+#: installed daemon renders the same script a source checkout does.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "data" / "worker-bootstrap.sh"
 
 #: Placeholders of the template, each replaced by a shell-quoted value.
 PLACEHOLDERS: tuple[str, ...] = (

@@ -59,6 +59,9 @@ class CloudTable(Strict):
     provider: Literal["ec2", "local"] = "ec2"
     # local: emulate the catalog's launch delays (off: instances are ready at once)
     emulate_delays: bool = False
+    # ec2: the worker agent's wheel (`pip wheel --no-deps .`), which the daemon publishes
+    # to the cluster's bucket and every worker installs, pinned by its sha256.
+    agent_wheel: str = ""
 
 
 def _address(value: str) -> str:

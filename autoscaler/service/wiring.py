@@ -6,6 +6,7 @@ daemon and the commands get what they need from here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -72,7 +73,7 @@ def build_bindings(config: ClusterConfig) -> Bindings:
         storage_url=config.storage.url,
         heartbeat_timeout_s=config.timeouts.heartbeat_s,
     )
-    cloud = _cloud(config)
+    cloud = _cloud(config, publish=True)
     return Bindings(
         store=store,
         cloud=cloud,
@@ -122,19 +123,68 @@ def build_cloud(config: ClusterConfig) -> Any:
     return _cloud(config)
 
 
-def _cloud(config: ClusterConfig) -> Any:
+def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
     if config.cloud.provider == "local":
         return local_cloud(config)
     from provisioners.ec2 import EC2Cloud
 
-    if not config.provisioner.ec2.ami:
+    bootstrap = worker_bootstrap(config) if publish else None
+    return EC2Cloud.from_config(config.provisioner, bootstrap=bootstrap)
+
+
+def worker_bootstrap(config: ClusterConfig) -> Any:
+    """Publish what EC2 workers need (the token to SSM, the agent wheel to the bucket) and
+    the user data that boots them: run by the daemon at start-up, with its own identity."""
+    from provisioners.aws import make_client
+    from provisioners.bootstrap import (
+        WorkerBootstrap,
+        publish_agent_wheel,
+        publish_worker_token,
+        wheel_presigner,
+    )
+
+    source = str(config.path)
+    wheel = config.cloud.agent_wheel
+    if not wheel:
         raise InputError(
-            'is required for provider = "ec2": the image workers boot from',
-            source=str(config.path),
-            where="[ec2]",
-            field="ami",
+            'is required for provider = "ec2": the worker agent\'s wheel the daemon publishes '
+            "(build it with `pip wheel --no-deps . -w dist`)",
+            source=source,
+            where="[cloud]",
+            field="agent_wheel",
         )
-    return EC2Cloud.from_config(config.provisioner)
+    wheel_path = Path(wheel).expanduser()
+    if not wheel_path.is_absolute():
+        wheel_path = config.path.parent / wheel_path
+    storage = config.storage.url
+    if not storage.startswith("s3://") or "REPLACE-WITH-YOUR-BUCKET" in storage:
+        raise InputError(
+            'must be s3://BUCKET/PREFIX for provider = "ec2": workers fetch contexts, '
+            "checkpoints and the agent from it",
+            source=source,
+            where="[storage]",
+            field="url",
+            value=storage,
+            has_value=True,
+        )
+    from executor.security import read_token
+
+    region = config.cluster.region
+    bucket, _, prefix = storage.removeprefix("s3://").partition("/")
+    s3 = make_client("s3", region)
+    parameter = publish_worker_token(
+        make_client("ssm", region), config.cluster.name, read_token(config.secrets.worker_token)
+    )
+    url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
+    return WorkerBootstrap(
+        config.api_address,
+        config.secrets.ca_cert.read_text(),
+        config.cluster.name,
+        region,
+        parameter,
+        wheel_presigner(s3, url),
+        sha256,
+    )
 
 
 def local_cloud(config: ClusterConfig) -> Any:
