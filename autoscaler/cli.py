@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autoscaler.catalog import Catalog
 from autoscaler.cli_io import load_inputs, progress, silence_solver_banner, write_json
@@ -19,38 +19,28 @@ from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.service.cli import register as register_cluster_commands
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
+from autoscaler.validation import number_arg, output_path
 from autoscaler.view import ClusterView
 from provisioners.cli import register as register_catalog_commands
 from simulator.cli import register as register_simulator_commands
 from state.cli import register as register_db_commands
 
 
-def _throughput_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported in one line (exit 2) like every other bad input."""
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"autoscaler: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="autoscaler",
         description="Cost-optimizing cluster autoscaler for batch jobs on EC2.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
 
     plan = sub.add_parser(
         "plan",
@@ -80,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--default-throughput",
-        type=_throughput_arg,
+        type=number_arg(0.0, 1.0, low_open=True),
         default=DEFAULT_THROUGHPUT,
         metavar="T",
         help="throughput assumed for a pair never observed together "
@@ -95,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--pop-threshold",
-        type=_positive_int,
+        type=number_arg(1, 10**9, integer=True),
         default=None,
         metavar="N",
         help="split rounds of more than N tasks POP-style into --pop-parts sub-problems "
@@ -103,17 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--pop-parts",
-        type=_positive_int,
+        type=number_arg(2, 256, integer=True),
         default=2,
         metavar="K",
-        help="POP sub-problems (default 2)",
+        help="POP sub-problems, 2 to 256 (default 2)",
     )
     plan.add_argument(
-        "--json", type=Path, default=None, metavar="OUT", help="also write the plan as JSON to OUT"
+        "--json",
+        type=output_path(),
+        default=None,
+        metavar="OUT",
+        help="also write the plan as JSON to OUT",
     )
     plan.add_argument(
         "--limit",
-        type=_positive_int,
+        type=number_arg(0, 10**9, integer=True),
         default=30,
         metavar="N",
         help="show at most N instances in the table (0 = all; default 30)",
@@ -160,7 +154,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
     planner = planner_by_name(
-        args.planner, pop_threshold=args.pop_threshold, pop_parts=max(args.pop_parts, 1)
+        args.planner, pop_threshold=args.pop_threshold, pop_parts=args.pop_parts
     )
     started = time.perf_counter()
     plan = planner.plan(view)

@@ -106,3 +106,70 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
+
+# -- command-line values ---------------------------------------------------------------------
+
+
+def number_arg(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    integer: bool = False,
+):
+    """An argparse `type=` for a finite number within [low, high] (or (low, high] when
+    `low_open`): `nan`, `inf` and absurd values are refused where they are read."""
+    import argparse
+
+    def described() -> str:
+        left = "(" if low_open else "["
+
+        def show(x: float) -> str:
+            return f"{int(x):,}" if integer else f"{x:g}"
+
+        lo = "-inf" if low is None else show(low)
+        hi = "inf" if high is None else show(high)
+        kind = "a whole number" if integer else "a number"
+        return f"{kind} in {left}{lo}, {hi}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {described()}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be {described()}, got {text!r}")
+        if (low is not None and (value <= low if low_open else value < low)) or (
+            high is not None and value > high
+        ):
+            raise argparse.ArgumentTypeError(f"must be {described()}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def output_path(suffix: str | None = None):
+    """An argparse `type=` for a file to write: its directory must exist and be writable
+    now, before the work starts. With `suffix`, a name without one gets it (so the
+    message names the file really written)."""
+    import argparse
+    import os
+    from pathlib import Path
+
+    def parse(text: str) -> Path:
+        path = Path(text).expanduser()
+        if not text.strip() or path.is_dir():
+            raise argparse.ArgumentTypeError(f"must be a file to write, got {text!r}")
+        if suffix and not path.suffix:
+            path = path.with_suffix(suffix)
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"directory {str(parent)!r} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
+        return path
+
+    parse.__name__ = "path"
+    return parse

@@ -14,6 +14,7 @@ from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
 from autoscaler.table import wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
+from autoscaler.validation import number_arg, output_path
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
 from simulator.traces import synthesize
@@ -60,37 +61,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rp.add_argument(
         "--interval",
-        type=float,
+        type=number_arg(1.0, 86400.0),
         default=300.0,
         metavar="S",
-        help="seconds between scheduling rounds (default 300)",
+        help="seconds between scheduling rounds, 1 to 86400 (default 300)",
     )
     rp.add_argument(
         "--seed",
-        type=int,
+        type=number_arg(0, 2**32 - 1, integer=True),
         default=0,
         metavar="N",
         help="seed recorded with the results; with --synthesize, the trace's seed",
     )
     rp.add_argument(
         "--synthesize",
-        type=int,
+        type=number_arg(1, 1_000_000, integer=True),
         default=None,
         metavar="JOBS",
         help="replay a synthetic trace of JOBS jobs drawn from --trace instead",
     )
     rp.add_argument(
         "--unknown-throughput",
-        type=float,
+        type=number_arg(0.0, 1.0, low_open=True),
         default=DEFAULT_THROUGHPUT,
         metavar="T",
         help="ground-truth throughput of pairs the contention matrix leaves "
         f"unmeasured (default {DEFAULT_THROUGHPUT}, as Eva's simulator)",
     )
-    rp.add_argument("--json", type=Path, default=None, metavar="OUT", help="write results as JSON")
+    rp.add_argument(
+        "--json", type=output_path(), default=None, metavar="OUT", help="write results as JSON"
+    )
     rp.add_argument(
         "--plot",
-        type=Path,
+        type=output_path(".png"),
         default=None,
         metavar="OUT.png",
         help="draw $/h and instance count over time per scheduler",
@@ -113,44 +116,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="source trace (default: bundled pai_200.json)",
     )
-    syn.add_argument("--jobs", type=int, required=True, help="number of jobs")
-    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument(
+        "--jobs",
+        type=number_arg(1, 1_000_000, integer=True),
+        required=True,
+        help="number of jobs (1 to 1,000,000)",
+    )
+    syn.add_argument("--seed", type=number_arg(0, 2**32 - 1, integer=True), default=0)
     syn.add_argument(
         "--rate",
-        type=float,
+        type=number_arg(0.0, 10_000.0, low_open=True),
         default=3.0,
         help="arrivals per hour (default 3: one every 20 minutes on average)",
     )
     syn.add_argument(
         "--multi-task",
-        type=float,
+        type=number_arg(0.0, 1.0),
         default=0.0,
         metavar="SHARE",
         help="share of jobs duplicated into 2- or 4-task jobs (default 0)",
     )
-    syn.add_argument("--out", type=Path, required=True)
+    syn.add_argument("--out", type=output_path(), required=True)
     syn.set_defaults(func=cmd_synthesize)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise InputError(
-            "must be positive", field="--interval", value=args.interval, has_value=True
-        )
-    if not 0.0 < args.unknown_throughput <= 1.0:
-        raise InputError(
-            "must be in (0, 1]",
-            field="--unknown-throughput",
-            value=args.unknown_throughput,
-            has_value=True,
-        )
     catalog, jobs = load_inputs(args.catalog, args.trace)
     source = str(args.trace or bundled("pai_200.json"))
     if args.synthesize is not None:
-        if args.synthesize < 1:
-            raise InputError(
-                "must be at least 1", field="--synthesize", value=args.synthesize, has_value=True
-            )
         jobs = jobs_from_eva(
             synthesize(jobs, args.synthesize, args.seed), source=f"synthetic from {source}"
         )
@@ -204,7 +197,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise InputError(
                 f"cannot write plot: {exc.strerror or exc}", source=str(args.plot)
             ) from None
-        print(f"plot written to {args.plot}")
+        print(f"plot written to {args.plot}")  # with its .png, as matplotlib wrote it
     unfinished = [n for n, r in results.items() if not r.finished]
     if unfinished:
         print(f"warning: not every job finished under {', '.join(unfinished)}", file=sys.stderr)
@@ -215,14 +208,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_synthesize(args: argparse.Namespace) -> int:
     source_path = args.source or bundled("pai_200.json")
     source = jobs_from_eva(read_json(source_path, "trace"), source=str(source_path))
-    if args.jobs < 1:
-        raise InputError("must be at least 1", field="--jobs", value=args.jobs, has_value=True)
-    if args.rate <= 0:
-        raise InputError("must be positive", field="--rate", value=args.rate, has_value=True)
-    if not 0.0 <= args.multi_task <= 1.0:
-        raise InputError(
-            "must be in [0, 1]", field="--multi-task", value=args.multi_task, has_value=True
-        )
     trace = synthesize(source, args.jobs, args.seed, args.rate, args.multi_task)
     write_json(args.out, trace)
     tasks = sum(len(j["tasks"]) for j in trace.values())

@@ -23,6 +23,7 @@ from autoscaler.cli_io import progress, write_json
 from autoscaler.errors import InputError
 from autoscaler.service.config import ClusterConfig, load_cluster_config
 from autoscaler.table import format_table, money, shorten
+from autoscaler.validation import number_arg, output_path
 
 FINAL = ("completed", "cancelled", "failed")
 
@@ -85,7 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     jobs = sub.add_parser("jobs", help="list jobs")
     jobs.add_argument("--status", nargs="+", default=None, choices=["queued", "running", *FINAL])
-    jobs.add_argument("--limit", type=int, default=0, help="the latest N (0: all)")
+    jobs.add_argument(
+        "--limit", type=number_arg(0, 10**9, integer=True), default=0, help="the latest N (0: all)"
+    )
     jobs.add_argument("--json", action="store_true", help="print JSON")
     _config(jobs)
     jobs.set_defaults(func=cmd_jobs)
@@ -105,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     logs = sub.add_parser("logs", help="the container logs of a job's tasks")
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("--task", default="", help="one task's name")
-    logs.add_argument("--tail", type=int, default=0, help="last N lines of each log")
+    logs.add_argument(
+        "--tail", type=number_arg(0, 10**7, integer=True), default=0, help="last N lines of each"
+    )
     logs.add_argument("--json", action="store_true", help="print JSON")
     _config(logs)
     logs.set_defaults(func=cmd_logs)
@@ -124,8 +129,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "would launch.",
     )
     cost.add_argument("--since", default=None, help="epoch seconds, an ISO time, or 24h / 7d")
-    cost.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write JSON")
-    cost.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="draw spend")
+    cost.add_argument(
+        "--json", type=output_path(), default=None, metavar="OUT", help="also write JSON"
+    )
+    cost.add_argument(
+        "--plot", type=output_path(".png"), default=None, metavar="OUT.png", help="draw spend"
+    )
     cost.add_argument("--dry-run", type=Path, nargs="+", default=None, metavar="JOBS")
     _config(cost)
     cost.set_defaults(func=cmd_cost_report)
@@ -431,9 +440,6 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     from autoscaler.service.wiring import offline_catalog, open_state
 
     config = load_cluster_config(args.config)
-    for path in (args.json, args.plot):
-        if path is not None and not path.parent.exists():
-            raise InputError("its directory does not exist", source=str(path))
     catalog = offline_catalog(config)
     now = time.time()
     since = parse_since(args.since, now) if args.since else 0.0
@@ -458,9 +464,10 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from autoscaler.reports import timeline
 
-        path = args.plot if args.plot.suffix else args.plot.with_suffix(".png")
-        plot_costs(timeline(uptime, since or _first(uptime, now), now), path, config.cluster.name)
-        print(f"plot written to {path}")
+        plot_costs(
+            timeline(uptime, since or _first(uptime, now), now), args.plot, config.cluster.name
+        )
+        print(f"plot written to {args.plot}")
     return 0
 
 
