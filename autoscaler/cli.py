@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from autoscaler.catalog import Catalog
-from autoscaler.cli_io import load_inputs, progress, silence_solver_banner, write_json
+from autoscaler.cli_io import (
+    load_inputs,
+    progress,
+    silence_solver_banner,
+    warn_unmatched,
+    write_json,
+)
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
@@ -150,6 +156,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     progress(f"planning {sum(len(j.tasks) for j in jobs):,} tasks …")
     if args.throughput is not None:
         table = load_contention_matrix(args.throughput, args.default_throughput)
+        warn_unmatched(table, jobs, str(args.throughput))
     else:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)

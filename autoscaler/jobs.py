@@ -170,6 +170,7 @@ def _number(
 def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InputError("must be an object", source=source, where=f"job {job_id!r}")
+    _check_id(job_id, "job id", source, f"job {job_id!r}")
     name = spec.get("name", job_id)
     raw_tasks = spec.get("tasks")
     if type(name) is not str or not name or type(raw_tasks) is not dict or not raw_tasks:
@@ -192,6 +193,20 @@ def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
             total_iters=_number(spec, "total_iters", None, where, source, positive=True),
         ),
     )
+
+
+def _check_id(value: str, what: str, source: str, where: str) -> None:
+    """Job ids and task keys make task ids (`job/task`) and storage keys: no '/', no
+    whitespace or control characters, not empty."""
+    if not value or "/" in value or not value.isprintable() or value != value.strip():
+        raise InputError(
+            f"a {what} may not be empty or hold '/', spaces at its ends or control characters "
+            "(task ids are '<job>/<task>')",
+            source=source,
+            where=where,
+            value=value,
+            has_value=True,
+        )
 
 
 def _reject_job(job_id: str, name: object, raw_tasks: object, source: str) -> None:
@@ -246,6 +261,7 @@ def _task(
         raise InputError(
             "must be an object", source=source, where=f"job {job_id!r} task {task_key!r}"
         )
+    _check_id(task_key, "task key", source, f"job {job_id!r} task {task_key!r}")
     name = spec.get("name", task_key)
     if type(name) is not str or not name:
         raise InputError(
@@ -318,6 +334,16 @@ def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resou
             check_number(v, field=f"{fname}[{i}]", where=where, source=source)
             for i, v in enumerate(vector)
         ]
+        if not any(values):
+            raise InputError(
+                "asks for nothing: a task needs some CPU or memory (a zero vector would let "
+                "any number of copies share one instance)",
+                source=source,
+                where=where,
+                field=fname,
+                value=vector,
+                has_value=True,
+            )
         demands.append((str(family), Resources.of(values)))
     return tuple(sorted(demands))
 

@@ -250,5 +250,16 @@ def contention_matrix_from_csv(
                     value=cell,
                     has_value=True,
                 )
+            known = entries.get((workload, (other,)))
+            if known is not None and known.throughput != value:
+                raise InputError(
+                    f"repeats the pair {workload} next to {other} with another value "
+                    f"({known.throughput:g} before): say each pair once",
+                    source=source,
+                    where=where,
+                    field=f"{workload}/{other}",
+                    value=cell,
+                    has_value=True,
+                )
             entries[(workload, (other,))] = ThroughputEntry(value)
     return ThroughputTable(entries, default)

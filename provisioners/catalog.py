@@ -398,6 +398,13 @@ def bundled_catalog(config: EC2Config, prices: PriceTable | None) -> EC2Catalog:
         price_of = dict(prices.prices) if prices is not None else {}
         eva = load_catalog(bundled("ec2_config.json"))
         allowed = [t for t in eva if config.allows(t.name)]
+        if not allowed:
+            selection = ", ".join([*config.families, *config.types]) or "nothing"
+            notes.append(
+                f"[ec2] allows {selection}, and no type of the bundled catalog matches "
+                f"(its families: {', '.join(sorted(eva.families))}); change [ec2] families "
+                "or types, or run `autoscaler catalog refresh` to describe them from AWS"
+            )
         types = [replace(t, hourly_cost=price_of[t.name]) for t in allowed if t.name in price_of]
         unpriced = sorted(t.name for t in allowed if t.name not in price_of)
         if unpriced:

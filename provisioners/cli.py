@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoscaler.table import format_table
+from autoscaler.table import format_table, output_width, wrap
 from provisioners.config import EC2Config, load_config
 
 if TYPE_CHECKING:
@@ -200,4 +200,7 @@ def render_catalog(catalog: EC2Catalog, config: EC2Config, now_s: float, cache: 
     out += [f"Note: {note}" for note in catalog.notes]
     if catalog.origin == "bundled":
         out.append("Run `autoscaler catalog refresh` to fetch types, zones and prices from AWS.")
-    return "\n".join(out)
+    # The table fits the terminal; so do the notes around it.
+    return "\n".join(
+        line if len(line) <= output_width() or "\n" in line else wrap(line) for line in out
+    )

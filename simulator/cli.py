@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 
 from autoscaler.bundled import bundled
-from autoscaler.cli_io import load_inputs, write_json
+from autoscaler.cli_io import load_inputs, warn_unmatched, write_json
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
-from autoscaler.table import wrap
+from autoscaler.table import output_width, wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.validation import number_arg, output_path
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
-from simulator.traces import synthesize
+from simulator.traces import start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 
 
@@ -157,7 +157,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 where=f"job {job.job_id!r}",
                 field="duration",
             )
-    contention = load_contention_matrix(args.contention or bundled("contention_matrix.csv"))
+    jobs, offset = start_at_first_arrival(jobs)
+    if offset:
+        print(
+            wrap(
+                f"note: {source}: arrival times start at {offset:,.0f} s (Unix timestamps?); "
+                f"replaying from the first arrival instead of {offset / 86400 / 365:,.1f} years "
+                "of empty rounds"
+            ),
+            file=sys.stderr,
+        )
+    contention_path = args.contention or bundled("contention_matrix.csv")
+    contention = load_contention_matrix(contention_path)
+    warn_unmatched(contention, jobs, str(contention_path))
     truth = ground_truth(contention, args.unknown_throughput)
     names = list(dict.fromkeys(args.scheduler or DEFAULT_SCHEDULERS))
     if "no-packing" not in names:
@@ -235,12 +247,12 @@ class _Progress:
         if wall - self._last < 0.1 and done < total:
             return
         self._last = wall
-        width = 30
+        text = f" {done}/{total} jobs done, day {now / 86400:.1f}"
+        room = output_width() - 17 - 3 - len(text) - 1  # what is left for the bar
+        width = max(10, min(40, room))
         filled = int(width * done / total) if total else width
-        sys.stderr.write(
-            f"\r{self.name:<17} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{done}/{total} jobs done, day {now / 86400:.1f}   "
-        )
+        line = f"{self.name:<17} [{'#' * filled}{'.' * (width - filled)}]{text}"
+        sys.stderr.write("\r" + line[: output_width() - 1].ljust(output_width() - 1))
         sys.stderr.flush()
 
     def done(self, result: ReplayResult, seconds: float) -> None:
@@ -248,5 +260,6 @@ class _Progress:
             f"{self.name:<17} {result.jobs_completed}/{result.jobs_total} jobs, "
             f"${result.total_cost:,.0f}, {seconds:.1f} s"
         )
-        sys.stderr.write(("\r" if self.tty else "") + line + (" " * 30 if self.tty else "") + "\n")
+        pad = output_width() - 1 - len(line) if self.tty else 0
+        sys.stderr.write(("\r" if self.tty else "") + line + " " * max(pad, 0) + "\n")
         sys.stderr.flush()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from autoscaler.jobs import JobSpec
@@ -66,3 +67,23 @@ def synthesize(
             "tasks": tasks,
         }
     return trace
+
+
+#: Arrivals later than this (about three years in seconds) are taken for Unix timestamps.
+TIMESTAMP_LIKE_S = 1e8
+
+
+def start_at_first_arrival(
+    jobs: Sequence[JobSpec], threshold_s: float = TIMESTAMP_LIKE_S
+) -> tuple[tuple[JobSpec, ...], float]:
+    """Jobs whose arrivals look like Unix timestamps, shifted to start at the first
+    arrival (a replay would otherwise simulate decades of empty rounds); returns the
+    jobs and the offset taken off (0 when nothing was shifted)."""
+    first = min((j.trace.arrival_time_s for j in jobs), default=0.0)
+    if first < threshold_s:
+        return tuple(jobs), 0.0
+    shifted = tuple(
+        replace(j, trace=replace(j.trace, arrival_time_s=j.trace.arrival_time_s - first))
+        for j in jobs
+    )
+    return shifted, first
