@@ -17,7 +17,7 @@ from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.validation import number_arg, output_path
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
-from simulator.traces import start_at_first_arrival, synthesize
+from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 
 
@@ -158,6 +158,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 field="duration",
             )
     jobs, offset = start_at_first_arrival(jobs)
+    check_replay_span(jobs, source)
     if offset:
         print(
             wrap(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec
 
 
@@ -87,3 +88,28 @@ def start_at_first_arrival(
         for j in jobs
     )
     return shifted, first
+
+
+#: A replay simulates rounds every few minutes: a trace spanning more than this (a job
+#: lasting decades, arrivals years apart) is a mistake that would run for hours.
+MAX_REPLAY_SPAN_S = 366 * 86400.0
+
+
+def check_replay_span(jobs: Sequence[JobSpec], source: str) -> None:
+    """Refuse a trace a replay could not finish in reasonable time, naming the job and field."""
+    for job in jobs:
+        facts = job.trace
+        work = facts.duration_s
+        if work is None and facts.total_iters is not None and job.full_throughput:
+            work = facts.total_iters / job.full_throughput
+        for field, seconds in (("arrival_time", facts.arrival_time_s), ("duration", work)):
+            if seconds is not None and seconds > MAX_REPLAY_SPAN_S:
+                raise InputError(
+                    f"is {seconds / 86400:,.0f} days; a replay covers at most a year "
+                    "(are these milliseconds, or a Unix timestamp in a duration?)",
+                    source=source,
+                    where=f"job {job.job_id!r}",
+                    field=field,
+                    value=seconds,
+                    has_value=True,
+                )
