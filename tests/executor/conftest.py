@@ -1,10 +1,13 @@
 """Fixtures for the executor tests: real parts only.
 
+- a Docker engine found through DOCKER_HOST (`.ci/run` starts one); the tests
+  that need it are skipped only when no engine answers;
 - S3 on `moto_server`, started here as a subprocess.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +20,8 @@ from typing import Any
 import boto3
 import pytest
 
+from executor.runtime import ContainerRuntime
+
 MOTO_CREDENTIALS = {
     "aws_access_key_id": "testing",
     "aws_secret_access_key": "testing",
@@ -28,6 +33,38 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# -- Docker ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Any:
+    import docker
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:
+        pytest.skip(
+            f"no Docker engine answers at {os.environ.get('DOCKER_HOST', 'default')}: {exc}"
+        )
+    return client
+
+
+@pytest.fixture(scope="session")
+def python_image(docker_client: Any) -> str:
+    from executor.images import PYTHON_IMAGE, ensure_python_image
+
+    ensure_python_image(docker_client)
+    return PYTHON_IMAGE
+
+
+@pytest.fixture(scope="session")
+def docker_runtime(docker_client: Any, python_image: str) -> ContainerRuntime:
+    from executor.runtime import DockerRuntime
+
+    return DockerRuntime()  # DOCKER_HOST, like `autoscaler worker` without --docker
 
 
 # -- S3 ----------------------------------------------------------------------------------------
