@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from executor.agent import DAEMON_METHODS
+from executor.client import WORKER_METHODS
 from executor.protos import worker_pb2
 from executor.protos.__main__ import PROTOS, ROOT, generate
 
@@ -22,7 +24,7 @@ def test_the_services_are_package_qualified_and_versioned():
     services = worker_pb2.DESCRIPTOR.services_by_name
     assert worker_pb2.DESCRIPTOR.package == "autoscaler.worker.v1"
     registry, worker = services["WorkerRegistry"], services["Worker"]
-    assert registry.full_name == "autoscaler.worker.v1.WorkerRegistry"
-    assert worker.full_name == "autoscaler.worker.v1.Worker"
+    assert (f"/{registry.full_name}/",) == WORKER_METHODS
+    assert (f"/{worker.full_name}/",) == DAEMON_METHODS
     assert {m.name for m in registry.methods} == {"Register", "Heartbeat"}
     assert {m.name for m in worker.methods} == {"StartTask", "StopTask", "ListTasks"}
