@@ -18,6 +18,7 @@ from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.view import ClusterView
+from executor.cli import register as register_worker_command
 from provisioners.cli import register as register_catalog_commands
 from simulator.cli import register as register_simulator_commands
 from state.cli import register as register_db_commands
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_catalog_commands(sub)
     register_simulator_commands(sub)
     register_db_commands(sub)
+    register_worker_command(sub)
     return parser
 
 
