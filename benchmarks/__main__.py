@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import lp_scaling, plan_scaling, replay_speed
+from benchmarks import lp_scaling, migration, plan_scaling, replay_speed
 
 BENCHMARKS = {
     "plan": plan_scaling.main,
     "scale": lp_scaling.main,
     "replay": replay_speed.main,
+    "migration": migration.main,
 }
 
 
