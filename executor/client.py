@@ -116,6 +116,7 @@ class _Request:
     kind: str  # "start" or "stop"
     checkpoint: str | None = None
     refused: str | None = None  # the worker's refusal, reported as the attempt's failure
+    progress: float = 0.0  # carried from the attempt before, until the job reports its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,7 @@ class GrpcExecutor:
         self._requests: dict[str, _Request] = {}
         self._acked: set[tuple[str, int]] = set()
         self._superseded: set[tuple[str, int]] = set()  # old attempts already told to stop
+        self._progress: dict[str, float] = {}  # task -> iterations last reported by a worker
         self._calls = futures.ThreadPoolExecutor(
             max_workers=max_concurrent_calls, thread_name_prefix="executor-rpc"
         )
@@ -176,7 +178,10 @@ class GrpcExecutor:
                 return  # asked already (idempotent by attempt)
             if any(key in w.tasks for w in self._workers.values()):
                 return  # a worker holds it already
-            request = _Request(launch.attempt, launch.instance_id, "start", launch.checkpoint)
+            carried = self._progress.get(launch.task_id, 0.0) if launch.checkpoint else 0.0
+            request = _Request(
+                launch.attempt, launch.instance_id, "start", launch.checkpoint, progress=carried
+            )
             self._requests[launch.task_id] = request
             worker = self._workers.get(launch.instance_id)
             if worker is None:
@@ -235,7 +240,11 @@ class GrpcExecutor:
                 known = tasks.get(task_id)
                 if known is None or known.attempt < request.attempt:
                     tasks[task_id] = self._expected(task_id, request)
-                elif (
+                    continue
+                if known.attempt == request.attempt and known.progress < request.progress:
+                    # Resumed, but the job has not counted yet: its progress is not lost.
+                    tasks[task_id] = known = replace(known, progress=request.progress)
+                if (
                     known.attempt == request.attempt
                     and request.kind == "stop"
                     and known.state in ("starting", "running")
@@ -259,19 +268,29 @@ class GrpcExecutor:
                 "failed",
                 request.instance_id,
                 request.attempt,
+                request.progress,
                 checkpoint=request.checkpoint,
                 reason=reason,
             )
         state = "starting" if request.kind == "start" else "checkpointing"
         return TaskReport(
-            task_id, state, request.instance_id, request.attempt, checkpoint=request.checkpoint
+            task_id,
+            state,
+            request.instance_id,
+            request.attempt,
+            request.progress,
+            checkpoint=request.checkpoint,
         )
 
     def acknowledge(self, task_id: str, attempt: int) -> None:
         with self._lock:
             key = (task_id, attempt)
-            if any(key in w.tasks for w in self._workers.values()):
-                self._acked.add(key)  # the worker forgets it at its next heartbeat
+            for worker in self._workers.values():
+                status = worker.tasks.get(key)
+                if status is not None:
+                    self._acked.add(key)  # the worker forgets it at its next heartbeat
+                    if status.state == pb.TASK_STATE_COMPLETED:
+                        self._progress.pop(task_id, None)
             request = self._requests.get(task_id)
             if request is not None and request.attempt <= attempt:
                 del self._requests[task_id]
@@ -415,6 +434,8 @@ class GrpcExecutor:
         worker.tasks = tasks
         for key, status in tasks.items():
             task_id, attempt = key
+            if status.iterations > 0:
+                self._progress[task_id] = status.iterations
             if attempt >= self._newest_attempt(task_id):
                 continue
             # An older attempt than one already asked for: nobody will record it.

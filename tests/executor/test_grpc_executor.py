@@ -63,6 +63,12 @@ def test_requests_show_at_once_and_terminal_states_stay_until_acknowledged(daemo
     # The worker forgets it at its next heartbeat.
     _eventually(lambda: agent.statuses() == [], "the worker forgets the acknowledged attempt")
 
+    # Resumed from its checkpoint, the task keeps its progress until the job counts again.
+    executor.start(launch("j/t", 2, "inst-1", context, checkpoint=stopped.checkpoint))
+    assert executor.report().tasks["j/t"].progress == stopped.progress > 0
+    resumed = daemon.until(lambda r: r.tasks["j/t"].state == "running", "it runs again")
+    assert resumed.tasks["j/t"].progress >= stopped.progress
+
 
 def test_start_and_stop_are_idempotent_by_attempt(daemon, context):
     daemon.agent("inst-1")
