@@ -585,6 +585,7 @@ class Agent:
                 self._begin_stop(attempt)
             self._watch(attempt)
         except BuildFailed as exc:
+            self._save_log(attempt, self.config, exc.log.encode())  # the build's output
             self._end(attempt, "failed", f"build failed: {exc}", launch.checkpoint)
             self._cleanup(attempt)
         except (StorageError, OSError, RuntimeFailure, AgentError, tarfile.TarError) as exc:
@@ -843,15 +844,18 @@ class Agent:
         key = checkpoint_key(launch.job_id, launch.task_id, launch.attempt)
         return storage.put_file(key, archive)
 
-    def _save_log(self, attempt: _Attempt, config: AgentConfig) -> None:
+    def _save_log(self, attempt: _Attempt, config: AgentConfig, data: bytes | None = None) -> None:
+        """Keep the container's log (or `data`) in the storage, and its last lines."""
         container, storage, launch = attempt.container, self._storage, attempt.launch
-        if container is None or storage is None:
+        if storage is None or (container is None and data is None):
             return
-        try:
-            data = self.runtime.logs(container)
-        except RuntimeFailure as exc:
-            log.warning("log of %s/%d: %s", launch.task_id, launch.attempt, exc)
-            return
+        if data is None:
+            assert container is not None
+            try:
+                data = self.runtime.logs(container)
+            except RuntimeFailure as exc:
+                log.warning("log of %s/%d: %s", launch.task_id, launch.attempt, exc)
+                return
         lines = data.decode("utf-8", "replace").splitlines()
         attempt.log_tail = tuple(line[:500] for line in lines[-config.log_tail_lines :])
         try:

@@ -38,7 +38,12 @@ class RuntimeFailure(RuntimeError):
 
 
 class BuildFailed(RuntimeFailure):
-    """The image did not build (the Dockerfile's error is in the message)."""
+    """The image did not build (the Dockerfile's error is in the message, the whole
+    build output in `log`)."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +148,8 @@ class DockerRuntime:
                     pull=False,
                 )
         except errors.BuildError as exc:
-            raise BuildFailed(_build_message(exc)) from None
+            chunks = list(exc.build_log or ())  # an iterator: read it once
+            raise BuildFailed(_build_message(exc.msg, chunks), _build_output(chunks)) from None
         except errors.APIError as exc:
             raise BuildFailed(_api_message(exc)) from None
 
@@ -276,16 +282,19 @@ def _api_message(exc: Exception) -> str:
     return str(explanation or exc).strip()
 
 
-def _build_message(exc: Exception) -> str:
+def _build_output(chunks: list[dict]) -> str:
+    return "".join(chunk.get("stream") or chunk.get("error") or "" for chunk in chunks)
+
+
+def _build_message(message: str, chunks: list[dict]) -> str:
     """The Dockerfile's error, with the last lines of output that led to it."""
     lines = []
-    for chunk in getattr(exc, "build_log", None) or ():
+    for chunk in chunks:
         text = chunk.get("stream") or chunk.get("error") or ""
         lines += [
             line
             for line in text.splitlines()
             if line.strip() and not line.startswith((" ---> ", "Removing intermediate container"))
         ]
-    message = getattr(exc, "msg", None) or str(exc)
     context = [line for line in lines[-4:] if line.strip() != message.strip()]
     return "; ".join([message.strip(), *context[-2:]]) if context else message.strip()

@@ -39,6 +39,9 @@ def test_a_dockerfile_that_fails_to_build(docker_daemon, tmp_path):
     assert "compiling the model" in failed.reason
     assert "build" in failed.phases and "start" not in failed.phases
     assert failed.checkpoint is None
+    # The build's output is the attempt's log: `autoscaler logs` shows it.
+    assert "compiling the model" in failed.log_tail
+    assert "Step 2/2" in _read(daemon, log_key("bad", "bad/t0", 1), tmp_path)
 
 
 def test_a_job_that_exits_non_zero_keeps_its_log_and_what_it_saved(docker_daemon, tmp_path):
