@@ -794,11 +794,13 @@ class Agent:
         checkpoint = launch.checkpoint
         if attempt.abandoned:
             state, reason = "failed", attempt.abandoned
-        elif stop_at is not None:
+        elif stop_at is not None and not (
+            exit_.code == 0 and not attempt.asked and not attempt.sigterm_sent
+        ):
             state, reason = "stopped", self._how_it_stopped(attempt, exit_)
         elif exit_.oom_killed:
             state, reason = "failed", f"out of memory (limit {launch.limits.memory_gb:g} GiB)"
-        elif exit_.code == 0:
+        elif exit_.code == 0:  # (also when a stop came too late to reach it: it finished)
             state, reason = "completed", ""
         elif exit_.error:
             state, reason = "failed", f"exit code {exit_.code}: {exit_.error}"

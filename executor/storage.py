@@ -149,13 +149,14 @@ def log_key(job_id: str, task_id: str, attempt: int) -> str:
 
 def pack_directory(directory: str | Path, out: str | Path) -> str:
     """Pack a directory into a gzipped tar at `out`, reproducibly (sorted names, no
-    timestamps or owners), so equal contents give equal digests; returns the sha256."""
+    timestamps or owners), so equal contents give equal digests; returns the sha256.
+    Compression is light: checkpoints (model weights) are large and barely compress."""
     root = Path(directory)
     if not root.is_dir():
         raise StorageError(f"{root}: not a directory")
     with (
         open(out, "wb") as raw,
-        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=1, mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
         for path in _walk(root):
