@@ -36,6 +36,7 @@ import socket
 import tarfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -618,7 +619,8 @@ class Agent:
             if self.runtime.has_image(tag):
                 return tag
             began = time.monotonic()
-            archive = self.config.work_dir / "contexts" / f"{digest}.tar.gz"
+            # Named per download: agents sharing a work directory never share a file.
+            archive = self.config.work_dir / "contexts" / f"{digest}.{uuid.uuid4().hex}.tar.gz"
             storage.get_file(run.build_context, archive)
             try:
                 if file_digest(archive) != digest:

@@ -67,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument(
         "--work-dir",
         type=Path,
-        default=Path(DEFAULT_WORK_DIR),
+        default=None,
         metavar="DIR",
-        help=f"checkpoints and contexts in transit (default: {DEFAULT_WORK_DIR})",
+        help="checkpoints and contexts in transit "
+        f"(default: {DEFAULT_WORK_DIR}/INSTANCE_ID, so agents sharing a host never mix)",
     )
     worker.add_argument(
         "--listen",
@@ -161,12 +162,17 @@ class WorkerSetupError(ValueError):
 
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     from executor.agent import AgentConfig
+    from executor.messages import INSTANCE_ID
     from executor.runtime import DockerRuntime, RuntimeFailure
     from executor.security import SecretError, read_token
 
     instance_id = args.instance_id or os.environ.get(INSTANCE_ENV, "")
     if not instance_id:
         raise WorkerSetupError(f"no instance id: pass --instance-id or set {INSTANCE_ENV}")
+    if not INSTANCE_ID.fullmatch(instance_id):
+        raise WorkerSetupError(
+            f"instance id {instance_id!r}: letters, digits and . _ : - only (at most 128)"
+        )
     try:
         ca_pem = args.ca.read_bytes()
     except OSError as exc:
@@ -193,7 +199,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         daemon=args.daemon,
         ca_pem=ca_pem,
         worker_token=token,
-        work_dir=args.work_dir,
+        work_dir=args.work_dir or Path(DEFAULT_WORK_DIR) / instance_id,
         capacity=capacity,
         listen=args.listen,
         advertise=args.advertise,

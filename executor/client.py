@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -50,7 +49,7 @@ from autoscaler.execution import (
     TaskReport,
 )
 from executor.agent import RECONNECT_OPTIONS
-from executor.messages import launch_to_pb, report_from_pb
+from executor.messages import INSTANCE_ID, launch_to_pb, report_from_pb
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
 from executor.security import Authority, new_token, secure_channel
@@ -60,7 +59,6 @@ log = logging.getLogger(__name__)
 #: What the "worker" role may call on the daemon (for the daemon's `TokenAuth`).
 WORKER_METHODS = ("/autoscaler.worker.v1.WorkerRegistry/",)
 
-_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _TERMINAL_PB = frozenset({pb.TASK_STATE_STOPPED, pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED})
 _RUNNING_PB = frozenset({pb.TASK_STATE_STARTING, pb.TASK_STATE_RUNNING})
 #: A worker's answer that will not change on retry.
@@ -336,7 +334,7 @@ class GrpcExecutor:
 
     def register(self, request: pb.RegisterRequest) -> pb.RegisterResponse:
         instance_id = request.instance_id
-        if not _INSTANCE_ID.fullmatch(instance_id):
+        if not INSTANCE_ID.fullmatch(instance_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"bad instance id {instance_id!r}")
         host = _host_of(request.address)
         if host is None:

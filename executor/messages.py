@@ -6,6 +6,7 @@ disagree on what a field means.
 
 from __future__ import annotations
 
+import re
 from typing import cast
 
 from autoscaler.execution import ResourceLimits, TaskLaunch, TaskReport, TaskState
@@ -24,6 +25,9 @@ _STATE_FROM_PB = {number: name for name, number in _STATE_TO_PB.items()}
 
 #: Agent and daemon refuse task ids and attempts they could not name files or keys after.
 MAX_ID = 200
+
+#: What an instance id (ours: a launch token) may look like: it names files and certificates.
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 class BadMessage(ValueError):

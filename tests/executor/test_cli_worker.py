@@ -56,6 +56,7 @@ def test_the_flags_the_bootstrap_and_the_local_cloud_use():
     ("extra", "env_instance", "message"),
     [
         ([], None, "no instance id: pass --instance-id or set AUTOSCALER_INSTANCE_ID"),
+        (["--instance-id", "../etc"], None, "instance id '../etc': letters, digits and"),
         (["--capacity", "1,2"], "inst-1", "must be GPU,CPU,RAM_GB (three non-negative numbers)"),
         (["--daemon", "nohost"], "inst-1", "must be HOST:PORT, got 'nohost'"),
     ],
