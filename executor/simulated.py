@@ -119,6 +119,16 @@ class SimulatedRuntime:
 
 def _job(container: _Container) -> None:
     """The training loop of the test job, in a thread."""
+    try:
+        _train(container)
+    except Exception as exc:  # the "process" crashed: exit 1 with its error in the log
+        container.lines.append(f"{type(exc).__name__}: {exc}")
+        container.code = 1
+    finally:
+        container.done.set()
+
+
+def _train(container: _Container) -> None:
     spec = container.spec
     host = {inside: Path(outside) for outside, inside in spec.mounts.items()}
     checkpoint = host[_CHECKPOINT_MOUNT] / "state.json"
@@ -153,4 +163,3 @@ def _job(container: _Container) -> None:
         container.lines.append(f"done at {step}")
     finally:
         reporter.close()
-        container.done.set()
