@@ -61,6 +61,9 @@ WORKER_METHODS = ("/autoscaler.worker.v1.WorkerRegistry/",)
 
 _TERMINAL_PB = frozenset({pb.TASK_STATE_STOPPED, pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED})
 _RUNNING_PB = frozenset({pb.TASK_STATE_STARTING, pb.TASK_STATE_RUNNING})
+#: Released instances remembered, so their workers cannot register again.
+_RELEASED_KEPT = 10_000
+
 #: A worker's answer that will not change on retry.
 _REFUSALS = frozenset(
     {
@@ -161,6 +164,7 @@ class GrpcExecutor:
         self._acked: set[tuple[str, int]] = set()
         self._superseded: set[tuple[str, int]] = set()  # old attempts already told to stop
         self._progress: dict[str, float] = {}  # task -> iterations last reported by a worker
+        self._released: dict[str, None] = {}  # instances given up (oldest first, bounded)
         self._calls = futures.ThreadPoolExecutor(
             max_workers=max_concurrent_calls, thread_name_prefix="executor-rpc"
         )
@@ -295,6 +299,9 @@ class GrpcExecutor:
 
     def release(self, instance_id: str) -> None:
         with self._lock:
+            self._released[instance_id] = None  # its worker may not come back
+            while len(self._released) > _RELEASED_KEPT:
+                del self._released[next(iter(self._released))]
             worker = self._workers.pop(instance_id, None)
             if worker is not None:
                 for key in worker.tasks:
@@ -361,6 +368,12 @@ class GrpcExecutor:
             options=RECONNECT_OPTIONS,
         )
         with self._lock:
+            if instance_id in self._released:
+                channel.close()
+                raise Refused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"instance {instance_id} was released: it is being terminated",
+                )
             old = self._workers.get(instance_id)
             if old is not None and old.lost is not None:
                 channel.close()

@@ -142,6 +142,22 @@ def test_a_silent_worker_is_lost_its_tasks_fail_and_it_kills_them_when_it_is_hea
     assert "inst-1" not in executor.report().lost_instances
 
 
+def test_a_released_instance_cannot_register_again(daemon, context):
+    agent = daemon.agent("inst-1")
+    daemon.executor.start(launch("j/t", 1, "inst-1", context))
+    daemon.until(wait_for("j/t", "running"), "it runs")
+    daemon.executor.release("inst-1")  # the round gives the instance up
+    assert daemon.executor.report().ready_instances == frozenset()
+    # Its worker, forgotten, tries to register again and is told why it may not.
+    _eventually(lambda: agent.lost_reason is not None, "the worker is refused")
+    assert agent.lost_reason == "instance inst-1 was released: it is being terminated"
+    _eventually(
+        lambda: [s.state for s in agent.statuses()] == [pb.TASK_STATE_FAILED],
+        "the worker kills what it ran",
+    )
+    assert "inst-1" not in daemon.executor.report().ready_instances
+
+
 def test_a_newer_attempt_elsewhere_stops_the_old_one(daemon, context):
     old = daemon.agent("inst-1")
     daemon.agent("inst-2")
