@@ -32,6 +32,9 @@ LABEL_ATTEMPT = "autoscaler.attempt"
 
 GIB = 1 << 30
 
+#: How long a build may go without a word from the engine.
+BUILD_TIMEOUT_S = 3600
+
 
 class RuntimeFailure(RuntimeError):
     """The container runtime refused or failed an operation; the message says why."""
@@ -146,12 +149,16 @@ class DockerRuntime:
                     rm=True,
                     forcerm=True,
                     pull=False,
+                    # A RUN step may print nothing for minutes (a quiet pip install): wait.
+                    timeout=BUILD_TIMEOUT_S,
                 )
         except errors.BuildError as exc:
             chunks = list(exc.build_log or ())  # an iterator: read it once
             raise BuildFailed(_build_message(exc.msg, chunks), _build_output(chunks)) from None
         except errors.APIError as exc:
             raise BuildFailed(_api_message(exc)) from None
+        except self._requests_error() as exc:
+            raise BuildFailed(f"the Docker engine stopped answering: {exc}") from None
 
     def pull(self, image: str) -> None:
         if self.has_image(image):
