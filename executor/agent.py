@@ -132,7 +132,7 @@ class AgentConfig:
     stop_grace_s: float = 30.0  # after SIGTERM, before SIGKILL
     throughput_window_s: float = 300.0
     rpc_timeout_s: float = 10.0
-    poll_timeout_s: float = 1.0  # per report-socket request
+    poll_timeout_s: float = 2.0  # per report-socket request
     poll_interval_s: float = 1.0  # how often running jobs are asked how far they got
     log_tail_lines: int = 20
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -168,6 +168,7 @@ class _Attempt:
     sigterm_sent: bool = False
     restored: tuple = ()  # what the checkpoint directory held after the restore
     exited: threading.Event = field(default_factory=threading.Event)
+    stopper: threading.Thread | None = None  # carrying out the stop, once it began
 
     @property
     def key(self) -> tuple[str, int]:
@@ -717,9 +718,11 @@ class Agent:
             self._begin_stop(attempt)
 
     def _begin_stop(self, attempt: _Attempt) -> None:
-        threading.Thread(
+        thread = threading.Thread(
             target=self._stop_container, args=(attempt,), name="stop", daemon=True
-        ).start()
+        )
+        attempt.stopper = thread
+        thread.start()
 
     def _stop_container(self, attempt: _Attempt) -> None:
         """Checkpoint request on the report socket, a short wait, SIGTERM, the grace, SIGKILL."""
@@ -735,8 +738,13 @@ class Agent:
                     reporter.ask(attempt.socket_path, {"op": "checkpoint"}, config.poll_timeout_s)
                     attempt.asked = True
                     break
+                except TimeoutError:
+                    # Connected and sent, but no answer in time (a busy job): the request
+                    # may well have reached it. Count it as asked; the status polls tell.
+                    attempt.asked = True
+                    break
                 except (OSError, ValueError):
-                    attempt.exited.wait(0.2)
+                    attempt.exited.wait(0.2)  # nobody listening (yet)
             while attempt.asked and not attempt.exited.is_set() and time.monotonic() < deadline:
                 try:
                     answer = reporter.ask(
@@ -793,6 +801,10 @@ class Agent:
             stop_at = attempt.stop_requested_at
         if stop_at is not None:
             attempt.phases["checkpoint"] = time.monotonic() - stop_at
+        if attempt.stopper is not None:
+            # The job may exit before the stopping thread has heard its answer: wait for
+            # it (it returns at once now that the container has exited) to know how it went.
+            attempt.stopper.join(timeout=config.checkpoint_wait_s + config.stop_grace_s + 30)
         checkpoint = launch.checkpoint
         if attempt.abandoned:
             state, reason = "failed", attempt.abandoned

@@ -70,6 +70,26 @@ def test_requests_show_at_once_and_terminal_states_stay_until_acknowledged(daemo
     assert resumed.tasks["j/t"].progress >= stopped.progress
 
 
+def test_jobs_that_exit_the_moment_they_have_checkpointed_are_all_stopped(daemon, context):
+    # A job exits right after saving; the agent must still know it was asked (not that it
+    # finished on its own), however its threads interleave.
+    for instance in ("inst-1", "inst-2"):
+        daemon.agent(instance)
+    tasks = [(f"j{i}/t", f"inst-{1 + i % 2}") for i in range(8)]
+    for task, instance in tasks:
+        daemon.executor.start(launch(task, 1, instance, context, env={"STEP_S": "0.002"}))
+    daemon.until(lambda r: all(r.tasks[t].progress > 0 for t, _ in tasks), "all run")
+    for task, _ in tasks:
+        daemon.executor.stop(task, 1)
+    report = daemon.until(
+        lambda r: all(r.tasks[t].state in ("stopped", "completed", "failed") for t, _ in tasks),
+        "all end",
+    )
+    assert {report.tasks[t].state for t, _ in tasks} == {"stopped"}
+    assert {report.tasks[t].reason for t, _ in tasks} == {"checkpointed on request"}
+    assert all(report.tasks[t].checkpoint for t, _ in tasks)
+
+
 def test_start_and_stop_are_idempotent_by_attempt(daemon, context):
     daemon.agent("inst-1")
     runtime = daemon.runtime
