@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -113,7 +114,13 @@ class Daemon:
         started = time.perf_counter()
         while not predicate(self.executor.report()):
             if time.perf_counter() - started > timeout:
-                raise SystemExit(f"benchmark stuck: {self.executor.report()}")
+                report = self.executor.report()
+                states = Counter(t.state for t in report.tasks.values())
+                odd = [t for t in report.tasks.values() if t.state != states.most_common(1)[0][0]]
+                raise SystemExit(
+                    f"benchmark stuck: tasks {dict(states)}, e.g. {odd[:3]}; "
+                    f"{len(report.ready_instances)} ready, lost {report.lost_instances}"
+                )
             time.sleep(0.01)
         return time.perf_counter() - started
 
@@ -213,8 +220,8 @@ def _cycles(daemon: Daemon, runtime: ContainerRuntime, scratch: Path, cycles: in
             ResourceLimits(cpus=0.5, memory_gb=0.25), checkpoint,
         )  # fmt: skip
         daemon.executor.start(launch)
-        launch_s = daemon.until(
-            lambda r, c=cycle: r.tasks[task].attempt == c and r.tasks[task].progress > 0
+        launch_s = daemon.until(  # the job's first iteration is in a report
+            lambda r, c=cycle: r.tasks[task].attempt == c and "init" in r.tasks[task].phases
         )
         base = daemon.executor.report().tasks[task].progress
         daemon.until(lambda r, base=base: r.tasks[task].progress > base + 20)  # it works
