@@ -265,11 +265,16 @@ def _cycles(daemon: Daemon, runtime: ContainerRuntime, scratch: Path, cycles: in
             ]
         )
     note = (
-        "\n  cycle 1 builds the image; later cycles find it built (content-addressed) and\n"
-        "  fetch only the checkpoint. launch (agent) = fetch + build + start + init (to the\n"
-        "  job's first iteration); launch (daemon) = start() → that iteration in a report\n"
-        "  (jobs are polled every second). checkpoint = the agent's stop → container exit;\n"
-        "  checkpoint (daemon) = stop() → the uploaded checkpoint in a report.\n"
+        "\n  cycle 1 builds the image (Docker's layer cache may still help); later cycles\n"
+        "  find it built (content-addressed) and"
+        " fetch only the checkpoint. launch (agent) =\n"
+        "  fetch + build + start + init (to the"
+        " job's first iteration); launch (daemon) =\n"
+        "  start() → that iteration in a report"
+        " (jobs are polled every second). checkpoint =\n"
+        "  the agent's stop → container exit;"
+        " checkpoint (daemon) = stop() → the uploaded\n"
+        "  checkpoint in a report.\n"
     )
     return (
         format_table(
