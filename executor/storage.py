@@ -79,6 +79,10 @@ class Storage(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def modified_at(self, key: str) -> float | None:
+        """When the object was last written (Unix time), None if there is none."""
+        ...
+
     def list(self, prefix: str = "") -> list[str]:
         """Keys starting with `prefix`, sorted."""
         ...
@@ -256,6 +260,12 @@ class FileStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def modified_at(self, key: str) -> float | None:
+        try:
+            return self._path(key).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
@@ -352,17 +362,23 @@ class S3Storage:
             raise StorageError(f"cannot download {self.ref(key)}: {exc}") from None
 
     def exists(self, key: str) -> bool:
+        return self._head(key) is not None
+
+    def modified_at(self, key: str) -> float | None:
+        head = self._head(key)
+        return None if head is None else head["LastModified"].timestamp()
+
+    def _head(self, key: str) -> dict[str, Any] | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._object(key))
+            return self.client.head_object(Bucket=self.bucket, Key=self._object(key))
         except ClientError as exc:
             if _aws_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise StorageError(f"cannot look up {self.ref(key)}: {_aws_message(exc)}") from None
         except BotoCoreError as exc:
             raise StorageError(f"cannot look up {self.ref(key)}: {exc}") from None
-        return True
 
     def list(self, prefix: str = "") -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

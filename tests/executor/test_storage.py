@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import boto3
@@ -40,6 +41,9 @@ def test_put_get_list_exists_delete_round_trip(storage, tmp_path):
     assert ref == f"{storage.url}/jobs/j/t/1.tar.gz"
     storage.put_bytes("jobs/j/t/1.log", b"hello\n")
     assert storage.exists("jobs/j/t/1.tar.gz") and not storage.exists("jobs/j/t/2.tar.gz")
+    written = storage.modified_at("jobs/j/t/1.tar.gz")
+    assert written is not None and abs(written - time.time()) < 3600  # a Unix time, today
+    assert storage.modified_at("jobs/j/t/2.tar.gz") is None
     assert storage.list("jobs/j/") == ["jobs/j/t/1.log", "jobs/j/t/1.tar.gz"]
     assert storage.list("contexts/") == []
     target = tmp_path / "deep" / "copy"
