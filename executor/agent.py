@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,8 @@ class Agent:
     (its containers keep running, as they would across a restart)."""
 
     def __init__(self, config: AgentConfig, runtime: ContainerRuntime) -> None:
-        self.config = config
+        # Docker takes a relative bind-mount source for a volume name: paths are absolute.
+        self.config = config = replace(config, work_dir=config.work_dir.absolute())
         self.runtime = runtime
         self.version = agent_version()
         self._lock = threading.RLock()

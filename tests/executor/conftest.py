@@ -238,13 +238,13 @@ class Daemon:
             "storage_options": self.storage_options,
         }
         settings.update(overrides)
+        settings.setdefault("work_dir", self.work / instance_id)
         agent = Agent(
             AgentConfig(
                 instance_id=instance_id,
                 daemon=self.address,
                 ca_pem=self.authority.cert_pem,
                 worker_token=self.worker_token,
-                work_dir=self.work / instance_id,
                 capacity=capacity,
                 **settings,
             ),

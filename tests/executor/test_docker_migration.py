@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tarfile
+from pathlib import Path
 
 from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.storage import checkpoint_key, context_digest, log_key
@@ -77,11 +78,12 @@ def test_a_job_runs_reports_checkpoints_to_s3_resumes_elsewhere_and_completes(
 
 
 def test_the_container_runs_unprivileged_with_the_tasks_limits_and_environment(
-    docker_daemon, docker_client, tmp_path
+    docker_daemon, docker_client, tmp_path, monkeypatch
 ):
     daemon = docker_daemon
     context = job_context(daemon.storage, tmp_path)
-    daemon.agent("inst-l")
+    monkeypatch.chdir(tmp_path)
+    daemon.agent("inst-l", work_dir=Path("relative/work"))  # as the local cloud passes it
     task = "job-2/t0"
     daemon.executor.start(
         launch(
@@ -95,7 +97,8 @@ def test_the_container_runs_unprivileged_with_the_tasks_limits_and_environment(
             shm_size_gb=0.125,
         )
     )
-    daemon.until(wait_for(task, "running"), "the job runs")
+    seen = daemon.until(wait_for(task, "running", "failed"), "the job runs").tasks[task]
+    assert seen.state == "running", seen.reason
     (container,) = docker_client.containers.list(
         filters={"label": [f"{LABEL_TASK}={task}", f"{LABEL_INSTANCE}=inst-l"]}
     )
@@ -110,7 +113,8 @@ def test_the_container_runs_unprivileged_with_the_tasks_limits_and_environment(
     assert host["Init"] is True
     mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
     assert set(mounts) == {"/checkpoint", "/run/autoscaler"}
-    assert all(m["RW"] for m in mounts.values())
+    assert all(m["RW"] and m["Type"] == "bind" for m in mounts.values())
+    assert all(m["Source"].startswith(f"{tmp_path}/relative/work/") for m in mounts.values())
     env = dict(item.split("=", 1) for item in container.attrs["Config"]["Env"])
     assert env["LR"] == "0.1"
     assert env["AUTOSCALER_JOB_ID"] == "job-2" and env["AUTOSCALER_TASK_ID"] == task
