@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -10,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.catalog import Catalog
-from autoscaler.cli_io import load_inputs, progress, write_json
+from autoscaler.cli_io import load_inputs, progress, silence_solver_banner, write_json
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
+from autoscaler.service.cli import register as register_cluster_commands
 from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.view import ClusterView
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_catalog_commands(sub)
     register_simulator_commands(sub)
     register_db_commands(sub)
+    register_cluster_commands(sub)
     register_worker_command(sub)
     return parser
 
@@ -128,14 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    silence_solver_banner()
+    from autoscaler.service.api import DaemonUnavailable
+
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
         return 2
+    except DaemonUnavailable as exc:
+        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("autoscaler: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`autoscaler … | head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

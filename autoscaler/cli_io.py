@@ -35,3 +35,22 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
         path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     except OSError as exc:
         raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None
+
+
+def silence_solver_banner() -> None:
+    """HiGHS prints a banner to stdout the first time a solver is made in a process;
+    make that first one here, with stdout pointed away, so reports and JSON on stdout
+    stay clean."""
+    import os
+
+    import highspy
+
+    saved = os.dup(1)
+    try:
+        sys.stdout.flush()
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -29,7 +29,7 @@ interfaces: the same code runs against EC2, on this machine, and in replay.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from autoscaler.cloud import (
@@ -49,11 +49,19 @@ from autoscaler.decide import (
     advance,
     decide,
 )
-from autoscaler.execution import TERMINAL_TASK_STATES, Clock, Executor, ExecutorReport
+from autoscaler.execution import (
+    TERMINAL_TASK_STATES,
+    Clock,
+    Executor,
+    ExecutorReport,
+    TaskReport,
+)
 from autoscaler.planner import Plan
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
+    InstanceChange,
+    InstanceRecord,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -132,7 +140,9 @@ def sync(
     report = executor.report()
     snap = store.snapshot(options.default_throughput, with_throughput=learn)
     listing = match_listing(((i.instance_id, i.cloud_id) for i in snap.instances), listed)
-    gone, wrote = _sync_instances(store, snap, listing.by_instance, report, now)
+    gone, wrote = _sync_instances(
+        store, snap, listing.by_instance, report, now, options.unlisted_grace_s
+    )
     strays, acknowledged, wrote_tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
     wrote = wrote or wrote_tasks
     if learn and options.learn:
@@ -154,6 +164,7 @@ def _sync_instances(
     seen_by_id: Mapping[str, CloudInstance],
     report: ExecutorReport,
     now: float,
+    unlisted_grace_s: float,
 ) -> tuple[set[str], bool]:
     """Follow the cloud and the workers; returns the instances that are gone, and
     whether anything was written."""
@@ -170,8 +181,11 @@ def _sync_instances(
                 changes.append((our_id, status, reason, seen))
             continue
         if seen is None:
-            changes.append((our_id, "terminated", "the cloud no longer lists it", None))
-            gone.add(our_id)
+            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s):
+                since = now - last_confirmed(inst)
+                reason = f"the cloud no longer lists it (last confirmed {since:.0f} s ago)"
+                changes.append((our_id, "terminated", reason, None))
+                gone.add(our_id)
             continue
         if seen.state == "running" and inst.status == "pending":
             changes.append((our_id, "running", "the cloud reports it running", None))
@@ -194,6 +208,28 @@ def _sync_instances(
             reason=reason,
         )
     return gone, wrote or bool(changes)
+
+
+def last_confirmed(inst: InstanceRecord) -> float:
+    """The last time the state heard of this instance from the cloud, or asked for it:
+    its request, its launch answered or adopted (`pending`), or reported `running`."""
+    times = [at for status, at in inst.history if status in ("pending", "running")]
+    return max([inst.requested_at, *times])
+
+
+def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace_s: float) -> bool:
+    """Whether an instance the cloud does not list is really gone.
+
+    `DescribeInstances` lags `RunInstances` by seconds: one missed listing of an
+    instance launched a moment ago is not its end. It is presumed gone only once
+    `grace_s` have passed since it was last confirmed (`last_confirmed`, from its
+    status history) and its worker is not reachable now — several listings of the
+    daemon's steps. Both come from the state and the executor, not from memory, so
+    a daemon restarted in between counts the same way.
+    """
+    if inst.instance_id in ready:
+        return False
+    return now - last_confirmed(inst) >= grace_s
 
 
 def _sync_tasks(
@@ -263,7 +299,7 @@ def _sync_tasks(
 
 def _task_change(
     task: TaskRecord,
-    seen,
+    seen: TaskReport | None,
     live: set[str],
     report: ExecutorReport,
     with_progress: bool,
@@ -414,59 +450,82 @@ def act(
     cloud: Cloud,
     store: Store,
     now: float,
+    after_launch: Callable[[str], None] = lambda instance_id: None,
 ) -> tuple[ActionRecord, ...]:
-    """Carry out the round's launches and orphan terminations; record each outcome.
+    """Carry out the round's launches and orphan terminations; record what came of them.
 
-    A launch is retried with the same token if the cloud could not be reached
-    (it may have started the instance); any other failure fails the instance,
-    whose tasks are planned again next round.
+    The launches were recorded (requested, with their tokens) before this; their
+    answers are recorded together after the calls: a crash in between leaves
+    instances the cloud lists under tokens the state knows, which the next sync
+    adopts. A launch is retried with the same token if the cloud could not be
+    reached (it may have started the instance); any other failure fails the
+    instance, whose tasks are planned again next round.
     """
     assert decision.round_id is not None, "record the decision before acting on it"
     actions = list(decision.actions())
+    changes: list[InstanceChange] = []
+    outcomes: list[tuple[int, str, str]] = []
     for index, launch in enumerate(decision.launches):
-        outcome, message = launch_instance(cloud, store, launch.instance_id, now)
+        outcome, message, change = ask_cloud(cloud, launch.instance_id, launch.instance_type)
+        after_launch(launch.instance_id)
+        if change is not None:
+            changes.append(change)
         if outcome != "planned":
-            store.record_action_outcome(decision.round_id, index, outcome, message)
+            outcomes.append((index, outcome, message))
         actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    if changes:
+        store.transition_instances(changes, now)
     doomed = [
         (position, o) for position, o in enumerate(decision.orphans) if o.action == "terminate"
     ]
     if doomed:
-        index_of = [decision.orphan_index(position) for position, _ in doomed]
         try:
             cloud.terminate([o.instance.instance_id for _, o in doomed])
             outcome, message = "done", ""
         except CloudError as exc:
             outcome, message = "failed", f"{type(exc).__name__}: {exc}"
-        for index in index_of:
-            store.record_action_outcome(decision.round_id, index, outcome, message)
+        for position, _ in doomed:
+            index = decision.orphan_index(position)
+            outcomes.append((index, outcome, message))
             actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+    if outcomes:
+        store.record_action_outcomes(decision.round_id, outcomes)
     return tuple(actions)
 
 
+def ask_cloud(
+    cloud: Cloud, instance_id: str, instance_type: str
+) -> tuple[str, str, InstanceChange | None]:
+    """Ask the cloud for one recorded instance (idempotent by its token):
+    (outcome, message, the transition to record)."""
+    try:
+        got = cloud.launch(LaunchRequest(instance_type, instance_id))
+    except CloudUnavailable as exc:
+        log.warning("launch %s: %s; retried with the same token", instance_id, exc)
+        return "planned", f"CloudUnavailable: {exc}; retried with the same token", None
+    except CloudError as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        return "failed", message, InstanceChange(instance_id, "failed", reason=message)
+    if got.dry_run:
+        # EC2 checked the call (permissions and parameters) and started nothing.
+        message = f"dry run: the cloud accepted the launch of {instance_type} and started nothing"
+        return "skipped", message, InstanceChange(instance_id, "failed", reason=message)
+    status = "running" if got.state == "running" else "pending"
+    change = InstanceChange(
+        instance_id, status, got.instance_id, got.zone, f"launched as {got.instance_id}"
+    )
+    return "done", got.instance_id, change
+
+
 def launch_instance(cloud: Cloud, store: Store, instance_id: str, now: float) -> tuple[str, str]:
-    """Ask the cloud for a recorded instance (idempotent by its token); record the answer."""
+    """Ask the cloud again for an instance recorded but never confirmed; record the answer."""
     inst = store.instance(instance_id)
     if inst is None or inst.status != "requested" or inst.cloud_id is not None:
         return "skipped", "no longer requested"
-    try:
-        got = cloud.launch(LaunchRequest(inst.instance_type, instance_id))
-    except CloudUnavailable as exc:
-        log.warning("launch %s: %s; retried with the same token", instance_id, exc)
-        return "planned", f"CloudUnavailable: {exc}; retried with the same token"
-    except CloudError as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        store.transition_instance(instance_id, "failed", now, reason=message)
-        return "failed", message
-    store.transition_instance(
-        instance_id,
-        "running" if got.state == "running" else "pending",
-        now,
-        cloud_id=got.instance_id,
-        zone=got.zone,
-        reason=f"launched as {got.instance_id}",
-    )
-    return "done", got.instance_id
+    outcome, message, change = ask_cloud(cloud, instance_id, inst.instance_type)
+    if change is not None:
+        store.transition_instances([change], now)
+    return outcome, message
 
 
 def act_step(
@@ -505,7 +564,10 @@ class ControlLoop:
     """Runs rounds and the steps between them for one cluster.
 
     It holds the bindings and the planner, nothing else: every call starts
-    from the store.
+    from the store. `passed(point)` is called as each named point of a round
+    is passed (`synced`, `decided`, `recorded`, `launched` after each launch,
+    `acted`, and `stepped` after a step is recorded): the daemon logs there,
+    and its crash tests kill it there.
     """
 
     def __init__(
@@ -516,6 +578,7 @@ class ControlLoop:
         store: Store,
         clock: Clock,
         options: ControlOptions | None = None,
+        passed: Callable[[str], None] | None = None,
     ) -> None:
         self.planner = planner
         self.cloud = cloud
@@ -523,12 +586,14 @@ class ControlLoop:
         self.store = store
         self.clock = clock
         self.options = options or ControlOptions()
+        self.passed = passed or (lambda point: None)
 
     def schedule(self) -> RoundOutcome:
         """One scheduling round: sync → snapshot → decide → record → act."""
         now = self.clock.now()
         options = self.options
         observed = sync(self.cloud, self.executor, self.store, now=now, options=options, learn=True)
+        self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
         elapsed = stopwatch()
         decision = decide(
@@ -543,11 +608,20 @@ class ControlLoop:
         seconds = elapsed()
         if decision.plan is not None:
             decision = replace(decision, numbers={**decision.numbers, "planning_seconds": seconds})
+        self.passed("decided")
         decision = record(self.store, decision, dry_run=options.dry_run)
+        self.passed("recorded")
         recorded = decision.record()
         if not options.dry_run:
-            actions = act(decision, cloud=self.cloud, store=self.store, now=now)
+            actions = act(
+                decision,
+                cloud=self.cloud,
+                store=self.store,
+                now=now,
+                after_launch=lambda _: self.passed("launched"),
+            )
             recorded = replace(recorded, actions=actions)
+            self.passed("acted")
             self.progress()
         return RoundOutcome(recorded, decision.plan, seconds)
 
@@ -572,5 +646,6 @@ class ControlLoop:
         )
         if step:
             record_step(self.store, step)
+            self.passed("stepped")
             act_step(step, snapshot, cloud=self.cloud, executor=self.executor, store=self.store)
         return step

@@ -92,6 +92,9 @@ class ControlOptions:
     dry_run: bool = False  # decide and record, but launch, move and terminate nothing
     learn: bool = True  # update the throughput table from observed throughputs
     instance_prefix: str = "inst-"  # launch tokens are this prefix and a sequence number
+    # A launched instance the cloud stops listing is presumed gone only after this long
+    # without news of it: EC2's listing lags its launches by seconds (`presumed_gone`).
+    unlisted_grace_s: float = 60.0
 
 
 # -- a round --------------------------------------------------------------------------------

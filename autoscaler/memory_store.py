@@ -20,10 +20,12 @@ from autoscaler.store import (
     TRANSITIONS,
     DuplicateJob,
     IllegalTransition,
+    InstanceChange,
     InstanceRecord,
     InstanceStatus,
     JobRecord,
     JobStatus,
+    Placement,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
@@ -56,6 +58,8 @@ class InMemoryStore:
         self._event_rounds = 0
         self._full_rounds = 0
         self._job_events = 0
+        self._placements: list[Placement] = []
+        self._placed: dict[str, int] = {}  # task -> index of its open placement
 
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
@@ -103,6 +107,7 @@ class InMemoryStore:
             self._active.pop(job_id, None)
             self._job_events += 1
             for tid in self._tasks_of[job_id]:
+                self._leave(tid, at)
                 task = self._tasks[tid]
                 self._tasks[tid] = replace(
                     task,
@@ -148,9 +153,21 @@ class InMemoryStore:
                     raise UnknownEntity(f"no task {change.task_id!r}")
                 if self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
                     continue
-                self._tasks[change.task_id] = updated_task(task, change, at)
+                new = self._tasks[change.task_id] = updated_task(task, change, at)
+                if new.instance_id != task.instance_id:
+                    self._leave(task.task_id, at)
+                    if new.instance_id is not None:
+                        self._placed[task.task_id] = len(self._placements)
+                        self._placements.append(
+                            Placement(task.task_id, task.job_id, new.instance_id, new.attempt, at)
+                        )
                 done.add(change.task_id)
             return done
+
+    def _leave(self, task_id: str, at: float) -> None:
+        index = self._placed.pop(task_id, None)
+        if index is not None:
+            self._placements[index] = replace(self._placements[index], end=at)
 
     def update_task(
         self,
@@ -244,6 +261,11 @@ class InMemoryStore:
             self._uptime[index] = replace(self._uptime[index], end=at)
         return True
 
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        with self._lock:
+            for c in changes:
+                self._transition(c.instance_id, c.status, at, c.cloud_id, c.zone, c.reason)
+
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
     ) -> bool:
@@ -287,6 +309,13 @@ class InMemoryStore:
                 for instance_id, status, reason in intents.terminations:
                     self._transition(instance_id, status, at, reason=reason)
             return round_id
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        with self._lock:
+            for index, outcome, message in outcomes:
+                self.record_action_outcome(round_id, index, outcome, message)
 
     def record_action_outcome(
         self, round_id: int, index: int, outcome: str, message: str = ""
@@ -354,6 +383,10 @@ class InMemoryStore:
     def uptime(self) -> list[UptimeInterval]:
         with self._lock:
             return list(self._uptime)
+
+    def placements(self, since: float | None = None) -> list[Placement]:
+        with self._lock:
+            return [p for p in self._placements if since is None or p.end is None or p.end >= since]
 
     def cost_between(self, t0: float, t1: float) -> float:
         with self._lock:

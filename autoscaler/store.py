@@ -25,6 +25,8 @@ The contract every binding honours (checked by `tests/store_contract.py`):
   requested, tasks' targets, instances to drain) in the same transaction: the
   round's actions are carried out only after, from the state, so a crash
   between the two leaves a decision the next step carries out.
+- **Placements are written by task updates**: a task's instance changing closes
+  its open placement and opens the next, so reports know what ran where, when.
 - **Transitions carry their reasons** (an instance terminated because its
   worker went silent; a task back to pending because its start timed out).
 """
@@ -149,6 +151,17 @@ class TaskUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceChange:
+    """One instance transition, for `transition_instances`."""
+
+    instance_id: str
+    status: InstanceStatus
+    cloud_id: str | None = None
+    zone: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceRecord:
     """An instance the cluster asked for. `instance_id` is ours (the launch token),
     used everywhere outside the Cloud binding; `cloud_id` the cloud's, once the
@@ -191,6 +204,22 @@ class UptimeInterval:
         end = t1 if self.end is None else min(self.end, t1)
         seconds = max(0.0, end - max(self.start, t0))
         return seconds / 3600.0 * self.hourly_price
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A stretch of time a task occupied an instance (from its start until it left).
+
+    The second ledger beside the uptime intervals: what ran where, when. Cost
+    reports split an instance's bill among the tasks on it from these.
+    """
+
+    task_id: str
+    job_id: str
+    instance_id: str
+    attempt: int
+    start: float
+    end: float | None = None  # None: still there
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +360,10 @@ class Store(Protocol):
         False if it is already in that status). Opens/closes its uptime interval."""
         ...
 
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        """Several `transition_instance`s in one transaction (a round's launch answers)."""
+        ...
+
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
     ) -> bool:
@@ -352,6 +385,12 @@ class Store(Protocol):
         self, round_id: int, index: int, outcome: str, message: str = ""
     ) -> None:
         """Record what came of a round's action (UnknownEntity if it has no such action)."""
+        ...
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        """Several (index, outcome, message) of one round, in one transaction."""
         ...
 
     # -- reads ------------------------------------------------------------
@@ -377,6 +416,10 @@ class Store(Protocol):
         ...
 
     def uptime(self) -> list[UptimeInterval]: ...
+
+    def placements(self, since: float | None = None) -> list[Placement]:
+        """Placements overlapping [since, now] (all when None), oldest first."""
+        ...
 
     def cost_between(self, t0: float, t1: float) -> float:
         """Dollars billed within [t0, t1], from the ledger."""

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import lp_scaling, migration, plan_scaling, replay_speed
+from autoscaler.cli_io import silence_solver_banner
+from benchmarks import daemon_scale, lp_scaling, migration, plan_scaling, replay_speed
 
 BENCHMARKS = {
     "plan": plan_scaling.main,
     "scale": lp_scaling.main,
     "replay": replay_speed.main,
+    "daemon": daemon_scale.main,
     "migration": migration.main,
 }
 
 
 def main() -> None:
+    silence_solver_banner()
     args = sys.argv[1:]
     if args and args[0] in ("-h", "--help"):
         print(__doc__)

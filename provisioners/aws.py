@@ -108,6 +108,9 @@ def make_client(
         connect_timeout=5,
         read_timeout=60,
         user_agent_extra="ec2-batch-autoscaler",
+        # Presigned S3 URLs (the worker wheel) signed with SigV4: SigV2 is refused by
+        # buckets created since 2020 and cannot carry a session token's expiry.
+        signature_version="s3v4" if service == "s3" else None,
     )
     # Not boto3's default session, which is not thread-safe; pass one to share its caches.
     session = session or boto3.session.Session()

@@ -39,6 +39,7 @@ from autoscaler.files import load_catalog, read_json
 from autoscaler.resources import Resources
 from provisioners.aws import AwsCaller
 from provisioners.config import EC2Config, family_of
+from provisioners.images import UnsupportedFamily, accelerator_of, architecture_of
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,24 @@ def capacity_of(description: Mapping[str, Any]) -> Resources:
     return Resources(float(gpus), cores, ram_gib)
 
 
+def _image_kind_mismatch(name: str, description: Mapping[str, Any]) -> bool:
+    """True when EC2's description contradicts the image kind the type's name implies
+    (`provisioners.images`): the image `[ec2.ami]` gives it might not boot or lack drivers."""
+    family = family_of(name)
+    try:
+        arch = architecture_of(family)
+    except UnsupportedFamily:
+        return True
+    architectures = description.get("ProcessorInfo", {}).get("SupportedArchitectures", [])
+    if architectures and arch not in architectures:
+        return True
+    makers = {g.get("Manufacturer") for g in description.get("GpuInfo", {}).get("Gpus", [])}
+    accelerator = accelerator_of(family)
+    if accelerator == "nvidia":
+        return "NVIDIA" not in makers
+    return bool(makers) and accelerator is None
+
+
 # --- the catalog ------------------------------------------------------------------------------
 
 
@@ -314,8 +333,11 @@ def describe_catalog(
     types: list[InstanceType] = []
     unpriced: list[str] = []
     unoffered: list[str] = []
+    misnamed: list[str] = []
     for name, description in described.items():
-        if name not in price_of:
+        if _image_kind_mismatch(name, description):
+            misnamed.append(name)
+        elif name not in price_of:
             unpriced.append(name)
         elif not zones.get(name):
             unoffered.append(name)
@@ -334,6 +356,14 @@ def describe_catalog(
     if unpriced:
         notes.append(
             _skipped(unpriced, "no known price; run `autoscaler catalog refresh` to fetch prices")
+        )
+    if misnamed:
+        notes.append(
+            _skipped(
+                misnamed,
+                "EC2 reports another architecture or accelerator than its family name says, "
+                "so no [ec2.ami] image is known to fit",
+            )
         )
     for note in notes:
         log.warning("EC2 catalog: %s", note)

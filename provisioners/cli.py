@@ -167,8 +167,8 @@ def render_catalog(catalog: EC2Catalog, config: EC2Config, now_s: float, cache: 
         for t in types
     ]
     out = [
-        f"EC2 catalog for {catalog.region}: {len(types)} instance types "
-        f"(cluster {config.cluster_id})",
+        f"EC2 catalog for {catalog.region}: {len(types)} instance types"
+        + (f" (cluster {config.cluster_id})" if config.cluster_id else ""),
         "",
     ]
     if rows:

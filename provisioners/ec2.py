@@ -8,19 +8,41 @@ How it keeps money safe:
   crash between the call and recording its result never starts a second
   instance. `ClientToken` is passed too (real EC2 honours it for a few hours;
   moto ignores it), one per (token, zone) so a zone fallback is not mistaken
-  for a changed request.
-- **Capacity fallback.** `InsufficientInstanceCapacity`, `InstanceLimitExceeded`,
-  `Unsupported` (and their vCPU/spot cousins) move on to the next allowed
-  zone and mark the (type, zone) offering unavailable for three minutes
-  (Karpenter's cool-down) in the binding's one `AvailabilityCache`;
+  for a changed request. `DescribeInstances` lags `RunInstances` by seconds, so
+  a retry after an attempt whose answer was lost (`CloudUnavailable`) goes to
+  that attempt's zone first, where the same `ClientToken` returns the same
+  instance; `IdempotentParameterMismatch` (the token was used, with other
+  parameters) is `CloudUnavailable` too: the round keeps the launch requested
+  and adopts the instance by its tag once it is listed.
+- **Capacity fallback.** `InsufficientInstanceCapacity`, `Unsupported`, a
+  subnet out of addresses and the rest of `ZONE_FALLBACK_CODES` move on to the
+  next allowed zone and mark the (type, zone) offering unavailable for three
+  minutes (Karpenter's cool-down) in the binding's one `AvailabilityCache`;
   `unavailable()` reports it, with a whole-type entry once no allowed zone is
   left, and the round plans around it.
+- **Quotas are not capacity.** `VcpuLimitExceeded` and its cousins are
+  region-wide account quotas: the launch stops at once with `QuotaExceeded`
+  (naming the quota and its Service Quotas page), and every type of the
+  family is reported unavailable in every zone for half an hour.
 - **Guardrails** (instance cap, hourly budget) are the round's: `decide`
   checks every launch against the state before asking for it. This binding
   checks only the region, when it is built, and refuses types its `[ec2]`
   table does not allow.
 - **Orphans** are the round's too: `list()` returns every instance tagged
-  with the cluster, and the round's orphan policy decides.
+  with the cluster, and the round's orphan policy decides. `terminate()` goes
+  by id (an instance launched moments ago may not be listed yet), refusing
+  ids EC2 lists with another cluster's tag.
+- **No secret in user data.** Each instance's user data is rendered for it
+  at its launch (`provisioners.bootstrap`): its id, the worker token's SSM
+  parameter name, a presigned URL and hash of the worker wheel.
+- **Launch settings a real account needs, explicit.** Subnets and security
+  groups (never a default VPC), a public IP only when asked, IMDSv2 with hop
+  limit 1, an encrypted gp3 root volume sized on the image's root device,
+  `InstanceInitiatedShutdownBehavior = terminate` (a worker whose bootstrap
+  fails shuts down, and that ends the billing), the image for the type's
+  architecture and accelerator (`provisioners.ami`), and a bounded retry
+  while a new instance profile propagates. `EC2Cloud` refuses to start while
+  any is missing (`EC2Config.launch_problems`).
 - **Dry run** (`[ec2] dry_run`): EC2 is called with `DryRun=True`, so
   permissions and parameters are checked, and nothing is launched or
   terminated.
@@ -30,12 +52,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.client import BaseClient
@@ -45,17 +64,29 @@ from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     UNAVAILABLE_COOLDOWN_S,
     AvailabilityCache,
+    CloudError,
     CloudInstance,
     CloudRequestError,
+    CloudUnavailable,
     Guardrails,
     InsufficientCapacity,
     LaunchRequest,
     UnavailableOffering,
 )
 from autoscaler.errors import InputError
-from provisioners.aws import AwsCaller, error_code, error_message, make_client
+from provisioners.ami import Image, ImageResolver
+from provisioners.aws import (
+    AwsCaller,
+    error_code,
+    error_message,
+    make_client,
+    translate_client_error,
+)
+from provisioners.bootstrap import WorkerBootstrap
 from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
-from provisioners.config import EC2Config, ProvisionerConfig
+from provisioners.config import EC2Config, ProvisionerConfig, family_of
+from provisioners.images import check_kind
+from provisioners.quotas import Quota, quota_for
 
 log = logging.getLogger(__name__)
 
@@ -64,35 +95,81 @@ TAG_LAUNCH_TOKEN = "autoscaler:launch-token"
 TAG_MANAGED_BY = "autoscaler:managed-by"
 MANAGED_BY = "ec2-batch-autoscaler"
 
-#: Launch errors that mean "not here, not now": try the next zone, avoid this offering a while.
-CAPACITY_ERROR_CODES: frozenset[str] = frozenset(
+#: Launch errors that mean "not in this zone, not now": try the next allowed zone and avoid
+#: the offering for a few minutes (Karpenter's unfulfillable-capacity codes, and a subnet —
+#: one per zone here — with no address left, which holds for every type in that zone).
+ZONE_FALLBACK_CODES: frozenset[str] = frozenset(
     {
         "InsufficientInstanceCapacity",
-        "InstanceLimitExceeded",
+        "InsufficientCapacity",
+        "UnfulfillableCapacity",
         "Unsupported",
-        "VcpuLimitExceeded",
-        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "InsufficientFreeAddressesInSubnet",
     }
 )
+#: Account quotas, region-wide (`provisioners.quotas`): no other zone helps, so the launch
+#: stops at once and the whole family is avoided for `QUOTA_COOLDOWN_S`.
+QUOTA_ERROR_CODES: frozenset[str] = frozenset(
+    {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
+)
+#: A quota changes only when a person asks AWS for more: retry it after half an hour,
+#: not after a capacity cool-down of three minutes.
+QUOTA_COOLDOWN_S = 1800.0
+_SUBNET_FULL = "InsufficientFreeAddressesInSubnet"
+_INVALID_PARAMETER = "InvalidParameterValue"
+_MISMATCH = "IdempotentParameterMismatch"
+#: Waits between `RunInstances` attempts while a new instance profile propagates (~30 s).
+PROFILE_PROPAGATION_DELAYS_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0)
 
-__all__ = ["UNAVAILABLE_COOLDOWN_S", "EC2Cloud", "client_token", "worker_user_data"]
+__all__ = [
+    "QUOTA_COOLDOWN_S",
+    "UNAVAILABLE_COOLDOWN_S",
+    "EC2Cloud",
+    "QuotaExceeded",
+    "client_token",
+]
 
 #: After falling back to a stale cached catalog, ask AWS again after this long.
 CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
 
-#: EC2 accepts at most 16 KB of user data (before base64).
-MAX_USER_DATA_BYTES = 16 * 1024
-
 _NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 _DRY_RUN = "DryRunOperation"
+
+
+class QuotaExceeded(InsufficientCapacity):
+    """An account quota, not capacity, stopped the launch: no zone of the region can help.
+
+    Carries the quota (name, Service Quotas code, region) and the page where
+    an increase is requested; the family is avoided until `until_s`.
+    """
+
+    def __init__(
+        self, instance_type: str, code: str, quota: Quota, until_s: float, detail: str = ""
+    ) -> None:
+        self.instance_type = instance_type
+        self.zones = ()
+        self.code = code
+        self.quota = quota
+        self.until_s = until_s
+        family = family_of(instance_type)
+        CloudError.__init__(
+            self,
+            f"{instance_type}: {code}: the account's {quota.describe()} allows no more "
+            f"{'spot ' if 'Spot' in quota.name else ''}instances of family {family}"
+            + (f" ({detail})" if detail else "")
+            + f"; request an increase at {quota.url} — {family} is avoided until then, "
+            f"retried every {QUOTA_COOLDOWN_S / 60:.0f} min",
+        )
 
 
 class EC2Cloud:
     """The EC2 binding of `autoscaler.cloud.Cloud` for one cluster in one region.
 
     `clock` (epoch seconds) and `sleep` are injectable: cool-downs, cache ages
-    and backoff are tested without waiting. `user_data` is the rendered worker
-    bootstrap (`worker_user_data`) passed to every instance.
+    and backoff are tested without waiting. `bootstrap` renders each instance's
+    user data at its launch (our instance id, the launch token, is in it); None
+    launches without user data (an image that starts its worker by itself).
     """
 
     def __init__(
@@ -104,21 +181,39 @@ class EC2Cloud:
         endpoint_url: str | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        user_data: str = "",
+        bootstrap: WorkerBootstrap | None = None,
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
+        ssm: BaseClient | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
-        if len(user_data.encode("utf-8")) > MAX_USER_DATA_BYTES:
+        problems = config.launch_problems()
+        if problems:
             raise InputError(
-                f"worker user data is {len(user_data.encode('utf-8'))} bytes; "
-                f"EC2 accepts at most {MAX_USER_DATA_BYTES}"
+                f"[ec2] cannot launch yet; set {', '.join(problems)} "
+                "(`autoscaler init` writes them, commented)"
             )
+        if bootstrap is not None:
+            if bootstrap.cluster_id != config.cluster_id or bootstrap.region != config.region:
+                raise InputError(
+                    f"the worker bootstrap is for cluster {bootstrap.cluster_id} in "
+                    f"{bootstrap.region}, not {config.cluster_id} in {config.region}"
+                )
+            bootstrap.render("size-check", accelerator="nvidia")  # fails now, not at a launch
         self.config = config
         self.clock = clock
-        self.user_data = user_data
+        self.bootstrap = bootstrap
+        # User data rendered for launches not yet answered: a retry with the same token must
+        # send the same parameters, or EC2 refuses its ClientToken (IdempotentParameterMismatch).
+        self._user_data: dict[str, str] = {}
+        # Launch token -> the zone of an attempt that ended in CloudUnavailable (it may have
+        # started the instance): the retry asks that zone first, with the same ClientToken.
+        self._uncertain: dict[str, str] = {}
         self.catalog_max_age_s = catalog_max_age_s
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
+        self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
+        self._endpoint_url = endpoint_url
+        self.images = ImageResolver(self._ec2, self._ssm_caller, clock)
         self._catalog: EC2Catalog | None = None
         self._catalog_loaded_at_s = 0.0
         self._subnet_by_zone: dict[str, str] | None = None
@@ -129,6 +224,18 @@ class EC2Cloud:
     @classmethod
     def from_config(cls, config: ProvisionerConfig, **kwargs: Any) -> EC2Cloud:
         return cls(config.ec2, config.guardrails, **kwargs)
+
+    @property
+    def cluster_id(self) -> str:
+        assert self.config.cluster_id is not None  # launch_problems() checked it
+        return self.config.cluster_id
+
+    def _ssm_caller(self) -> AwsCaller:
+        """SSM, for `resolve:ssm:` images only (made on first use)."""
+        if self._ssm is None:
+            client = make_client("ssm", self.config.region, endpoint_url=self._endpoint_url)
+            self._ssm = AwsCaller(client, sleep=self._ec2.sleep)
+        return self._ssm
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -162,8 +269,10 @@ class EC2Cloud:
         """Start one instance, or return the one this launch token already started.
 
         Raises `InsufficientCapacity` (no allowed zone had capacity; the
-        offerings are marked unavailable), `CloudUnavailable` (unreachable or
-        throttled past the backoff) or `CloudRequestError` (configuration,
+        offerings are marked unavailable), `QuotaExceeded` (an account quota;
+        the family is marked unavailable), `CloudUnavailable` (unreachable,
+        throttled past the backoff, or a launch EC2 may have carried out: ask
+        again with the same token) or `CloudRequestError` (configuration,
         permissions, a type `[ec2]` does not allow). The guardrails were checked
         by the round before it asked.
         """
@@ -173,46 +282,85 @@ class EC2Cloud:
                 f"got {len(request.launch_token)}"
             )
         with self._lock:
-            existing = self.find_by_token(request.launch_token)
-            if existing is not None:
-                log.info(
-                    "launch %s: found %s, not launching again",
-                    request.launch_token,
-                    existing.instance_id,
-                )
-                return existing
-            if request.launch_token in self._dry_run_launches:
-                return self._dry_run_launches[request.launch_token]
-            if not self.config.ami:
-                raise CloudRequestError("no AMI configured; set [ec2] ami to the worker image")
-            if not self.config.allows(request.instance_type):
-                raise CloudRequestError(
-                    f"instance type {request.instance_type} is not allowed "
-                    f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
-                    f"types: {', '.join(self.config.types) or 'none'})"
-                )
-            catalog = self.ec2_catalog()
+            try:
+                launched = self._launch(request)
+            except CloudUnavailable:
+                raise  # the same token comes back: keep its user data and its zone
+            except BaseException:
+                self._forget(request.launch_token)
+                raise
+            self._forget(request.launch_token)
+            return launched
 
+    def _forget(self, launch_token: str) -> None:
+        """Drop what a launch kept for its retries once it will not be retried."""
+        self._user_data.pop(launch_token, None)
+        self._uncertain.pop(launch_token, None)
+
+    def _launch(self, request: LaunchRequest) -> CloudInstance:
+        existing = self.find_by_token(request.launch_token)
+        if existing is not None:
+            log.info(
+                "launch %s: found %s, not launching again",
+                request.launch_token,
+                existing.instance_id,
+            )
+            return existing
+        if request.launch_token in self._dry_run_launches:
+            return self._dry_run_launches[request.launch_token]
+        if not self.config.allows(request.instance_type):
+            raise CloudRequestError(
+                f"instance type {request.instance_type} is not allowed "
+                f"([ec2] families: {', '.join(self.config.families) or 'none'}; "
+                f"types: {', '.join(self.config.types) or 'none'})"
+            )
+        catalog = self.ec2_catalog()
+        image = self._image_for(request.instance_type)
+
+        # After an attempt whose answer was lost, its zone comes first, whatever has
+        # cooled down since: the same ClientToken there returns the instance EC2 may
+        # have started (DescribeInstances may not list it yet), a new zone would not.
+        uncertain = self._uncertain.get(request.launch_token)
+        try:
             zones = self._zones_to_try(request, catalog)
-            spot = request.spot or self.config.spot_for(request.instance_type)
-            failures: list[str] = []
-            for zone in zones:
-                try:
-                    return self._run_instance(request, zone, spot)
-                except ClientError as exc:
-                    code = error_code(exc)
-                    if code not in CAPACITY_ERROR_CODES:
-                        raise
-                    self._mark_unavailable(request.instance_type, zone, code)
-                    failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
-                    log.warning("launch %s: %s in %s", request.instance_type, code, zone)
-            raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
+        except InsufficientCapacity:
+            if uncertain is None:
+                raise
+            zones = []
+        if uncertain is not None:
+            zones = [uncertain, *(z for z in zones if z != uncertain)]
+        spot = request.spot or self.config.spot_for(request.instance_type)
+        failures: list[str] = []
+        for zone in zones:
+            try:
+                launched = self._run_instance(request, zone, spot, image)
+            except CloudUnavailable:
+                self._uncertain[request.launch_token] = zone
+                raise
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == _MISMATCH:
+                    raise CloudUnavailable(
+                        f"launch {request.launch_token}: EC2 already ran this launch in "
+                        f"{zone} with other parameters (a new image or user data since): "
+                        "its instance is adopted once DescribeInstances lists it"
+                    ) from None
+                if code in QUOTA_ERROR_CODES:
+                    raise self._quota_exceeded(request.instance_type, code, spot, exc) from None
+                if code not in ZONE_FALLBACK_CODES:
+                    raise translate_client_error(exc, "EC2 RunInstances") from exc
+                self._mark_unavailable(request.instance_type, zone, code)
+                failures.append(f"{zone}: {code}: {error_message(exc)}".rstrip(": "))
+                log.warning("launch %s: %s in %s", request.instance_type, code, zone)
+                continue
+            return launched
+        raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
 
     def find_by_token(self, launch_token: str) -> CloudInstance | None:
         """The not-yet-terminated instance this cluster launched with this token, if any."""
         found = self._describe(
             [
-                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
                 {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [launch_token]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
@@ -249,6 +397,9 @@ class EC2Cloud:
                 "in one to [ec2] subnet_ids"
             )
         now = self.clock()
+        whole = self._whole_type_mark(itype, now)
+        if whole is not None:
+            raise InsufficientCapacity(itype, (), whole.reason)
         open_zones = [z for z in wanted if not self.availability.is_unavailable(itype, z, now)]
         if not open_zones:
             raise InsufficientCapacity(
@@ -256,8 +407,35 @@ class EC2Cloud:
             )
         return open_zones
 
-    def _run_instance(self, request: LaunchRequest, zone: str, spot: bool) -> CloudInstance:
-        cluster = self.config.cluster_id
+    def _image_for(self, instance_type: str) -> Image:
+        """The image this type boots: resolved, and checked against the type's architecture."""
+        kind, reference = self.config.image_for(instance_type)
+        if reference is None:
+            raise CloudRequestError(
+                f"no image for {instance_type} (kind {kind}); add {kind} to [ec2.ami]"
+            )
+        image = self.images.image(reference)
+        wanted, _ = check_kind(kind)
+        if image.architecture is not None and image.architecture != wanted:
+            raise CloudRequestError(
+                f"[ec2.ami] {kind} = {reference!r} is {image.image_id}, an {image.architecture} "
+                f"image; {instance_type} needs {wanted}"
+            )
+        if image.root_snapshot_gb is not None and image.root_snapshot_gb > (
+            self.config.root_volume_gb
+        ):
+            raise CloudRequestError(
+                f"[ec2] root_volume_gb = {self.config.root_volume_gb} is smaller than the "
+                f"{image.root_snapshot_gb} GiB root snapshot of {image.image_id} ({kind}); "
+                "raise root_volume_gb"
+            )
+        return image
+
+    def _run_instance(
+        self, request: LaunchRequest, zone: str, spot: bool, image: Image
+    ) -> CloudInstance:
+        config = self.config
+        cluster = self.cluster_id
         tags = {
             "Name": f"autoscaler-{cluster}",
             **request.tags,
@@ -266,8 +444,16 @@ class EC2Cloud:
             TAG_MANAGED_BY: MANAGED_BY,
         }
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
+        root: dict[str, Any] = {
+            "VolumeSize": config.root_volume_gb,
+            "VolumeType": config.root_volume_type,
+            "Encrypted": config.root_volume_encrypted,
+            "DeleteOnTermination": True,
+        }
+        if config.root_volume_kms_key:
+            root["KmsKeyId"] = config.root_volume_kms_key
         params: dict[str, Any] = {
-            "ImageId": self.config.ami,
+            "ImageId": image.image_id,
             "InstanceType": request.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
@@ -276,23 +462,38 @@ class EC2Cloud:
                 {"ResourceType": "instance", "Tags": tag_list},
                 {"ResourceType": "volume", "Tags": tag_list},
             ],
+            # Subnet, security groups and public IP in one place, explicit: the subnet's own
+            # "auto-assign public IP" never decides.
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0,
+                    "SubnetId": self._subnets()[zone],
+                    "Groups": list(config.security_group_ids),
+                    "AssociatePublicIpAddress": config.associate_public_ip,
+                    "DeleteOnTermination": True,
+                }
+            ],
+            # IMDSv2 only; hop limit 1 keeps containers away from the role's credentials.
+            "MetadataOptions": {
+                "HttpEndpoint": "enabled",
+                "HttpTokens": "required",
+                "HttpPutResponseHopLimit": config.metadata_hop_limit,
+                "InstanceMetadataTags": "disabled",
+            },
+            "BlockDeviceMappings": [{"DeviceName": image.root_device_name, "Ebs": root}],
+            # A worker whose bootstrap fails shuts itself down: that must end the billing.
+            "InstanceInitiatedShutdownBehavior": "terminate",
         }
-        subnets = self._subnets()
-        if subnets:
-            params["SubnetId"] = subnets[zone]
-        else:
-            params["Placement"] = {"AvailabilityZone": zone}
-        if self.config.security_group_ids:
-            params["SecurityGroupIds"] = list(self.config.security_group_ids)
-        profile = self.config.iam_instance_profile
+        profile = config.iam_instance_profile
         if profile:
             params["IamInstanceProfile"] = (
                 {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
             )
-        if self.config.key_name:
-            params["KeyName"] = self.config.key_name
-        if self.user_data:
-            params["UserData"] = self.user_data
+        if config.key_name:
+            params["KeyName"] = config.key_name
+        user_data = self._user_data_for(request, image)
+        if user_data:
+            params["UserData"] = user_data
         if spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -301,12 +502,10 @@ class EC2Cloud:
                     "InstanceInterruptionBehavior": "terminate",
                 },
             }
-        if self.config.dry_run:
+        if config.dry_run:
             params["DryRun"] = True
         try:
-            response = self._ec2.call(
-                "run_instances", passthrough=CAPACITY_ERROR_CODES | {_DRY_RUN}, **params
-            )
+            response = self._run_instances(params)
         except ClientError as exc:
             if error_code(exc) != _DRY_RUN:
                 raise
@@ -325,10 +524,50 @@ class EC2Cloud:
             return planned
         return _cloud_instance(response["Instances"][0])
 
+    def _user_data_for(self, request: LaunchRequest, image: Image) -> str:
+        """The worker bootstrap for this launch, rendered once per launch token."""
+        if self.bootstrap is None:
+            return ""
+        rendered = self._user_data.get(request.launch_token)
+        if rendered is None:
+            kind, _ = self.config.image_for(request.instance_type)
+            _, accelerator = check_kind(kind)
+            try:
+                rendered = self.bootstrap.render(request.launch_token, accelerator=accelerator)
+            except InputError as exc:
+                raise CloudRequestError(f"worker bootstrap: {exc}") from None
+            self._user_data[request.launch_token] = rendered
+        return rendered
+
+    def _run_instances(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`RunInstances`, retried (same parameters, same `ClientToken`) while a new
+        instance profile propagates: for seconds after IAM creates it, EC2 answers
+        `InvalidParameterValue` for it. Bounded by `PROFILE_PROPAGATION_DELAYS_S`."""
+        passthrough = (
+            ZONE_FALLBACK_CODES | QUOTA_ERROR_CODES | {_DRY_RUN, _INVALID_PARAMETER, _MISMATCH}
+        )
+        waited = 0.0
+        for delay in (*PROFILE_PROPAGATION_DELAYS_S, None):
+            try:
+                return self._ec2.call("run_instances", passthrough=passthrough, **params)
+            except ClientError as exc:
+                if error_code(exc) != _INVALID_PARAMETER:
+                    raise
+                if "iaminstanceprofile" not in error_message(exc).lower():
+                    raise translate_client_error(exc, "EC2 RunInstances") from exc
+                if delay is None:
+                    raise CloudRequestError(
+                        f"EC2 RunInstances: instance profile {self.config.iam_instance_profile} "
+                        f"is still not usable after {waited:g} s ({error_message(exc)}); check "
+                        "[ec2] iam_instance_profile: it must exist and hold the worker role"
+                    ) from exc
+                log.info("instance profile not usable yet (propagating?); retry in %g s", delay)
+                self._ec2.sleep(delay)
+                waited += delay
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _subnets(self) -> dict[str, str]:
         """Configured subnets by zone (a subnet lives in one zone), looked up once."""
-        if not self.config.subnet_ids:
-            return {}
         if self._subnet_by_zone is None:
             response = self._ec2.call("describe_subnets", SubnetIds=list(self.config.subnet_ids))
             by_zone: dict[str, str] = {}
@@ -339,8 +578,45 @@ class EC2Cloud:
 
     # --- capacity errors ----------------------------------------------------------------------
 
-    def _mark_unavailable(self, instance_type: str, zone: str, reason: str) -> None:
-        self.availability.mark(instance_type, zone, self.clock(), reason)
+    def _mark_unavailable(self, instance_type: str, zone: str, code: str) -> None:
+        now = self.clock()
+        if code == _SUBNET_FULL:
+            # The zone's subnet has no address left: no type can launch there for now.
+            subnet = self._subnets().get(zone, "?")
+            reason = f"{code}: subnet {subnet} has no free IP address"
+            for itype in self._catalog_types() | {instance_type}:
+                self.availability.mark(itype, zone, now, reason)
+            return
+        self.availability.mark(instance_type, zone, now, code)
+
+    def _quota_exceeded(
+        self, instance_type: str, code: str, spot: bool, exc: ClientError
+    ) -> QuotaExceeded:
+        """The typed error for a quota, after marking every type of the family unavailable
+        in every zone (zone None) for `QUOTA_COOLDOWN_S`: the round plans without them."""
+        now = self.clock()
+        family = family_of(instance_type)
+        quota = quota_for(family, self.config.region, spot=spot)
+        error = QuotaExceeded(
+            instance_type, code, quota, now + QUOTA_COOLDOWN_S, error_message(exc)
+        )
+        reason = (
+            f"{code}: {quota.describe()} allows no more {family} instances; "
+            f"request an increase at {quota.url}"
+        )
+        for itype in {t for t in self._catalog_types() if family_of(t) == family} | {instance_type}:
+            self.availability.mark(itype, None, now, reason, QUOTA_COOLDOWN_S)
+        log.warning("launch %s: %s", instance_type, error)
+        return error
+
+    def _catalog_types(self) -> set[str]:
+        return {t.name for t in self._catalog.catalog} if self._catalog is not None else set()
+
+    def _whole_type_mark(self, instance_type: str, now: float) -> UnavailableOffering | None:
+        for offering in self.availability.offerings(now):
+            if offering.instance_type == instance_type and offering.zone is None:
+                return offering
+        return None
 
     def unavailable(self) -> list[UnavailableOffering]:
         """Offerings avoided after capacity errors, until their cool-down ends; a type
@@ -350,8 +626,9 @@ class EC2Cloud:
             offerings = self.availability.offerings(now)
             catalog = self._catalog
             by_type: dict[str, list[UnavailableOffering]] = {}
+            whole_already = {o.instance_type for o in offerings if o.zone is None}
             for o in offerings:
-                if o.zone is not None:
+                if o.zone is not None and o.instance_type not in whole_already:
                     by_type.setdefault(o.instance_type, []).append(o)
             whole = []
             for itype, marks in by_type.items():
@@ -387,47 +664,55 @@ class EC2Cloud:
         """This cluster's instances (by cluster tag) that are not terminated, by id."""
         return self._describe(
             [
-                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
+                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
         )
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
-        """Terminate these instances of this cluster.
+        """Terminate these instances of this cluster, by id.
 
-        Ids that are unknown, already terminated, or not tagged with this
-        cluster are skipped (logged): the binding only ever terminates what it owns.
+        `DescribeInstances` lags `RunInstances` by seconds, so an id EC2 does
+        not list yet is still terminated by id (EC2 answering NotFound for it is
+        not an error: the round asks again while the state says terminating).
+        Ids EC2 lists with another cluster's tag, or none, are refused, and
+        already terminated ones skipped: the binding only terminates what it
+        owns (the IAM policy enforces the same by tag).
         """
         wanted = sorted(set(instance_ids))
         if not wanted:
             return
-        ours: list[str] = []
+        refused: list[str] = []
+        gone: list[str] = []
         for chunk in _chunks(wanted, 200):
-            ours += [
-                i.instance_id
-                for i in self._describe(
-                    [
-                        {"Name": "instance-id", "Values": chunk},
-                        {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.config.cluster_id]},
-                        {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
-                    ]
-                )
-            ]
-        skipped = sorted(set(wanted) - set(ours))
-        if skipped:
-            log.info(
-                "terminate: skipping ids not live in cluster %s: %s",
-                self.config.cluster_id,
-                ", ".join(skipped),
+            for page in self._ec2.pages(
+                "describe_instances", Filters=[{"Name": "instance-id", "Values": chunk}]
+            ):
+                for reservation in page.get("Reservations", []):
+                    for raw in reservation.get("Instances", []):
+                        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                        if tags.get(TAG_CLUSTER) != self.cluster_id:
+                            refused.append(raw["InstanceId"])
+                        elif raw["State"]["Name"] == "terminated":
+                            gone.append(raw["InstanceId"])
+        if refused:
+            log.warning(
+                "terminate: refusing ids not tagged for cluster %s: %s",
+                self.cluster_id,
+                ", ".join(sorted(refused)),
             )
-        for chunk in _chunks(sorted(ours), 500):
+        ours = sorted(set(wanted) - set(refused) - set(gone))
+        for chunk in _chunks(ours, 500):
             self._terminate(chunk)
 
     def _terminate(self, ids: list[str]) -> None:
+        """One `TerminateInstances` call; when EC2 does not know one of the ids, the whole
+        call fails, so the ids are then terminated one by one (dry run stays dry)."""
+        passthrough = frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"})
         try:
             self._ec2.call(
                 "terminate_instances",
-                passthrough=frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"}),
+                passthrough=passthrough,
                 InstanceIds=ids,
                 DryRun=self.config.dry_run,
             )
@@ -435,16 +720,13 @@ class EC2Cloud:
             if error_code(exc) == _DRY_RUN:
                 log.info("dry run: would terminate %s", ", ".join(ids))
                 return
-            # One id vanished between the lookup and the call: terminate the others one by one.
+            if len(ids) == 1:
+                log.info(
+                    "terminate: EC2 does not know %s (already gone, or not listed yet)", ids[0]
+                )
+                return
             for instance_id in ids:
-                try:
-                    self._ec2.call(
-                        "terminate_instances",
-                        passthrough=frozenset({"InvalidInstanceID.NotFound"}),
-                        InstanceIds=[instance_id],
-                    )
-                except ClientError:
-                    log.info("terminate: %s is already gone", instance_id)
+                self._terminate([instance_id])
 
     def _describe(self, filters: list[dict[str, Any]]) -> list[CloudInstance]:
         instances = [
@@ -493,45 +775,3 @@ def _first_launched(instances: Iterable[CloudInstance]) -> CloudInstance | None:
 def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
-
-
-# --- worker bootstrap -------------------------------------------------------------------------
-
-#: Placeholders of `deploy/worker-bootstrap.sh`, each replaced by a shell-quoted value.
-BOOTSTRAP_PLACEHOLDERS: tuple[str, ...] = (
-    "MASTER_ADDRESS",
-    "WORKER_TOKEN",
-    "CLUSTER_ID",
-    "AGENT_PACKAGE",
-)
-
-
-_PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
-
-
-def worker_user_data(template: str, values: Mapping[str, str]) -> str:
-    """Render the worker bootstrap template into EC2 user data.
-
-    `{{NAME}}` placeholders are replaced by shell-quoted values, so an address
-    or token can never inject commands into the script.
-    """
-    missing = [name for name in BOOTSTRAP_PLACEHOLDERS if name not in values]
-    if missing:
-        raise InputError(f"worker bootstrap needs a value for {', '.join(missing)}")
-    text = template
-    for name in BOOTSTRAP_PLACEHOLDERS:
-        text = text.replace("{{" + name + "}}", shlex.quote(values[name]))
-    unknown = _PLACEHOLDER.search(text)
-    if unknown:
-        raise InputError(f"worker bootstrap has an unknown placeholder {unknown.group(0)}")
-    return text
-
-
-def read_worker_bootstrap(path: str | Path, values: Mapping[str, str]) -> str:
-    """Read and render a worker bootstrap template file (`deploy/worker-bootstrap.sh`)."""
-    p = Path(path)
-    try:
-        template = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read worker bootstrap: {exc}", source=str(p)) from None
-    return worker_user_data(template, values)

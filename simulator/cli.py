@@ -12,6 +12,7 @@ from autoscaler.cli_io import load_inputs, write_json
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
+from autoscaler.table import wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
@@ -177,14 +178,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
         bar.done(results[name], time.perf_counter() - started)
 
     print(
-        f"Replay of {len(jobs)} jobs ({source}) over {len(catalog)} instance types, "
-        f"rounds every {args.interval:g} s\n"
+        wrap(
+            f"Replay of {len(jobs)} jobs ({source}) over {len(catalog)} instance types, "
+            f"rounds every {args.interval:g} s"
+        )
+        + "\n"
     )
     print(comparison_table(results))
     print(
-        "\ncost ÷ no-pack and JCT ÷ no-pack are relative to one instance per task; "
-        "job tput is the mean share of full speed a job ran at; alloc is allocated ÷ "
-        "provisioned GPU/CPU/RAM; plan ms is planning time per round."
+        "\n"
+        + wrap(
+            "cost ÷ no-pack and JCT ÷ no-pack are relative to one instance per task; "
+            "job tput is the mean share of full speed a job ran at; alloc is allocated ÷ "
+            "provisioned GPU/CPU/RAM; plan ms is planning time per round."
+        )
     )
     if args.json is not None:
         write_json(

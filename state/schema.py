@@ -11,6 +11,8 @@ One table per fact, in the problem's words:
   zone, the hourly price at its request, its status and why, when its worker
   registered or was lost; `instance_transitions` the history of its statuses with
   their times and reasons.
+- `placements`: which task occupied which instance when (opened and closed by task
+  updates): cost reports split an instance's bill among its tasks from it.
 - `throughput`: the co-location throughput table (workload, co-located multiset,
   observed throughput, number of observations, last update).
 - `rounds` and `round_actions`: each scheduling round's decision, the numbers behind
@@ -282,5 +284,30 @@ class UptimeInterval(Base):
     instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"))
     instance_type: Mapped[str] = mapped_column(String)
     hourly_price: Mapped[float] = mapped_column(Double)
+    start: Mapped[float] = mapped_column(Double)
+    end: Mapped[float | None] = mapped_column(Double)
+
+
+class Placement(Base):
+    """A stretch of time a task occupied an instance; `end` NULL while it still does."""
+
+    __tablename__ = "placements"
+    __table_args__ = (
+        Index(
+            "uq_placements_open",
+            "task_id",
+            unique=True,
+            sqlite_where=text('"end" IS NULL'),
+            postgresql_where=text('"end" IS NULL'),
+        ),
+        Index(None, "instance_id"),
+        Index(None, "job_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"))
+    instance_id: Mapped[str] = mapped_column(String)
+    attempt: Mapped[int] = mapped_column(Integer)
     start: Mapped[float] = mapped_column(Double)
     end: Mapped[float | None] = mapped_column(Double)

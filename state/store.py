@@ -54,6 +54,7 @@ from autoscaler.store import (
     ActionRecord,
     DuplicateJob,
     IllegalTransition,
+    InstanceChange,
     InstanceRecord,
     InstanceStatus,
     JobRecord,
@@ -67,6 +68,7 @@ from autoscaler.store import (
     TaskUpdate,
     UnknownEntity,
 )
+from autoscaler.store import Placement as PlacementRecord
 from autoscaler.store import UptimeInterval as UptimeRecord
 from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry, ThroughputTable
 from state.database import create_state_engine, read_transaction, write_transaction
@@ -75,6 +77,7 @@ from state.schema import (
     Instance,
     InstanceTransition,
     Job,
+    Placement,
     Round,
     RoundAction,
     Task,
@@ -94,6 +97,7 @@ THROUGHPUT = cast(Table, Throughput.__table__)
 ROUNDS = cast(Table, Round.__table__)
 ACTIONS = cast(Table, RoundAction.__table__)
 LEDGER = cast(Table, UptimeInterval.__table__)
+PLACEMENTS = cast(Table, Placement.__table__)
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
@@ -228,6 +232,11 @@ class SqlStore:
                 .where(TASKS.c.job_id == job_id)
                 .values(status=task_status, target_instance_id=None, updated_at=at, status_since=at)
             )
+            conn.execute(
+                update(PLACEMENTS)
+                .where(PLACEMENTS.c.job_id == job_id, PLACEMENTS.c.end.is_(None))
+                .values(end=at)
+            )
             return True
 
     @staticmethod
@@ -253,13 +262,22 @@ class SqlStore:
     def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> set[str]:
         task_ids = list(targets)
         job_of: dict[str, str] = {}
+        unchanged: set[str] = set()
         for chunk in _chunks(task_ids):
             rows = conn.execute(
-                select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id).where(
+                    TASKS.c.task_id.in_(chunk)
+                )
             )
-            job_of.update((r.task_id, r.job_id) for r in rows)
-        active = self._lock_active_jobs(conn, job_of.values())
-        updated = sorted(tid for tid, jid in job_of.items() if jid in active)
+            for r in rows:
+                job_of[r.task_id] = r.job_id
+                if r.target_instance_id == targets[r.task_id]:
+                    unchanged.add(r.task_id)
+        active = self._lock_active_jobs(conn, {job_of[t] for t in job_of if t not in unchanged})
+        # A task whose target is already as asked needs no write (a round rewrites few).
+        updated = sorted(
+            tid for tid, jid in job_of.items() if jid in active and tid not in unchanged
+        )
         if updated:
             conn.execute(
                 update(TASKS)
@@ -267,7 +285,19 @@ class SqlStore:
                 .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
                 [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
             )
-        return set(updated)
+        done = set(updated)
+        if unchanged:
+            finished = {
+                r.job_id
+                for chunk in _chunks(sorted({job_of[t] for t in unchanged}))
+                for r in conn.execute(
+                    select(JOBS.c.job_id).where(
+                        JOBS.c.job_id.in_(chunk), JOBS.c.status.in_(FINAL_JOB_STATUSES)
+                    )
+                )
+            }
+            done |= {t for t in unchanged if job_of[t] not in finished}
+        return done
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
@@ -277,9 +307,13 @@ class SqlStore:
             current: dict[str, Row[Any]] = {}
             for chunk in _chunks([c.task_id for c in changes]):
                 rows = conn.execute(
-                    select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.status).where(
-                        TASKS.c.task_id.in_(chunk)
-                    )
+                    select(
+                        TASKS.c.task_id,
+                        TASKS.c.job_id,
+                        TASKS.c.status,
+                        TASKS.c.instance_id,
+                        TASKS.c.attempt,
+                    ).where(TASKS.c.task_id.in_(chunk))
                 )
                 current.update((r.task_id, r) for r in rows)
             unknown = [c.task_id for c in changes if c.task_id not in current]
@@ -289,10 +323,13 @@ class SqlStore:
             # One executemany per set of changed columns (a round changes the same few).
             batches: dict[tuple[str, ...], list[dict[str, Any]]] = {}
             done: set[str] = set()
+            moved: list[tuple[Row[Any], TaskUpdate]] = []
             for change in changes:
                 row = current[change.task_id]
                 if row.job_id not in active:
                     continue
+                if change.instance_id != "keep" and change.instance_id != row.instance_id:
+                    moved.append((row, change))
                 values = _task_values(change, row.status, at)
                 batches.setdefault(tuple(sorted(values)), []).append(
                     {"b_task": change.task_id, **{f"b_{k}": v for k, v in values.items()}}
@@ -305,7 +342,32 @@ class SqlStore:
                     .values(**{column: bindparam(f"b_{column}") for column in columns}),
                     rows,
                 )
+            if moved:
+                self._close_placements(conn, [row.task_id for row, _ in moved], at)
+                opened = [
+                    {
+                        "task_id": row.task_id,
+                        "job_id": row.job_id,
+                        "instance_id": change.instance_id,
+                        "attempt": change.attempt if change.attempt is not None else row.attempt,
+                        "start": at,
+                        "end": None,
+                    }
+                    for row, change in moved
+                    if change.instance_id is not None
+                ]
+                if opened:
+                    conn.execute(insert(PLACEMENTS), opened)
             return done
+
+    @staticmethod
+    def _close_placements(conn: Connection, task_ids: Sequence[str], at: float) -> None:
+        for chunk in _chunks(sorted(task_ids)):
+            conn.execute(
+                update(PLACEMENTS)
+                .where(PLACEMENTS.c.task_id.in_(chunk), PLACEMENTS.c.end.is_(None))
+                .values(end=at)
+            )
 
     def update_task(
         self,
@@ -331,23 +393,42 @@ class SqlStore:
     def _request(
         self, conn: Connection, instance_id: str, instance_type: str, hourly_price: float, at: float
     ) -> None:
-        created = conn.execute(
-            self._insert(INSTANCES)
-            .values(
-                instance_id=instance_id,
-                instance_type=instance_type,
-                status="requested",
-                hourly_price=hourly_price,
-                requested_at=at,
+        self._request_many(conn, [(instance_id, instance_type, hourly_price)], at)
+
+    def _request_many(
+        self, conn: Connection, requests: Sequence[tuple[str, str, float]], at: float
+    ) -> None:
+        """Record instances before asking the cloud; a token already recorded stands as it is."""
+        wanted = {instance_id: (itype, price) for instance_id, itype, price in requests}
+        if not wanted:
+            return
+        taken: set[str] = set()
+        for chunk in _chunks(sorted(wanted)):
+            taken.update(
+                conn.execute(
+                    select(INSTANCES.c.instance_id).where(INSTANCES.c.instance_id.in_(chunk))
+                ).scalars()
             )
-            .on_conflict_do_nothing(index_elements=["instance_id"])
-            .returning(INSTANCES.c.id)
+        new = [i for i in wanted if i not in taken]
+        if not new:
+            return
+        conn.execute(
+            insert(INSTANCES),
+            [
+                {
+                    "instance_id": i,
+                    "instance_type": wanted[i][0],
+                    "status": "requested",
+                    "hourly_price": wanted[i][1],
+                    "requested_at": at,
+                }
+                for i in new
+            ],
         )
-        if created.first() is not None:
-            conn.execute(
-                insert(HISTORY).values(instance_id=instance_id, seq=0, status="requested", at=at)
-            )
-        # else: the same launch token again — the request already stands.
+        conn.execute(
+            insert(HISTORY),
+            [{"instance_id": i, "seq": 0, "status": "requested", "at": at} for i in new],
+        )
 
     def transition_instance(
         self,
@@ -372,54 +453,114 @@ class SqlStore:
         zone: str | None = None,
         reason: str = "",
     ) -> bool:
-        row = conn.execute(
-            select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
-        ).first()
-        if row is None:
-            raise UnknownEntity(f"no instance {instance_id!r}")
-        if row.status == status:
-            return False
-        if status not in TRANSITIONS[row.status]:
-            raise IllegalTransition(instance_id, row.status, status)
-        seq = conn.execute(
-            select(func.count()).select_from(HISTORY).where(HISTORY.c.instance_id == instance_id)
-        ).scalar_one()
-        conn.execute(
-            update(INSTANCES)
-            .where(INSTANCES.c.instance_id == instance_id)
-            .values(
-                status=status,
-                cloud_id=cloud_id or row.cloud_id,
-                zone=zone or row.zone,
-                reason=reason,
+        change = InstanceChange(instance_id, status, cloud_id, zone, reason)
+        return bool(self._transition_many(conn, [change], at))
+
+    def _transition_many(
+        self, conn: Connection, changes: Sequence[InstanceChange], at: float
+    ) -> set[str]:
+        """Instance transitions in one transaction, a few statements for any number:
+        rows locked in id order, each change checked against the status machine, then
+        the instances, their histories and the ledger written in bulk. Returns the
+        instances that changed (one already in its status is left alone)."""
+        if not changes:
+            return set()
+        rows: dict[str, Row[Any]] = {}
+        ids = sorted({c.instance_id for c in changes})
+        for chunk in _chunks(ids):
+            for row in conn.execute(
+                select(INSTANCES)
+                .where(INSTANCES.c.instance_id.in_(chunk))
+                .order_by(INSTANCES.c.instance_id)
+                .with_for_update()
+            ):
+                rows[row.instance_id] = row
+        seqs: dict[str, int] = {}
+        for chunk in _chunks(ids):
+            seqs.update(
+                conn.execute(
+                    select(HISTORY.c.instance_id, func.count())
+                    .where(HISTORY.c.instance_id.in_(chunk))
+                    .group_by(HISTORY.c.instance_id)
+                ).all()
             )
-        )
-        conn.execute(
-            insert(HISTORY).values(
-                instance_id=instance_id, seq=seq, status=status, at=at, reason=reason
+        status_now = {i: r.status for i, r in rows.items()}
+        updates, history, opened, closed = [], [], [], []
+        changed: set[str] = set()
+        for c in changes:
+            row = rows.get(c.instance_id)
+            if row is None:
+                raise UnknownEntity(f"no instance {c.instance_id!r}")
+            current = status_now[c.instance_id]
+            if current == c.status:
+                continue
+            if c.status not in TRANSITIONS[current]:
+                raise IllegalTransition(c.instance_id, current, c.status)
+            status_now[c.instance_id] = c.status
+            changed.add(c.instance_id)
+            updates.append(
+                {
+                    "b_id": c.instance_id,
+                    "b_status": c.status,
+                    "b_cloud": c.cloud_id or row.cloud_id,
+                    "b_zone": c.zone or row.zone,
+                    "b_reason": c.reason,
+                }
             )
-        )
-        billed_before = row.status in BILLED_STATUSES
-        billed_after = status in BILLED_STATUSES
-        if billed_after and not billed_before:
-            # Billing runs from the launch request (the cloud bills from then on),
-            # at the price recorded with the request.
-            conn.execute(
-                insert(LEDGER).values(
-                    instance_id=instance_id,
-                    instance_type=row.instance_type,
-                    hourly_price=row.hourly_price,
-                    start=row.requested_at,
-                    end=None,
+            seq = seqs.get(c.instance_id, 0)
+            seqs[c.instance_id] = seq + 1
+            history.append(
+                {
+                    "instance_id": c.instance_id,
+                    "seq": seq,
+                    "status": c.status,
+                    "at": at,
+                    "reason": c.reason,
+                }
+            )
+            billed_before = current in BILLED_STATUSES
+            billed_after = c.status in BILLED_STATUSES
+            if billed_after and not billed_before:
+                # Billing runs from the launch request (the cloud bills from then on),
+                # at the price recorded with the request.
+                opened.append(
+                    {
+                        "instance_id": c.instance_id,
+                        "instance_type": row.instance_type,
+                        "hourly_price": row.hourly_price,
+                        "start": row.requested_at,
+                        "end": None,
+                    }
                 )
+            elif billed_before and not billed_after:
+                closed.append({"b_id": c.instance_id, "b_end": at})
+        if updates:
+            conn.execute(
+                update(INSTANCES)
+                .where(INSTANCES.c.instance_id == bindparam("b_id"))
+                .values(
+                    status=bindparam("b_status"),
+                    cloud_id=bindparam("b_cloud"),
+                    zone=bindparam("b_zone"),
+                    reason=bindparam("b_reason"),
+                ),
+                updates,
             )
-        elif billed_before and not billed_after:
+            conn.execute(insert(HISTORY), history)
+        if opened:
+            conn.execute(insert(LEDGER), opened)
+        if closed:
             conn.execute(
                 update(LEDGER)
-                .where(LEDGER.c.instance_id == instance_id, LEDGER.c.end.is_(None))
-                .values(end=at)
+                .where(LEDGER.c.instance_id == bindparam("b_id"), LEDGER.c.end.is_(None))
+                .values(end=bindparam("b_end")),
+                closed,
             )
-        return True
+        return changed
+
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+        with write_transaction(self._engine) as conn:
+            self._transition_many(conn, list(changes), at)
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
@@ -501,15 +642,36 @@ class SqlStore:
                 )
             if intents is not None:
                 at = record.at
-                for instance_id, instance_type, price in intents.requests:
-                    self._request(conn, instance_id, instance_type, price, at)
+                self._request_many(conn, intents.requests, at)
                 if intents.targets:
                     self._assign(conn, intents.targets, at)
-                for instance_id, reason in intents.drains:
-                    self._transition(conn, instance_id, "draining", at, reason=reason)
-                for instance_id, status, reason in intents.terminations:
-                    self._transition(conn, instance_id, status, at, reason=reason)
+                self._transition_many(
+                    conn,
+                    [InstanceChange(i, "draining", reason=why) for i, why in intents.drains]
+                    + [InstanceChange(i, s, reason=why) for i, s, why in intents.terminations],
+                    at,
+                )
             return round_id
+
+    def record_action_outcomes(
+        self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
+    ) -> None:
+        rows = [
+            {"b_round": round_id, "b_position": i, "b_outcome": o, "b_message": m}
+            for i, o, m in outcomes
+        ]
+        if not rows:
+            return
+        with write_transaction(self._engine) as conn:
+            conn.execute(
+                update(ACTIONS)
+                .where(
+                    ACTIONS.c.round_id == bindparam("b_round"),
+                    ACTIONS.c.position == bindparam("b_position"),
+                )
+                .values(outcome=bindparam("b_outcome"), message=bindparam("b_message")),
+                rows,
+            )
 
     def record_action_outcome(
         self, round_id: int, index: int, outcome: str, message: str = ""
@@ -635,6 +797,16 @@ class SqlStore:
     def uptime(self) -> list[UptimeRecord]:
         with read_transaction(self._engine) as conn:
             return [_interval(r) for r in conn.execute(select(LEDGER).order_by(LEDGER.c.id))]
+
+    def placements(self, since: float | None = None) -> list[PlacementRecord]:
+        with read_transaction(self._engine) as conn:
+            query = select(PLACEMENTS).order_by(PLACEMENTS.c.id)
+            if since is not None:
+                query = query.where(or_(PLACEMENTS.c.end.is_(None), PLACEMENTS.c.end >= since))
+            return [
+                PlacementRecord(r.task_id, r.job_id, r.instance_id, r.attempt, r.start, r.end)
+                for r in conn.execute(query)
+            ]
 
     def cost_between(self, t0: float, t1: float) -> float:
         """Dollars billed within [t0, t1]: the ledger's intervals that overlap it, each

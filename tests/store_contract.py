@@ -501,3 +501,18 @@ def test_a_failed_job_keeps_its_reason(store):
         "failed",
         "task j1/0 failed 3 times; last: exit code 1",
     )
+
+
+def test_placements_follow_each_task_from_instance_to_instance(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    store.update_tasks([TaskUpdate("j1/0", status="starting", instance_id="i-1", attempt=1)], 10.0)
+    store.update_tasks([TaskUpdate("j1/0", status="running")], 20.0)  # same instance: no change
+    store.update_tasks([TaskUpdate("j1/0", status="pending", instance_id=None)], 50.0)
+    store.update_tasks([TaskUpdate("j1/0", status="starting", instance_id="i-2", attempt=2)], 60.0)
+    assert [(p.instance_id, p.attempt, p.start, p.end) for p in store.placements()] == [
+        ("i-1", 1, 10.0, 50.0),
+        ("i-2", 2, 60.0, None),
+    ]
+    store.job_finished("j1", 90.0)  # finishing closes what is still open
+    assert store.placements()[-1].end == 90.0
+    assert [p.instance_id for p in store.placements(since=55.0)] == ["i-2"]

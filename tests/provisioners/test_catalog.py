@@ -121,6 +121,29 @@ def test_single_allowed_types_join_the_allowed_families(ec2, config):
     assert built.catalog["g5.xlarge"].capacity == Resources(gpu=1, cpu=2, ram_gb=16)
 
 
+def test_a_type_ec2_describes_against_its_name_is_skipped_so_no_wrong_image_boots(ec2, config):
+    """The image a type boots is chosen by its family's name (c7i: x86_64, g5: NVIDIA);
+    a type whose description contradicts it is left out, never launched on a wrong image."""
+
+    def contradict(parsed: dict, **_: object) -> None:
+        for description in parsed.get("InstanceTypes", []):
+            if description["InstanceType"] == "c7i.large":
+                description["ProcessorInfo"]["SupportedArchitectures"] = ["arm64"]
+            if description["InstanceType"] == "g5.xlarge":
+                description["GpuInfo"]["Gpus"][0]["Manufacturer"] = "AMD"
+
+    ec2.meta.events.register("after-call.ec2.DescribeInstanceTypes", contradict)
+    prices = PriceTable(
+        REGION, {"c7i.large": 0.1, "c7i.xlarge": 0.2, "g5.xlarge": 1.0}, "2026-11-22", "test"
+    )
+    config = replace(config, families=("c7i",), types=("g5.xlarge",))
+    built = describe_catalog(AwsCaller(ec2), config, prices, now_s=0.0)
+    assert "c7i.xlarge" in built.catalog
+    assert "c7i.large" not in built.catalog and "g5.xlarge" not in built.catalog
+    [note] = [n for n in built.notes if "than its family name says" in n]
+    assert note.endswith("c7i.large, g5.xlarge")
+
+
 # --- prices ----------------------------------------------------------------------------------
 
 

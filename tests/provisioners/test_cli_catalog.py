@@ -26,7 +26,7 @@ BUNDLED = json.loads(bundled_price_table_path("us-east-1").read_text())
 
 def write_config(tmp_path: Path, body: str = "") -> Path:
     path = tmp_path / "autoscaler.toml"
-    path.write_text(f'[ec2]\ncache_dir = "{tmp_path / "cache"}"\n{body}')
+    path.write_text(f'[ec2]\ncluster_id = "t"\ncache_dir = "{tmp_path / "cache"}"\n{body}')
     return path
 
 

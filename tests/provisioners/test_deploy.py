@@ -1,101 +1,174 @@
-"""deploy/: the worker bootstrap renders to safe bash; the IAM policy grants what we call."""
+"""deploy/: the IAM policies grant exactly what the code calls, scoped to one cluster (the
+bootstrap script is tested in test_bootstrap)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from dataclasses import replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import pytest
+from autoscaler.cloud import LaunchRequest, OrphanPolicy
+from autoscaler.control import ControlLoop, ControlOptions
+from autoscaler.memory_store import InMemoryStore
+from provisioners.aws import make_client
+from provisioners.bootstrap import (
+    publish_agent_wheel,
+    publish_worker_token,
+    token_parameter_name,
+    wheel_presigner,
+)
+from provisioners.ec2 import TAG_CLUSTER, TAG_MANAGED_BY
+from tests.builders import KeepPlanner, NullExecutor, Ticking
+from tests.provisioners.conftest import REGION, make_cloud
+from tests.provisioners.test_bootstrap import WHEEL_NAME, worker_bootstrap
 
-from autoscaler.cloud import LaunchRequest
-from autoscaler.errors import InputError
-from provisioners.ec2 import MAX_USER_DATA_BYTES, read_worker_bootstrap, worker_user_data
-from tests.provisioners.conftest import make_cloud
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-VALUES = {
-    "MASTER_ADDRESS": "10.0.0.5:50051",
-    "WORKER_TOKEN": "s3cret",
-    "CLUSTER_ID": "research-batch",
-    "AGENT_PACKAGE": "ec2-batch-autoscaler[worker]==0.1.0",
-}
-bash = shutil.which("bash")
-needs_bash = pytest.mark.skipif(bash is None, reason="bash is not installed")
-
-
-@needs_bash
-def test_worker_bootstrap_renders_to_syntactically_valid_bash(tmp_path):
-    script = tmp_path / "user-data.sh"
-    script.write_text(read_worker_bootstrap(DEPLOY / "worker-bootstrap.sh", VALUES))
-    checked = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stderr
-    text = script.read_text()
-    assert "MASTER_ADDRESS=10.0.0.5:50051\n" in text
-    assert "AGENT_PACKAGE='ec2-batch-autoscaler[worker]==0.1.0'\n" in text
-    assert "{{" not in text
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CLUSTER_TAG = "${aws:PrincipalTag/autoscaler:cluster}"
+#: IAM actions of API calls whose action name differs from the call's.
+ACTION_OF = {"s3:HeadObject": "s3:GetObject"}
 
 
-@needs_bash
-def test_bootstrap_values_cannot_inject_commands(tmp_path):
-    hostile = "$(touch pwned)'; touch pwned2; echo '"
-    template = 'TOKEN={{WORKER_TOKEN}}\nprintf %s "$TOKEN"\n'
-    rendered = worker_user_data(template, {**VALUES, "WORKER_TOKEN": hostile})
-    ran = subprocess.run([bash, "-c", rendered], capture_output=True, text=True, cwd=tmp_path)
-    assert ran.stdout == hostile
-    assert list(tmp_path.iterdir()) == []
+def policy(name: str = "iam-policy.json") -> dict[str, Any]:
+    return json.loads((DEPLOY / name).read_text())
 
 
-def test_bootstrap_with_a_missing_value_or_unknown_placeholder_is_an_error():
-    with pytest.raises(InputError, match="needs a value for WORKER_TOKEN"):
-        worker_user_data("x", {k: v for k, v in VALUES.items() if k != "WORKER_TOKEN"})
-    with pytest.raises(InputError, match=r"unknown placeholder \{\{MASTER_PORT\}\}"):
-        worker_user_data("PORT={{MASTER_PORT}}", VALUES)
-
-
-def test_user_data_over_the_ec2_limit_is_refused_up_front(config, ec2, clock, sleeps):
-    with pytest.raises(InputError, match=f"at most {MAX_USER_DATA_BYTES}"):
-        make_cloud(config, ec2, clock, sleeps, user_data="#" * (MAX_USER_DATA_BYTES + 1))
-
-
-def policy_actions() -> set[str]:
-    policy = json.loads((DEPLOY / "iam-policy.json").read_text())
+def actions_of(document: dict[str, Any]) -> set[str]:
     actions: set[str] = set()
-    for statement in policy["Statement"]:
+    for statement in document["Statement"]:
         assert statement["Effect"] == "Allow"
         listed = statement["Action"]
         actions |= {listed} if isinstance(listed, str) else set(listed)
     return actions
 
 
-def test_iam_policy_grants_exactly_the_calls_the_provisioner_makes(
-    config, ec2, client, clock, sleeps
+def statements_with(document: dict[str, Any], action: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in document["Statement"]
+        if action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    ]
+
+
+def test_iam_policy_grants_exactly_the_calls_the_daemon_makes(
+    config, ec2, client, ami, clock, sleeps, tmp_path
 ):
-    """Run every operation against moto, record the EC2 API calls, compare with the policy."""
+    """Run every operation against moto — a launch (image by SSM parameter, spot), list,
+    terminate, a dry-run round, publishing the token and the wheel — record the API calls
+    of every client, and compare them with the policy's actions."""
     called: set[str] = set()
 
-    def record(model: Any, **_: Any) -> None:
-        called.add(f"ec2:{model.name}")
+    def recorder(service: str) -> Any:
+        def record(model: Any, **_: Any) -> None:
+            name = f"{service}:{model.name}"
+            called.add(ACTION_OF.get(name, name))
 
-    ec2.meta.events.register("before-call.ec2", record)
-    subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
-    client("iam").create_instance_profile(InstanceProfileName="autoscaler-worker")
-    called.clear()
+        return record
+
+    ssm, s3 = client("ssm"), make_client("s3", REGION)
+    ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
+    s3.create_bucket(Bucket="research-batch-artifacts")
+    for service, each in (("ec2", ec2), ("ssm", ssm), ("s3", s3)):
+        each.meta.events.register(f"before-call.{service}", recorder(service))
     config = replace(
-        config, subnet_ids=tuple(subnets), iam_instance_profile="autoscaler-worker", spot=("c7i",)
+        config,
+        spot=("c7i",),
+        ami=(("x86_64", "resolve:ssm:/ec2-batch-autoscaler/images/worker"),),
     )
-    cloud = make_cloud(config, ec2, clock, sleeps)
+    wheel = tmp_path / WHEEL_NAME
+    wheel.write_bytes(b"wheel")
 
+    # What the daemon does at start-up, then in its rounds.
+    parameter = publish_worker_token(ssm, "test-cluster", "s3cret")
+    url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
+    bootstrap = worker_bootstrap(
+        config, token_parameter=parameter, wheel_url=wheel_presigner(s3, url), wheel_sha256=sha256
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
     launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     cloud.list()
     cloud.terminate([launched.instance_id])
+    dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
+    dry.launch(LaunchRequest("r7i.large", "tok-2"))
+    dry.terminate([launched.instance_id])
 
     implied = {
         "pricing:GetProducts",  # `catalog refresh` (tested against a Stubber: moto has no Pricing)
         "ec2:CreateTags",  # RunInstances' TagSpecifications
         "iam:PassRole",  # RunInstances' IamInstanceProfile
+        # EC2 creates the spot service-linked role at an account's first spot launch
+        "iam:CreateServiceLinkedRole",
+        # EC2, on the daemon's behalf, when the root volume's key is customer-managed
+        "kms:CreateGrant",
+        "kms:Decrypt",
+        "kms:DescribeKey",
+        "kms:GenerateDataKeyWithoutPlaintext",
+        "kms:ReEncryptFrom",
+        "kms:ReEncryptTo",
     }
-    assert policy_actions() == called | implied
+    assert "s3:GetObject" in called  # the wheel's HeadObject; presigned GETs sign the same action
+    assert actions_of(policy()) == called | implied
+
+
+def test_launches_and_terminations_are_scoped_to_this_cluster_and_our_tag():
+    document = policy()
+    [terminate] = statements_with(document, "ec2:TerminateInstances")
+    condition = terminate["Condition"]["StringEquals"]
+    assert condition["ec2:ResourceTag/" + TAG_MANAGED_BY] == "ec2-batch-autoscaler"
+    assert condition["ec2:ResourceTag/" + TAG_CLUSTER] == CLUSTER_TAG
+    tagged = [
+        s
+        for s in statements_with(document, "ec2:RunInstances")
+        if "instance/*" in str(s["Resource"])
+    ]
+    [launch] = tagged
+    condition = launch["Condition"]["StringEquals"]
+    assert condition["aws:RequestTag/" + TAG_CLUSTER] == CLUSTER_TAG
+    assert condition["aws:RequestTag/" + TAG_MANAGED_BY] == "ec2-batch-autoscaler"
+    [spot_role] = statements_with(document, "iam:CreateServiceLinkedRole")
+    assert spot_role["Condition"]["StringEquals"]["iam:AWSServiceName"] == "spot.amazonaws.com"
+    [grant] = statements_with(document, "kms:CreateGrant")
+    assert grant["Condition"]["Bool"]["kms:GrantIsForAWSResource"] == "true"
+    # Nothing pins a region: the Pricing API answers from us-east-1 whatever the cluster's.
+    assert "RequestedRegion" not in json.dumps(document)
+
+
+def test_the_worker_role_may_read_its_clusters_token_and_nothing_else():
+    document = policy("worker-iam-policy.json")
+    assert actions_of(document) == {"ssm:GetParameter"}
+    [statement] = document["Statement"]
+    arn = f"arn:aws:ssm:{REGION}:123456789012:parameter{token_parameter_name('research-batch')}"
+    resource = statement["Resource"]
+    assert fnmatchcase(arn, resource.replace(CLUSTER_TAG, "research-batch"))
+    assert not fnmatchcase(arn, resource.replace(CLUSTER_TAG, "another-cluster"))
+    # The daemon publishes the token where the worker reads it.
+    [publish] = [s for s in statements_with(policy(), "ssm:PutParameter")]
+    assert publish["Resource"] == resource
+
+
+def test_the_first_run_recipe_a_dry_run_round_asks_ec2_and_changes_nothing(
+    config, ec2, ami, clock, sleeps, faults
+):
+    """The README's first-run recipe: with [ec2] dry_run = true, a round that acts sends
+    every launch and termination with DryRun=True (EC2 evaluates the permissions) and
+    nothing is launched or terminated."""
+    from tests.provisioners.test_ec2_reconcile import past_grace, start_instance, state_of
+
+    orphan = start_instance(ec2, ami, **{TAG_CLUSTER: "test-cluster"})
+    faults.watch("RunInstances", "TerminateInstances")
+    past_grace(clock, ec2, orphan)
+    cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
+    options = ControlOptions(orphans=OrphanPolicy("terminate"))  # the round acts
+
+    record = ControlLoop(
+        KeepPlanner(), cloud, NullExecutor(), InMemoryStore(), Ticking(clock), options
+    ).schedule()
+    planned = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+
+    assert [(a.kind, a.outcome) for a in record.record.actions] == [("terminate", "done")]
+    assert [c["DryRun"] for c in faults.calls["TerminateInstances"]] == [True]
+    assert [c["DryRun"] for c in faults.calls["RunInstances"]] == [True]
+    assert planned.dry_run and state_of(ec2, orphan) in ("pending", "running")
+    assert "run one round with `dry_run = true`" in (ROOT / "README.md").read_text()

@@ -22,18 +22,25 @@ from autoscaler.cloud import (
     LaunchRefused,
     LaunchRequest,
     UnavailableOffering,
+    unavailable_types,
 )
+from autoscaler.errors import InputError
 from provisioners.aws import make_client
 from provisioners.ec2 import (
     CATALOG_RETRY_AFTER_OUTAGE_S,
     MANAGED_BY,
+    PROFILE_PROPAGATION_DELAYS_S,
+    QUOTA_COOLDOWN_S,
+    QUOTA_ERROR_CODES,
     TAG_CLUSTER,
     TAG_LAUNCH_TOKEN,
     TAG_MANAGED_BY,
     UNAVAILABLE_COOLDOWN_S,
-    read_worker_bootstrap,
+    ZONE_FALLBACK_CODES,
+    QuotaExceeded,
 )
-from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
+from tests.provisioners.conftest import REGION, Faults, live_instances, make_cloud, zone_of
+from tests.provisioners.test_bootstrap import worker_bootstrap
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_C7I_LARGE = 0.08925  # provisioners/data/prices-us-east-1.json
@@ -50,30 +57,13 @@ def test_ec2_cloud_implements_the_cloud_interface(config, ec2, clock, sleeps):
 
 
 def test_launch_tags_and_configures_the_instance_from_the_config(
-    config, ec2, client, clock, sleeps
+    config, ec2, network, clock, sleeps
 ):
-    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
-    group = ec2.create_security_group(GroupName="workers", Description="autoscaler workers")
-    iam = client("iam")
-    iam.create_instance_profile(InstanceProfileName="autoscaler-worker")
     ec2.create_key_pair(KeyName="ops")
-    config = replace(
-        config,
-        subnet_ids=(subnets[ZONE_B], subnets[ZONE_C]),
-        security_group_ids=(group["GroupId"],),
-        iam_instance_profile="autoscaler-worker",
-        key_name="ops",
-    )
-    user_data = read_worker_bootstrap(
-        REPO / "deploy" / "worker-bootstrap.sh",
-        {
-            "MASTER_ADDRESS": "10.0.0.5:50051",
-            "WORKER_TOKEN": "s3cret",
-            "CLUSTER_ID": config.cluster_id,
-            "AGENT_PACKAGE": "ec2-batch-autoscaler",
-        },
-    )
-    cloud = make_cloud(config, ec2, clock, sleeps, user_data=user_data)
+    subnets = network.subnets
+    config = replace(config, subnet_ids=(subnets[ZONE_B], subnets[ZONE_C]), key_name="ops")
+    bootstrap = worker_bootstrap(config)
+    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap)
 
     launched = cloud.launch(request("tok-1", tags={"team": "ml"}))
 
@@ -87,14 +77,162 @@ def test_launch_tags_and_configures_the_instance_from_the_config(
     # The first subnet's zone is tried first; subnets pin the zone.
     assert raw["SubnetId"] == subnets[ZONE_B]
     assert launched.zone == raw["Placement"]["AvailabilityZone"] == ZONE_B
-    assert [g["GroupId"] for g in raw["SecurityGroups"]] == [group["GroupId"]]
+    groups = [g["GroupId"] for g in raw["NetworkInterfaces"][0]["Groups"]]
+    assert groups == [network.security_group]
     assert raw["IamInstanceProfile"]["Arn"].endswith("/autoscaler-worker")
     assert raw["KeyName"] == "ops"
-    assert raw["ImageId"] == config.ami
+    assert raw["ImageId"] == dict(config.ami)["x86_64"]
     assert raw["InstanceType"] == "c7i.large"
     sent = ec2.describe_instance_attribute(InstanceId=raw["InstanceId"], Attribute="userData")
-    assert base64.b64decode(sent["UserData"]["Value"]).decode() == user_data
+    assert base64.b64decode(sent["UserData"]["Value"]).decode() == bootstrap.render("tok-1")
     assert launched.launch_token == "tok-1" and not launched.spot and not launched.dry_run
+
+
+def test_launch_sets_what_a_real_account_needs_explicitly(config, ec2, clock, sleeps, faults):
+    """No public IP, IMDSv2 with hop limit 1, an encrypted gp3 root volume on the image's
+    root device, and an instance that terminates when it shuts itself down."""
+    faults.watch("RunInstances")
+    cloud = make_cloud(
+        replace(config, root_volume_kms_key="alias/autoscaler-ebs"), ec2, clock, sleeps
+    )
+
+    launched = cloud.launch(request("tok-1"))
+
+    [sent] = faults.calls["RunInstances"]
+    [interface] = sent["NetworkInterfaces"]
+    assert interface["AssociatePublicIpAddress"] is False
+    assert "SubnetId" not in sent and "SecurityGroupIds" not in sent and "Placement" not in sent
+    [raw] = live_instances(ec2)
+    assert "PublicIpAddress" not in raw
+    assert raw["MetadataOptions"]["HttpTokens"] == "required"
+    assert raw["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert raw["MetadataOptions"]["HttpEndpoint"] == "enabled"
+    [root] = sent["BlockDeviceMappings"]
+    assert root["DeviceName"] == "/dev/xvda"  # the image's root device
+    [volume] = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [launched.instance_id]}]
+    )["Volumes"]
+    assert (volume["Size"], volume["VolumeType"], volume["Encrypted"]) == (100, "gp3", True)
+    assert volume["KmsKeyId"] == "alias/autoscaler-ebs"
+    behavior = ec2.describe_instance_attribute(
+        InstanceId=launched.instance_id, Attribute="instanceInitiatedShutdownBehavior"
+    )
+    assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+
+
+def test_a_public_ip_and_a_higher_hop_limit_are_opt_in(config, ec2, clock, sleeps):
+    cloud = make_cloud(
+        replace(config, associate_public_ip=True, metadata_hop_limit=2), ec2, clock, sleeps
+    )
+    cloud.launch(request("tok-1"))
+    [raw] = live_instances(ec2)
+    assert raw.get("PublicIpAddress")
+    assert raw["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+
+
+def test_a_configuration_not_ready_to_launch_is_refused_when_the_cloud_is_built(
+    config, ec2, clock, sleeps
+):
+    bare = replace(config, subnet_ids=(), security_group_ids=(), iam_instance_profile=None, ami=())
+    with pytest.raises(InputError) as refused:
+        make_cloud(bare, ec2, clock, sleeps)
+    message = str(refused.value)
+    for field in ("subnet_ids", "security_group_ids", "iam_instance_profile", "[ec2.ami]"):
+        assert field in message
+    assert "default VPC" in message and "autoscaler init" in message and "\n" not in message
+
+
+def test_a_resolve_ssm_image_is_resolved_checked_and_sent_as_an_id(
+    config, ec2, client, ami, clock, sleeps, faults
+):
+    ssm = client("ssm")
+    ssm.put_parameter(Name="/team/worker-image", Value=ami, Type="String")
+    watched = Faults(ssm, service="ssm").watch("GetParameter")
+    faults.watch("RunInstances")
+    config = replace(config, ami=(("x86_64", "resolve:ssm:/team/worker-image"),))
+    cloud = make_cloud(config, ec2, clock, sleeps, ssm=ssm)
+
+    cloud.launch(request("tok-1"))
+    cloud.launch(request("tok-2", "r7i.large"))
+
+    assert [c["ImageId"] for c in faults.calls["RunInstances"]] == [ami, ami]
+    assert [c["Name"] for c in watched.calls["GetParameter"]] == ["/team/worker-image"]  # cached
+
+
+def test_a_missing_ssm_image_parameter_names_the_setting(config, ec2, client, clock, sleeps):
+    config = replace(config, ami=(("x86_64", "resolve:ssm:/team/nothing-here"),))
+    cloud = make_cloud(config, ec2, clock, sleeps, ssm=client("ssm"))
+    with pytest.raises(CloudRequestError, match=r"/team/nothing-here .*check \[ec2.ami\]"):
+        cloud.launch(request("tok-1"))
+    assert live_instances(ec2) == []
+
+
+def test_an_image_of_another_architecture_is_refused_before_launching(
+    config, ec2, images, clock, sleeps, faults
+):
+    graviton_image = images.register(architecture="arm64")
+    faults.watch("RunInstances")
+    cloud = make_cloud(replace(config, ami=(("x86_64", graviton_image),)), ec2, clock, sleeps)
+
+    with pytest.raises(CloudRequestError) as refused:
+        cloud.launch(request("tok-1"))
+
+    assert f"[ec2.ami] x86_64 = '{graviton_image}'" in str(refused.value)
+    assert "an arm64 image; c7i.large needs x86_64" in str(refused.value)
+    assert faults.calls["RunInstances"] == []
+
+
+def test_the_root_volume_follows_the_image_root_device_and_is_never_smaller(
+    config, ec2, images, clock, sleeps, faults
+):
+    ubuntu_like = images.register(root="/dev/sda1", snapshot_gb=75)
+    faults.watch("RunInstances")
+    config = replace(config, ami=(("x86_64", ubuntu_like),))
+    make_cloud(config, ec2, clock, sleeps).launch(request("tok-1"))
+    assert faults.calls["RunInstances"][0]["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"
+
+    small = make_cloud(replace(config, root_volume_gb=50), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match="root_volume_gb = 50 is smaller than the 75 GiB"):
+        small.launch(request("tok-2"))
+
+
+PROPAGATING = (
+    "Value (autoscaler-worker) for parameter iamInstanceProfile.name is invalid. "
+    "Invalid IAM Instance Profile name"
+)
+
+
+def test_a_new_instance_profile_is_retried_while_it_propagates(config, ec2, clock, sleeps, faults):
+    faults.plan("RunInstances", ["InvalidParameterValue"] * 2 + [None], message=PROPAGATING)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    launched = cloud.launch(request("tok-1"))
+
+    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.instance_id]
+    assert sleeps == list(PROFILE_PROPAGATION_DELAYS_S[:2])
+    tokens = {c["ClientToken"] for c in faults.calls["RunInstances"]}
+    assert len(faults.calls["RunInstances"]) == 3 and len(tokens) == 1  # the same request
+
+
+def test_an_instance_profile_that_never_works_is_a_bounded_configuration_error(
+    config, ec2, clock, sleeps, faults
+):
+    faults.when("RunInstances", lambda p: True, "InvalidParameterValue", message=PROPAGATING)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    with pytest.raises(CloudRequestError, match=r"check \[ec2\] iam_instance_profile") as failed:
+        cloud.launch(request("tok-1"))
+
+    assert sleeps == list(PROFILE_PROPAGATION_DELAYS_S)
+    assert f"after {sum(PROFILE_PROPAGATION_DELAYS_S):g} s" in str(failed.value)
+    assert not failed.value.retryable
+
+
+def test_another_invalid_parameter_is_not_retried(config, ec2, clock, sleeps, faults):
+    faults.plan("RunInstances", ["InvalidParameterValue"], message="Invalid value for KmsKeyId")
+    with pytest.raises(CloudRequestError, match="KmsKeyId"):
+        make_cloud(config, ec2, clock, sleeps).launch(request("tok-1"))
+    assert sleeps == []
 
 
 def test_request_tags_cannot_overwrite_the_ownership_tags(config, ec2, clock, sleeps):
@@ -169,9 +307,7 @@ def test_capacity_error_in_one_zone_falls_back_to_the_next(config, ec2, clock, s
     assert [zone_of(p) for p in faults.calls["RunInstances"]][-2:] == [ZONE_A, ZONE_B]
 
 
-@pytest.mark.parametrize(
-    "code", ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "Unsupported"]
-)
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "Unsupported"])
 def test_no_capacity_anywhere_is_insufficient_capacity(code, config, ec2, clock, sleeps, faults):
     config = replace(config, zones=(ZONE_A, ZONE_B))
     faults.when("RunInstances", lambda p: True, code)
@@ -194,6 +330,83 @@ def test_no_capacity_anywhere_is_insufficient_capacity(code, config, ec2, clock,
     with pytest.raises(InsufficientCapacity, match="cooling down"):
         cloud.launch(request("tok-1"))
     assert len(faults.calls["RunInstances"]) == calls
+
+
+@pytest.mark.parametrize("code", sorted(ZONE_FALLBACK_CODES))
+def test_every_zone_capacity_error_falls_back_to_the_next_zone(
+    code, config, ec2, clock, sleeps, faults
+):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when("RunInstances", lambda p: zone_of(p) == ZONE_A, code)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    assert cloud.launch(request("tok-1")).zone == ZONE_B
+    assert ("c7i.large", ZONE_A) in {(o.instance_type, o.zone) for o in cloud.unavailable()}
+
+
+def test_a_subnet_out_of_addresses_is_avoided_for_every_type(config, ec2, clock, sleeps, faults):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when(
+        "RunInstances",
+        lambda p: zone_of(p) == ZONE_A and p["InstanceType"] == "c7i.large",
+        "InsufficientFreeAddressesInSubnet",
+    )
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    assert cloud.launch(request("tok-1")).zone == ZONE_B
+    # The zone's subnet is full for every type, not only the one that tried.
+    assert cloud.launch(request("tok-2", "r7i.large")).zone == ZONE_B
+    assert [zone_of(p) for p in faults.calls["RunInstances"]] == [ZONE_A, ZONE_B, ZONE_B]
+    reasons = {o.reason for o in cloud.unavailable() if o.instance_type == "r7i.large"}
+    assert any("no free IP address" in r for r in reasons)
+
+
+@pytest.mark.parametrize("code", sorted(QUOTA_ERROR_CODES))
+def test_a_quota_error_stops_at_once_and_cools_down_the_family_region_wide(
+    code, config, ec2, clock, sleeps, faults
+):
+    config = replace(config, zones=(ZONE_A, ZONE_B))
+    faults.when("RunInstances", lambda p: p["InstanceType"].startswith("c7i."), code)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+
+    with pytest.raises(QuotaExceeded) as failed:
+        cloud.launch(request("tok-1"))
+
+    # A region-wide quota: the other zone is not tried.
+    assert [zone_of(p) for p in faults.calls["RunInstances"]] == [ZONE_A]
+    message = str(failed.value)
+    assert "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances" in message
+    assert "(L-1216C47A) in us-east-1" in message
+    page = (
+        "https://us-east-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-1216C47A"
+    )
+    assert page in message
+    assert failed.value.quota.code == "L-1216C47A" and failed.value.retryable
+    # Every c7i type of the catalog is unavailable in every zone, for the quota's cool-down.
+    c7i = {t.name for t in cloud.catalog() if t.family == "c7i"}
+    whole = {o.instance_type: o for o in cloud.unavailable() if o.zone is None}
+    assert set(whole) == c7i and len(c7i) > 1
+    assert {o.until_s for o in whole.values()} == {clock.now + QUOTA_COOLDOWN_S}
+    assert set(unavailable_types(cloud.unavailable(), clock.now)) == c7i
+    assert page in unavailable_types(cloud.unavailable(), clock.now)["c7i.xlarge"]
+    # Another c7i type fails fast, without asking EC2; another family is not affected.
+    calls = len(faults.calls["RunInstances"])
+    with pytest.raises(InsufficientCapacity, match="L-1216C47A"):
+        cloud.launch(request("tok-2", "c7i.xlarge"))
+    assert len(faults.calls["RunInstances"]) == calls
+    assert cloud.launch(request("tok-3", "r7i.large")).zone == ZONE_A
+    # After the cool-down the family is tried again.
+    clock.advance(QUOTA_COOLDOWN_S + 1)
+    with pytest.raises(QuotaExceeded):
+        cloud.launch(request("tok-2", "c7i.xlarge"))
+    assert len(faults.calls["RunInstances"]) == calls + 2
+
+
+def test_a_spot_quota_names_the_spot_quota(config, ec2, clock, sleeps, faults):
+    faults.when("RunInstances", lambda p: True, "MaxSpotInstanceCountExceeded")
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    with pytest.raises(QuotaExceeded, match=r"All Standard .* Spot Instance Requests.*L-34B43A08"):
+        cloud.launch(request("tok-1"))
 
 
 def test_throttling_is_retried_with_a_bounded_backoff(config, ec2, clock, sleeps, faults):
@@ -259,12 +472,6 @@ def test_botocore_adaptive_retries_absorb_a_throttled_response(
     assert len(sent) == 2
     assert sleeps == []
     assert launched.state in ("pending", "running")
-
-
-def test_launch_without_an_ami_says_which_setting_is_missing(config, ec2, clock, sleeps):
-    cloud = make_cloud(replace(config, ami=None), ec2, clock, sleeps)
-    with pytest.raises(CloudRequestError, match=r"\[ec2\] ami"):
-        cloud.launch(request("tok-1"))
 
 
 def test_unknown_subnet_is_a_request_error_naming_the_setting(config, ec2, clock, sleeps):

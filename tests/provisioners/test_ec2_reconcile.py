@@ -156,20 +156,54 @@ def test_a_second_instance_with_a_recorded_token_is_an_orphan(config, ec2, ami, 
     assert state_of(ec2, recorded.instance_id) in ("pending", "running")
 
 
-def test_terminate_ignores_unknown_and_foreign_ids(config, ec2, ami, clock, sleeps, faults):
+def test_terminate_ignores_unknown_and_refuses_foreign_ids(config, ec2, ami, clock, sleeps, faults):
     cloud = make_cloud(config, ec2, clock, sleeps)
     mine = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     foreign = start_instance(ec2, ami, **{TAG_CLUSTER: "other-cluster"})
+    untagged = start_instance(ec2, ami)
     faults.watch("TerminateInstances")
 
-    cloud.terminate([mine.instance_id, foreign, "i-00000000000000000"])
+    cloud.terminate([mine.instance_id, foreign, untagged, "i-00000000000000000"])
 
     assert state_of(ec2, mine.instance_id) in ("shutting-down", "terminated")
     assert state_of(ec2, foreign) in ("pending", "running")
-    assert [c["InstanceIds"] for c in faults.calls["TerminateInstances"]] == [[mine.instance_id]]
+    assert state_of(ec2, untagged) in ("pending", "running")
+    asked = [i for c in faults.calls["TerminateInstances"] for i in c["InstanceIds"]]
+    assert foreign not in asked and untagged not in asked
     assert cloud.list() == []
-    cloud.terminate([mine.instance_id])  # already terminated: not an error
+    calls = len(faults.calls["TerminateInstances"])
+    cloud.terminate([mine.instance_id])  # already terminated: not an error, not asked again
     cloud.terminate([])
+    assert len(faults.calls["TerminateInstances"]) == calls
+
+
+def test_terminate_reaches_an_instance_describe_does_not_list_yet(config, ec2, clock, sleeps, lag):
+    """DescribeInstances lags RunInstances: an id it does not list yet is terminated by id."""
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    lag.hide_new = True
+    fresh = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    assert cloud.list() == []  # not listed yet
+
+    cloud.terminate([fresh.instance_id])
+
+    lag.reveal()
+    assert state_of(ec2, fresh.instance_id) in ("shutting-down", "terminated")
+
+
+def test_dry_run_terminate_stays_dry_when_an_id_is_unknown(config, ec2, ami, clock, sleeps, faults):
+    """The per-id fallback after InvalidInstanceID.NotFound keeps DryRun=True."""
+    first = start_instance(ec2, ami, **OURS)
+    second = start_instance(ec2, ami, **OURS)
+    cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
+    faults.plan("TerminateInstances", ["InvalidInstanceID.NotFound"])
+
+    cloud.terminate([first, second])
+
+    calls = faults.calls["TerminateInstances"]
+    assert len(calls) == 3  # the batch, then each id alone
+    assert [c.get("DryRun") for c in calls] == [True, True, True]
+    assert state_of(ec2, first) in ("pending", "running")
+    assert state_of(ec2, second) in ("pending", "running")
 
 
 def test_dry_run_terminate_leaves_the_instance_running(config, ec2, ami, clock, sleeps, faults):

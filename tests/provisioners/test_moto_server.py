@@ -7,11 +7,14 @@ orphan, a termination, and finally AWS going away.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,8 @@ import pytest
 
 from autoscaler.cloud import LaunchRequest
 from autoscaler.memory_store import InMemoryStore
+from provisioners.aws import make_client
+from provisioners.bootstrap import publish_agent_wheel, wheel_presigner
 from provisioners.config import load_config
 from provisioners.ec2 import TAG_CLUSTER, EC2Cloud
 from tests.provisioners.conftest import REGION, Clock, register_worker_image
@@ -76,10 +81,17 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     url, server = moto_server
     raw = boto3.client("ec2", region_name=REGION, endpoint_url=url)
     ami = register_worker_image(raw)
+    subnets = [s["SubnetId"] for s in raw.describe_subnets()["Subnets"]]
+    group = raw.create_security_group(GroupName="workers", Description="workers")["GroupId"]
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=url)
+    iam.create_instance_profile(InstanceProfileName="autoscaler-worker")
     config_path = tmp_path / "autoscaler.toml"
     config_path.write_text(
-        f'[ec2]\ncluster_id = "e2e"\nami = "{ami}"\norphan_policy = "terminate"\n'
+        f'[ec2]\ncluster_id = "e2e"\norphan_policy = "terminate"\n'
         f'zones = ["{REGION}b", "{REGION}c"]\ncache_dir = "{tmp_path / "cache"}"\n'
+        f'subnet_ids = {json.dumps(subnets)}\nsecurity_group_ids = ["{group}"]\n'
+        'iam_instance_profile = "autoscaler-worker"\nfamilies = ["c7i", "r7i"]\n'
+        f'[ec2.ami]\nx86_64 = "{ami}"\n'
         "[guardrails]\nmax_instances = 3\nmax_hourly_spend = 5.0\n"
     )
 
@@ -133,3 +145,26 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     assert "catalog not refreshed" in offline.stderr and "cannot reach AWS" in offline.stderr
     assert "Showing the cached catalog instead" in offline.stderr
     assert "Source: AWS (cached; fetched" in offline.stdout
+
+
+def test_a_published_wheel_is_fetched_by_its_presigned_url_and_matches_its_hash(
+    moto_server, tmp_path: Path
+):
+    """What a booting worker does with its user data: download the wheel by the URL made
+    for its launch (no AWS credentials) and check the hash."""
+    url, _ = moto_server
+    s3 = make_client("s3", REGION, endpoint_url=url)
+    s3.create_bucket(Bucket="research-batch-artifacts")
+    wheel = tmp_path / "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 64)
+
+    s3_url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
+    presigned = wheel_presigner(s3, s3_url)()
+
+    with urllib.request.urlopen(presigned, timeout=10) as response:
+        body = response.read()
+    assert (
+        hashlib.sha256(body).hexdigest() == sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    )
+    with pytest.raises(urllib.error.HTTPError):  # the URL is the credential: no signature, no wheel
+        urllib.request.urlopen(presigned.split("?", 1)[0], timeout=10)

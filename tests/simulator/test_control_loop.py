@@ -186,7 +186,7 @@ def test_an_instance_that_vanished_is_not_planned_on():
     c.until(60.0)
     record = c.loop().schedule().record
     assert c.store.instance("inst-1").status == "terminated"
-    assert c.store.instance("inst-1").reason == "the cloud no longer lists it"
+    assert c.store.instance("inst-1").reason.startswith("the cloud no longer lists it")
     launches = [a for a in record.actions if a.kind == "launch"]
     assert [(a.target, a.outcome) for a in launches] == [("inst-2", "done")]
     assert c.store.tasks_of("a")[0].target_instance_id == "inst-2"

@@ -1,0 +1,407 @@
+"""The submission API: the daemon's gRPC service for users, and the client the CLI uses.
+
+Every call is authenticated (TLS with the cluster's CA, the API token as a
+bearer token); a job is checked against the catalog before it is queued, and
+a rejected one leaves the queue as it was. Build contexts are uploaded once
+(content-addressed) and only then is the job committed; a context whose job
+never came is collected after `ORPHAN_CONTEXT_AGE_S`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from autoscaler.catalog import Catalog
+from autoscaler.decide import ControlOptions, Planner
+from autoscaler.errors import InputError
+from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
+from autoscaler.reports import cluster_status, cost_report, job_detail, job_list
+from autoscaler.service.v1 import api_pb2, api_pb2_grpc
+from autoscaler.store import DuplicateJob, Store, UnknownEntity
+
+#: Methods the "user" role may call (`executor.security.TokenAuth`).
+USER_METHODS = ("/autoscaler.api.v1.Submission/",)
+
+#: How long an uploaded context may wait for the job that uses it before it is collected.
+ORPHAN_CONTEXT_AGE_S = 24 * 3600.0
+
+#: Deadline of every call the client makes (uploads get one per MiB on top).
+CALL_TIMEOUT_S = 30.0
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1024 * 1024
+
+
+class Storage(Protocol):
+    """What the API needs of the cluster's storage (`executor.storage`)."""
+
+    def put_file(self, key: str, path: Path) -> str: ...
+
+    def get_file(self, ref_or_key: str, path: Path) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def ref(self, key: str) -> str: ...
+
+    def modified_at(self, key: str) -> float | None: ...
+
+
+def context_key(digest: str) -> str:
+    return f"contexts/{digest}.tar.gz"
+
+
+class SubmissionService(api_pb2_grpc.SubmissionServicer):
+    """The daemon's side of the API; it reads and writes only through the Store."""
+
+    def __init__(
+        self,
+        store: Store,
+        storage: Storage,
+        catalog: Callable[[], Catalog],
+        *,
+        now: Callable[[], float] = time.time,
+        planner: Callable[[], Planner] | None = None,
+        options: ControlOptions | None = None,
+        max_context_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.storage = storage
+        self.catalog = catalog
+        self.now = now
+        self.planner = planner
+        self.options = options
+        self.max_context_bytes = max_context_bytes
+
+    # -- contexts -----------------------------------------------------------------------------
+
+    def MissingContexts(self, request, context):
+        bad = [d for d in request.digests if not _DIGEST.match(d)]
+        if bad:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a sha256 digest: {bad[0]!r}")
+        missing = [d for d in request.digests if not self.storage.exists(context_key(d))]
+        refs = {d: self.storage.ref(context_key(d)) for d in request.digests}
+        return api_pb2.MissingContextsResponse(missing=missing, refs=refs)
+
+    def UploadContext(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or not _DIGEST.match(first.digest):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must name a digest")
+        if first.size > self.max_context_bytes:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"build context of {first.size / 2**20:.1f} MiB is over the limit of "
+                f"{self.max_context_bytes / 2**20:.0f} MiB ([limits] max_context_mb); "
+                "shrink it with a .dockerignore",
+            )
+        digest, received = hashlib.sha256(), 0
+        with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
+            for chunk in _chain(first, request_iterator):
+                received += len(chunk.data)
+                if received > first.size or received > self.max_context_bytes:
+                    context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, "more bytes than the declared size"
+                    )
+                digest.update(chunk.data)
+                tmp.write(chunk.data)
+            tmp.flush()
+            if received != first.size or digest.hexdigest() != first.digest:
+                context.abort(
+                    grpc.StatusCode.DATA_LOSS,
+                    "the upload does not match its declared size and digest; send it again",
+                )
+            ref = self.storage.put_file(context_key(first.digest), Path(tmp.name))
+        return api_pb2.UploadContextResponse(ref=ref)
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def SubmitJob(self, request, context):
+        try:
+            job = parse_submitted(request.spec_json)
+            validate_against_catalog((job,), self.catalog(), source=f"job {job.job_id!r}")
+            for task in job.tasks:
+                ref = task.run.build_context
+                if ref and not self.storage.exists(_key_of(ref)):
+                    raise InputError(
+                        "is not in the cluster's storage: upload it first",
+                        where=f"task {task.task_id!r}",
+                        field="build_context",
+                        value=ref,
+                        has_value=True,
+                    )
+            self.store.submit_job(job, owner=request.owner or "unknown", at=self.now())
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DuplicateJob as exc:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        return api_pb2.SubmitJobResponse(job_id=job.job_id)
+
+    def GetJob(self, request, context):
+        detail = job_detail(self.store, request.job_id, self.catalog(), self.now())
+        if detail is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        return _document(detail)
+
+    def ListJobs(self, request, context):
+        return _document(job_list(self.store, request.statuses or None, request.limit))
+
+    def CancelJob(self, request, context):
+        try:
+            cancelled = self.store.cancel_job(request.job_id, self.now())
+        except UnknownEntity:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        record = self.store.job(request.job_id)
+        return api_pb2.CancelJobResponse(
+            cancelled=cancelled, status=record.status if record else ""
+        )
+
+    def GetLogs(self, request, context):
+        if self.store.job(request.job_id) is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        prefix = f"jobs/{request.job_id}/"
+        if request.task:
+            prefix += f"{request.task}/"
+        logs: dict[str, str] = {}
+        for key in sorted(self.storage.list(prefix)):
+            if not key.endswith(".log"):
+                continue
+            with tempfile.NamedTemporaryFile() as tmp:
+                self.storage.get_file(key, Path(tmp.name))
+                text = Path(tmp.name).read_text(encoding="utf-8", errors="replace")
+            if request.tail:
+                text = "\n".join(text.splitlines()[-request.tail :])
+            logs[key.removeprefix(f"jobs/{request.job_id}/")] = text
+        return _document({"job": request.job_id, "logs": logs})
+
+    # -- the cluster ---------------------------------------------------------------------------
+
+    def ClusterStatus(self, request, context):
+        return _document(cluster_status(self.store, self.now()))
+
+    def CostReport(self, request, context):
+        hypothetical: list[JobSpec] = []
+        if request.dry_run_json:
+            try:
+                hypothetical = [spec_from_document(d) for d in json.loads(request.dry_run_json)]
+            except (ValueError, KeyError, TypeError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"dry-run jobs: {exc}")
+        try:
+            report = cost_report(
+                self.store,
+                self.catalog(),
+                self.now(),
+                since=request.since,
+                planner=self.planner() if self.planner else None,
+                options=self.options,
+                hypothetical=hypothetical,
+            )
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return _document(report)
+
+    def GetCatalog(self, request, context):
+        return _document(catalog_document(self.catalog()))
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    def collect_orphan_contexts(self, *, older_than_s: float = ORPHAN_CONTEXT_AGE_S) -> list[str]:
+        """Delete uploaded contexts no job refers to and older than `older_than_s`:
+        what a submission that failed after its upload left behind."""
+        used = {
+            _key_of(t.run.build_context)
+            for j in self.store.jobs()
+            for t in j.spec.tasks
+            if t.run.build_context
+        }
+        deleted = []
+        for key in self.storage.list("contexts/"):
+            if key in used:
+                continue
+            age = _age_s(self.storage, key, self.now())
+            if age is not None and age >= older_than_s:
+                self.storage.delete(key)
+                deleted.append(key)
+        return deleted
+
+
+def add_submission(server: grpc.Server, service: SubmissionService) -> None:
+    api_pb2_grpc.add_SubmissionServicer_to_server(service, server)
+
+
+def parse_submitted(spec_json: str) -> JobSpec:
+    """A submitted spec document as a JobSpec, checked for what a client may get wrong."""
+    try:
+        document = json.loads(spec_json)
+        job = spec_from_document(document)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"not a job spec document: {exc}") from None
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", job.job_id):
+        raise InputError(
+            "must be 1-63 letters, digits, '.', '_' or '-'",
+            field="id",
+            value=job.job_id,
+            has_value=True,
+        )
+    if not job.tasks:
+        raise InputError("needs at least one task", where=f"job {job.job_id!r}", field="tasks")
+    seen: set[str] = set()
+    for task in job.tasks:
+        key = task.task_id.removeprefix(f"{job.job_id}/")
+        if task.job_id != job.job_id or key == task.task_id or not key or "/" in key or key in seen:
+            raise InputError(
+                f"must be '{job.job_id}/<key>', a key of its own without '/'",
+                where=f"job {job.job_id!r}",
+                field="task_id",
+                value=task.task_id,
+                has_value=True,
+            )
+        seen.add(key)
+    return job
+
+
+def catalog_document(catalog: Catalog) -> dict[str, Any]:
+    """A catalog in Eva's `ec2_config.json` format (what `catalog_from_eva` reads)."""
+    return {
+        "region": catalog.region,
+        "instance_types": {
+            t.name: {"family": t.family, "capacity": list(t.capacity), "cost": t.hourly_cost}
+            for t in catalog
+        },
+    }
+
+
+def _key_of(ref: str) -> str:
+    """The storage key of a ref (`s3://bucket/prefix/contexts/x.tar.gz` -> `contexts/x.tar.gz`)."""
+    index = ref.find("contexts/")
+    return ref[index:] if index >= 0 else ref
+
+
+def _age_s(storage: Storage, key: str, now: float) -> float | None:
+    at = storage.modified_at(key)
+    return None if at is None else now - at
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _document(value: Mapping[str, Any]) -> api_pb2.Document:
+    return api_pb2.Document(json=json.dumps(value, sort_keys=False))
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+class DaemonUnavailable(Exception):
+    """The daemon could not be reached (not running, wrong address, network)."""
+
+
+class ApiRefused(InputError):
+    """The daemon refused the request; the message says why (one line)."""
+
+
+@dataclass
+class ApiClient:
+    """The submission API as the command line uses it (one channel, deadlines on every call)."""
+
+    channel: grpc.Channel
+    address: str
+
+    @property
+    def stub(self) -> api_pb2_grpc.SubmissionStub:
+        return api_pb2_grpc.SubmissionStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(
+        self, method: Callable[..., Any], request: Any, timeout: float = CALL_TIMEOUT_S
+    ) -> Any:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> Exception:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return DaemonUnavailable(
+                f"cannot reach the daemon at {self.address}: {details} "
+                "(is `autoscaler daemon` running, and is [api] advertise right?)"
+            )
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            return ApiRefused(f"the daemon refused the API token: {details}")
+        return ApiRefused(details or str(code))
+
+    def upload_contexts(self, packed: Mapping[str, bytes]) -> dict[str, str]:
+        """Upload the contexts the daemon does not have yet (digest -> bytes); returns
+        digest -> stored ref for all of them."""
+        wanted = sorted(packed)
+        answer = self._call(
+            self.stub.MissingContexts, api_pb2.MissingContextsRequest(digests=wanted)
+        )
+        refs = dict(answer.refs)
+        for digest in answer.missing:
+            data = packed[digest]
+            timeout = CALL_TIMEOUT_S + len(data) / _CHUNK
+            refs[digest] = self._call(self.stub.UploadContext, _chunks(digest, data), timeout).ref
+        return refs
+
+    def submit(self, job: JobSpec, owner: str) -> str:
+        request = api_pb2.SubmitJobRequest(spec_json=json.dumps(spec_document(job)), owner=owner)
+        return self._call(self.stub.SubmitJob, request).job_id
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return json.loads(self._call(self.stub.GetJob, api_pb2.GetJobRequest(job_id=job_id)).json)
+
+    def jobs(self, statuses: Sequence[str] = (), limit: int = 0) -> dict[str, Any]:
+        request = api_pb2.ListJobsRequest(statuses=list(statuses), limit=limit)
+        return json.loads(self._call(self.stub.ListJobs, request).json)
+
+    def cancel(self, job_id: str) -> tuple[bool, str]:
+        answer = self._call(self.stub.CancelJob, api_pb2.CancelJobRequest(job_id=job_id))
+        return answer.cancelled, answer.status
+
+    def logs(self, job_id: str, task: str = "", tail: int = 0) -> dict[str, Any]:
+        request = api_pb2.GetLogsRequest(job_id=job_id, task=task, tail=tail)
+        return json.loads(self._call(self.stub.GetLogs, request).json)
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self._call(self.stub.ClusterStatus, api_pb2.ClusterStatusRequest()).json)
+
+    def cost_report(self, since: float = 0.0, dry_run: Iterable[JobSpec] = ()) -> dict[str, Any]:
+        jobs = [spec_document(j) for j in dry_run]
+        request = api_pb2.CostReportRequest(
+            since=since, dry_run_json=json.dumps(jobs) if jobs else ""
+        )
+        return json.loads(self._call(self.stub.CostReport, request).json)
+
+    def catalog(self) -> dict[str, Any]:
+        return json.loads(self._call(self.stub.GetCatalog, api_pb2.GetCatalogRequest()).json)
+
+
+def _chunks(digest: str, data: bytes) -> Iterator[api_pb2.ContextChunk]:
+    yield api_pb2.ContextChunk(digest=digest, size=len(data), data=data[:_CHUNK])
+    for start in range(_CHUNK, len(data), _CHUNK):
+        yield api_pb2.ContextChunk(data=data[start : start + _CHUNK])

@@ -1,0 +1,585 @@
+"""The cluster commands: init, daemon, submit, jobs, job, cancel, logs, status, cost-report.
+
+`init` writes a configuration and the cluster's secrets; `daemon` runs the
+cluster; `submit`, `jobs`, `job`, `cancel`, `logs` and `status` talk to the
+daemon's API (TLS, the API token); `cost-report` reads the state database
+alone, daemon running or not, and calls no cloud.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autoscaler.catalog import catalog_from_eva
+from autoscaler.cli_io import progress, write_json
+from autoscaler.errors import InputError
+from autoscaler.service.config import ClusterConfig, load_cluster_config
+from autoscaler.table import format_table, money, shorten
+
+FINAL = ("completed", "cancelled", "failed")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write a cluster configuration and create its CA, certificate and tokens",
+        description="Write DIR/autoscaler.toml (commented, safe defaults) and DIR/secrets/ "
+        "(the cluster's CA, the daemon's certificate, the API and worker tokens; mode 0600). "
+        "Run again, it keeps every file that exists.",
+    )
+    init.add_argument("--dir", type=Path, default=Path("."), help="where to write (default .)")
+    init.add_argument("--name", default=None, help="cluster name (default: a new unique one)")
+    init.add_argument(
+        "--local",
+        action="store_true",
+        help="instances are worker agents on this machine; storage and state in DIR",
+    )
+    init.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
+    init.add_argument("--bucket", default=None, help="S3 bucket for contexts and checkpoints")
+    init.set_defaults(func=cmd_init)
+
+    daemon = sub.add_parser(
+        "daemon",
+        help="run the cluster: rounds, the submission API, workers, metrics",
+        description="Run the autoscaler for the cluster of --config until SIGTERM or SIGINT "
+        "(instances keep running; a restart continues from the database).",
+    )
+    _config(daemon)
+    daemon.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide and record every round, launch and terminate nothing",
+    )
+    daemon.set_defaults(func=cmd_daemon)
+
+    submit = sub.add_parser(
+        "submit",
+        help="submit a job (a TOML job file, or Eva's config.json)",
+        description="Check the job file against the cluster's catalog, upload its build "
+        "contexts (once each, honouring .dockerignore), and queue it.",
+    )
+    submit.add_argument("job_file", type=Path, nargs="+", metavar="JOB")
+    submit.add_argument("--wait", action="store_true", help="wait until the job(s) finish")
+    submit.add_argument("--json", action="store_true", help="print the job ids as JSON")
+    _config(submit)
+    submit.set_defaults(func=cmd_submit)
+
+    down = sub.add_parser(
+        "down",
+        help="terminate every instance of the cluster (stop the daemon first)",
+        description="Terminate every instance the cloud lists for this cluster — with the "
+        "local provider, stop every worker agent and remove its containers — and record it. "
+        "Jobs stay queued: the next `autoscaler daemon` places them again.",
+    )
+    down.add_argument("--yes", action="store_true", help="do it (without it: only list)")
+    _config(down)
+    down.set_defaults(func=cmd_down)
+
+    jobs = sub.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--status", nargs="+", default=None, choices=["queued", "running", *FINAL])
+    jobs.add_argument("--limit", type=int, default=0, help="the latest N (0: all)")
+    jobs.add_argument("--json", action="store_true", help="print JSON")
+    _config(jobs)
+    jobs.set_defaults(func=cmd_jobs)
+
+    job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
+    job.add_argument("job_id", metavar="ID")
+    job.add_argument("--json", action="store_true", help="print JSON")
+    _config(job)
+    job.set_defaults(func=cmd_job)
+
+    cancel = sub.add_parser("cancel", help="cancel a job (its tasks stop, its instances drain)")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("--json", action="store_true", help="print JSON")
+    _config(cancel)
+    cancel.set_defaults(func=cmd_cancel)
+
+    logs = sub.add_parser("logs", help="the container logs of a job's tasks")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--task", default="", help="one task's name")
+    logs.add_argument("--tail", type=int, default=0, help="last N lines of each log")
+    logs.add_argument("--json", action="store_true", help="print JSON")
+    _config(logs)
+    logs.set_defaults(func=cmd_logs)
+
+    status = sub.add_parser("status", help="instances, $/h, and the last round's choice and why")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    _config(status)
+    status.set_defaults(func=cmd_status)
+
+    cost = sub.add_parser(
+        "cost-report",
+        help="spend so far, $/h now, what no packing would cost, the LP bound (from the database)",
+        description="Costs from the state database alone (daemon running or not, no cloud "
+        "call): spend per instance type and per job, $/h now, no packing's cost, the LP lower "
+        "bound, the savings. --dry-run adds jobs hypothetically and shows what the next round "
+        "would launch.",
+    )
+    cost.add_argument("--since", default=None, help="epoch seconds, an ISO time, or 24h / 7d")
+    cost.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write JSON")
+    cost.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="draw spend")
+    cost.add_argument("--dry-run", type=Path, nargs="+", default=None, metavar="JOBS")
+    _config(cost)
+    cost.set_defaults(func=cmd_cost_report)
+
+
+def _config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="TOML",
+        help="cluster configuration (default: $AUTOSCALER_CONFIG, else ./autoscaler.toml)",
+    )
+
+
+# -- init and daemon ------------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from autoscaler.service.init import init_cluster
+
+    result = init_cluster(
+        args.dir, name=args.name, local=args.local, region=args.region, bucket=args.bucket
+    )
+    config = load_cluster_config(result.config)
+    if config.state.url.startswith("sqlite:"):
+        from autoscaler.service.wiring import open_state
+
+        open_state(config, create=True).close()  # a local database is ready to report from
+    for path in result.written:
+        print(f"wrote {path}")
+    for path in result.kept:
+        print(f"kept  {path} (exists; never overwritten)")
+    print(
+        f"\nnext: autoscaler daemon --config {result.config}\n"
+        f"      autoscaler submit --config {result.config} JOB.toml"
+    )
+    return 0
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    import signal
+
+    from autoscaler.service.daemon import Daemon, configure_logging
+    from autoscaler.service.wiring import build_bindings, daemon_security
+
+    configure_logging()
+    config = load_cluster_config(args.config)
+    bindings = build_bindings(config)
+    credentials, tokens = daemon_security(config)
+    daemon = Daemon(
+        config, bindings, dry_run=args.dry_run, server_credentials=credentials, tokens=tokens
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: daemon.stop.set())
+    return daemon.run()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from autoscaler.service.wiring import bring_down, build_cloud, open_state
+
+    config = load_cluster_config(args.config)
+    cloud = build_cloud(config)
+    listed = cloud.list()
+    if not args.yes:
+        for inst in listed:
+            print(
+                f"would terminate {inst.launch_token or '?'} ({inst.instance_id}, "
+                f"{inst.instance_type}, {inst.state})"
+            )
+        print(f"{len(listed)} instance(s); run again with --yes to terminate them")
+        return 0
+    store = open_state(config)
+    try:
+        gone = bring_down(store, cloud, time.time())
+    finally:
+        store.close()
+    print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    return 0
+
+
+# -- talking to the daemon ----------------------------------------------------------------------
+
+
+def connect(config: ClusterConfig):
+    from autoscaler.service.api import ApiClient
+    from autoscaler.service.init import DAEMON_NAME
+    from executor.security import read_token, secure_channel
+
+    secrets = config.secrets
+    try:
+        ca = secrets.ca_cert.read_bytes()
+        token = read_token(secrets.api_token)
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the cluster's secrets: {exc}", source=str(config.path)
+        ) from None
+    channel = secure_channel(config.api_address, ca, token, server_name=DAEMON_NAME)
+    return ApiClient(channel, config.api_address)
+
+
+def _client(args: argparse.Namespace):
+    return connect(load_cluster_config(args.config))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from autoscaler.service.jobfile import load_job_file, pack_context, with_contexts
+
+    with _client(args) as client:
+        catalog = catalog_from_eva(client.catalog(), source="the daemon's catalog")
+        submissions = [load_job_file(path, catalog) for path in args.job_file]
+        packed: dict[Path, tuple[bytes, str]] = {}
+        for submission in submissions:
+            for directory in submission.contexts.values():
+                if directory not in packed:
+                    progress(f"packing {directory} …")
+                    packed[directory] = pack_context(directory)
+        refs = client.upload_contexts({digest: data for data, digest in packed.values()})
+        ids = []
+        owner = getpass.getuser()
+        for submission in submissions:
+            contexts = {
+                task: refs[packed[directory][1]] for task, directory in submission.contexts.items()
+            }
+            ids.append(client.submit(with_contexts(submission.job, contexts), owner))
+        if args.json:
+            print(json.dumps({"jobs": ids}))
+        else:
+            for job_id, submission in zip(ids, submissions, strict=True):
+                print(f"submitted {job_id} ({len(submission.job.tasks)} task(s))")
+        if not args.wait:
+            return 0
+        return _wait(client, ids)
+
+
+def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0) -> int:
+    """Follow the jobs until each has finished; 0 when all completed."""
+    last: dict[str, str] = {}
+    while True:
+        states = {job_id: client.job(job_id) for job_id in ids}
+        for job_id, detail in states.items():
+            line = f"{detail['status']}, {detail['running']}/{detail['tasks']} running"
+            if last.get(job_id) != line:
+                print(f"{job_id}: {line}" + (f" ({detail['reason']})" if detail["reason"] else ""))
+                last[job_id] = line
+        if all(d["status"] in FINAL for d in states.values()):
+            return 0 if all(d["status"] == "completed" for d in states.values()) else 1
+        time.sleep(poll_s)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        document = client.jobs(args.status or (), args.limit)
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    rows = [
+        (
+            j["job"],
+            j["name"],
+            j["status"],
+            f"{j['running']}/{j['tasks']}",
+            f"{j['progress']:,.0f}",
+            _when(j["submitted_at"]),
+            shorten([j["reason"]], 40) if j["reason"] else "",
+        )
+        for j in document["jobs"]
+    ]
+    if not rows:
+        print("no jobs")
+        return 0
+    print(
+        format_table(
+            ["job", "name", "status", "running", "progress", "submitted", "why"],
+            rows,
+            [False, False, False, True, True, False, False],
+        )
+    )
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        detail = client.job(args.job_id)
+    if args.json:
+        print(json.dumps(detail, indent=2))
+        return 0
+    print(
+        f"{detail['job']} ({detail['name']}, {detail['owner']}): {detail['status']}"
+        + (f" — {detail['reason']}" if detail["reason"] else "")
+    )
+    print(f"cost so far {money(detail['cost'])}; submitted {_when(detail['submitted_at'])}")
+    rows = [
+        (
+            t["task"].split("/", 1)[1],
+            t["status"],
+            t["instance"] or "-",
+            t["attempt"],
+            t["migrations"],
+            f"{t['progress']:,.0f}",
+            "-" if t["throughput"] is None else f"{t['throughput']:.3g}/s",
+            shorten([t["reason"]], 44) if t["reason"] else "",
+        )
+        for t in detail["task_list"]
+    ]
+    print()
+    print(
+        format_table(
+            ["task", "status", "instance", "attempt", "moves", "iterations", "rate", "why"],
+            rows,
+            [False, False, False, True, True, True, True, False],
+        )
+    )
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        cancelled, status = client.cancel(args.job_id)
+    if args.json:
+        print(json.dumps({"job": args.job_id, "cancelled": cancelled, "status": status}))
+    elif cancelled:
+        print(f"cancelled {args.job_id}: its tasks stop and its instances drain")
+    else:
+        print(f"{args.job_id} had already finished ({status})")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        document = client.logs(args.job_id, args.task, args.tail)
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    if not document["logs"]:
+        print(f"no logs yet for {args.job_id} (a log is saved when an attempt ends)")
+    for name, text in document["logs"].items():
+        print(f"==> {name} <==")
+        print(text)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(render_status(status))
+    return 0
+
+
+def render_status(status: dict[str, Any]) -> str:
+    rows = [
+        (
+            i["instance"],
+            i["type"],
+            i["status"],
+            i["worker"],
+            f"{i['hourly_price']:.4g}",
+            len(i["tasks"]),
+            _duration(i["uptime_s"]),
+        )
+        for i in status["instances"]
+    ]
+    out = [f"{len(rows)} instance(s), {money(status['hourly_cost'])}/h now"]
+    if rows:
+        out += [
+            "",
+            format_table(
+                ["instance", "type", "status", "worker", "$/h", "tasks", "up"],
+                rows,
+                [False, False, False, False, True, True, True],
+            ),
+        ]
+    tasks = ", ".join(f"{n} {s}" for s, n in status["tasks"].items()) or "none"
+    jobs = ", ".join(f"{n} {s}" for s, n in status["jobs"].items()) or "none"
+    out += ["", f"jobs: {jobs}", f"tasks of active jobs: {tasks}"]
+    last = status.get("last_round")
+    if last:
+        bound = last.get("lower_bound_hourly_cost")
+        out += [
+            "",
+            f"last round {_when(last['at'])}: {last['chosen']} — {last['reason']}",
+        ]
+        if last.get("hourly_cost") is not None:
+            out.append(
+                f"  planned {money(last['hourly_cost'])}/h"
+                + (f", LP lower bound {money(bound)}/h" if bound else "")
+            )
+        for task, why in last.get("infeasible", {}).items():
+            out.append(f"  waiting: {task}: {why}")
+    return "\n".join(out)
+
+
+# -- cost report -------------------------------------------------------------------------------
+
+
+def cmd_cost_report(args: argparse.Namespace) -> int:
+    from autoscaler.planner import planner_by_name
+    from autoscaler.reports import cost_report
+    from autoscaler.service.jobfile import load_job_file
+    from autoscaler.service.wiring import offline_catalog, open_state
+
+    config = load_cluster_config(args.config)
+    for path in (args.json, args.plot):
+        if path is not None and not path.parent.exists():
+            raise InputError("its directory does not exist", source=str(path))
+    catalog = offline_catalog(config)
+    now = time.time()
+    since = parse_since(args.since, now) if args.since else 0.0
+    hypothetical = [load_job_file(p, catalog).job for p in args.dry_run or ()]
+    store = open_state(config)
+    try:
+        report = cost_report(
+            store,
+            catalog,
+            now,
+            since=since,
+            planner=planner_by_name(config.planner.name),
+            options=config.control_options(),
+            hypothetical=hypothetical,
+        )
+        uptime = store.uptime()
+    finally:
+        store.close()
+    print(render_cost_report(report))
+    if args.json is not None:
+        write_json(args.json, report)
+    if args.plot is not None:
+        from autoscaler.reports import timeline
+
+        path = args.plot if args.plot.suffix else args.plot.with_suffix(".png")
+        plot_costs(timeline(uptime, since or _first(uptime, now), now), path, config.cluster.name)
+        print(f"plot written to {path}")
+    return 0
+
+
+def render_cost_report(report: dict[str, Any]) -> str:
+    out = [
+        f"Spend {_when(report['since']) if report['since'] else 'since the first record'}"
+        f" until {_when(report['until'])}: {money(report['spend'])}",
+        "",
+    ]
+    if report["spend_by_type"]:
+        out += [
+            format_table(
+                ["instance type", "spend"],
+                [(t, money(v)) for t, v in report["spend_by_type"].items()],
+                [False, True],
+            ),
+            "",
+        ]
+    jobs = report["spend_by_job"]
+    if jobs:
+        rows = [
+            (j, report["jobs"].get(j, {}).get("status", "?"), money(v)) for j, v in jobs.items()
+        ]
+        rows.append(("(idle: no task on the instance)", "", money(report["idle"])))
+        out += [format_table(["job", "status", "spend"], rows, [False, False, True]), ""]
+        out += textwrap.wrap(f"Shared instances: {report['attribution']}.", 96)
+        out.append("")
+    bound = report["lower_bound_hourly_cost_now"]
+    out += [
+        f"Hourly cost now          {money(report['hourly_cost_now'])}/h",
+        f"No packing now           {money(report['no_packing_hourly_cost_now'])}/h",
+        f"LP lower bound now       {money(bound)}/h" if bound is not None else "",
+        f"No packing so far        {money(report['no_packing_spend'])} "
+        f"(saved {money(report['savings'])})",
+    ]
+    dry = report.get("dry_run")
+    if dry:
+        launches = ", ".join(f"{n} x {t}" for t, n in dry["launch"].items()) or "nothing"
+        out += [
+            "",
+            f"Dry run: adding {len(dry['jobs'])} job(s), {dry['tasks']} task(s)",
+            f"  the next round would launch {launches} ({money(dry['launch_hourly_cost'])}/h)",
+            f"  $/h would go from {money(dry['hourly_cost_before'])} to "
+            f"{money(dry['hourly_cost_after'] or 0.0)} ({dry['reason']})",
+        ]
+        for line in dry["refused"]:
+            out.append(f"  refused: {line}")
+        for task, why in dry["infeasible"].items():
+            out.append(f"  would wait: {task}: {why}")
+    return "\n".join(line for line in out if line is not None)
+
+
+def plot_costs(points: list[tuple[float, float, float]], path: Path, title: str) -> None:
+    """Spend and $/h over time, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    times = [datetime.fromtimestamp(t, UTC) for t, _, _ in points]
+    fig, (rate_ax, spend_ax) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    rate_ax.step(times, [r for _, r, _ in points], where="post")
+    spend_ax.plot(times, [s for _, _, s in points])
+    rate_ax.set_ylabel("$/h")
+    spend_ax.set_ylabel("spend ($)")
+    rate_ax.set_title(f"cluster {title}")
+    spend_ax.set_xlabel("time (UTC)")
+    for ax in (rate_ax, spend_ax):
+        ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise InputError(f"cannot write plot: {exc.strerror or exc}", source=str(path)) from None
+    finally:
+        plt.close(fig)
+
+
+def parse_since(text: str, now: float) -> float:
+    """Epoch seconds, an ISO date/time (UTC unless it says), or a span back from now."""
+    value = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value and value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
+        return now - float(value[:-1]) * units[value[-1]]
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None and number == number and 0 <= number < 1e11:
+        return number
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(
+            "must be epoch seconds, an ISO time (2026-11-23T10:00) or a span (24h, 7d)",
+            field="--since",
+            value=text,
+            has_value=True,
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def _first(uptime: Sequence[Any], now: float) -> float:
+    return min((i.start for i in uptime), default=now)
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

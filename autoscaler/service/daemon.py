@@ -1,0 +1,326 @@
+"""`autoscaler daemon`: the process that runs a cluster unattended.
+
+It takes the cluster's leader lock (one daemon acts per cluster; a second one
+waits and says so), serves the submission API and the workers' registry over
+gRPC (TLS, tokens), exposes Prometheus metrics, and lets APScheduler 3 run a
+round every `interval_s` and the step that carries it out every `step_s` —
+on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
+SIGTERM or SIGINT finishes the current round or step and exits; instances
+keep running, and the next start continues from the database.
+
+Every decision is logged as one JSON line with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from autoscaler.catalog import Catalog
+from autoscaler.cloud import Cloud
+from autoscaler.control import ControlLoop
+from autoscaler.decide import StepDecision
+from autoscaler.execution import Executor
+from autoscaler.planner import planner_by_name
+from autoscaler.reports import hourly_cost_now
+from autoscaler.service.api import USER_METHODS, Storage, SubmissionService, add_submission
+from autoscaler.service.config import ClusterConfig
+from autoscaler.service.leader import LeaderLock
+from autoscaler.service.metrics import Metrics
+from autoscaler.store import RoundRecord
+
+log = logging.getLogger("autoscaler.daemon")
+
+#: Environment variable naming a round's point at which the daemon kills itself with
+#: SIGKILL (tests of restart safety only): `synced`, `decided`, `recorded`, `launched`,
+#: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
+FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass
+class Bindings:
+    """What the daemon drives; `autoscaler daemon` builds them from the configuration."""
+
+    store: Any  # a SqlStore: the leader lock lives in its database
+    cloud: Cloud
+    executor: Executor
+    storage: Storage
+    catalog: Callable[[], Catalog]
+    add_worker_services: Callable[[grpc.Server], None] = lambda server: None
+    worker_methods: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Daemon:
+    """One cluster's control loop, API server and metrics, while it holds the lock."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        bindings: Bindings,
+        *,
+        dry_run: bool = False,
+        clock: Any = None,
+        server_credentials: grpc.ServerCredentials | None = None,
+        tokens: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.bindings = bindings
+        self.clock = clock or WallClock()
+        # --dry-run: record, don't act. [ec2] dry_run is EC2's own: the round acts and EC2
+        # checks every call (permissions too) with DryRun=True, starting nothing.
+        self.options = config.control_options(dry_run=dry_run)
+        self.metrics = Metrics()
+        self.stop = threading.Event()
+        self.server_credentials = server_credentials
+        self.tokens = tokens or {}
+        self._planner = planner_by_name(config.planner.name)
+        self._busy = threading.Lock()
+        self._fault = _fault_from_env()
+        self.loop = ControlLoop(
+            self._planner,
+            bindings.cloud,
+            bindings.executor,
+            bindings.store,
+            self.clock,
+            self.options,
+            passed=self._passed,
+        )
+        self.api = SubmissionService(
+            bindings.store,
+            bindings.storage,
+            bindings.catalog,
+            now=self.clock.now,
+            planner=lambda: planner_by_name(config.planner.name),
+            options=self.options,
+            max_context_bytes=int(config.limits.max_context_mb * 2**20),
+        )
+        self.scheduler: Any = None
+        self.server: grpc.Server | None = None
+
+    # -- the control loop ------------------------------------------------------------------
+
+    def round(self) -> RoundRecord | None:
+        """One scheduling round (never concurrently with a step)."""
+        with self._busy:
+            started = time.perf_counter()
+            try:
+                outcome = self.loop.schedule()
+            except Exception:
+                log.exception("round failed; the next one starts from the database")
+                return None
+            seconds = time.perf_counter() - started
+            record = outcome.record
+            self.metrics.observe_round(record, seconds)
+            _event(
+                "round",
+                chosen=record.chosen,
+                reason=record.reason,
+                hourly_cost=record.numbers.get("hourly_cost"),
+                lower_bound=record.numbers.get("lower_bound_hourly_cost"),
+                seconds=round(seconds, 3),
+                dry_run=self.options.dry_run,
+            )
+            for action in record.actions:
+                _event(
+                    "decision",
+                    kind=action.kind,
+                    target=action.target,
+                    reason=action.reason,
+                    outcome=action.outcome,
+                    message=action.message,
+                )
+            for task, why in record.numbers.get("infeasible", {}).items():
+                _event("waiting", task=task, reason=why)
+            self._observe_state()
+            return record
+
+    def step(self) -> StepDecision | None:
+        """One step between rounds; asks for an early round when a worker was lost."""
+        with self._busy:
+            try:
+                step = self.loop.progress()
+            except Exception:
+                log.exception("step failed; the next one starts from the database")
+                return None
+            self.metrics.observe_step(step)
+            for launch in step.starts:
+                _event(
+                    "decision",
+                    kind="start",
+                    target=launch.task_id,
+                    reason=f"attempt {launch.attempt} on {launch.instance_id}",
+                )
+            for stop in step.stops:
+                _event("decision", kind="stop", target=stop.task_id, reason=stop.reason)
+            for action in step.terminations:
+                _event(
+                    "decision", kind="terminate", target=action.instance_id, reason=action.reason
+                )
+            for job_id, reason in step.failed_jobs:
+                _event("job_failed", job=job_id, reason=reason)
+            if step:
+                self._observe_state()
+        if step.replan and self.scheduler is not None:
+            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
+        return step
+
+    def _observe_state(self) -> None:
+        store = self.bindings.store
+        self.metrics.observe_state(store.snapshot(with_throughput=False), hourly_cost_now(store))
+
+    def _passed(self, point: str) -> None:
+        if self._fault is not None and self._fault(point):
+            _event("test_fault", point=point)
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the process ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Lead, serve and schedule until `stop` is set; 0 on a clean exit."""
+        store = self.bindings.store
+        leader = LeaderLock(store.engine, self.config.cluster.name)
+        if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
+            return 0
+        _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        try:
+            self._serve()
+            self._schedule()
+            self.stop.wait()
+            _event("stopping", reason="signal received: finishing the current round or step")
+        finally:
+            if self.scheduler is not None:
+                self.scheduler.shutdown(wait=True)
+            if self.server is not None:
+                self.server.stop(grace=5).wait()
+            leader.release()
+            _event("stopped", reason="instances keep running; the next start continues")
+        return 0
+
+    def _serve(self) -> None:
+        from concurrent import futures
+
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+        from executor.security import TokenAuth, server_options
+
+        roles = {"user": USER_METHODS, "worker": self.bindings.worker_methods}
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16),
+            interceptors=[TokenAuth(self.tokens, roles)],
+            options=server_options(),
+        )
+        add_submission(server, self.api)
+        self.bindings.add_worker_services(server)
+        status = health.HealthServicer()
+        status.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(status, server)
+        address = self.config.api.listen
+        if self.server_credentials is None:
+            raise ValueError("the daemon serves TLS only: give it server credentials")
+        server.add_secure_port(address, self.server_credentials)
+        server.start()
+        self.server = server
+        _event("serving", api=address, advertise=self.config.api_address)
+        if self.config.metrics.listen:
+            from prometheus_client import start_http_server
+
+            host, _, port = self.config.metrics.listen.rpartition(":")
+            start_http_server(int(port), addr=host, registry=self.metrics.registry)
+            _event("metrics", listen=self.config.metrics.listen)
+
+    def _schedule(self) -> None:
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        cluster = self.config.cluster
+        scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=1)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            timezone=UTC,
+        )
+        scheduler.add_job(
+            self.round,
+            "interval",
+            seconds=cluster.interval_s,
+            id="round",
+            next_run_time=datetime.now(UTC),
+        )
+        scheduler.add_job(self.step, "interval", seconds=cluster.step_s, id="step")
+        scheduler.add_job(
+            self.api.collect_orphan_contexts, "interval", seconds=3600, id="collect-contexts"
+        )
+        scheduler.start()
+        self.scheduler = scheduler
+
+
+def _event(event: str, **fields: Any) -> None:
+    """One structured log line: what happened and why."""
+    log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+def _fault_from_env() -> Callable[[str], bool] | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    point, _, nth = spec.partition(":")
+    wanted = int(nth) if nth else 1
+    seen = [0]
+
+    def hit(name: str) -> bool:
+        if name != point:
+            return False
+        seen[0] += 1
+        return seen[0] == wanted
+
+    return hit
+
+
+class JsonLines(logging.Formatter):
+    """Log records as JSON lines (a message that is already JSON is merged in)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        message = record.getMessage()
+        try:
+            parsed = json.loads(message)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            base.update(parsed)
+        else:
+            base["message"] = message
+        if record.exc_info:
+            base["error"] = self.formatException(record.exc_info)
+        return json.dumps(base, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("apscheduler", "botocore", "urllib3", "docker"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

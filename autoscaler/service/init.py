@@ -1,0 +1,165 @@
+"""`autoscaler init`: a commented cluster configuration and the cluster's secrets.
+
+It writes `autoscaler.toml` with safe defaults, and in `secrets/` a certificate
+authority for the cluster, the daemon's server certificate, the API token
+(users) and the worker token (workers): each a file of mode 0600. Running it
+again keeps everything that exists: a secret is never overwritten.
+"""
+
+from __future__ import annotations
+
+import secrets as _random
+from dataclasses import dataclass
+from pathlib import Path
+
+from executor.security import Authority, new_token, write_secret
+
+#: The name the daemon's certificate carries whatever address it is reached at:
+#: clients verify it (ssl target name override), so moving the daemon needs no new
+#: certificate.
+DAEMON_NAME = "autoscaler-daemon"
+
+
+@dataclass(frozen=True, slots=True)
+class InitResult:
+    config: Path
+    written: tuple[Path, ...]
+    kept: tuple[Path, ...]
+
+
+def new_cluster_name() -> str:
+    """A cluster name no other deployment in the account has (tags, tokens, buckets use it)."""
+    return f"cluster-{_random.token_hex(4)}"
+
+
+def init_cluster(
+    directory: Path,
+    *,
+    name: str | None = None,
+    local: bool = False,
+    region: str = "us-east-1",
+    bucket: str | None = None,
+) -> InitResult:
+    """Write the configuration and the secrets into `directory`, keeping what exists."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    kept: list[Path] = []
+    config = directory / "autoscaler.toml"
+    if config.exists():
+        kept.append(config)
+    else:
+        text = config_template(
+            name or new_cluster_name(), directory, local=local, region=region, bucket=bucket
+        )
+        config.write_text(text, encoding="utf-8")
+        written.append(config)
+    secrets_dir = directory / "secrets"
+    ca_cert, ca_key = secrets_dir / "ca.pem", secrets_dir / "ca.key"
+    if ca_cert.exists() and ca_key.exists():
+        authority = Authority.load(ca_cert, ca_key)
+        kept += [ca_cert, ca_key]
+    else:
+        authority = Authority.create(name or "autoscaler")
+        for path, data in ((ca_key, authority.key_pem), (ca_cert, authority.cert_pem)):
+            write_secret(path, data, overwrite=True)
+            written.append(path)
+    server_cert, server_key = secrets_dir / "server.pem", secrets_dir / "server.key"
+    if server_cert.exists() and server_key.exists():
+        kept += [server_cert, server_key]
+    else:
+        cert, key = authority.issue([DAEMON_NAME, "localhost", "127.0.0.1"])
+        write_secret(server_key, key, overwrite=True)
+        write_secret(server_cert, cert, overwrite=True)
+        written += [server_cert, server_key]
+    for token in (secrets_dir / "api.token", secrets_dir / "worker.token"):
+        (written if write_secret(token, new_token() + "\n") else kept).append(token)
+    return InitResult(config, tuple(written), tuple(kept))
+
+
+def config_template(
+    name: str, directory: Path, *, local: bool, region: str, bucket: str | None
+) -> str:
+    """The commented configuration `init` writes."""
+    provider = "local" if local else "ec2"
+    ec2 = _LOCAL_EC2 if local else _ec2_tables(name, region)
+    if local:
+        storage = f'url = "file://{directory.resolve()}/storage"'
+        state = 'path = "state.db"                  # a SQLite file beside this one'
+    else:
+        target = f"s3://{bucket}/{name}" if bucket else f"s3://REPLACE-WITH-YOUR-BUCKET/{name}"
+        storage = f'url = "{target}"'
+        state = (
+            'path = "state.db"                  # a SQLite file; for production use PostgreSQL:\n'
+            '# url = "postgresql+psycopg://autoscaler@db.internal:5432/autoscaler"'
+        )
+    return f"""# Cluster configuration, written by `autoscaler init`. Every key is optional unless
+# marked; an unknown key is an error. Relative paths are relative to this file.
+
+[cluster]
+{f'name = "{name}"':<34} # required, unique per account: tags, tokens and keys use it
+{f'region = "{region}"':<34} # EC2 region (the catalog's prices are per region)
+interval_s = 300                   # seconds between scheduling rounds (Eva uses 300)
+step_s = 5                         # seconds between the steps that carry a round's plan out
+
+[cloud]
+{f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
+emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
+
+[api]
+listen = "127.0.0.1:7443"          # the daemon's gRPC address (TLS, a token on every call)
+# advertise = "10.0.0.5:7443"      # the address users and workers dial, if not `listen`
+
+[metrics]
+listen = "127.0.0.1:9464"          # Prometheus metrics over HTTP; "" turns them off
+
+[storage]
+# build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine
+{storage}
+
+[secrets]
+dir = "secrets"                    # the CA, certificates and tokens (mode 0600, never logged)
+
+[state]
+{state}
+
+[planner]
+name = "eva"                       # eva, eva-plain, eva-full-only, eva-partial-only
+default_throughput = 0.95          # assumed for a pair of workloads never seen together
+
+[timeouts]
+boot_s = 900                       # launch request -> running, else the instance is given up
+register_s = 900                   # running -> its worker registered
+start_s = 1800                     # a task's fetch, build and start
+checkpoint_s = 900                 # a task's checkpoint and upload
+heartbeat_s = 60                   # a worker silent this long is lost: its tasks move
+
+[limits]
+max_attempts = 3                   # a task failing this often fails its job
+max_context_mb = 256               # the largest build context a submission may upload
+orphan_grace_s = 300               # an unknown instance of ours is left alone this long
+
+{ec2}"""
+
+
+_LOCAL_EC2 = """[guardrails]
+max_instances = 8                  # never more instances than this (requested ones count)
+max_hourly_spend = 20.0            # USD per hour at catalog prices, every live instance
+
+[ec2]
+# The local cloud plans with the same catalog as EC2 (its instances are agents here).
+families = ["c7i", "r7i"]          # instance families the planner may use
+"""
+
+
+def _ec2_tables(name: str, region: str) -> str:
+    """The provisioner's commented [ec2] and [guardrails] tables, without the cluster's
+    name and region (said once, in [cluster])."""
+    from provisioners.config import ec2_config_template
+
+    text = ec2_config_template(name, region)
+    kept = []
+    for paragraph in text.split("\n\n"):
+        lines = [line for line in paragraph.splitlines() if not line.startswith("region = ")]
+        if not any(line.startswith("cluster_id = ") for line in lines):
+            kept.append("\n".join(lines))
+    return "\n\n".join(kept).rstrip() + "\n"

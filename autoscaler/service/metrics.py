@@ -1,0 +1,94 @@
+"""Prometheus metrics of the daemon (prometheus-client), refreshed after every round and step.
+
+What an operator watches: the bill now, instances by type and status, tasks by
+status, how long rounds take and which candidate they choose, how far the
+plan is from the LP lower bound, launches refused by guardrails, capacity
+errors, lost workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from autoscaler.decide import StepDecision
+from autoscaler.store import RoundRecord, StateSnapshot
+
+
+class Metrics:
+    """One registry per daemon (tests build several in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.hourly_cost = Gauge(
+            "autoscaler_hourly_cost_dollars", "$/h of the instances billed now", registry=r
+        )
+        self.instances = Gauge(
+            "autoscaler_instances", "instances by type and status", ["type", "status"], registry=r
+        )
+        self.tasks = Gauge(
+            "autoscaler_tasks", "tasks of active jobs by status", ["status"], registry=r
+        )
+        self.round_seconds = Histogram(
+            "autoscaler_round_duration_seconds",
+            "wall time of a scheduling round",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.rounds = Counter(
+            "autoscaler_rounds_total", "rounds by the candidate they chose", ["chosen"], registry=r
+        )
+        self.bound_gap = Gauge(
+            "autoscaler_lower_bound_gap_ratio",
+            "planned $/h over the LP lower bound, minus one",
+            registry=r,
+        )
+        self.refused = Counter(
+            "autoscaler_refused_launches_total", "launches a guardrail refused", registry=r
+        )
+        self.capacity_errors = Counter(
+            "autoscaler_capacity_errors_total", "launches that found no capacity", registry=r
+        )
+        self.lost_workers = Counter(
+            "autoscaler_lost_workers_total", "workers declared lost", registry=r
+        )
+        self.infeasible = Gauge(
+            "autoscaler_infeasible_tasks", "tasks nothing available can host", registry=r
+        )
+
+    def observe_round(self, record: RoundRecord, seconds: float) -> None:
+        self.round_seconds.observe(seconds)
+        self.rounds.labels(record.chosen).inc()
+        cost = record.numbers.get("hourly_cost")
+        bound = record.numbers.get("lower_bound_hourly_cost")
+        if cost is not None and bound:
+            self.bound_gap.set(cost / bound - 1.0)
+        self.infeasible.set(len(record.numbers.get("infeasible", {})))
+        for action in record.actions:
+            if action.kind != "launch":
+                continue
+            if action.outcome == "refused":
+                self.refused.inc()
+            elif action.outcome == "failed" and "InsufficientCapacity" in action.message:
+                self.capacity_errors.inc()
+
+    def observe_step(self, step: StepDecision) -> None:
+        for action in step.terminations:
+            if action.reason.startswith("worker lost"):
+                self.lost_workers.inc()
+
+    def observe_state(self, snapshot: StateSnapshot, hourly_cost: float) -> None:
+        self.hourly_cost.set(hourly_cost)
+        self._set(self.instances, ((i.instance_type, i.status) for i in snapshot.instances))
+        self._set(self.tasks, ((t.status,) for t in snapshot.tasks.values()))
+
+    @staticmethod
+    def _set(gauge: Gauge, keys: Iterable[tuple[str, ...]]) -> None:
+        counts: dict[tuple[str, ...], int] = {}
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
+        gauge.clear()
+        for key, n in counts.items():
+            gauge.labels(*key).set(n)

@@ -1,0 +1,118 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MissingContextsRequest(_message.Message):
+    __slots__ = ("digests",)
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    digests: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, digests: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MissingContextsResponse(_message.Message):
+    __slots__ = ("missing", "refs")
+    class RefsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    refs: _containers.ScalarMap[str, str]
+    def __init__(self, missing: _Optional[_Iterable[str]] = ..., refs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ContextChunk(_message.Message):
+    __slots__ = ("digest", "size", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    size: int
+    data: bytes
+    def __init__(self, digest: _Optional[str] = ..., size: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadContextResponse(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: str
+    def __init__(self, ref: _Optional[str] = ...) -> None: ...
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec_json", "owner")
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    spec_json: str
+    owner: str
+    def __init__(self, spec_json: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("statuses", "limit")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    def __init__(self, statuses: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("cancelled", "status")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    status: str
+    def __init__(self, cancelled: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
+
+class GetLogsRequest(_message.Message):
+    __slots__ = ("job_id", "task", "tail")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task: str
+    tail: int
+    def __init__(self, job_id: _Optional[str] = ..., task: _Optional[str] = ..., tail: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CostReportRequest(_message.Message):
+    __slots__ = ("since", "dry_run_json")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_JSON_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    dry_run_json: str
+    def __init__(self, since: _Optional[float] = ..., dry_run_json: _Optional[str] = ...) -> None: ...
+
+class GetCatalogRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Document(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,200 @@
+"""Building the daemon's bindings from the configuration: state, storage, cloud, executor.
+
+The one module that knows which binding serves which `[cloud] provider`; the
+daemon and the commands get what they need from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from autoscaler.catalog import Catalog
+from autoscaler.errors import InputError
+from autoscaler.service.config import ClusterConfig
+from autoscaler.service.daemon import Bindings
+
+
+def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
+    """The state database of the cluster (`create`: make the schema of a new database)."""
+    from state.database import create_state_engine
+    from state.migrate import schema_status, upgrade
+    from state.store import SqlStore
+
+    if create:
+        engine = create_state_engine(config.state.url)
+        try:
+            if schema_status(engine).current is None:
+                upgrade(engine)
+        finally:
+            engine.dispose()
+    return SqlStore(config.state.url)
+
+
+def offline_catalog(config: ClusterConfig) -> Catalog:
+    """The catalog the cluster plans with, without calling any cloud (cached or bundled)."""
+    from provisioners.catalog import cached_or_bundled_catalog
+
+    return cached_or_bundled_catalog(config.provisioner.ec2).catalog
+
+
+def daemon_security(config: ClusterConfig) -> tuple[grpc.ServerCredentials, dict[str, str]]:
+    """The daemon's TLS credentials and its tokens (token -> role)."""
+    from executor.security import read_secret, read_token, server_credentials
+
+    secrets = config.secrets
+    try:
+        cert = secrets.server_cert.read_bytes()
+        key = read_secret(secrets.server_key)
+        tokens = {read_token(secrets.api_token): "user", read_token(secrets.worker_token): "worker"}
+    except OSError as exc:
+        raise InputError(
+            f"cannot read the cluster's secrets ({exc}); run `autoscaler init --dir "
+            f"{config.path.parent}` to create them",
+            source=str(config.path),
+        ) from None
+    return server_credentials(cert, key), tokens
+
+
+def build_bindings(config: ClusterConfig) -> Bindings:
+    """State, storage, executor and cloud for `autoscaler daemon`."""
+    from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
+    from executor.security import Authority
+    from executor.storage import open_storage
+
+    store = open_state(config, create=True)
+    storage = open_storage(config.storage.url)
+    authority = Authority.load(config.secrets.ca_cert, config.secrets.ca_key)
+    executor = GrpcExecutor(
+        authority=authority,
+        storage_url=config.storage.url,
+        heartbeat_timeout_s=config.timeouts.heartbeat_s,
+    )
+    cloud = _cloud(config, publish=True)
+    return Bindings(
+        store=store,
+        cloud=cloud,
+        executor=executor,
+        storage=storage,
+        catalog=cloud.catalog,
+        add_worker_services=lambda server: add_registry(server, executor),
+        worker_methods=tuple(WORKER_METHODS),
+    )
+
+
+def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
+    """Terminate every instance of the cluster and record it; tasks go back to pending
+    (not counted as failures: the operator stopped them), jobs stay queued."""
+    from autoscaler.cloud import match_listing
+    from autoscaler.store import TaskUpdate
+
+    snapshot = store.snapshot(with_throughput=False)
+    leaving = [
+        TaskUpdate(t.task_id, status="pending", instance_id=None, reason="cluster brought down")
+        for t in snapshot.tasks.values()
+        if t.instance_id is not None
+    ]
+    if leaving:
+        store.update_tasks(leaving, now)
+    listed = cloud.list()
+    listing = match_listing(((i.instance_id, i.cloud_id) for i in snapshot.instances), listed)
+    for inst in snapshot.instances:
+        if inst.status in ("terminating", "terminated", "failed"):
+            continue
+        status = (
+            "failed"
+            if inst.cloud_id is None and inst.instance_id not in listing.by_instance
+            else "terminating"
+        )
+        store.transition_instance(inst.instance_id, status, now, reason="autoscaler down")
+    cloud.terminate([i.instance_id for i in listed])
+    remaining = {i.instance_id for i in cloud.list()}
+    for inst in store.instances():
+        if inst.status == "terminating" and inst.cloud_id not in remaining:
+            store.transition_instance(inst.instance_id, "terminated", now, reason="autoscaler down")
+    return sorted(i.launch_token or i.instance_id for i in listed)
+
+
+def build_cloud(config: ClusterConfig) -> Any:
+    """The cluster's Cloud binding."""
+    return _cloud(config)
+
+
+def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
+    if config.cloud.provider == "local":
+        return local_cloud(config)
+    from provisioners.ec2 import EC2Cloud
+
+    bootstrap = worker_bootstrap(config) if publish else None
+    return EC2Cloud.from_config(config.provisioner, bootstrap=bootstrap)
+
+
+def worker_bootstrap(config: ClusterConfig) -> Any:
+    """Publish what EC2 workers need (the token to SSM, the agent wheel to the bucket) and
+    the user data that boots them: run by the daemon at start-up, with its own identity."""
+    from provisioners.aws import make_client
+    from provisioners.bootstrap import (
+        WorkerBootstrap,
+        publish_agent_wheel,
+        publish_worker_token,
+        wheel_presigner,
+    )
+
+    source = str(config.path)
+    wheel = config.cloud.agent_wheel
+    if not wheel:
+        raise InputError(
+            'is required for provider = "ec2": the worker agent\'s wheel the daemon publishes '
+            "(build it with `pip wheel --no-deps . -w dist`)",
+            source=source,
+            where="[cloud]",
+            field="agent_wheel",
+        )
+    wheel_path = Path(wheel).expanduser()
+    if not wheel_path.is_absolute():
+        wheel_path = config.path.parent / wheel_path
+    storage = config.storage.url
+    if not storage.startswith("s3://") or "REPLACE-WITH-YOUR-BUCKET" in storage:
+        raise InputError(
+            'must be s3://BUCKET/PREFIX for provider = "ec2": workers fetch contexts, '
+            "checkpoints and the agent from it",
+            source=source,
+            where="[storage]",
+            field="url",
+            value=storage,
+            has_value=True,
+        )
+    from executor.security import read_token
+
+    region = config.cluster.region
+    bucket, _, prefix = storage.removeprefix("s3://").partition("/")
+    s3 = make_client("s3", region)
+    parameter = publish_worker_token(
+        make_client("ssm", region), config.cluster.name, read_token(config.secrets.worker_token)
+    )
+    url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
+    return WorkerBootstrap(
+        config.api_address,
+        config.secrets.ca_cert.read_text(),
+        config.cluster.name,
+        region,
+        parameter,
+        wheel_presigner(s3, url),
+        sha256,
+    )
+
+
+def local_cloud(config: ClusterConfig) -> Any:
+    """The cluster's local cloud: agents on this host, registered under the state's directory."""
+    from provisioners.local import LocalCloud
+
+    return LocalCloud(
+        offline_catalog(config),
+        config.path.parent / "local-cloud",
+        daemon_address=config.api_address,
+        ca_path=config.secrets.ca_cert,
+        token_path=config.secrets.worker_token,
+        emulate_delays=config.cloud.emulate_delays,
+    )

@@ -1,0 +1,302 @@
+"""The worker bootstrap: EC2 user data rendered per launch, and what the daemon publishes for it.
+
+A worker needs three things the daemon has: the agent itself, the cluster's CA
+certificate, and a token to present. User data is readable by anything that
+reaches the instance metadata service and through `DescribeInstanceAttribute`,
+so it carries only what is public or short-lived:
+
+- the **agent** as a wheel the daemon publishes to the cluster's bucket under
+  its sha256 (`publish_agent_wheel`); user data holds a presigned URL made for
+  this launch and the hash, which the script checks before installing;
+- the **CA certificate** itself (public);
+- the **name** of an SSM SecureString holding the token (`publish_worker_token`),
+  which the worker reads with its instance role (`--token-ssm`), never the token.
+
+`WorkerBootstrap.render(instance_id)` fills `provisioners/data/worker-bootstrap.sh` for one
+launch (our instance id is the launch token, so every instance's user data
+differs); `EC2Cloud` calls it at each launch. Values are validated and
+shell-quoted, and the result is checked against EC2's 16 KB limit.
+
+What the daemon calls at start-up, with its own identity:
+
+    token_parameter = publish_worker_token(ssm, cluster_id, token)
+    url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
+    bootstrap = WorkerBootstrap(daemon_address, ca_pem, cluster_id, region,
+                                token_parameter, wheel_presigner(s3, url), sha256)
+    cloud = EC2Cloud(config.ec2, config.guardrails, bootstrap=bootstrap)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+from botocore.exceptions import ClientError
+
+from autoscaler.errors import InputError
+from provisioners.aws import AwsCaller
+
+log = logging.getLogger(__name__)
+
+#: EC2 accepts at most 16 KB of user data (before base64).
+MAX_USER_DATA_BYTES = 16 * 1024
+
+#: The template, in the repository's deploy/ folder (pass another with `template=`).
+#: The template ships inside the package (deploy/worker-bootstrap.sh links to it), so an
+#: installed daemon renders the same script a source checkout does.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "data" / "worker-bootstrap.sh"
+
+#: Placeholders of the template, each replaced by a shell-quoted value.
+PLACEHOLDERS: tuple[str, ...] = (
+    "DAEMON_ADDRESS",
+    "CA_PEM",
+    "CLUSTER_ID",
+    "REGION",
+    "TOKEN_PARAMETER",
+    "INSTANCE_ID",
+    "WHEEL_URL",
+    "WHEEL_FILE",
+    "WHEEL_SHA256",
+    "ACCELERATOR",
+)
+
+#: Where the worker token lives in SSM Parameter Store; the worker role may read it
+#: (deploy/worker-iam-policy.json), nothing in user data does.
+TOKEN_PARAMETER_FORMAT = "/ec2-batch-autoscaler/{cluster_id}/worker-token"
+#: How long a presigned wheel URL stays valid: the instance fetches it within minutes.
+WHEEL_URL_EXPIRES_S = 3600
+
+_PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
+_HOST_PORT = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?):(\d{1,5})$"
+)
+_SSM_NAME = re.compile(r"^/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+_CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_WHEEL = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[A-Za-z0-9_.]+){2,3}\.whl$")
+_ACCELERATORS = ("", "nvidia")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBootstrap:
+    """What every worker's user data says, and how to render it for one launch.
+
+    `wheel_url` is a URL, or a function returning one (a fresh presigned URL
+    per launch: `wheel_presigner`). Everything is validated when built, so a
+    bad value stops the daemon at start-up rather than at its first launch.
+    """
+
+    daemon_address: str  # host:port
+    ca_pem: str
+    cluster_id: str
+    region: str
+    token_parameter: str  # SSM parameter name, from `publish_worker_token`
+    wheel_url: str | Callable[[], str] = field(repr=False)
+    wheel_sha256: str
+    template: Path = DEFAULT_TEMPLATE
+
+    def __post_init__(self) -> None:
+        _check("daemon_address", self.daemon_address, _HOST_PORT, "host:port")
+        port = int(self.daemon_address.rsplit(":", 1)[1])
+        if not 0 < port < 65536:
+            raise _invalid("daemon_address", self.daemon_address, "a port from 1 to 65535")
+        if "-----BEGIN CERTIFICATE-----" not in self.ca_pem:
+            raise _invalid("ca_pem", self.ca_pem[:40], "a PEM certificate")
+        _check("cluster_id", self.cluster_id, _CLUSTER_ID, "a cluster id")
+        _check("region", self.region, _REGION, "an AWS region")
+        _check("token_parameter", self.token_parameter, _SSM_NAME, "an SSM parameter name")
+        _check("wheel_sha256", self.wheel_sha256, _SHA256, "64 lowercase hex digits")
+        if not isinstance(self.wheel_url, str) and not callable(self.wheel_url):
+            raise _invalid("wheel_url", self.wheel_url, "a URL or a function returning one")
+        self.template_text()  # readable, with only known placeholders
+
+    def template_text(self) -> str:
+        try:
+            text = self.template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(
+                f"cannot read the worker bootstrap template: {exc}", source=str(self.template)
+            ) from None
+        unknown = sorted(set(_PLACEHOLDER.findall(text)) - {f"{{{{{p}}}}}" for p in PLACEHOLDERS})
+        if unknown:
+            raise InputError(
+                f"unknown placeholder {unknown[0]} (known: {', '.join(PLACEHOLDERS)})",
+                source=str(self.template),
+            )
+        return text
+
+    def render(self, instance_id: str, *, accelerator: str | None = None) -> str:
+        """The user data of the instance `instance_id` (our id: its launch token).
+
+        `accelerator` "nvidia" makes the script check the driver and container
+        toolkit (a GPU type on an image without them would only fail later).
+        """
+        _check("instance_id", instance_id, _INSTANCE_ID, "an instance id (launch token)")
+        if (accelerator or "") not in _ACCELERATORS:
+            accelerator = ""  # other accelerators: no check the script knows how to make
+        url = self.wheel_url() if callable(self.wheel_url) else self.wheel_url
+        scheme, _, path, _, _ = urlsplit(url)
+        wheel_file = PurePosixPath(path).name
+        if scheme not in ("https", "http") or not _WHEEL.match(wheel_file):
+            raise _invalid("wheel_url", url.split("?", 1)[0], "an http(s) URL of a .whl file")
+        values = {
+            "DAEMON_ADDRESS": self.daemon_address,
+            "CA_PEM": self.ca_pem.strip(),
+            "CLUSTER_ID": self.cluster_id,
+            "REGION": self.region,
+            "TOKEN_PARAMETER": self.token_parameter,
+            "INSTANCE_ID": instance_id,
+            "WHEEL_URL": url,
+            "WHEEL_FILE": wheel_file,
+            "WHEEL_SHA256": self.wheel_sha256,
+            "ACCELERATOR": accelerator or "",
+        }
+        text = fill_template(self.template_text(), values)
+        size = len(text.encode("utf-8"))
+        if size > MAX_USER_DATA_BYTES:
+            raise InputError(
+                f"worker user data is {size} bytes; EC2 accepts at most {MAX_USER_DATA_BYTES}",
+                source=str(self.template),
+            )
+        return text
+
+
+def fill_template(template: str, values: Mapping[str, str]) -> str:
+    """Replace each `{{NAME}}` with its shell-quoted value: no value can inject a command."""
+    missing = [name for name in PLACEHOLDERS if name not in values]
+    if missing:
+        raise InputError(f"worker bootstrap needs a value for {', '.join(missing)}")
+    text = template
+    for name in PLACEHOLDERS:
+        text = text.replace("{{" + name + "}}", shlex.quote(values[name]))
+    return text
+
+
+# --- what the daemon publishes at start-up ----------------------------------------------------
+
+
+def token_parameter_name(cluster_id: str) -> str:
+    """The SSM parameter that holds this cluster's worker token."""
+    _check("cluster_id", cluster_id, _CLUSTER_ID, "a cluster id")
+    return TOKEN_PARAMETER_FORMAT.format(cluster_id=cluster_id)
+
+
+def publish_worker_token(
+    ssm: Any, cluster_id: str, token: str, *, kms_key_id: str | None = None
+) -> str:
+    """Store the worker token as an SSM SecureString; returns the parameter's name.
+
+    `ssm` is a boto3 SSM client or a boto3 session (its client is made). Idempotent:
+    the parameter is written only when missing or different, so a restart does not
+    add a version. The token appears in no log or error message of ours (botocore's
+    own DEBUG logging prints request parameters: keep it off in production).
+    `kms_key_id` encrypts it with a customer-managed key instead of `aws/ssm`; both
+    roles then need that key (kms:Encrypt for the daemon, kms:Decrypt for workers).
+    """
+    if not token or not token.strip():
+        raise InputError("the worker token is empty")
+    caller = AwsCaller(ssm if hasattr(ssm, "put_parameter") else ssm.client("ssm"))
+    name = token_parameter_name(cluster_id)
+    try:
+        current = caller.call(
+            "get_parameter",
+            passthrough=frozenset({"ParameterNotFound"}),
+            Name=name,
+            WithDecryption=True,
+        )["Parameter"]
+        if current.get("Type") == "SecureString" and current.get("Value") == token:
+            return name
+    except ClientError:
+        pass  # ParameterNotFound (the only code passed through): the first publication
+    params: dict[str, Any] = {
+        "Name": name,
+        "Value": token,
+        "Type": "SecureString",
+        "Overwrite": True,
+        "Description": f"worker token of ec2-batch-autoscaler cluster {cluster_id}",
+    }
+    if kms_key_id:
+        params["KeyId"] = kms_key_id
+    caller.call("put_parameter", **params)
+    log.info("worker token published to SSM parameter %s", name)
+    return name
+
+
+def publish_agent_wheel(
+    s3: Any, bucket: str, prefix: str, wheel_path: str | Path
+) -> tuple[str, str]:
+    """Upload the worker agent wheel to `s3://bucket/prefix/agent/<sha256>/<file>`.
+
+    Returns `(s3 URL, sha256)`. The key is content-addressed, so publishing the
+    same wheel again uploads nothing, and a new build never replaces the one a
+    booting worker is fetching.
+    """
+    path = Path(wheel_path)
+    if not _WHEEL.match(path.name):
+        raise InputError(
+            "not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)", source=str(path)
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the worker wheel: {exc}", source=str(path)) from None
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = "/".join(p for p in (prefix.strip("/"), "agent", sha256, path.name) if p)
+    caller = AwsCaller(s3)
+    try:
+        caller.call(
+            "head_object",
+            passthrough=frozenset({"404", "NoSuchKey", "NotFound"}),
+            Bucket=bucket,
+            Key=key,
+        )
+        return f"s3://{bucket}/{key}", sha256
+    except ClientError:
+        pass  # not there yet
+    caller.call(
+        "put_object",
+        Bucket=bucket,
+        Key=key,
+        Body=data,
+        ContentType="application/zip",
+        Metadata={"sha256": sha256},
+    )
+    log.info("worker wheel %s published to s3://%s/%s", path.name, bucket, key)
+    return f"s3://{bucket}/{key}", sha256
+
+
+def wheel_presigner(s3: Any, url: str, expires_s: int = WHEEL_URL_EXPIRES_S) -> Callable[[], str]:
+    """A function returning a fresh presigned HTTPS URL of the wheel at `url` (s3://...),
+    for `WorkerBootstrap.wheel_url`: each launch gets one valid for `expires_s`."""
+    scheme, bucket, key, _, _ = urlsplit(url)
+    if scheme != "s3" or not bucket or not key.strip("/"):
+        raise _invalid("url", url, "an s3://bucket/key URL")
+
+    def presign() -> str:
+        return str(
+            s3.generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": key.lstrip("/")}, ExpiresIn=expires_s
+            )
+        )
+
+    return presign
+
+
+def _check(name: str, value: Any, pattern: re.Pattern[str], what: str) -> None:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise _invalid(name, value, what)
+
+
+def _invalid(name: str, value: Any, what: str) -> InputError:
+    return InputError(
+        f"must be {what}", where="worker bootstrap", field=name, value=value, has_value=True
+    )

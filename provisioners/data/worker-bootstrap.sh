@@ -1,0 +1,185 @@
+#!/bin/bash
+# Worker bootstrap: the EC2 user data of one instance the autoscaler launches.
+#
+# Rendered for each launch by provisioners.bootstrap.WorkerBootstrap.render, which
+# replaces each double-braced placeholder below with a shell-quoted value:
+#   DAEMON_ADDRESS   host:port of the daemon the worker registers with
+#   CA_PEM           the cluster's CA certificate (public), to check the daemon with
+#   CLUSTER_ID       [ec2] cluster_id
+#   REGION           the AWS region; the worker reads its token from SSM there
+#   TOKEN_PARAMETER  name of the SSM SecureString holding the worker token. The token
+#                    itself is never in user data: anything reaching the metadata
+#                    service, or DescribeInstanceAttribute, can read user data.
+#   INSTANCE_ID      the autoscaler's id for this instance (its launch token)
+#   WHEEL_URL        short-lived (presigned) URL of the worker agent wheel
+#   WHEEL_FILE       the wheel's file name
+#   WHEEL_SHA256     the wheel's sha256: nothing is installed unless it matches
+#   ACCELERATOR      "nvidia" for NVIDIA GPU types (driver and toolkit checked), else ""
+#
+# Supported images: Amazon Linux 2023 (dnf) and Ubuntu 22.04 / 24.04 (apt); the NVIDIA
+# Deep Learning Base AMI is Amazon Linux 2023 with the driver and container toolkit.
+#
+# Any failure shuts the instance down. The autoscaler launches it with
+# InstanceInitiatedShutdownBehavior=terminate, so a failed bootstrap stops billing at once
+# instead of waiting for the daemon's registration timeout.
+set -Eeuo pipefail
+
+DAEMON_ADDRESS={{DAEMON_ADDRESS}}
+CA_PEM={{CA_PEM}}
+CLUSTER_ID={{CLUSTER_ID}}
+REGION={{REGION}}
+TOKEN_PARAMETER={{TOKEN_PARAMETER}}
+INSTANCE_ID={{INSTANCE_ID}}
+WHEEL_URL={{WHEEL_URL}}
+WHEEL_FILE={{WHEEL_FILE}}
+WHEEL_SHA256={{WHEEL_SHA256}}
+ACCELERATOR={{ACCELERATOR}}
+
+# Tests run the script against a scratch directory; on an instance this is empty.
+ROOT=${AUTOSCALER_BOOTSTRAP_ROOT:-}
+WORKER_USER=autoscaler-worker
+VENV=/opt/autoscaler-worker
+STATE_DIR=/var/lib/autoscaler-worker
+CONFIG_DIR=/etc/autoscaler-worker
+LOG_FILE=$ROOT/var/log/autoscaler-bootstrap.log
+
+mkdir -p "$(dirname "$LOG_FILE")"
+log() { echo "autoscaler-bootstrap [$INSTANCE_ID]: $*" | tee -a "$LOG_FILE" >&2; }
+
+STEP="starting"
+FINISHED=0
+on_exit() {
+  local status=$?
+  if [ "$FINISHED" != 1 ]; then
+    log "FAILED while ${STEP} (exit status ${status}); shutting the instance down"
+    shutdown -h now "autoscaler worker bootstrap failed while ${STEP}" || poweroff -f
+  fi
+}
+trap on_exit EXIT
+step() { STEP=$*; log "$*"; }
+
+# A command, retried: package mirrors and first-boot locks come and go.
+retry() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    if "$@"; then return 0; fi
+    log "attempt ${attempt} of '$*' failed; retrying"
+    sleep $((attempt * 5))
+  done
+  "$@"
+}
+
+# Ubuntu runs apt (unattended-upgrades, cloud-init) on first boot: wait for its locks.
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 -q -y "$@"; }
+
+step "reading the operating system"
+# shellcheck disable=SC1091
+. "$ROOT/etc/os-release"
+case "${ID:-}:${VERSION_ID:-}" in
+  amzn:2023)
+    step "installing Docker and Python 3.11 (dnf)"
+    # Not curl: AL2023 ships curl-minimal, which conflicts with the curl package.
+    retry dnf install -y -q docker python3.11 python3.11-pip
+    PYTHON=python3.11
+    ;;
+  ubuntu:22.04)
+    step "installing Docker and Python 3.11 (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    retry apt_get update
+    retry apt_get install --no-install-recommends docker.io python3.11 python3.11-venv curl ca-certificates
+    PYTHON=python3.11
+    ;;
+  ubuntu:24.04)
+    step "installing Docker and Python (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    retry apt_get update
+    retry apt_get install --no-install-recommends docker.io python3-venv curl ca-certificates
+    PYTHON=python3.12
+    ;;
+  *)
+    log "unsupported image: ${PRETTY_NAME:-${ID:-unknown}} (Amazon Linux 2023, Ubuntu 22.04 or 24.04)"
+    exit 1
+    ;;
+esac
+
+step "starting Docker"
+systemctl enable --now docker
+docker info >/dev/null
+
+if [ "$ACCELERATOR" = nvidia ]; then
+  step "checking the NVIDIA driver and container toolkit"
+  nvidia-smi -L
+  if ! command -v nvidia-ctk >/dev/null; then
+    log "no NVIDIA container toolkit: use an image with it for this type ([ec2.ami])"
+    exit 1
+  fi
+fi
+
+step "downloading the worker agent ${WHEEL_FILE}"
+DOWNLOAD=$(mktemp -d "${ROOT}/tmp/autoscaler-wheel.XXXXXX")
+retry curl -fsS --connect-timeout 10 --max-time 300 -o "$DOWNLOAD/$WHEEL_FILE" "$WHEEL_URL"
+step "checking the wheel's sha256"
+echo "$WHEEL_SHA256  $DOWNLOAD/$WHEEL_FILE" | sha256sum --check --strict --quiet -
+
+step "installing the worker agent"
+"$PYTHON" -m venv "$ROOT$VENV"
+retry "$ROOT$VENV/bin/pip" install --quiet --no-input --disable-pip-version-check \
+  "$DOWNLOAD/$WHEEL_FILE"
+"$ROOT$VENV/bin/autoscaler" worker --help >/dev/null
+rm -rf "$DOWNLOAD"
+
+step "creating the unprivileged user ${WORKER_USER} (group docker)"
+if ! id -u "$WORKER_USER" >/dev/null 2>&1; then
+  useradd --system --home-dir "$STATE_DIR" --shell /usr/sbin/nologin "$WORKER_USER"
+fi
+usermod -a -G docker "$WORKER_USER"
+install -d -m 0750 "$ROOT$STATE_DIR"
+chown "$WORKER_USER:" "$ROOT$STATE_DIR"
+
+step "finding the address the daemon reaches this worker at (IMDSv2)"
+IMDS_TOKEN=$(curl -fsS -X PUT --connect-timeout 5 "http://169.254.169.254/latest/api/token" \
+  -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
+ADVERTISE=$(curl -fsS --connect-timeout 5 -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" \
+  "http://169.254.169.254/latest/meta-data/local-ipv4")
+
+step "writing the worker's configuration (no secret in it)"
+install -d -m 0755 "$ROOT$CONFIG_DIR"
+printf '%s\n' "$CA_PEM" > "$ROOT$CONFIG_DIR/ca.pem"
+chmod 0644 "$ROOT$CONFIG_DIR/ca.pem"
+cat > "$ROOT$CONFIG_DIR/env" <<ENV
+AUTOSCALER_CLUSTER_ID=$CLUSTER_ID
+AUTOSCALER_INSTANCE_ID=$INSTANCE_ID
+AUTOSCALER_DAEMON=$DAEMON_ADDRESS
+AUTOSCALER_TOKEN_SSM=$TOKEN_PARAMETER
+AUTOSCALER_ADVERTISE=$ADVERTISE
+AWS_REGION=$REGION
+AWS_DEFAULT_REGION=$REGION
+ENV
+install -d -m 0755 "$ROOT/etc/systemd/system"
+cat > "$ROOT/etc/systemd/system/autoscaler-worker.service" <<UNIT
+[Unit]
+Description=Autoscaler worker agent (cluster ${CLUSTER_ID})
+After=docker.service network-online.target
+Requires=docker.service
+Wants=network-online.target
+
+[Service]
+User=${WORKER_USER}
+Group=${WORKER_USER}
+SupplementaryGroups=docker
+EnvironmentFile=${CONFIG_DIR}/env
+WorkingDirectory=${STATE_DIR}
+ExecStart=${VENV}/bin/autoscaler worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE}
+Restart=always
+RestartSec=5
+NoNewPrivileges=true
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+
+step "starting the worker agent"
+systemctl daemon-reload
+systemctl enable --now autoscaler-worker
+FINISHED=1
+log "worker agent started; it registers with ${DAEMON_ADDRESS}"

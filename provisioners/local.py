@@ -1,0 +1,293 @@
+"""`LocalCloud`: the `Cloud` interface on this machine — an instance is a worker agent process.
+
+For trying the whole system without an AWS account (Ray's "fake multinode",
+Karpenter's KWOK): launching an instance of type T starts `autoscaler worker`
+on this host, advertising T's capacity (from the catalog), so the daemon packs
+tasks onto it as onto an EC2 instance of that type, and the containers' cgroup
+limits enforce what each task may use. Terminating stops the agent and removes
+its containers. Billing is the catalog price (the state's ledger), so cost
+reports mean what they would on EC2. Launch delays can be emulated.
+
+Restart-safe like EC2: every instance is a directory under `root/instances/`
+(its launch token, type, the agent's process id) written before the agent
+starts, and the agents run in their own sessions, so a daemon killed with
+SIGKILL and restarted lists, adopts or terminates exactly what is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autoscaler.catalog import Catalog
+from autoscaler.cloud import (
+    AvailabilityCache,
+    CloudInstance,
+    CloudRequestError,
+    LaunchRequest,
+    UnavailableOffering,
+)
+
+#: Docker label the worker agent puts on every container it runs (its instance id).
+INSTANCE_LABEL = "autoscaler.instance"
+
+
+class LocalCloud:
+    """Instances are `autoscaler worker` processes on this host."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        root: Path,
+        *,
+        daemon_address: str,
+        ca_path: Path,
+        token_path: Path,
+        docker_url: str | None = None,
+        emulate_delays: bool = False,
+        clock: Callable[[], float] = time.time,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self.root = root
+        self.daemon_address = daemon_address
+        self.ca_path = ca_path
+        self.token_path = token_path
+        self.docker_url = docker_url or os.environ.get("DOCKER_HOST")
+        self.emulate_delays = emulate_delays
+        self.clock = clock
+        self.python = python
+        self.extra_env = extra_env or {}
+        self.availability = AvailabilityCache()
+        self._lock = threading.RLock()
+        (root / "instances").mkdir(parents=True, exist_ok=True)
+
+    # -- the Cloud interface ---------------------------------------------------------------
+
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    def launch(self, request: LaunchRequest) -> CloudInstance:
+        """Start an agent for this launch token, or return the one it already started."""
+        with self._lock:
+            if request.instance_type not in self._catalog:
+                raise CloudRequestError(
+                    f"instance type {request.instance_type} is not in the catalog"
+                )
+            existing = self._read(request.launch_token)
+            if existing is not None and existing["state"] != "terminated":
+                return self._view(existing)
+            itype = self._catalog[request.instance_type]
+            delays = itype.launch_delays if self.emulate_delays else None
+            record = {
+                "token": request.launch_token,
+                "cloud_id": f"local-{secrets.token_hex(6)}",
+                "type": itype.name,
+                "launched_at": self.clock(),
+                "running_at": self.clock() + (delays.acquisition_s if delays else 0.0),
+                "setup_s": delays.setup_s if delays else 0.0,
+                "state": "pending",
+                "pid": None,
+            }
+            self._write(record)  # recorded before the process exists: a crash leaves a trace
+            record["pid"] = self._start_agent(record)
+            self._write(record)
+            return self._view(record)
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Stop these agents and remove their containers; unknown ids are not an error."""
+        with self._lock:
+            wanted = set(instance_ids)
+            for record in self._records():
+                if record["cloud_id"] in wanted and record["state"] != "terminated":
+                    self._stop_agent(record)
+                    record["state"] = "terminated"
+                    record["terminated_at"] = self.clock()
+                    self._write(record)
+
+    def list(self) -> list[CloudInstance]:
+        """Instances not terminated. An agent that died on its own is a terminated instance."""
+        with self._lock:
+            out = []
+            for record in self._records():
+                if record["state"] == "terminated":
+                    continue
+                if record["pid"] is not None and not _alive(record["pid"], record["token"]):
+                    record["state"] = "terminated"
+                    record["terminated_at"] = self.clock()
+                    self._write(record)
+                    continue
+                out.append(self._view(record))
+            return sorted(out, key=lambda i: i.instance_id)
+
+    def unavailable(self) -> list[UnavailableOffering]:
+        return self.availability.offerings(self.clock())
+
+    # -- cleaning up ----------------------------------------------------------------------
+
+    def terminate_all(self) -> list[str]:
+        """Stop every agent this cloud started (`autoscaler down`); returns their tokens."""
+        records = [r for r in self._records() if r["state"] != "terminated"]
+        self.terminate([r["cloud_id"] for r in records])
+        return [r["token"] for r in records]
+
+    # -- agents ------------------------------------------------------------------------------
+
+    def _start_agent(self, record: dict[str, Any]) -> int:
+        itype = self._catalog[record["type"]]
+        directory = self._dir(record["token"])
+        work = directory / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        capacity = ",".join(f"{v:g}" for v in itype.capacity)
+        command = [
+            self.python,
+            "-m",
+            "autoscaler",
+            "worker",
+            "--daemon",
+            self.daemon_address,
+            "--ca",
+            str(self.ca_path),
+            "--token-file",
+            str(self.token_path),
+            "--instance-id",
+            record["token"],
+            "--capacity",
+            capacity,
+            "--work-dir",
+            str(work),
+            "--listen",
+            "127.0.0.1:0",
+            "--advertise",
+            "127.0.0.1",
+        ]
+        if self.docker_url:
+            command += ["--docker", self.docker_url]
+        wait = max(0.0, record["running_at"] - self.clock()) + record["setup_s"]
+        if wait > 0:
+            # Emulated acquisition and setup: the agent registers when EC2's would.
+            command = ["sh", "-c", f'sleep {wait:.3f} && exec "$@"', "agent", *command]
+        log = (directory / "agent.log").open("ab")
+        env = {**os.environ, **self.extra_env, "AUTOSCALER_INSTANCE_ID": record["token"]}
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # survives the daemon, as an instance would
+        )
+        log.close()
+        return process.pid
+
+    def _stop_agent(self, record: dict[str, Any], grace_s: float = 10.0) -> None:
+        pid = record.get("pid")
+        if pid and _alive(pid, record["token"]):
+            _signal_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+        self._remove_containers(record["token"])
+
+    def _remove_containers(self, token: str) -> None:
+        """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
+        try:
+            import docker
+
+            client = (
+                docker.DockerClient(base_url=self.docker_url)
+                if self.docker_url
+                else (docker.from_env())
+            )
+        except Exception:
+            return  # no engine: the agent never ran a container
+        try:
+            for container in client.containers.list(
+                all=True, filters={"label": f"{INSTANCE_LABEL}={token}"}
+            ):
+                container.remove(force=True)
+        finally:
+            client.close()
+
+    # -- the registry --------------------------------------------------------------------------
+
+    def _dir(self, token: str) -> Path:
+        return self.root / "instances" / token
+
+    def _read(self, token: str) -> dict[str, Any] | None:
+        path = self._dir(token) / "instance.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _write(self, record: dict[str, Any]) -> None:
+        directory = self._dir(record["token"])
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / "instance.json.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, directory / "instance.json")
+
+    def _records(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted((self.root / "instances").glob("*/instance.json")):
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _view(self, record: dict[str, Any]) -> CloudInstance:
+        state = record["state"]
+        if state == "pending" and self.clock() >= record["running_at"]:
+            state = "running"
+        return CloudInstance(
+            record["cloud_id"],
+            record["type"],
+            state,  # type: ignore[arg-type]
+            "local",
+            record["token"],
+            record["launched_at"],
+        )
+
+
+def _alive(pid: int, token: str | None = None) -> bool:
+    """Is the agent `pid` (for launch `token`) still running? A reused pid is not it."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child and exited
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if token is not None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return True  # no /proc here: trust the pid
+        # Empty while the process is between fork and exec: not yet known to be another.
+        return not cmdline or token.encode() in cmdline
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

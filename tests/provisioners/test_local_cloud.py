@@ -1,0 +1,124 @@
+"""The local cloud: instances are agent processes on this host, tracked on disk so a
+restarted daemon finds them; terminating one stops its process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autoscaler.bundled import bundled
+from autoscaler.cloud import CloudRequestError, LaunchRequest
+from autoscaler.files import load_catalog
+from provisioners.local import LocalCloud, _alive
+
+
+@pytest.fixture
+def fake_agent(tmp_path: Path) -> str:
+    """A stand-in for `python -m autoscaler worker …`: it records its arguments and waits."""
+    script = tmp_path / "fake-python"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, time, pathlib\n"
+        "pathlib.Path(sys.argv[sys.argv.index('--work-dir') + 1], 'argv').write_text("
+        "' '.join(sys.argv[1:]))\n"
+        "time.sleep(600)\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tmp_path: Path, python: str, **kwargs) -> LocalCloud:
+    return LocalCloud(
+        load_catalog(bundled("ec2_config.json")),
+        tmp_path / "cloud",
+        daemon_address="127.0.0.1:7443",
+        ca_path=tmp_path / "ca.pem",
+        token_path=tmp_path / "worker.token",
+        python=python,
+        **kwargs,
+    )
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_launch_starts_one_agent_advertising_the_types_capacity(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent)
+    try:
+        first = cloud.launch(LaunchRequest("c7i.xlarge", "tok-1"))
+        again = cloud.launch(LaunchRequest("c7i.xlarge", "tok-1"))  # idempotent by token
+        assert again.instance_id == first.instance_id and first.launch_token == "tok-1"
+        [listed] = cloud.list()
+        assert (listed.instance_id, listed.state, listed.instance_type) == (
+            first.instance_id,
+            "running",
+            "c7i.xlarge",
+        )
+        argv = tmp_path / "cloud" / "instances" / "tok-1" / "work" / "argv"
+        wait_for(argv.exists)
+        args = argv.read_text()
+        assert "--instance-id tok-1" in args and "--capacity 0,2,8" in args
+        assert "--token-file" in args and "--daemon 127.0.0.1:7443" in args
+    finally:
+        cloud.terminate_all()
+
+
+def test_terminate_stops_the_agent_and_a_restarted_daemon_still_sees_the_rest(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent)
+    a = cloud.launch(LaunchRequest("c7i.large", "tok-a"))
+    b = cloud.launch(LaunchRequest("c7i.large", "tok-b"))
+    pid_a = cloud._read("tok-a")["pid"]
+    try:
+        cloud.terminate([a.instance_id, "local-unknown"])
+        assert not _alive(pid_a, "tok-a")
+        restarted = make(tmp_path, fake_agent)  # a new process, nothing in memory
+        assert [i.instance_id for i in restarted.list()] == [b.instance_id]
+        # launching a token again after a restart returns what it started
+        assert restarted.launch(LaunchRequest("c7i.large", "tok-b")).instance_id == b.instance_id
+    finally:
+        cloud.terminate_all()
+    assert cloud.list() == []
+
+
+def test_an_agent_that_dies_is_an_instance_gone(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent)
+    cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    pid = cloud._read("tok-1")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: cloud.list() == [])
+    assert cloud._read("tok-1")["state"] == "terminated"
+
+
+def test_emulated_delays_keep_it_pending_until_acquired(tmp_path, fake_agent):
+    clock = Clock()
+    cloud = make(tmp_path, fake_agent, emulate_delays=True, clock=clock)
+    try:
+        launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+        assert launched.state == "pending"
+        acquisition = load_catalog(bundled("ec2_config.json"))["c7i.large"].launch_delays
+        clock.now += acquisition.acquisition_s + 0.01
+        assert [i.state for i in cloud.list()] == ["running"]
+    finally:
+        cloud.terminate_all()
+
+
+def test_a_type_outside_the_catalog_is_refused(tmp_path, fake_agent):
+    with pytest.raises(CloudRequestError, match="not in the catalog"):
+        make(tmp_path, fake_agent).launch(LaunchRequest("x9.huge", "tok-1"))

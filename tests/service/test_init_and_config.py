@@ -1,0 +1,108 @@
+"""`autoscaler init` and the cluster configuration it writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from autoscaler.cli import main
+from autoscaler.errors import InputError
+from autoscaler.service.config import load_cluster_config
+from executor.security import Authority, certificate_names
+
+SECRETS = ("ca.pem", "ca.key", "server.pem", "server.key", "api.token", "worker.token")
+
+
+def test_init_writes_a_configuration_that_loads_and_secrets_only_the_owner_reads(tmp_path, capsys):
+    assert main(["init", "--dir", str(tmp_path), "--name", "lab-7"]) == 0
+    config = load_cluster_config(tmp_path / "autoscaler.toml")
+    assert config.cluster.name == "lab-7" and config.cloud.provider == "ec2"
+    assert config.provisioner.ec2.cluster_id == "lab-7"  # said once, in [cluster]
+    assert config.storage.url == "s3://REPLACE-WITH-YOUR-BUCKET/lab-7"
+    rails = config.control_options().guardrails
+    assert rails.max_hourly_spend is not None and rails.max_instances is not None  # safe limits
+    assert config.provisioner.ec2.dry_run  # a first run launches nothing
+    for name in SECRETS:
+        mode = stat.S_IMODE(os.stat(tmp_path / "secrets" / name).st_mode)
+        assert mode == 0o600, name
+    token = (tmp_path / "secrets" / "api.token").read_text()
+    assert token not in capsys.readouterr().out  # never printed
+    # the daemon's certificate is the CA's, for the name clients verify
+    ca = (tmp_path / "secrets" / "ca.pem").read_bytes()
+    cert = (tmp_path / "secrets" / "server.pem").read_bytes()
+    assert "autoscaler-daemon" in certificate_names(cert)
+    assert (
+        Authority.load(tmp_path / "secrets" / "ca.pem", tmp_path / "secrets" / "ca.key").cert_pem
+        == ca
+    )
+
+
+def test_init_twice_never_overwrites_a_secret_or_the_configuration(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local"])
+    before = {n: (tmp_path / "secrets" / n).read_bytes() for n in SECRETS}
+    config_before = (tmp_path / "autoscaler.toml").read_text()
+    main(["init", "--dir", str(tmp_path), "--name", "other"])
+    assert {n: (tmp_path / "secrets" / n).read_bytes() for n in SECRETS} == before
+    assert (tmp_path / "autoscaler.toml").read_text() == config_before
+
+
+def test_two_inits_make_two_different_clusters(tmp_path):
+    main(["init", "--dir", str(tmp_path / "a")])
+    main(["init", "--dir", str(tmp_path / "b")])
+    a = load_cluster_config(tmp_path / "a" / "autoscaler.toml").cluster.name
+    b = load_cluster_config(tmp_path / "b" / "autoscaler.toml").cluster.name
+    assert a != b  # no shared default: tags and tokens of two deployments never collide
+
+
+def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "laptop"])
+    config = load_cluster_config(tmp_path / "autoscaler.toml")
+    assert config.cloud.provider == "local"
+    assert config.storage.url == f"file://{tmp_path.resolve()}/storage"
+    assert config.state.url == f"sqlite:///{tmp_path.resolve()}/state.db"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("interval_s = 300", "interval_s = -5"),
+            "[cluster]: field 'interval_s' = -5: input should be greater than 0",
+        ),
+        (("interval_s = 300", "interval_s = nan"), "[cluster]: field 'interval_s' = nan"),
+        (("step_s = 5", "step_s = 5\ncolour = 'red'"), "[cluster]: field 'colour': unknown field"),
+        (('provider = "local"', 'provider = "gcp"'), "[cloud]: field 'provider' = 'gcp'"),
+        (('listen = "127.0.0.1:7443"', 'listen = "7443"'), "must be HOST:PORT"),
+        (("max_attempts = 3", "max_attempts = 0"), "[limits]: field 'max_attempts' = 0"),
+        (
+            ("default_throughput = 0.95", "default_throughput = 1.5"),
+            "[planner]: field 'default_throughput' = 1.5",
+        ),
+        (('name = "c1"', 'name = "bad/name"'), "[cluster]: field 'name' = 'bad/name'"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_table_field_and_value(tmp_path, edit, message):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    old, new = edit
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(InputError) as bad:
+        load_cluster_config(path)
+    assert message in str(bad.value) and "\n" not in str(bad.value)
+
+
+def test_ec2_may_not_contradict_the_cluster(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text().replace("[ec2]\n", '[ec2]\ncluster_id = "c2"\n'))
+    with pytest.raises(InputError, match="contradicts \\[cluster\\]"):
+        load_cluster_config(path)
+
+
+def test_a_missing_configuration_says_how_to_make_one(tmp_path, capsys):
+    assert main(["status", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "autoscaler init" in capsys.readouterr().err

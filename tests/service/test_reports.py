@@ -1,0 +1,123 @@
+"""Cost reports from the database alone: who pays for a shared instance, what no packing
+would have cost, and what adding jobs would do."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from autoscaler.cli import main
+from autoscaler.reports import attribute, timeline
+from autoscaler.service.cli import parse_since
+from autoscaler.service.config import load_cluster_config
+from autoscaler.service.wiring import open_state
+from autoscaler.store import Placement, TaskUpdate, UptimeInterval
+from tests.builders import job
+from tests.service.test_submit import GOOD, write_job
+
+
+def test_a_shared_instance_is_split_by_weight_and_idle_time_is_nobodys():
+    # $3.6/h = $0.001/s from 0 to 1000. j1 (weight 1) is on it 100-600, j2 (weight 3)
+    # 300-800: idle 0-100 and 800-1000, j1 alone 100-300, shared 1:3 300-600, j2 alone
+    # 600-800.
+    uptime = [UptimeInterval("i-1", "big", 3.6, 0.0, 1000.0)]
+    placements = [
+        Placement("j1/0", "j1", "i-1", 1, 100.0, 600.0),
+        Placement("j2/0", "j2", "i-1", 1, 300.0, 800.0),
+    ]
+    weights = {"j1/0": 1.0, "j2/0": 3.0}
+    jobs, idle = attribute(uptime, placements, lambda p, _: weights[p.task_id], 0.0, 1000.0)
+    assert jobs == pytest.approx({"j1": 0.2 + 0.075, "j2": 0.225 + 0.2})
+    assert idle == pytest.approx(0.1 + 0.2)
+    assert sum(jobs.values()) + idle == pytest.approx(1.0)  # the ledger, to the cent
+    # a window cuts both ledgers alike
+    jobs, idle = attribute(uptime, placements, lambda p, _: weights[p.task_id], 500.0, 700.0)
+    assert jobs == pytest.approx({"j1": 0.025, "j2": 0.075 + 0.1}) and idle == 0
+
+
+def test_the_timeline_steps_with_the_ledger():
+    uptime = [UptimeInterval("a", "t", 3.6, 0.0, 100.0), UptimeInterval("b", "t", 7.2, 50.0, None)]
+    points = timeline(uptime, 0.0, 150.0)
+    expected = [(0.0, 3.6, 0.0), (50.0, 10.8, 0.05), (100.0, 7.2, 0.2), (150.0, 7.2, 0.3)]
+    assert [p[0] for p in points] == [e[0] for e in expected]
+    for got, want in zip(points, expected, strict=True):
+        assert got == pytest.approx(want)
+
+
+@pytest.fixture
+def history(cluster_dir):
+    """A small history in the cluster's database, as a daemon would have written it: two
+    jobs sharing one c7i.2xlarge-priced instance, then one moving to its own."""
+    config = load_cluster_config(cluster_dir / "autoscaler.toml")
+    store = open_state(config, create=True)
+    t0 = time.time() - 10 * 3600  # a history of the last ten hours
+    store.submit_job(job("a", (0, 2, 8)), owner="ana", at=t0)
+    store.submit_job(job("b", (0, 2, 8)), owner="bo", at=t0)
+    store.request_instance("i-1", "c7i.2xlarge", 0.357, t0)
+    store.transition_instance("i-1", "running", t0 + 10, cloud_id="c-1")
+    both = [TaskUpdate(t, status="running", instance_id="i-1", attempt=1) for t in ("a/0", "b/0")]
+    store.update_tasks(both, t0 + 100)
+    store.request_instance("i-2", "c7i.large", 0.08925, t0 + 3600)
+    store.transition_instance("i-2", "running", t0 + 3610, cloud_id="c-2")
+    store.update_tasks([TaskUpdate("b/0", instance_id="i-2", attempt=2)], t0 + 3700)
+    store.job_finished("a", t0 + 7200)
+    store.transition_instance("i-1", "terminated", t0 + 7300)
+    store.close()
+    return config, t0
+
+
+def test_cost_report_sums_equal_the_ledger_and_work_without_a_daemon(history, tmp_path, capsys):
+    config, _ = history
+    out = tmp_path / "cost.json"
+    plot = tmp_path / "cost"
+    assert (
+        main(["cost-report", "--config", str(config.path), "--json", str(out), "--plot", str(plot)])
+        == 0
+    )
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    store = open_state(config)
+    ledger = store.cost_between(0, report["until"])
+    store.close()
+    assert report["spend"] == pytest.approx(ledger, abs=1e-5)
+    assert sum(report["spend_by_type"].values()) == pytest.approx(ledger, abs=1e-5)
+    assert sum(report["spend_by_job"].values()) + report["idle"] == pytest.approx(ledger, abs=1e-5)
+    # i-1 ran 0..7300 at $0.357/h: idle 0-100 and 7200-7300; a and b shared it 100-3700.
+    assert report["spend_by_job"]["a"] == pytest.approx(0.357 * (3600 / 2 + 3500) / 3600, rel=1e-6)
+    assert report["hourly_cost_now"] == pytest.approx(0.08925)  # only i-2 bills now
+    assert "Spend" in text and "(idle: no task on the instance)" in text
+    assert "plot written to" in text and (tmp_path / "cost.png").stat().st_size > 10_000
+
+
+def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
+    history, tmp_path, capsys
+):
+    config, _ = history
+    path = write_job(tmp_path, GOOD)
+    store = open_state(config)
+    rounds, instances = len(store.rounds()), len(store.instances(include_finished=True))
+    store.close()
+    assert main(["cost-report", "--config", str(config.path), "--dry-run", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "Dry run: adding 1 job(s), 2 task(s)" in text
+    assert "the next round would launch" in text and "$/h would go from $0.09" in text
+    store = open_state(config)
+    assert (len(store.rounds()), len(store.instances(include_finished=True))) == (rounds, instances)
+    assert [j.job_id for j in store.jobs()] == ["a", "b"]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("86400", 86400.0), ("24h", 1e6 - 86400), ("7d", 1e6 - 7 * 86400), ("1970-01-02", 86400.0)],
+)
+def test_since_reads_epochs_spans_and_dates(text, expected):
+    assert parse_since(text, 1e6) == pytest.approx(expected)
+
+
+def test_a_bad_since_is_one_line(history, capsys):
+    config, _ = history
+    assert main(["cost-report", "--config", str(config.path), "--since", "yesterday"]) == 2
+    assert "field '--since' = 'yesterday'" in capsys.readouterr().err

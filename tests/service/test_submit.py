@@ -1,0 +1,248 @@
+"""Submitting jobs through the CLI and the API: checked before anything is uploaded or
+queued, uploaded once, refused in one line with the queue left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from autoscaler.cli import main
+from autoscaler.jobs import spec_from_document
+from autoscaler.service.api import ApiRefused
+from autoscaler.service.cli import connect
+from autoscaler.service.jobfile import pack_context
+from executor.security import secure_channel
+
+
+def write_job(directory: Path, body: str, name: str = "job.toml") -> Path:
+    context = directory / "train"
+    context.mkdir(exist_ok=True)
+    (context / "Dockerfile").write_text("FROM autoscaler/python:3.11\nCOPY train.py /app/\n")
+    (context / "train.py").write_text("print('training')\n")
+    path = directory / name
+    path.write_text(body)
+    return path
+
+
+GOOD = """
+name = "resnet18"
+full_throughput = 2.5
+[tasks.node0]
+context = "train"
+command = ["python", "/app/train.py"]
+demand = { any = [0, 1, 2] }
+replicas = 2
+"""
+
+
+def submit(api, *paths, extra=()):
+    return main(["submit", "--config", str(api.config.path), *map(str, paths), *extra])
+
+
+def test_a_job_is_checked_packed_uploaded_once_and_queued(api, tmp_path, capsys):
+    path = write_job(tmp_path, GOOD)
+    assert submit(api, path, extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    record = api.store.job(job_id)
+    assert record.status == "queued" and record.owner
+    tasks = record.spec.tasks
+    assert [t.name for t in tasks] == ["node0-0", "node0-1"]
+    # both replicas share one uploaded context, named by its digest
+    _, digest = pack_context(tmp_path / "train")
+    assert {t.run.build_context for t in tasks} == {api.storage.ref(f"contexts/{digest}.tar.gz")}
+    assert api.storage.list("contexts/") == [f"contexts/{digest}.tar.gz"]
+    assert tasks[0].run.command == ("python", "/app/train.py") and not tasks[0].run.network
+    # the same directory again: nothing new is uploaded
+    assert submit(api, path) == 0
+    assert api.storage.list("contexts/") == [f"contexts/{digest}.tar.gz"]
+    assert len(api.store.jobs()) == 2
+
+
+def test_a_job_id_given_twice_is_refused_and_the_first_kept(api, tmp_path, capsys):
+    path = write_job(tmp_path, 'id = "once"\n' + GOOD)
+    assert submit(api, path) == 0
+    capsys.readouterr()
+    assert submit(api, path) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a job with id 'once' already exists" in err
+    assert [j.job_id for j in api.store.jobs()] == ["once"]
+
+
+A = "name = 'x'\n[tasks.a]\ncontext = 'train'\n"  # a job with one task, a context
+OK = "demand = { any = [0, 1, 2] }\n"
+
+BAD = [
+    (A + "demand = { any = [0, 0, 0] }", "asks for nothing"),
+    (A + "demand = { any = [0, -1, 2] }", "demand.any.1"),
+    (A + "demand = { any = [0, nan, 2] }", "demand.any.1"),
+    (A + "demand = { any = [0, inf, 2] }", "demand.any.1"),
+    (A + "demand = { any = [0, 1] }", "demand.any"),
+    (A + "demand = { any = [0, 'one', 2] }", "demand.any.1"),
+    (A + "demand = {}", "needs at least one vector"),
+    (A + "demand = { gpu9 = [0, 1, 2] }", "no instance type in the catalog has family 'gpu9'"),
+    (A + "demand = { any = [9, 1, 2] }", "fits no instance type"),
+    (A + "demand = { any = [0, 999, 2] }", "fits no instance type"),
+    (A.replace("'train'", "'nowhere'") + OK, "field 'context' = 'nowhere': is not a directory"),
+    (A.replace("'train'", "'.'") + OK, "has no Dockerfile"),
+    ("name = 'x'\n[tasks.a]\n" + OK, "give either 'context'"),
+    (A + "image = 'i'\n" + OK, "give either 'context'"),
+    (A + OK + "replicas = 0", "field 'tasks.a.replicas' = 0"),
+    (A + OK + "shm_size_gb = -1", "tasks.a.shm_size_gb"),
+    (A + OK + "env = { AUTOSCALER_JOB_ID = 'x' }", "is reserved"),
+    (A + OK + "env = { '1BAD' = 'x' }", "not an environment variable name"),
+    (A + OK + "colour = 'red'", "field 'tasks.a.colour': unknown field"),
+    (A.replace("tasks.a", "tasks.'a/b'") + OK, "tasks.a/b"),
+    ("name = 'x'\ntasks = {}", "needs at least one task"),
+    ("[tasks.a]\ncontext = 'train'\n" + OK, "field 'name': is required"),
+    (A.replace("'x'", "'x y'") + OK, "field 'name' = 'x y'"),
+    ("id = '../etc'\n" + A + OK, "field 'id' = '../etc'"),
+    ("full_throughput = 0\n" + A + OK, "field 'full_throughput' = 0"),
+    ("max_tasks_per_instance = 0\n" + A + OK, "field 'max_tasks_per_instance' = 0"),
+    ("name = 'x'\n[tasks.a\ncontext = 'train'", "malformed TOML"),
+    (A + "command = 'python train.py'\n" + OK, "tasks.a.command"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD, ids=[m for _, m in BAD])
+def test_a_bad_job_file_is_one_line_exit_2_and_the_queue_is_unchanged(
+    api, tmp_path, capsys, body, message
+):
+    path = write_job(tmp_path, body)
+    before = [(j.job_id, j.status) for j in api.store.jobs()]
+    assert submit(api, path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoscaler: error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert "Traceback" not in err
+    assert [(j.job_id, j.status) for j in api.store.jobs()] == before
+    assert api.storage.list("contexts/") == []  # nothing was uploaded either
+
+
+def test_eva_config_json_is_accepted(api, tmp_path, capsys):
+    (tmp_path / "worker0").mkdir()
+    (tmp_path / "worker0" / "Dockerfile").write_text("FROM autoscaler/python:3.11\n")
+    config = {
+        "name": "two_node_resnet18",
+        "tasks": [
+            {
+                "name": "node0",
+                "dir": "worker0/",
+                "demand": {"any": [0, 4, 24]},
+                "shm_size": 4,
+                "full_throughput": 2.5,
+            },
+            {
+                "name": "node0",
+                "dir": "worker0/",
+                "demand": {"any": [0, 4, 24]},
+                "shm_size": 4,
+                "full_throughput": 2.5,
+            },
+        ],
+        "total_iters": 5050,
+        "init_delay": 80,
+        "fetch_delay": 1,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert submit(api, path, extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    spec = api.store.job(job_id).spec
+    assert [t.name for t in spec.tasks] == ["node0-0", "node0-1"]
+    assert spec.full_throughput == 2.5 and spec.init_delay_s == 80
+    assert spec.tasks[0].run.shm_size_gb == 4 and spec.tasks[0].fetch_s == 1
+
+
+def test_calls_without_the_api_token_are_refused(api):
+    ca = api.config.secrets.ca_cert.read_bytes()
+    with secure_channel(api.config.api.listen, ca, "wrong", server_name="autoscaler-daemon") as ch:
+        call = ch.unary_unary(
+            "/autoscaler.api.v1.Submission/ListJobs",
+            request_serializer=lambda _: b"",
+            response_deserializer=lambda b: b,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            call(None, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_an_oversized_context_is_refused_before_it_is_read(api, tmp_path):
+    big = os.urandom(3 * 2**20)  # the fixture's limit is 2 MiB
+    import hashlib
+
+    digest = hashlib.sha256(big).hexdigest()
+    with connect(api.config) as client, pytest.raises(ApiRefused, match="over the limit of 2 MiB"):
+        client.upload_contexts({digest: big})
+    assert api.storage.list("contexts/") == []
+
+
+def test_a_context_whose_bytes_do_not_match_its_digest_is_refused(api):
+    with connect(api.config) as client, pytest.raises(ApiRefused, match="does not match"):
+        client.upload_contexts({"0" * 64: b"not what the digest says"})
+    assert api.storage.list("contexts/") == []
+
+
+def test_a_spec_from_a_hand_made_client_is_checked_by_the_daemon_too(api):
+    # A task id that is not "<job>/<name>" would let one job's task pass for another's.
+    task = {"task_id": "other/a", "job_id": "j", "name": "a", "workload": "x_a"}
+    spec = spec_from_document(
+        {"job_id": "j", "name": "x", "tasks": [{**task, "demands": [["any", [0, 1, 2]]]}]}
+    )
+    with connect(api.config) as client, pytest.raises(ApiRefused, match="must be 'j/<key>'"):
+        client.submit(spec, "me")
+    assert api.store.jobs() == []
+
+
+def test_orphan_contexts_are_collected_after_a_day(api, tmp_path):
+    data, digest = pack_context(write_job(tmp_path, GOOD).parent / "train")
+    with connect(api.config) as client:
+        client.upload_contexts({digest: data})  # the submit that should follow never comes
+    assert api.service.collect_orphan_contexts() == []  # young: maybe a submit in flight
+    api.clock[0] += 25 * 3600
+    assert api.service.collect_orphan_contexts() == [f"contexts/{digest}.tar.gz"]
+    assert api.storage.list("contexts/") == []
+
+
+def test_cancel_list_job_and_status_through_the_cli(api, tmp_path, capsys):
+    path = write_job(tmp_path, 'id = "j1"\n' + GOOD)
+    assert submit(api, path) == 0
+    capsys.readouterr()
+    config = ["--config", str(api.config.path)]
+    assert main(["jobs", *config]) == 0
+    assert "j1" in capsys.readouterr().out
+    assert main(["job", "j1", "--json", *config]) == 0
+    detail = json.loads(capsys.readouterr().out)
+    assert detail["status"] == "queued" and len(detail["task_list"]) == 2
+    assert main(["cancel", "j1", *config]) == 0
+    assert "cancelled j1" in capsys.readouterr().out
+    assert api.store.job("j1").status == "cancelled"
+    assert main(["cancel", "j1", *config]) == 0
+    assert "had already finished (cancelled)" in capsys.readouterr().out
+    assert main(["job", "nope", *config]) == 2
+    assert "no job 'nope'" in capsys.readouterr().err
+    assert main(["status", "--json", *config]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == {"cancelled": 1}
+
+
+def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autoscaler",
+            "jobs",
+            "--config",
+            str(cluster_dir / "autoscaler.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert "cannot reach the daemon" in run.stderr and "Traceback" not in run.stderr
