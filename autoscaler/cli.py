@@ -27,6 +27,7 @@ from autoscaler.table import format_table, money, shorten
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.validation import number_arg, output_path
 from autoscaler.view import ClusterView
+from executor.cli import register as register_worker_command
 from provisioners.cli import register as register_catalog_commands
 from simulator.cli import register as register_simulator_commands
 from state.cli import register as register_db_commands
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_simulator_commands(sub)
     register_db_commands(sub)
     register_cluster_commands(sub)
+    register_worker_command(sub)
     return parser
 
 

@@ -232,13 +232,20 @@ def channel_credentials(ca_pem: bytes, token: str) -> grpc.ChannelCredentials:
 
 
 def secure_channel(
-    target: str, ca_pem: bytes, token: str, *, server_name: str | None = None
+    target: str,
+    ca_pem: bytes,
+    token: str,
+    *,
+    server_name: str | None = None,
+    options: Iterable[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A channel to `target` (host:port); `server_name` is the name the server's
-    certificate must carry when it differs from the host in `target`."""
-    options: list[tuple[str, Any]] = [
+    certificate must carry when it differs from the host in `target`; `options`
+    are further channel arguments (reconnection backoff, keepalive)."""
+    options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        *options,
     ]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))

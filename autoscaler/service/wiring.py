@@ -61,9 +61,8 @@ def daemon_security(config: ClusterConfig) -> tuple[grpc.ServerCredentials, dict
 def build_bindings(config: ClusterConfig) -> Bindings:
     """State, storage, executor and cloud for `autoscaler daemon`."""
     from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
-    from executor.storage import open_storage
-
     from executor.security import Authority
+    from executor.storage import open_storage
 
     store = open_state(config, create=True)
     storage = open_storage(config.storage.url)

@@ -1,0 +1,310 @@
+"""`autoscaler worker`: the worker agent of one instance.
+
+    autoscaler worker --daemon HOST:PORT --ca FILE (--token-file FILE | --token-ssm NAME)
+        [--instance-id ID] [--docker URL] [--work-dir DIR] [--listen HOST:PORT]
+        [--advertise HOST] [--capacity GPU,CPU,RAM_GB]
+
+The instance id is ours (the launch token), from `--instance-id` or
+`AUTOSCALER_INSTANCE_ID`, which the launcher writes (EC2 user data, or the
+local cloud); it is never guessed. The worker token comes from a 0600 file or
+from an SSM SecureString parameter (read with the instance role's
+credentials). The agent runs until SIGTERM or SIGINT; its containers keep
+running and the next agent of the instance adopts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from autoscaler.resources import Resources
+
+INSTANCE_ENV = "AUTOSCALER_INSTANCE_ID"
+DEFAULT_WORK_DIR = "/var/lib/autoscaler-worker"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `worker` command."""
+    worker = subparsers.add_parser(
+        "worker",
+        help="run the worker agent of this instance (registers with the daemon, runs tasks)",
+        description="Run the worker agent: register with the daemon, heart-beat, and build, "
+        "run, checkpoint and stop the task containers the daemon places on this instance.",
+    )
+    worker.add_argument(
+        "--daemon", required=True, metavar="HOST:PORT", type=_address, help="the daemon's address"
+    )
+    worker.add_argument(
+        "--ca", required=True, type=Path, metavar="FILE", help="the cluster CA's certificate (PEM)"
+    )
+    token = worker.add_mutually_exclusive_group(required=True)
+    token.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="file (mode 0600) holding the worker token"
+    )
+    token.add_argument(
+        "--token-ssm",
+        metavar="PARAMETER_NAME",
+        help="SSM Parameter Store SecureString holding the worker token",
+    )
+    worker.add_argument(
+        "--instance-id",
+        default=None,
+        metavar="ID",
+        help=f"this instance's id in the cluster (default: ${INSTANCE_ENV})",
+    )
+    worker.add_argument(
+        "--docker",
+        default=None,
+        metavar="URL",
+        help="Docker engine URL, e.g. unix:///var/run/docker.sock "
+        "(default: DOCKER_HOST, else the default socket)",
+    )
+    worker.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="checkpoints and contexts in transit "
+        f"(default: {DEFAULT_WORK_DIR}/INSTANCE_ID, so agents sharing a host never mix)",
+    )
+    worker.add_argument(
+        "--listen",
+        default="0.0.0.0:7444",
+        type=_address,
+        metavar="HOST:PORT",
+        help="where to serve the daemon's calls (default: 0.0.0.0:7444; port 0 picks a free one)",
+    )
+    worker.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST",
+        help="the host the daemon dials (default: this machine's address "
+        "on the route to the daemon)",
+    )
+    worker.add_argument(
+        "--capacity",
+        default=None,
+        metavar="GPU,CPU,RAM_GB",
+        type=_capacity,
+        help="resources to advertise: GPUs, physical cores, GiB (default: what this machine has)",
+    )
+    worker.add_argument(
+        "--daemon-name",
+        default=None,
+        metavar="NAME",
+        help="the name in the daemon's certificate, when not its host",
+    )
+    worker.add_argument(
+        "--region", default=None, help="AWS region for --token-ssm (default: the environment's)"
+    )
+    worker.add_argument(
+        "--checkpoint-wait",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a job may take to acknowledge a checkpoint request "
+        "before SIGTERM (default: 10)",
+    )
+    worker.add_argument(
+        "--stop-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="after SIGTERM, before SIGKILL (default: 30)",
+    )
+    worker.add_argument(
+        "--throughput-window",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="jobs report throughput over this window (default: 300)",
+    )
+    worker.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config, runtime = _prepare(args)
+    except WorkerSetupError as exc:
+        print(f"autoscaler worker: error: {exc}", file=sys.stderr)
+        return 2
+    from executor.agent import Agent, AgentError
+
+    agent = Agent(config, runtime)
+    try:
+        agent.serve()
+    except AgentError as exc:
+        print(f"autoscaler worker: error: {exc}", file=sys.stderr)
+        return 1
+
+    def shut_down(signum: int, frame: Any) -> None:
+        logging.getLogger(__name__).info("signal %d: stopping (containers keep running)", signum)
+        agent.close()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    agent.wait()
+    agent.close()
+    return 0
+
+
+class WorkerSetupError(ValueError):
+    """A flag, file or service the worker needs is wrong; one line says which and why."""
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
+    from executor.agent import AgentConfig
+    from executor.messages import INSTANCE_ID
+    from executor.runtime import DockerRuntime, RuntimeFailure
+    from executor.security import SecretError, read_token
+
+    instance_id = args.instance_id or os.environ.get(INSTANCE_ENV, "")
+    if not instance_id:
+        raise WorkerSetupError(f"no instance id: pass --instance-id or set {INSTANCE_ENV}")
+    if not INSTANCE_ID.fullmatch(instance_id):
+        raise WorkerSetupError(
+            f"instance id {instance_id!r}: letters, digits and . _ : - only (at most 128)"
+        )
+    try:
+        ca_pem = args.ca.read_bytes()
+    except OSError as exc:
+        raise WorkerSetupError(
+            f"{args.ca}: cannot read the CA certificate: {exc.strerror}"
+        ) from None
+    if b"BEGIN CERTIFICATE" not in ca_pem:
+        raise WorkerSetupError(f"{args.ca}: not a PEM certificate")
+    try:
+        if args.token_file is not None:
+            token = read_token(args.token_file)
+        else:
+            token = read_ssm_token(args.token_ssm, region=args.region)
+    except SecretError as exc:
+        raise WorkerSetupError(str(exc)) from None
+    machine = detect_machine()
+    capacity = args.capacity or machine.capacity
+    try:
+        runtime = DockerRuntime(args.docker, gpu_devices=machine.gpu_devices)
+    except RuntimeFailure as exc:
+        raise WorkerSetupError(str(exc)) from None
+    config = AgentConfig(
+        instance_id=instance_id,
+        daemon=args.daemon,
+        ca_pem=ca_pem,
+        worker_token=token,
+        work_dir=args.work_dir or Path(DEFAULT_WORK_DIR) / instance_id,
+        capacity=capacity,
+        listen=args.listen,
+        advertise=args.advertise,
+        daemon_server_name=args.daemon_name,
+        threads_per_core=machine.threads_per_core,
+        host_cpus=machine.logical_cpus,
+        gpu_devices=machine.gpu_devices,
+        checkpoint_wait_s=args.checkpoint_wait,
+        stop_grace_s=args.stop_grace,
+        throughput_window_s=args.throughput_window,
+    )
+    return config, runtime
+
+
+def read_ssm_token(name: str, *, region: str | None = None, **aws_kwargs: Any) -> str:
+    """The worker token from an SSM SecureString parameter (decrypted with the caller's
+    credentials: on EC2, the instance role's)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from executor.security import SecretError
+
+    try:
+        client = boto3.client("ssm", region_name=region, **aws_kwargs)
+        value = client.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise SecretError(
+            f"SSM parameter {name}: {error.get('Code', 'error')}: {error.get('Message', '')}"
+        ) from None
+    except BotoCoreError as exc:
+        raise SecretError(f"SSM parameter {name}: {exc}") from None
+    token = str(value).strip()
+    if not token:
+        raise SecretError(f"SSM parameter {name} is empty")
+    return token
+
+
+class Machine:
+    """What this machine has: GPUs, physical cores, RAM; and how Docker counts CPUs."""
+
+    def __init__(
+        self, gpu_devices: int, physical_cores: int, logical_cpus: int, memory_gb: float
+    ) -> None:
+        self.gpu_devices = gpu_devices
+        self.physical_cores = max(physical_cores, 1)
+        self.logical_cpus = max(logical_cpus, 1)
+        self.memory_gb = memory_gb
+
+    @property
+    def threads_per_core(self) -> float:
+        return self.logical_cpus / self.physical_cores
+
+    @property
+    def capacity(self) -> Resources:
+        return Resources(float(self.gpu_devices), float(self.physical_cores), self.memory_gb)
+
+
+def detect_machine() -> Machine:
+    logical = sorted(os.sched_getaffinity(0))
+    cores = set()
+    for cpu in logical:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            core = (topology / "core_id").read_text().strip()
+        except OSError:
+            package, core = "0", str(cpu)
+        cores.add((package, core))
+    memory_gb = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gb = int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    gpus = len(list(Path("/dev").glob("nvidia[0-9]*")))
+    return Machine(gpus, len(cores), len(logical), round(memory_gb, 2))
+
+
+def _address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT, got {text!r}")
+    return text
+
+
+def _capacity(text: str) -> Resources:
+    parts = text.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 3 or any(not v >= 0 or v == float("inf") for v in values):
+        raise argparse.ArgumentTypeError(
+            f"must be GPU,CPU,RAM_GB (three non-negative numbers), got {text!r}"
+        )
+    return Resources.of(values)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value

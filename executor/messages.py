@@ -1,0 +1,129 @@
+"""Between the Executor contract's dataclasses and the worker protocol's messages.
+
+One place converts, in both directions, so the daemon and the agent cannot
+disagree on what a field means.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import cast
+
+from autoscaler.execution import ResourceLimits, TaskLaunch, TaskReport, TaskState
+from autoscaler.jobs import TaskRun
+from executor.protos import worker_pb2 as pb
+
+_STATE_TO_PB = {
+    "starting": pb.TASK_STATE_STARTING,
+    "running": pb.TASK_STATE_RUNNING,
+    "checkpointing": pb.TASK_STATE_CHECKPOINTING,
+    "stopped": pb.TASK_STATE_STOPPED,
+    "completed": pb.TASK_STATE_COMPLETED,
+    "failed": pb.TASK_STATE_FAILED,
+}
+_STATE_FROM_PB = {number: name for name, number in _STATE_TO_PB.items()}
+
+#: Agent and daemon refuse task ids and attempts they could not name files or keys after.
+MAX_ID = 200
+
+#: What an instance id (ours: a launch token) may look like: it names files and certificates.
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+class BadMessage(ValueError):
+    """A message misses a field or holds a value no sender of ours would send."""
+
+
+def state_to_pb(state: str) -> int:
+    return _STATE_TO_PB[state]
+
+
+def state_from_pb(value: int) -> TaskState:
+    try:
+        return cast(TaskState, _STATE_FROM_PB[value])
+    except KeyError:
+        raise BadMessage(f"unknown task state {value}") from None
+
+
+def launch_to_pb(launch: TaskLaunch) -> pb.StartTaskRequest:
+    run, limits = launch.run, launch.limits
+    request = pb.StartTaskRequest(
+        task_id=launch.task_id,
+        job_id=launch.job_id,
+        attempt=launch.attempt,
+        instance_id=launch.instance_id,
+        workload=launch.workload,
+        run=pb.TaskRun(
+            build_context=run.build_context or "",
+            image=run.image or "",
+            command=list(run.command),
+            env=[pb.EnvVar(name=k, value=v) for k, v in run.env],
+            network=run.network,
+        ),
+        limits=pb.Limits(cpus=limits.cpus, memory_gb=limits.memory_gb, gpus=list(limits.gpus)),
+        checkpoint=launch.checkpoint or "",
+    )
+    if run.shm_size_gb is not None:
+        request.run.shm_size_gb = run.shm_size_gb
+    if limits.shm_size_gb is not None:
+        request.limits.shm_size_gb = limits.shm_size_gb
+    return request
+
+
+def launch_from_pb(request: pb.StartTaskRequest) -> TaskLaunch:
+    """The launch a request asks for; BadMessage names the field that is wrong."""
+    if not request.task_id or len(request.task_id) > MAX_ID:
+        raise BadMessage("task_id must be 1 to 200 characters")
+    if not request.job_id or len(request.job_id) > MAX_ID:
+        raise BadMessage("job_id must be 1 to 200 characters")
+    if request.attempt < 1:
+        raise BadMessage(f"attempt must be at least 1, got {request.attempt}")
+    run = request.run
+    if not run.build_context and not run.image:
+        raise BadMessage("the task names neither a build context nor an image")
+    limits = request.limits
+    if not limits.cpus > 0 or not limits.memory_gb > 0:
+        raise BadMessage(
+            f"limits must be positive, got {limits.cpus} cores and {limits.memory_gb} GiB"
+        )
+    return TaskLaunch(
+        task_id=request.task_id,
+        job_id=request.job_id,
+        attempt=request.attempt,
+        instance_id=request.instance_id,
+        workload=request.workload,
+        run=TaskRun(
+            build_context=run.build_context or None,
+            image=run.image or None,
+            command=tuple(run.command),
+            env=tuple(sorted((e.name, e.value) for e in run.env)),
+            shm_size_gb=run.shm_size_gb if run.HasField("shm_size_gb") else None,
+            network=run.network,
+        ),
+        limits=ResourceLimits(
+            cpus=limits.cpus,
+            memory_gb=limits.memory_gb,
+            gpus=tuple(limits.gpus),
+            shm_size_gb=limits.shm_size_gb if limits.HasField("shm_size_gb") else None,
+        ),
+        checkpoint=request.checkpoint or None,
+    )
+
+
+def report_from_pb(status: pb.TaskStatus, instance_id: str | None) -> TaskReport:
+    state = state_from_pb(status.state)
+    return TaskReport(
+        task_id=status.task_id,
+        state=state,
+        instance_id=instance_id,
+        attempt=status.attempt,
+        progress=status.iterations,
+        throughput=(
+            status.throughput if state == "running" and status.HasField("throughput") else None
+        ),
+        checkpoint=status.checkpoint or None,
+        exit_code=status.exit_code if status.HasField("exit_code") else None,
+        reason=status.reason,
+        phases=dict(status.phases),
+        log_tail=tuple(status.log_tail),
+    )

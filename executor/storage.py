@@ -1,0 +1,416 @@
+"""The cluster's global storage: build contexts, checkpoints and logs.
+
+Every instance reads and writes one store (Eva §5: "all instances in the
+cluster have access to a global storage"), named by a URL:
+
+- `s3://bucket/prefix` — S3 through boto3 (on EC2, the instance role's
+  credentials; `AWS_ENDPOINT_URL` or `endpoint_url=` for moto_server);
+- `file:///abs/dir` — a directory, the default for running everything on
+  one machine without AWS.
+
+Layout (keys, relative to the URL):
+
+    contexts/<sha256>.tar.gz                  build contexts, content-addressed
+    jobs/<job>/<task>/<attempt>.tar.gz        checkpoints
+    jobs/<job>/<task>/<attempt>.log           container logs
+
+A reference (`ref`) is the full URL of a key; it is what travels in task
+reports and the state. Writes are atomic: an object is visible under its key
+only once it is complete (S3 shows a PUT or a multipart upload only when it
+completes, and boto3 aborts a failed multipart upload; the directory store
+writes a temporary file and renames it), so a half-uploaded checkpoint is
+never referenced.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import unquote, urlparse
+
+CONTEXTS = "contexts"
+JOBS = "jobs"
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*")
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed; the message says which object and why."""
+
+
+class NotFound(StorageError):
+    """No object under that key."""
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """One bucket (or directory) of objects named by relative keys."""
+
+    url: str
+
+    def ref(self, key: str) -> str:
+        """The full URL of `key`."""
+        ...
+
+    def key(self, ref_or_key: str) -> str:
+        """The key of a reference into this store (a bare key is returned checked)."""
+        ...
+
+    def put_file(self, key: str, path: str | Path) -> str:
+        """Upload `path` under `key` atomically; returns its reference."""
+        ...
+
+    def put_bytes(self, key: str, data: bytes) -> str: ...
+
+    def get_file(self, ref_or_key: str, path: str | Path) -> None:
+        """Download to `path` (written atomically: a temporary file, then renamed)."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def modified_at(self, key: str) -> float | None:
+        """When the object was last written (Unix time), None if there is none."""
+        ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys starting with `prefix`, sorted."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+
+def open_storage(url: str, **aws_kwargs: Any) -> Storage:
+    """The store a URL names. `aws_kwargs` go to `boto3.client("s3", ...)`
+    (`endpoint_url`, `region_name`, credentials) for `s3://` URLs."""
+    parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StorageError(f"{url!r}: an S3 URL needs a bucket: s3://BUCKET[/PREFIX]")
+        return S3Storage(parsed.netloc, parsed.path.strip("/"), **aws_kwargs)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise StorageError(f"{url!r}: a file URL needs an absolute path: file:///DIR")
+        return FileStorage(Path(unquote(parsed.path)))
+    raise StorageError(f"{url!r}: storage must be s3://BUCKET[/PREFIX] or file:///ABSOLUTE/DIR")
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a plain relative key (no empty, `.` or `..` part, no backslash)."""
+    parts = key.split("/")
+    if not key or any(p in ("", ".", "..") for p in parts) or "\\" in key or "\x00" in key:
+        raise StorageError(f"{key!r} is not a valid storage key")
+    return key
+
+
+def context_key(digest: str) -> str:
+    if not _SHA256.fullmatch(digest):
+        raise StorageError(f"{digest!r} is not a sha256 hex digest")
+    return f"{CONTEXTS}/{digest}.tar.gz"
+
+
+def context_digest(ref_or_key: str) -> str:
+    """The sha256 a build context's reference names (its content address)."""
+    name = ref_or_key.rstrip("/").rsplit("/", 1)[-1]
+    digest = name.removesuffix(".tar.gz")
+    if name == digest or not _SHA256.fullmatch(digest):
+        raise StorageError(f"{ref_or_key!r} is not a build context (contexts/<sha256>.tar.gz)")
+    return digest
+
+
+def _attempt_prefix(job_id: str, task_id: str) -> str:
+    task = task_id.removeprefix(f"{job_id}/")
+    for part in (job_id, *task.split("/")):
+        if not _SAFE_PART.fullmatch(part):
+            raise StorageError(f"{part!r} cannot be part of a storage key")
+    return f"{JOBS}/{job_id}/{task}"
+
+
+def checkpoint_key(job_id: str, task_id: str, attempt: int) -> str:
+    """`jobs/<job>/<task>/<attempt>.tar.gz`; `task_id` may be `<job>/<task>`."""
+    return f"{_attempt_prefix(job_id, task_id)}/{int(attempt)}.tar.gz"
+
+
+def log_key(job_id: str, task_id: str, attempt: int) -> str:
+    return f"{_attempt_prefix(job_id, task_id)}/{int(attempt)}.log"
+
+
+# -- build contexts ----------------------------------------------------------------------------
+
+
+def pack_directory(directory: str | Path, out: str | Path) -> str:
+    """Pack a directory into a gzipped tar at `out`, reproducibly (sorted names, no
+    timestamps or owners), so equal contents give equal digests; returns the sha256.
+    Compression is light: checkpoints (model weights) are large and barely compress."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise StorageError(f"{root}: not a directory")
+    with (
+        open(out, "wb") as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=1, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for path in _walk(root):
+            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isreg():
+                with open(path, "rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                tar.addfile(info)
+    return file_digest(out)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            yield Path(here) / name
+
+
+def file_digest(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def upload_context(storage: Storage, directory: str | Path) -> str:
+    """Pack `directory` and store it under its digest unless it is already there;
+    returns the reference a `TaskRun.build_context` holds."""
+    with tempfile.TemporaryDirectory(prefix="autoscaler-context-") as scratch:
+        packed = Path(scratch) / "context.tar.gz"
+        key = context_key(pack_directory(directory, packed))
+        if not storage.exists(key):
+            storage.put_file(key, packed)
+    return storage.ref(key)
+
+
+# -- a directory -------------------------------------------------------------------------------
+
+
+class FileStorage:
+    """Objects as files under a directory (one machine, or a shared file system)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = "file://" + str(root).rstrip("/")
+
+    def ref(self, key: str) -> str:
+        return f"{self.url}/{check_key(key)}"
+
+    def key(self, ref_or_key: str) -> str:
+        if ref_or_key.startswith(self.url + "/"):
+            return check_key(ref_or_key[len(self.url) + 1 :])
+        if "://" in ref_or_key:
+            raise StorageError(f"{ref_or_key!r} is not in this storage ({self.url})")
+        return check_key(ref_or_key)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put_file(self, key: str, path: str | Path) -> str:
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.part"
+            try:
+                with open(path, "rb") as source, open(temporary, "wb") as sink:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+                    sink.flush()
+                    os.fsync(sink.fileno())
+                os.replace(temporary, target)
+            finally:
+                temporary.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot store {self.ref(key)}: {exc.strerror or exc}") from None
+        return self.ref(key)
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        with tempfile.NamedTemporaryFile(prefix="autoscaler-put-") as handle:
+            handle.write(data)
+            handle.flush()
+            return self.put_file(key, handle.name)
+
+    def get_file(self, ref_or_key: str, path: str | Path) -> None:
+        source = self._path(self.key(ref_or_key))
+        if not source.is_file():
+            raise NotFound(f"{self.ref(self.key(ref_or_key))}: no such object")
+        try:
+            _atomic_copy(lambda sink: _copy_from(source, sink), Path(path))
+        except OSError as exc:
+            raise StorageError(f"cannot read {source}: {exc.strerror or exc}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def modified_at(self, key: str) -> float | None:
+        try:
+            return self._path(key).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = []
+        for path in _walk(self.root):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and not path.name.startswith(".") and key.startswith(prefix):
+                keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+def _copy_from(source: Path, sink: io.BufferedWriter) -> None:
+    with open(source, "rb") as handle:
+        shutil.copyfileobj(handle, sink, 1 << 20)
+
+
+def _atomic_copy(write: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.part"
+    try:
+        with open(temporary, "wb") as sink:
+            write(sink)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+
+class S3Storage:
+    """Objects in an S3 bucket, under an optional prefix."""
+
+    def __init__(self, bucket: str, prefix: str = "", **aws_kwargs: Any) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        config = aws_kwargs.pop("config", None) or Config(retries={"mode": "standard"})
+        self.client = boto3.client("s3", config=config, **aws_kwargs)
+
+    def _object(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def ref(self, key: str) -> str:
+        return f"{self.url}/{check_key(key)}"
+
+    def key(self, ref_or_key: str) -> str:
+        if ref_or_key.startswith(self.url + "/"):
+            return check_key(ref_or_key[len(self.url) + 1 :])
+        if "://" in ref_or_key:
+            raise StorageError(f"{ref_or_key!r} is not in this storage ({self.url})")
+        return check_key(ref_or_key)
+
+    def put_file(self, key: str, path: str | Path) -> str:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.upload_file(str(path), self.bucket, self._object(key))
+        except (S3UploadFailedError, ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot upload {self.ref(key)}: {_aws_message(exc)}") from None
+        return self.ref(key)
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._object(key), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot upload {self.ref(key)}: {_aws_message(exc)}") from None
+        return self.ref(key)
+
+    def get_file(self, ref_or_key: str, path: str | Path) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(ref_or_key)
+        try:
+            _atomic_copy(
+                lambda sink: self.client.download_fileobj(self.bucket, self._object(key), sink),
+                Path(path),
+            )
+        except ClientError as exc:
+            if _aws_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                raise NotFound(f"{self.ref(key)}: no such object") from None
+            raise StorageError(f"cannot download {self.ref(key)}: {_aws_message(exc)}") from None
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot download {self.ref(key)}: {exc}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._head(key) is not None
+
+    def modified_at(self, key: str) -> float | None:
+        head = self._head(key)
+        return None if head is None else head["LastModified"].timestamp()
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._object(key))
+        except ClientError as exc:
+            if _aws_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StorageError(f"cannot look up {self.ref(key)}: {_aws_message(exc)}") from None
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot look up {self.ref(key)}: {exc}") from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        base = f"{self.prefix}/" if self.prefix else ""
+        keys = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            )
+            for page in pages:
+                keys += [item["Key"][len(base) :] for item in page.get("Contents", ())]
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot list {self.url}/{prefix}: {_aws_message(exc)}") from None
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._object(key))
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot delete {self.ref(key)}: {_aws_message(exc)}") from None
+
+
+def _aws_code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def _aws_message(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("Error"):
+        error = response["Error"]
+        return f"{error.get('Code', '')}: {error.get('Message', '')}".strip(": ")
+    return str(exc)

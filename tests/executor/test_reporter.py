@@ -1,0 +1,147 @@
+"""The job-side reporter: counting, the throughput window, and its wire protocol."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from executor import reporter as reporter_module
+from executor.reporter import Reporter, ask
+
+SOURCE = Path(reporter_module.__file__)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_throughput_is_none_until_a_window_has_passed_then_iterations_per_second():
+    clock = Clock()
+    rep = Reporter(socket_path="", window_s=10, clock=clock)
+    assert rep.throughput() is None
+    clock.t += 30  # start-up (loading data, building the model) is not counted
+    for _ in range(20):  # 2 iterations per second ...
+        clock.t += 0.5
+        rep.step()
+    assert rep.throughput() is None  # ... for 9.5 s since the first: not a whole window
+    clock.t += 0.5
+    assert rep.throughput() == pytest.approx(2.0)  # the job's pace: one iteration per 0.5 s
+    assert rep.iterations == 20
+
+
+def test_the_window_follows_the_latest_pace():
+    clock = Clock()
+    rep = Reporter(socket_path="", window_s=10, clock=clock)
+    for _ in range(40):  # 1 it/s for 40 s
+        clock.t += 1
+        rep.step()
+    for _ in range(60):  # then 3 it/s for 20 s
+        clock.t += 1 / 3
+        rep.step()
+    # Over the last 10 s (give or take one sample: window / 64) only the new pace counts.
+    assert rep.throughput() == pytest.approx(3.0, rel=0.05)
+    clock.t += 10  # stalled for a whole window
+    assert rep.throughput() == pytest.approx(0.0, abs=0.1)
+
+
+def test_counts_continue_from_the_step_a_job_resumed_at():
+    rep = Reporter(socket_path="", window_s=1, start=500)
+    assert list(rep.wrap(["a", "b", "c"])) == ["a", "b", "c"]
+    assert rep.iterations == 503
+
+
+def test_the_wire_protocol_over_the_report_socket(tmp_path):
+    path = str(tmp_path / "report.sock")
+    clock = Clock()
+    with Reporter(path, window_s=2, start=7, clock=clock) as rep:
+        clock.t += 1
+        rep.step()
+        status = ask(path, {"op": "status"})
+        assert status == {
+            "ok": True,
+            "protocol": 1,
+            "iterations": 8,
+            "throughput": None,
+            "window_s": 2.0,
+            "first_iteration_at": status["first_iteration_at"],
+            "checkpoint_requested": False,
+            "checkpoint_done": False,
+        }
+        assert isinstance(status["first_iteration_at"], float)
+        assert not rep.should_checkpoint()
+        assert ask(path, {"op": "checkpoint"}) == {
+            "ok": True,
+            "checkpoint_requested": True,
+            "checkpoint_done": False,
+        }
+        assert rep.should_checkpoint() and rep.wait_for_checkpoint_request(0)
+        rep.checkpoint_done()
+        assert not rep.should_checkpoint()
+        assert ask(path, {"op": "status"})["checkpoint_done"] is True
+        assert ask(path, {"op": "launch"}) == {
+            "ok": False,
+            "error": "unknown op 'launch'; expected 'status' or 'checkpoint'",
+        }
+        # Several requests on one connection, answered in order; a bad line gets an error.
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.connect(path)
+            raw.sendall(b'{"op": "status"}\nnot json\n{"op": "status"}\n')
+            answers = b""
+            while answers.count(b"\n") < 3:
+                answers += raw.recv(4096)
+        first, bad, third = (json.loads(line) for line in answers.splitlines())
+        assert first["iterations"] == third["iterations"] == 8
+        assert bad == {"ok": False, "error": "not a JSON object on one line"}
+    assert not Path(path).exists()  # closed: the socket is gone
+
+
+def test_a_socket_path_longer_than_a_socket_address_holds(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "report.sock")
+    assert len(path) > 108
+    with Reporter(path, window_s=1) as rep:
+        rep.step(5)
+        assert ask(path, {"op": "status"})["iterations"] == 5
+
+
+def test_the_reporter_needs_nothing_but_the_standard_library(tmp_path):
+    tree = ast.parse(SOURCE.read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported - {"__future__"} <= sys.stdlib_module_names
+    # Copied alone into a directory, it imports and works (as it would in any image).
+    shutil.copy(SOURCE, tmp_path / "reporter.py")
+    script = (
+        "import reporter; r = reporter.Reporter(socket_path='', window_s=1); "
+        "r.step(3); print(r.iterations)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-E", "-c", script],  # no site-packages at all
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "3.0"
+
+
+def test_a_window_must_be_positive():
+    with pytest.raises(ValueError, match="must be positive"):
+        Reporter(socket_path="", window_s=0)

@@ -1,0 +1,142 @@
+"""The global storage: one contract for a directory and for S3 (moto_server over HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from executor.storage import (
+    NotFound,
+    StorageError,
+    checkpoint_key,
+    context_digest,
+    context_key,
+    log_key,
+    open_storage,
+    pack_directory,
+    upload_context,
+)
+from tests.executor.conftest import MOTO_CREDENTIALS, s3_options
+
+
+@pytest.fixture(params=["file", "s3"])
+def storage(request, tmp_path):
+    if request.param == "file":
+        return open_storage(f"file://{tmp_path}/store")
+    url = request.getfixturevalue("s3_url")
+    return open_storage(url, **s3_options(request.getfixturevalue("moto_endpoint")))
+
+
+def test_put_get_list_exists_delete_round_trip(storage, tmp_path):
+    source = tmp_path / "blob"
+    data = os.urandom(300_000)
+    source.write_bytes(data)
+    ref = storage.put_file("jobs/j/t/1.tar.gz", source)
+    assert ref == f"{storage.url}/jobs/j/t/1.tar.gz"
+    storage.put_bytes("jobs/j/t/1.log", b"hello\n")
+    assert storage.exists("jobs/j/t/1.tar.gz") and not storage.exists("jobs/j/t/2.tar.gz")
+    written = storage.modified_at("jobs/j/t/1.tar.gz")
+    assert written is not None and abs(written - time.time()) < 3600  # a Unix time, today
+    assert storage.modified_at("jobs/j/t/2.tar.gz") is None
+    assert storage.list("jobs/j/") == ["jobs/j/t/1.log", "jobs/j/t/1.tar.gz"]
+    assert storage.list("contexts/") == []
+    target = tmp_path / "deep" / "copy"
+    storage.get_file(ref, target)  # by reference ...
+    assert target.read_bytes() == data
+    storage.get_file("jobs/j/t/1.log", target)  # ... or by key
+    assert target.read_bytes() == b"hello\n"
+    assert storage.key(ref) == "jobs/j/t/1.tar.gz"
+    storage.delete("jobs/j/t/1.tar.gz")
+    assert storage.list() == ["jobs/j/t/1.log"]
+    with pytest.raises(NotFound, match=r"jobs/j/t/1\.tar\.gz: no such object"):
+        storage.get_file(ref, target)
+    assert target.read_bytes() == b"hello\n"  # a failed download leaves the file alone
+
+
+def test_keys_that_could_escape_or_belong_elsewhere_are_refused(storage, tmp_path):
+    for bad in ("../etc/passwd", "/abs", "a//b", "a/./b", ""):
+        with pytest.raises(StorageError, match="not a valid storage key"):
+            storage.exists(bad)
+    with pytest.raises(StorageError, match="is not in this storage"):
+        storage.key("s3://someone-else/jobs/j/t/1.tar.gz")
+    with pytest.raises(StorageError, match="cannot be part of a storage key"):
+        checkpoint_key("job", "job/../../x", 1)
+    assert checkpoint_key("j1", "j1/trainer", 3) == "jobs/j1/trainer/3.tar.gz"
+    assert log_key("j1", "j1/trainer", 3) == "jobs/j1/trainer/3.log"
+
+
+def test_contexts_are_content_addressed_and_packed_reproducibly(storage, tmp_path):
+    directory = tmp_path / "ctx"
+    (directory / "src").mkdir(parents=True)
+    (directory / "Dockerfile").write_text("FROM scratch\n")
+    (directory / "src" / "main.py").write_text("print(1)\n")
+    first = pack_directory(directory, tmp_path / "a.tar.gz")
+    os.utime(directory / "Dockerfile", (1, 1))  # another time stamp, the same content
+    second = pack_directory(directory, tmp_path / "b.tar.gz")
+    assert first == second == hashlib.sha256((tmp_path / "a.tar.gz").read_bytes()).hexdigest()
+    ref = upload_context(storage, directory)
+    assert ref == storage.ref(context_key(first)) and context_digest(ref) == first
+    assert upload_context(storage, directory) == ref  # already there: not uploaded again
+    (directory / "src" / "main.py").write_text("print(2)\n")
+    assert upload_context(storage, directory) != ref
+    assert len(storage.list("contexts/")) == 2
+    with pytest.raises(StorageError, match="not a build context"):
+        context_digest(storage.ref("jobs/j/t/1.tar.gz"))
+
+
+def test_a_file_store_write_that_fails_leaves_nothing_under_the_key(tmp_path):
+    storage = open_storage(f"file://{tmp_path}/store")
+    storage.put_bytes("jobs/j/t/1.tar.gz", b"complete")
+    with pytest.raises(StorageError, match=r"cannot store .*jobs/j/t/1\.tar\.gz"):
+        storage.put_file("jobs/j/t/1.tar.gz", tmp_path / "missing")
+    target = tmp_path / "out"
+    storage.get_file("jobs/j/t/1.tar.gz", target)
+    assert target.read_bytes() == b"complete"
+    assert sorted(p.name for p in (tmp_path / "store/jobs/j/t").iterdir()) == ["1.tar.gz"]
+
+
+def test_an_s3_multipart_upload_that_fails_midway_is_never_visible(s3_url, moto_endpoint, tmp_path):
+    storage = open_storage(s3_url, **s3_options(moto_endpoint))
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(20 << 20))  # above boto3's multipart threshold (8 MB)
+    parts = []
+
+    def fail_the_second_part(params, **kwargs):
+        parts.append(params["PartNumber"])
+        if params["PartNumber"] == 2:
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "boom"}}, "UploadPart")
+
+    storage.client.meta.events.register("provide-client-params.s3.UploadPart", fail_the_second_part)
+    with pytest.raises(StorageError, match=r"cannot upload s3://.*/jobs/j/t/1\.tar\.gz"):
+        storage.put_file("jobs/j/t/1.tar.gz", big)
+    assert 2 in parts
+    assert not storage.exists("jobs/j/t/1.tar.gz")
+    raw = boto3.client("s3", endpoint_url=moto_endpoint, **MOTO_CREDENTIALS)
+    bucket = s3_url.removeprefix("s3://").split("/")[0]
+    assert raw.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # aborted
+
+
+def test_storage_urls_are_checked(tmp_path):
+    assert open_storage(f"file://{tmp_path}/x/").url == f"file://{tmp_path}/x"
+    for bad, message in [
+        ("s3://", "needs a bucket"),
+        ("file://relative/dir", "needs an absolute path"),
+        ("gs://bucket", "must be s3://BUCKET"),
+        ("/plain/path", "must be s3://BUCKET"),
+    ]:
+        with pytest.raises(StorageError, match=message):
+            open_storage(bad)
+
+
+def test_s3_errors_are_one_line_with_the_object(moto_endpoint, tmp_path):
+    storage = open_storage("s3://no-such-bucket/p", **s3_options(moto_endpoint))
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(StorageError, match=r"s3://no-such-bucket/p/jobs/a/b/1\.log.*NoSuchBucket"):
+        storage.put_file("jobs/a/b/1.log", tmp_path / "f")
+    assert Path(tmp_path / "f").exists()
