@@ -78,6 +78,9 @@ class Catalog:
     def __iter__(self) -> Iterator[InstanceType]:
         return iter(self._types)
 
+    def __repr__(self) -> str:
+        return f"Catalog({list(self._types)!r}, region={self.region!r})"
+
     def __len__(self) -> int:
         return len(self._types)
 

@@ -44,14 +44,15 @@ def demand_within(draw, catalog: Catalog) -> tuple[tuple[str, Resources], ...]:
     def part(limit: float) -> float:
         return draw(st.integers(0, int(limit)))
 
-    main = Resources(part(cap.gpu), part(cap.cpu), part(cap.ram_gb))
+    # at least one core: a zero demand vector is refused on input
+    main = Resources(part(cap.gpu), max(1, part(cap.cpu)), part(cap.ram_gb))
     key = draw(st.sampled_from(["any", host.family]))
     demands = {key: main}
     if draw(st.booleans()):
         other = next(f for f in FAMILIES if f != host.family)
         demands.setdefault(
             other,
-            Resources(draw(st.integers(0, 2)), draw(st.integers(0, 16)), draw(st.integers(0, 64))),
+            Resources(draw(st.integers(0, 2)), draw(st.integers(1, 16)), draw(st.integers(0, 64))),
         )
     # a family no type of the catalog has is rejected on input; don't generate it
     return tuple(sorted((f, d) for f, d in demands.items() if f == "any" or f in catalog.families))
