@@ -168,6 +168,21 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
             cancelled=cancelled, status=record.status if record else ""
         )
 
+    def DrainInstance(self, request, context):
+        inst = self.store.instance(request.instance_id)
+        if inst is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no instance {request.instance_id!r}")
+        draining = False
+        if inst.status in ("pending", "running"):
+            draining = self.store.transition_instance(
+                inst.instance_id,
+                "draining",
+                self.now(),
+                reason="drained by the operator: its tasks move at the next round",
+            )
+        record = self.store.instance(request.instance_id)
+        return api_pb2.DrainInstanceResponse(draining=draining, status=record.status)
+
     def GetLogs(self, request, context):
         if self.store.job(request.job_id) is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
@@ -382,6 +397,12 @@ class ApiClient:
     def cancel(self, job_id: str) -> tuple[bool, str]:
         answer = self._call(self.stub.CancelJob, api_pb2.CancelJobRequest(job_id=job_id))
         return answer.cancelled, answer.status
+
+    def drain(self, instance_id: str) -> tuple[bool, str]:
+        answer = self._call(
+            self.stub.DrainInstance, api_pb2.DrainInstanceRequest(instance_id=instance_id)
+        )
+        return answer.draining, answer.status
 
     def logs(self, job_id: str, task: str = "", tail: int = 0) -> dict[str, Any]:
         request = api_pb2.GetLogsRequest(job_id=job_id, task=task, tail=tail)

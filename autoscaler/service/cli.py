@@ -105,6 +105,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     _config(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
+    drain = sub.add_parser(
+        "drain",
+        help="move every task off an instance, then terminate it",
+        description="Mark an instance draining: the next round places its tasks elsewhere; "
+        "each keeps running until its new instance is ready, checkpoints, and resumes there. "
+        "The instance terminates once empty.",
+    )
+    drain.add_argument("instance_id", metavar="INSTANCE")
+    _config(drain)
+    drain.set_defaults(func=cmd_drain)
+
     logs = sub.add_parser("logs", help="the container logs of a job's tasks")
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("--task", default="", help="one task's name")
@@ -363,6 +374,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        draining, status = client.drain(args.instance_id)
+    if draining:
+        print(f"draining {args.instance_id}: its tasks move at the next round, then it ends")
+    else:
+        print(f"{args.instance_id} is {status}: nothing to drain")
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         document = client.logs(args.job_id, args.task, args.tail)
@@ -416,10 +437,7 @@ def render_status(status: dict[str, Any]) -> str:
     last = status.get("last_round")
     if last:
         bound = last.get("lower_bound_hourly_cost")
-        out += [
-            "",
-            f"last round {_when(last['at'])}: {last['chosen']} — {last['reason']}",
-        ]
+        out += ["", f"last round {_when(last['at'])}: {last['reason']}"]
         if last.get("hourly_cost") is not None:
             out.append(
                 f"  planned {money(last['hourly_cost'])}/h"

@@ -246,3 +246,17 @@ def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
     )
     assert run.returncode == 1
     assert "cannot reach the daemon" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, capsys):
+    api.store.request_instance("i-1", "c7i.xlarge", 0.1785, api.clock[0])
+    api.store.transition_instance("i-1", "running", api.clock[0] + 10, cloud_id="c-1")
+    config = ["--config", str(api.config.path)]
+    assert main(["drain", "i-1", *config]) == 0
+    assert "draining i-1" in capsys.readouterr().out
+    record = api.store.instance("i-1")
+    assert record.status == "draining" and "operator" in record.reason
+    assert main(["drain", "i-1", *config]) == 0  # again: nothing changes, says so
+    assert "i-1 is draining: nothing to drain" in capsys.readouterr().out
+    assert main(["drain", "i-9", *config]) == 2
+    assert "no instance 'i-9'" in capsys.readouterr().err

@@ -85,6 +85,20 @@ class CancelJobResponse(_message.Message):
     status: str
     def __init__(self, cancelled: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
 
+class DrainInstanceRequest(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+
+class DrainInstanceResponse(_message.Message):
+    __slots__ = ("draining", "status")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    status: str
+    def __init__(self, draining: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
+
 class GetLogsRequest(_message.Message):
     __slots__ = ("job_id", "task", "tail")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

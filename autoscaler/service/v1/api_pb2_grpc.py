@@ -64,6 +64,11 @@ class SubmissionStub:
                 request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.DrainInstance = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/DrainInstance',
+                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
+                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
+                _registered_method=True)
         self.GetLogs = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/GetLogs',
                 request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetLogsRequest.SerializeToString,
@@ -129,6 +134,13 @@ class SubmissionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainInstance(self, request, context):
+        """Move every task off an instance (checkpoint, resume elsewhere), then terminate it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetLogs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -185,6 +197,11 @@ def add_SubmissionServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.FromString,
                     response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'DrainInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainInstance,
+                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.FromString,
+                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.SerializeToString,
             ),
             'GetLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLogs,
@@ -369,6 +386,33 @@ class Submission:
             '/autoscaler.api.v1.Submission/CancelJob',
             autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
             autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/DrainInstance',
+            autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
+            autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
             options,
             channel_credentials,
             insecure,
