@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -37,9 +38,9 @@ from autoscaler.cloud import (
     LaunchRequest,
     UnavailableOffering,
 )
+from executor.runtime import LABEL_INSTANCE
 
-#: Docker label the worker agent puts on every container it runs (its instance id).
-INSTANCE_LABEL = "autoscaler.instance"
+log = logging.getLogger(__name__)
 
 
 class LocalCloud:
@@ -58,6 +59,7 @@ class LocalCloud:
         clock: Callable[[], float] = time.time,
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
+        throughput_window_s: float | None = None,
     ) -> None:
         self._catalog = catalog
         self.root = root
@@ -69,8 +71,10 @@ class LocalCloud:
         self.clock = clock
         self.python = python
         self.extra_env = extra_env or {}
+        self.throughput_window_s = throughput_window_s
         self.availability = AvailabilityCache()
         self._lock = threading.RLock()
+        self._base_ready = False
         (root / "instances").mkdir(parents=True, exist_ok=True)
 
     # -- the Cloud interface ---------------------------------------------------------------
@@ -144,7 +148,31 @@ class LocalCloud:
 
     # -- agents ------------------------------------------------------------------------------
 
+    def _ensure_base_image(self) -> None:
+        """The example jobs build FROM the local Python image: make it once, here, where
+        the engine is (no registry is needed)."""
+        if self._base_ready:
+            return
+        try:
+            import docker
+
+            from executor.images import ensure_python_image
+
+            client = (
+                docker.DockerClient(base_url=self.docker_url)
+                if self.docker_url
+                else (docker.from_env())
+            )
+            try:
+                ensure_python_image(client)
+            finally:
+                client.close()
+            self._base_ready = True
+        except Exception as exc:  # the agent reports the build failure with its reason
+            log.warning("could not make the local Python base image: %s", exc)
+
     def _start_agent(self, record: dict[str, Any]) -> int:
+        self._ensure_base_image()
         itype = self._catalog[record["type"]]
         directory = self._dir(record["token"])
         work = directory / "work"
@@ -174,6 +202,8 @@ class LocalCloud:
         ]
         if self.docker_url:
             command += ["--docker", self.docker_url]
+        if self.throughput_window_s:
+            command += ["--throughput-window", f"{self.throughput_window_s:g}"]
         wait = max(0.0, record["running_at"] - self.clock()) + record["setup_s"]
         if wait > 0:
             # Emulated acquisition and setup: the agent registers when EC2's would.
@@ -216,7 +246,7 @@ class LocalCloud:
             return  # no engine: the agent never ran a container
         try:
             for container in client.containers.list(
-                all=True, filters={"label": f"{INSTANCE_LABEL}={token}"}
+                all=True, filters={"label": f"{LABEL_INSTANCE}={token}"}
             ):
                 container.remove(force=True)
         finally:

@@ -82,6 +82,8 @@ def config_template(
     """The commented configuration `init` writes."""
     provider = "local" if local else "ec2"
     ec2 = _LOCAL_EC2 if local else _ec2_tables(name, region)
+    # On one machine jobs are short demos: rounds every 30 s show packing and moves soon.
+    interval, step = (30, 2) if local else (300, 5)
     if local:
         storage = f'url = "file://{directory.resolve()}/storage"'
         state = 'path = "state.db"                  # a SQLite file beside this one'
@@ -98,8 +100,8 @@ def config_template(
 [cluster]
 {f'name = "{name}"':<34} # required, unique per account: tags, tokens and keys use it
 {f'region = "{region}"':<34} # EC2 region (the catalog's prices are per region)
-interval_s = 300                   # seconds between scheduling rounds (Eva uses 300)
-step_s = 5                         # seconds between the steps that carry a round's plan out
+{f"interval_s = {interval}":<34} # seconds between scheduling rounds (Eva uses 300)
+{f"step_s = {step}":<34} # seconds between the steps that carry a round's plan out
 
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host

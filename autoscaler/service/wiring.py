@@ -197,4 +197,6 @@ def local_cloud(config: ClusterConfig) -> Any:
         ca_path=config.secrets.ca_cert,
         token_path=config.secrets.worker_token,
         emulate_delays=config.cloud.emulate_delays,
+        # Throughput is measured over a window: one round long, so each round learns.
+        throughput_window_s=min(300.0, config.cluster.interval_s),
     )

@@ -68,11 +68,11 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
     ("edit", "message"),
     [
         (
-            ("interval_s = 300", "interval_s = -5"),
+            ("interval_s = 30 ", "interval_s = -5 "),
             "[cluster]: field 'interval_s' = -5: input should be greater than 0",
         ),
-        (("interval_s = 300", "interval_s = nan"), "[cluster]: field 'interval_s' = nan"),
-        (("step_s = 5", "step_s = 5\ncolour = 'red'"), "[cluster]: field 'colour': unknown field"),
+        (("interval_s = 30 ", "interval_s = nan "), "[cluster]: field 'interval_s' = nan"),
+        (("step_s = 2 ", "step_s = 2\ncolour = 'red'"), "[cluster]: field 'colour': unknown field"),
         (('provider = "local"', 'provider = "gcp"'), "[cloud]: field 'provider' = 'gcp'"),
         (('listen = "127.0.0.1:7443"', 'listen = "7443"'), "must be HOST:PORT"),
         (("max_attempts = 3", "max_attempts = 0"), "[limits]: field 'max_attempts' = 0"),
