@@ -108,7 +108,8 @@ def wrap(text: str, width: int | None = None) -> str:
 
 
 def money(value: float) -> str:
-    return f"${value:,.2f}"
+    """Dollars: cents, or hundredths of a cent below a dollar (a small job's cost is not $0.00)."""
+    return f"${value:,.2f}" if abs(value) >= 1 or value == 0 else f"${value:.4f}"
 
 
 def shorten(items: Sequence[str], limit: int = 60) -> str:

@@ -102,7 +102,9 @@ def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
     assert main(["cost-report", "--config", str(config.path), "--dry-run", str(path)]) == 0
     text = capsys.readouterr().out
     assert "Dry run: adding 1 job(s), 2 task(s)" in text
-    assert "the next round would launch" in text and "$/h would go from $0.09" in text
+    assert (
+        "the next round would launch" in text and "$/h would go from $0.089" in text
+    )  # i-2: $0.357/4
     store = open_state(config)
     assert (len(store.rounds()), len(store.instances(include_finished=True))) == (rounds, instances)
     assert [j.job_id for j in store.jobs()] == ["a", "b"]
