@@ -350,7 +350,8 @@ def _task_change(
             task.task_id,
             status=status,
             instance_id=instance_id,
-            progress=seen.progress if with_progress else None,
+            # at rounds; and when an attempt ends, so a finished task shows where it got
+            progress=seen.progress if with_progress or status != task.status else None,
             checkpoint=checkpoint,
             reason=reason,
             throughput=seen.throughput if with_progress else "keep",

@@ -21,6 +21,7 @@ database, no clock — the time is an argument):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from autoscaler.cloud import (
 )
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.execution import ResourceLimits, TaskLaunch
-from autoscaler.jobs import TaskSpec
+from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.resources import Resources
 from autoscaler.store import (
@@ -268,8 +269,12 @@ def decide(
         {t.name for t in catalog if t.name not in blocked or t.name in kept_types}
     )
     infeasible = _infeasible(snapshot, usable, blocked, live)
+    # A job's tasks end one by one: those done are neither planned nor given room.
     jobs = tuple(
-        j.spec for j in snapshot.jobs if not any(t.task_id in infeasible for t in j.spec.tasks)
+        spec
+        for j in snapshot.jobs
+        if not any(t.task_id in infeasible for t in j.spec.tasks)
+        and (spec := _unfinished(j.spec, snapshot)) is not None
     )
     planned_tasks = {t.task_id for j in jobs for t in j.tasks}
     current = current_configuration(snapshot, catalog, live, planned_tasks)
@@ -327,6 +332,14 @@ def decide(
     )
 
 
+def _unfinished(spec: JobSpec, snapshot: StateSnapshot) -> JobSpec | None:
+    """The job as the planner should see it: without its completed tasks (None: all are)."""
+    left = tuple(t for t in spec.tasks if snapshot.tasks[t.task_id].status != "completed")
+    if len(left) == len(spec.tasks):
+        return spec
+    return dataclasses.replace(spec, tasks=left) if left else None
+
+
 def current_configuration(
     snapshot: StateSnapshot,
     catalog: Catalog,
@@ -377,7 +390,9 @@ def _infeasible(
     for job in snapshot.jobs:
         for task in job.spec.tasks:
             record = snapshot.tasks[task.task_id]
-            if record.status in ON_INSTANCE and record.instance_id in live_ids:
+            if record.status == "completed" or (
+                record.status in ON_INSTANCE and record.instance_id in live_ids
+            ):
                 continue
             fits = fits_cache.get(task.demands)
             if fits is None:
@@ -618,7 +633,7 @@ def advance(
                 reason = "no longer planned" if target is None else f"moving to {target}"
                 updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
                 stops.append(Stop(task.task_id, task.attempt, reason))
-        elif not on_instance and target is not None and target in ready_now:
+        elif task.status == "pending" and target is not None and target in ready_now:
             if task.job_id in failed:
                 continue
             inst = instances[target]

@@ -394,3 +394,56 @@ def test_a_cancelled_job_is_stopped_and_its_instance_released():
     # the cancellation stops the task at once; the round at 900 drains the instance,
     # which terminates 1 s later
     assert c.store.cost_between(0, 10_000) == pytest.approx(901 / 3600 * 3.0)
+
+
+# -- tasks of one job that end apart ------------------------------------------------------------
+
+
+class OneTaskDone(Recording):
+    """Reports one task of a job completed while its sibling still runs (a real worker's
+    tasks end one by one; the simulated world ends a job's tasks together)."""
+
+    done: str | None = None
+
+    def report(self):
+        report = super().report()
+        if self.done is not None:
+            seen = report.tasks.get(self.done)
+            if seen is not None:
+                report.tasks[self.done] = dataclasses.replace(
+                    seen, state="completed", throughput=None, progress=seen.progress + 7
+                )
+        return report
+
+    def acknowledge(self, task_id: str, attempt: int) -> None:
+        if task_id != self.done:
+            super().acknowledge(task_id, attempt)
+
+
+def two_task_job(job_id: str, seconds: float):
+    base = job(job_id, 0.0, seconds, demand=(0, 1, 2))
+    second = dataclasses.replace(base.tasks[0], task_id=f"{job_id}/1", name="node1")
+    return dataclasses.replace(base, tasks=(base.tasks[0], second))
+
+
+def test_a_task_done_before_its_sibling_is_not_started_again_nor_planned():
+    c = Cluster([two_task_job("a", 50_000)])
+    c.executor = OneTaskDone(c.world)
+    c.drive()
+    c.loop().schedule()
+    c.until(150.0)
+    assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
+    reached = c.executor.report().tasks["a/0"].progress  # the store has the round's count
+    assert reached > c.store.tasks_of("a")[0].progress
+    c.executor.done = "a/0"
+    c.loop().progress()  # a step: no round, yet the end is recorded with its final count
+    done = c.store.tasks_of("a")[0]
+    assert (done.status, done.progress) == ("completed", reached + 7)
+    c.until(200.0)
+    c.loop().schedule()  # a round: plans the job without its finished task
+    c.until(400.0)
+    done, running = c.store.tasks_of("a")
+    assert (done.status, done.attempt, done.instance_id) == ("completed", 1, None)
+    assert done.target_instance_id is None
+    assert running.status == "running" and c.store.job("a").status == "running"
+    assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
