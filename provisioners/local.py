@@ -248,7 +248,12 @@ class LocalCloud:
             for container in client.containers.list(
                 all=True, filters={"label": f"{LABEL_INSTANCE}={token}"}
             ):
-                container.remove(force=True)
+                try:
+                    container.remove(force=True)
+                except docker.errors.APIError as exc:
+                    # gone already, or its removal in progress (the agent's own cleanup)
+                    if exc.status_code not in (404, 409):
+                        raise
         finally:
             client.close()
 

@@ -218,9 +218,22 @@ def cmd_down(args: argparse.Namespace) -> int:
             )
         print(f"{len(listed)} instance(s); run again with --yes to terminate them")
         return 0
+    from autoscaler.service.leader import LeaderLock
+
     store = open_state(config)
+    # Holding the daemon's lock: no daemon relaunches what this terminates.
+    leader = LeaderLock(store.engine, config.cluster.name)
     try:
-        gone = bring_down(store, cloud, time.time())
+        if not leader.try_acquire():
+            raise InputError(
+                f"a daemon is running for cluster {config.cluster.name!r} (it holds "
+                f"{leader.holder}): stop it first (SIGTERM), or it relaunches for queued jobs",
+                source=str(config.path),
+            )
+        try:
+            gone = bring_down(store, cloud, time.time())
+        finally:
+            leader.release()
     finally:
         store.close()
     print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))

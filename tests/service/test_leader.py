@@ -70,3 +70,26 @@ def test_a_waiting_daemon_says_so_once_and_takes_over_when_the_leader_dies(db_ur
         leader.kill()
         lock.release()
         engine.dispose()
+
+
+def test_down_refuses_while_a_daemon_leads_and_runs_once_it_stopped(cluster_dir, capsys):
+    from autoscaler.cli import main
+    from autoscaler.service.config import load_cluster_config
+    from autoscaler.service.wiring import open_state
+
+    config = load_cluster_config(cluster_dir / "autoscaler.toml")
+    store = open_state(config, create=True)
+    daemon = LeaderLock(store.engine, config.cluster.name)
+    args = ["down", "--yes", "--config", str(config.path)]
+    try:
+        assert daemon.try_acquire()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "a daemon is running for cluster 'test'" in err and "\n" not in err.strip()
+        daemon.release()
+        assert main(args) == 0
+        assert "terminated 0 instance(s)" in capsys.readouterr().out
+        assert daemon.try_acquire()  # down let go of the lock
+    finally:
+        daemon.release()
+        store.close()
