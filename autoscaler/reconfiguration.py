@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autoscaler.configuration import Configuration, Instance
@@ -36,6 +36,25 @@ from autoscaler.view import ClusterView
 
 #: Two TNRP values closer than this ($/h) are a tie.
 VALUE_TOLERANCE = 1e-6
+#: Two alignment scores closer than this are a tie, broken by class order.
+ALIGNMENT_GRID = 1e-9
+
+
+def alignment(d: Sequence[float], free: Sequence[float], cap: Sequence[float]) -> int:
+    """Tetris alignment Σ_r d_r/cap_r · free_r/cap_r, Eva's reference tie-break, on a grid.
+
+    Algorithm 1 (§4.2) only says "maximise TNRP"; among equal TNRPs the
+    reference code prefers the task best aligned with the free room. Scores
+    that are equal in exact arithmetic (34/57 and 34/57, say) can differ in
+    the last bit depending on how they are computed, so they are compared on
+    a grid and real ties fall through to the class order — the same in every
+    implementation (`reference.py` calls this function too).
+    """
+    total = 0.0
+    for r in range(3):
+        if cap[r]:
+            total += d[r] * free[r] / (cap[r] * cap[r])
+    return round(total / ALIGNMENT_GRID)
 
 
 def class_key(task: TaskSpec, job: JobSpec, job_rp: float, with_workload: bool) -> tuple:
@@ -185,7 +204,6 @@ class Packer:
         neutral = self.neutral
         group, limit = self.group, self.group_limit
         in_group: Counter[str] = Counter()
-        inv = [1.0 / c if c > 0 else 0.0 for c in cap]
         while True:
             best = -1
             best_key: tuple | None = None
@@ -206,12 +224,12 @@ class Packer:
                     trial = list(comp)
                     insort(trial, c)
                     v = self.value(tuple(trial))
-                align = (
-                    d[0] * free[0] * inv[0] * inv[0]
-                    + d[1] * free[1] * inv[1] * inv[1]
-                    + d[2] * free[2] * inv[2] * inv[2]
+                key = (
+                    round(v / VALUE_TOLERANCE),
+                    bool(residents and residents[c] > 0),
+                    alignment(d, free, cap),
+                    -c,
                 )
-                key = (round(v / VALUE_TOLERANCE), bool(residents and residents[c] > 0), align, -c)
                 if best_key is None or key > best_key:
                     best, best_key, best_value = c, key, v
             if best < 0 or best_value < current - VALUE_TOLERANCE:

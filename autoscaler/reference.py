@@ -12,7 +12,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec
 from autoscaler.pricing import PriceBook, tnrp
-from autoscaler.reconfiguration import VALUE_TOLERANCE, class_key
+from autoscaler.reconfiguration import VALUE_TOLERANCE, alignment, class_key
 from autoscaler.resources import EPSILON
 from autoscaler.throughput import ThroughputTable
 
@@ -66,8 +66,12 @@ def algorithm1(
                     if any(dv[r] > free[r] + EPSILON for r in range(3)):
                         continue
                     v = value([*members, i])
-                    align = sum(dv[r] * free[r] / (cap[r] * cap[r]) for r in range(3) if cap[r])
-                    key = (round(v / VALUE_TOLERANCE), False, align, -rank[tasks[i][3]])
+                    key = (
+                        round(v / VALUE_TOLERANCE),
+                        False,
+                        alignment(dv, free, cap),
+                        -rank[tasks[i][3]],
+                    )
                     if best_key is None or key > best_key:
                         best, best_key, best_value = i, key, v
                 if best < 0 or best_value < current - VALUE_TOLERANCE:

@@ -2,9 +2,11 @@
 
 import pytest
 
+from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration
 from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
+from autoscaler.reference import algorithm1
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from tests.builders import (
@@ -164,3 +166,17 @@ def test_partial_does_not_move_tasks_full_would_move():
     assert sorted(partial.by_id()) == ["i-1", "i-2"]
     assert partial.hourly_cost == pytest.approx(24.0)
     assert full.hourly_cost == pytest.approx(12.0)
+
+
+def test_equal_alignment_is_a_tie_broken_by_class_order_in_both_transcriptions():
+    # On an empty (0, 19, 57) instance, j1 (0, 1, 31) and j2 (0, 2, 28) align
+    # equally: 1/19 + 31/57 = 2/19 + 28/57 = 34/57. Equal TNRP, equal alignment:
+    # the smaller class key (j1's demand vector) goes first, then j0 fills in;
+    # j2 no longer fits (31 + 28 > 57 GB).
+    catalog = Catalog(
+        [itype("t0", 0, 19, 57, 0.01)] + [itype(f"t{i}", 0, 1, 1, 0.01) for i in range(1, 5)]
+    )
+    jobs = (job("j0", (0, 1, 0)), job("j1", (0, 1, 31)), job("j2", (0, 2, 28)))
+    expected = [("t0", ("j0/0", "j1/0")), ("t0", ("j2/0",))]
+    assert placement(full_reconfiguration(view(jobs, catalog=catalog))) == expected
+    assert placement(algorithm1(jobs, catalog, NO_INTERFERENCE)) == expected
