@@ -294,19 +294,22 @@ def best_composition(
         comp = tuple(sorted(items[j] for j in range(n) for _ in range(chosen[j])))
         return raw - loss(comp, k) if comp else raw
 
-    def search(i: int, free: list[float], raw: float) -> None:
+    def visit(i: int, free: list[float], raw: float) -> bool:
+        """Count node (i, free, raw), record it if best; True if its subtree is worth a look."""
         nonlocal best_value, best, nodes, complete
         nodes += 1
         if nodes > node_limit:
             complete = False
-            return
+            return False
         # The loss is never negative: only a raw value above the best can improve it.
         if raw > best_value + 1e-12:
             current = score(raw)
             if current > best_value + 1e-12:
                 best_value, best = current, list(chosen)
-        if i == n or raw + bound(i, free) <= best_value + 1e-12:
-            return
+        return i < n and raw + bound(i, free) > best_value + 1e-12
+
+    def most_of(i: int, free: list[float]) -> int:
+        """How many tasks of item i fit in `free` (and the anti-affinity limit allows)."""
         d = demand[i]
         assert d is not None
         most = classes[items[i]].count
@@ -316,23 +319,41 @@ def best_composition(
         g = groups[i]
         if g in limits:
             most = min(most, limits[g] - used_in_group.get(g, 0))  # type: ignore[operator]
-        for a in range(most, -1, -1):
+        return most
+
+    def search() -> None:
+        """Depth first over items, most copies first; an explicit stack, not recursion,
+        since the depth is the number of classes (thousands on distinct demands)."""
+        root = list(capacity)
+        if not visit(0, root, 0.0):
+            return
+        # Frames: [item, free room, raw value, next count to try]
+        stack: list[list] = [[0, root, 0.0, most_of(0, root)]]
+        while stack:
+            frame = stack[-1]
+            i, free, raw, a = frame
+            g = groups[i]
+            if a < 0 or nodes > node_limit:
+                if g in limits:
+                    used_in_group[g] -= chosen[i]
+                chosen[i] = 0
+                stack.pop()
+                continue
+            frame[3] = a - 1
+            if g in limits:
+                used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
             chosen[i] = a
-            if g in limits:
-                used_in_group[g] = used_in_group.get(g, 0) + a
-            search(
-                i + 1,
-                [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]],
-                raw + a * value[i],
-            )
-            if g in limits:
-                used_in_group[g] -= a
-        chosen[i] = 0
+            d = demand[i]
+            assert d is not None
+            child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]
+            child_raw = raw + a * value[i]
+            if visit(i + 1, child, child_raw):
+                stack.append([i + 1, child, child_raw, most_of(i + 1, child)])
 
     # Nothing to gain if even the bound cannot beat the instance's cost.
     if bound(0, list(capacity)) <= cost * (1 + 1e-9):
         return None, 0.0, True, 0
-    search(0, list(capacity), 0.0)
+    search()
     if best is None:
         return None, 0.0, complete, nodes
     comp = tuple(sorted((items[j], a) for j, a in enumerate(best) if a))
