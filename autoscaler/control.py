@@ -408,17 +408,19 @@ def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float
         ]
         observations.append((placements, rate / solo))
     table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
+    # Bounded in memory and in the store: old exact sets are forgotten (see `bounded`).
+    table, forgotten = table.bounded()
     changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
     for (placements, _), index in zip(observations, chosen, strict=True):
         if index is not None:
             w, colocated = placements[index]
             key = (w, tuple(sorted(colocated)))
             entry = table.entry(w, colocated)
-            assert entry is not None
-            changed[key] = (w, key[1], entry)
-    if changed:
-        store.record_throughput(list(changed.values()))
-    return wrote or bool(changed)
+            if entry is not None:  # None: just learned, and already the oldest
+                changed[key] = (w, key[1], entry)
+    if changed or forgotten:
+        store.record_throughput(list(changed.values()), forget=forgotten)
+    return wrote or bool(changed) or bool(forgotten)
 
 
 # -- record ------------------------------------------------------------------------------------

@@ -284,8 +284,14 @@ class InMemoryStore:
             return True
 
     # -- learning ---------------------------------------------------------
-    def record_throughput(self, entries: Iterable[tuple[str, Colocated, ThroughputEntry]]) -> None:
+    def record_throughput(
+        self,
+        entries: Iterable[tuple[str, Colocated, ThroughputEntry]],
+        forget: Iterable[tuple[str, Colocated]] = (),
+    ) -> None:
         with self._lock:
+            for workload, colocated in forget:  # before the upserts, which win
+                self._entries.pop((workload, tuple(sorted(colocated))), None)
             for workload, colocated, entry in entries:
                 self._entries[(workload, tuple(sorted(colocated)))] = entry
 

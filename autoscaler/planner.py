@@ -164,14 +164,17 @@ class EvaPlanner:
 
 
 def _memo_key(view: ClusterView) -> tuple:
-    """What the candidates depend on: everything but the history, which only moves D̂."""
-    learned = tuple((key, entry.throughput) for key, entry in view.throughput.items())
+    """What the candidates depend on: everything but the history, which only moves D̂.
+
+    The learned throughputs enter as an unordered mapping: comparing it with last
+    round's is linear in the (bounded) table and sorts nothing.
+    """
     return (
         view.catalog,  # the object itself: an id could be reused once it is freed
         tuple(j.job_id for j in view.jobs),
         view.current,
         view.throughput.default,
-        learned,
+        view.throughput.estimates(),
     )
 
 

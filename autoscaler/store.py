@@ -371,8 +371,13 @@ class Store(Protocol):
         ...
 
     # -- learning ---------------------------------------------------------
-    def record_throughput(self, entries: Iterable[tuple[str, Colocated, ThroughputEntry]]) -> None:
-        """Upsert co-location throughput table entries."""
+    def record_throughput(
+        self,
+        entries: Iterable[tuple[str, Colocated, ThroughputEntry]],
+        forget: Iterable[tuple[str, Colocated]] = (),
+    ) -> None:
+        """Upsert co-location throughput table entries and delete the `forget` keys
+        (`ThroughputTable.bounded` decides which), in one transaction."""
         ...
 
     # -- rounds -----------------------------------------------------------

@@ -19,6 +19,7 @@ snapshot; the round that observes builds the next one.
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,9 @@ from autoscaler.errors import InputError
 
 #: Eva's default throughput for a pair never observed together (§4.3).
 DEFAULT_THROUGHPUT = 0.95
+
+#: Most entries the learned table keeps (see `ThroughputTable.bounded`).
+MAX_ENTRIES = 4096
 
 Colocated = tuple[str, ...]  # sorted multiset of co-located workload keys
 Key = tuple[str, Colocated]
@@ -55,7 +59,7 @@ def _clean(throughput: float) -> float:
 class ThroughputTable:
     """Recorded and estimated co-location throughputs; immutable."""
 
-    __slots__ = ("_default", "_entries", "_neutral")
+    __slots__ = ("_default", "_entries", "_estimates", "_neutral")
 
     def __init__(
         self,
@@ -67,6 +71,7 @@ class ThroughputTable:
         self._entries: dict[Key, ThroughputEntry] = dict(entries or {})
         self._default = float(default)
         self._neutral = default == 1.0 and all(e.throughput == 1.0 for e in self._entries.values())
+        self._estimates: dict[Key, float] | None = None
 
     @property
     def default(self) -> float:
@@ -79,6 +84,14 @@ class ThroughputTable:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def estimates(self) -> Mapping[Key, float]:
+        """Recorded throughput per key, unordered: what lookups depend on besides the
+        default (not how often or when it was seen). Built once per table; comparing
+        two of these is a C-level dict comparison, with no sorting."""
+        if self._estimates is None:
+            self._estimates = {k: e.throughput for k, e in self._entries.items()}
+        return self._estimates
 
     def items(self) -> Iterator[tuple[Key, ThroughputEntry]]:
         return iter(sorted(self._entries.items()))
@@ -105,6 +118,43 @@ class ThroughputTable:
             pair = self._entries.get((workload, (other,)))
             product *= self._default if pair is None else pair.throughput
         return product
+
+    def bounded(self, limit: int = MAX_ENTRIES) -> tuple[ThroughputTable, list[Key]]:
+        """This table kept within `limit` entries, and the keys it forgot.
+
+        Exact co-located sets key the table, and over a long trace (or a daemon's
+        life) their number grows without bound. The rule: when the table holds
+        more than `limit` entries, it forgets down to 7/8 of the limit — first
+        sets of two or more co-located workloads, then (only if pairs alone
+        overflow) pairs; within each, the least recently observed first (never
+        observed at a known time counts as oldest), then the least observed,
+        then the larger set. A forgotten set is estimated as an unseen one (the
+        product of its pairs, §4.3) and is learned again if it recurs; pairs,
+        at most workloads², carry what generalises and go last. Costs nothing
+        below the limit; above it, one sort every `limit`/8 new keys.
+        """
+        if len(self._entries) <= limit:
+            return self, []
+        keep = limit - limit // 8
+
+        def age(item: tuple[Key, ThroughputEntry]) -> tuple:
+            (workload, colocated), entry = item
+            at = -math.inf if entry.updated_at_s is None else entry.updated_at_s
+            return (
+                len(colocated) == 1,
+                at,
+                entry.observations,
+                -len(colocated),
+                workload,
+                colocated,
+            )
+
+        oldest_first = sorted(self._entries.items(), key=age)
+        forgotten = [key for key, _ in oldest_first[: len(oldest_first) - keep]]
+        entries = dict(self._entries)
+        for key in forgotten:
+            del entries[key]
+        return ThroughputTable(entries, self._default), forgotten
 
     def with_default(self, default: float) -> ThroughputTable:
         return ThroughputTable(self._entries, default)

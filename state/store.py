@@ -35,6 +35,7 @@ from sqlalchemy import (
     Row,
     Table,
     bindparam,
+    delete,
     func,
     insert,
     or_,
@@ -581,7 +582,11 @@ class SqlStore:
             return True
 
     # -- learning ---------------------------------------------------------
-    def record_throughput(self, entries: Iterable[tuple[str, Colocated, ThroughputEntry]]) -> None:
+    def record_throughput(
+        self,
+        entries: Iterable[tuple[str, Colocated, ThroughputEntry]],
+        forget: Iterable[tuple[str, Colocated]] = (),
+    ) -> None:
         # One row per key, the last entry winning (as in the in-memory store): a
         # PostgreSQL upsert may not touch the same row twice in one statement.
         rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -594,8 +599,26 @@ class SqlStore:
                 "observations": entry.observations,
                 "updated_at": entry.updated_at_s,
             }
-        if not rows:
+        gone = [
+            {"w": workload, "c": colocated_key(colocated)}
+            for workload, colocated in forget
+            if (workload, colocated_key(colocated)) not in rows
+        ]
+        if not rows and not gone:
             return
+        with write_transaction(self._engine) as conn:
+            if gone:
+                conn.execute(
+                    delete(THROUGHPUT).where(
+                        THROUGHPUT.c.workload == bindparam("w"),
+                        THROUGHPUT.c.colocated == bindparam("c"),
+                    ),
+                    gone,
+                )
+            if rows:
+                conn.execute(self._upsert_throughput(), list(rows.values()))
+
+    def _upsert_throughput(self) -> Any:
         statement = self._insert(THROUGHPUT)
         statement = statement.on_conflict_do_update(
             index_elements=["workload", "colocated"],
@@ -605,8 +628,7 @@ class SqlStore:
                 "updated_at": statement.excluded.updated_at,
             },
         )
-        with write_transaction(self._engine) as conn:
-            conn.execute(statement, list(rows.values()))
+        return statement
 
     # -- rounds -----------------------------------------------------------
     def record_round(self, record: RoundRecord, intents: RoundIntents | None = None) -> int:

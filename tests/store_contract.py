@@ -193,6 +193,23 @@ def test_throughput_table_round_trips(store):
     )
 
 
+def test_forgotten_throughput_entries_are_deleted_and_upserts_win(store):
+    store.record_throughput(
+        [
+            ("a_node0", ("b_node0", "c_node0"), ThroughputEntry(0.6, 1, 10.0)),
+            ("a_node0", ("b_node0",), ThroughputEntry(0.9, 1, 10.0)),
+        ]
+    )
+    store.record_throughput(
+        [("a_node0", ("d_node0",), ThroughputEntry(0.8, 1, 20.0))],
+        forget=[("a_node0", ("c_node0", "b_node0")), ("a_node0", ("d_node0",))],
+    )
+    table = store.snapshot().throughput
+    assert table.recorded("a_node0", ["b_node0", "c_node0"]) is None
+    assert table.recorded("a_node0", ["b_node0"]) == 0.9
+    assert table.recorded("a_node0", ["d_node0"]) == 0.8
+
+
 def test_rounds_and_their_actions_are_recorded_with_reasons(store):
     actions = (
         ActionRecord(

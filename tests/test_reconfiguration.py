@@ -180,3 +180,17 @@ def test_equal_alignment_is_a_tie_broken_by_class_order_in_both_transcriptions()
     expected = [("t0", ("j0/0", "j1/0")), ("t0", ("j2/0",))]
     assert placement(full_reconfiguration(view(jobs, catalog=catalog))) == expected
     assert placement(algorithm1(jobs, catalog, NO_INTERFERENCE)) == expected
+
+
+def test_planner_replans_when_a_learned_throughput_changes_and_only_then():
+    planner, catalog, jobs = EvaPlanner(), table3_catalog(), table3_jobs()[:2]
+    mild = planner.plan(view(jobs, table=interference(0.8, 0.9), catalog=catalog))
+    assert mild.hourly_cost == pytest.approx(12.0)
+    # Seen again with the same value: more observations, the same estimate, and
+    # the last round's candidates are reused as they are.
+    again = interference(0.8, 0.9).observe("wt1_node0", ["wt2_node0"], 0.8, at_s=600.0)
+    assert planner.plan(view(jobs, table=again, catalog=catalog)).configuration is (
+        mild.configuration
+    )
+    severe = planner.plan(view(jobs, table=interference(0.7, 0.8), catalog=catalog))
+    assert severe.hourly_cost == pytest.approx(15.0)

@@ -140,3 +140,30 @@ def test_contention_csv_errors_name_the_cell():
         contention_matrix_from_csv(",b\na,1.7\n")
     with pytest.raises(InputError, match="header"):
         contention_matrix_from_csv("")
+
+
+def test_a_full_table_forgets_its_oldest_exact_sets_first_and_keeps_pairs():
+    table = ThroughputTable().observe("a", ["b"], 0.9, at_s=0.0)  # oldest of all, a pair
+    for t in range(1, 10):
+        table = table.observe("a", ["b", f"c{t}"], 0.5, at_s=float(t))
+    assert len(table) == 10
+    small, forgotten = table.bounded(limit=8)
+    # 7/8 of the limit stays: the three oldest sets go, the pair stays
+    assert len(small) == 7
+    assert forgotten == [("a", ("b", f"c{t}")) for t in (1, 2, 3)]
+    assert small.recorded("a", ["b"]) == 0.9
+    assert small.recorded("a", ["b", "c4"]) == 0.5
+    # a forgotten set is estimated like an unseen one: the product of its pairs
+    assert small.throughput("a", ["b", "c1"]) == pytest.approx(0.9 * 0.95)
+
+
+def test_a_table_within_its_limit_is_kept_as_it_is():
+    table = ThroughputTable().observe("a", ["b", "c"], 0.5)
+    assert table.bounded(limit=1) == (table, [])
+
+
+def test_estimates_compare_values_not_observation_counts():
+    once = ThroughputTable().observe("a", ["b"], 0.8, at_s=1.0)
+    twice = once.observe("a", ["b"], 0.8, at_s=2.0)
+    assert once.estimates() == twice.estimates()
+    assert once.estimates() != once.observe("a", ["b"], 0.7).estimates()
