@@ -1,0 +1,90 @@
+"""The fluid path for many distinct demands: grid rounding, packing, and its bound."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoscaler.configuration import Configuration, Instance
+from autoscaler.fluid import fluid_pack, grid_up
+from autoscaler.lp import LPClass, solve_lp
+from autoscaler.planner import EvaPlanner
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from tests.builders import job, table3_catalog, table3_jobs
+from tests.test_properties import catalogs
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@given(st.floats(1e-6, 1e6), st.integers(3, 8))
+def test_grid_rounds_up_by_at_most_its_stated_precision(x: float, bits: int) -> None:
+    [y] = grid_up(np.array([x]), bits)
+    assert x <= y <= x * (1 + 2.0 ** (1 - bits)) * (1 + 1e-12)
+
+
+def test_small_integers_and_zero_stay_as_they_are() -> None:
+    values = np.array([0.0, 1.0, 7.0, 24.0, 61.0, 63.0, 244.0, 1536.0])
+    assert list(grid_up(values, 6)) == list(values)
+
+
+@SETTINGS
+@given(st.data())
+def test_fluid_packing_is_valid_and_above_the_exact_lp_bound(data) -> None:
+    catalog = data.draw(catalogs())
+    families = sorted(catalog.families)
+    n = data.draw(st.integers(1, 60))
+    rows = []
+    for _ in range(n):
+        host = data.draw(st.sampled_from(catalog.types))
+        cap = host.capacity
+        d = (
+            data.draw(st.integers(0, int(cap.gpu))),
+            data.draw(st.floats(0.01, cap.cpu)),
+            data.draw(st.floats(0.0, cap.ram_gb)),
+        )
+        anywhere = data.draw(st.booleans())
+        rows.append([d if anywhere or f == host.family else (np.nan,) * 3 for f in families])
+    demand = np.array(rows, dtype=float)
+    family_of_type = np.array([families.index(t.family) for t in catalog.types])
+    packing = fluid_pack(catalog, demand, family_of_type, max_classes=data.draw(st.integers(1, 80)))
+
+    placed = sorted(i for _, members in packing.instances for i in members)
+    assert placed == list(range(n)), "every item exactly once"
+    for k, members in packing.instances:
+        itype = catalog.types[k]
+        used = demand[members, family_of_type[k], :].sum(axis=0)
+        assert not np.isnan(used).any(), "only on a family the item may use"
+        assert np.all(used <= np.array(itype.capacity.as_tuple()) + 1e-6)
+    cost = sum(catalog.types[k].hourly_cost for k, _ in packing.instances)
+    exact = solve_lp(
+        catalog,
+        [
+            LPClass(
+                tuple(
+                    None if np.isnan(row[f]).any() else tuple(float(x) for x in row[f])
+                    for f in family_of_type
+                ),
+                1,
+            )
+            for row in demand
+        ],
+    ).lower_bound
+    assert packing.lower_bound <= exact + 1e-6, "a valid bound: never above the exact LP"
+    assert cost >= exact - 1e-6
+
+
+def test_fluid_partial_keeps_a_cost_efficient_instance_and_full_replaces_it() -> None:
+    catalog = table3_catalog()
+    jobs = (*table3_jobs(), job("t5", (0, 1, 2)))
+    # τ1 + τ2 on it1: RP $12 + $3 ≥ $12, still worth its cost
+    running = Configuration((Instance("i-1", catalog["it1"], ("t1/0", "t2/0")),))
+    view = ClusterView(catalog, jobs, running, ThroughputTable(default=1.0))
+    partial = EvaPlanner("partial", fluid_min_classes=0).plan(view).configuration
+    assert partial.by_id()["i-1"].tasks == ("t1/0", "t2/0")
+    assert sorted(t for i in partial for t in i.tasks) == sorted(
+        t.task_id for j in jobs for t in j.tasks
+    )
+    full = EvaPlanner("full", fluid_min_classes=0).plan(view).configuration
+    assert all(i.instance_id is None for i in full)
