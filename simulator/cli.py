@@ -15,6 +15,7 @@ from autoscaler.jobs import jobs_from_eva
 from autoscaler.table import output_width, wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.validation import number_arg, output_path
+from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
@@ -191,6 +192,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         + "\n"
     )
     print(comparison_table(results))
+    limit = clairvoyant_bound(jobs, catalog)
+    base = results["no-packing"].total_cost
+    above = ", ".join(
+        f"{name} {r.total_cost / limit:.2f}x" for name, r in results.items() if limit > 0
+    )
+    print(
+        "\n"
+        + wrap(
+            f"The limit: the clairvoyant fluid bound (LP bound of the tasks present, "
+            f"integrated over the trace; no delays, no interference) is ${limit:,.0f}"
+            + (f" = {limit / base:.3f} of no-packing; cost ÷ it: {above}." if base else ".")
+        )
+    )
     print(
         "\n"
         + wrap(
@@ -201,7 +215,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     if args.json is not None:
         write_json(
-            args.json, document(results, trace=source, interval_s=args.interval, seed=args.seed)
+            args.json,
+            document(
+                results,
+                trace=source,
+                interval_s=args.interval,
+                seed=args.seed,
+                clairvoyant_bound=round(limit, 6),
+            ),
         )
     if args.plot is not None:
         try:
