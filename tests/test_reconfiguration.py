@@ -2,8 +2,10 @@
 
 import pytest
 
+from autoscaler.bundled import bundled
 from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration
+from autoscaler.files import load_catalog
 from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
 from autoscaler.reference import algorithm1
@@ -194,3 +196,15 @@ def test_planner_replans_when_a_learned_throughput_changes_and_only_then():
     )
     severe = planner.plan(view(jobs, table=interference(0.7, 0.8), catalog=catalog))
     assert severe.hourly_cost == pytest.approx(15.0)
+
+
+def test_forty_small_tasks_are_spread_over_smaller_types_not_one_large_one():
+    # 40 tasks of (0, 0.3, 1.2) = 12 CPUs, 48 GB. Algorithm 1 fills one c7i.8xlarge
+    # ($1.428/h); c7i types cost $0.0892 per CPU-hour, so 13 CPUs' worth of
+    # smaller ones — e.g. three c7i.2xlarge and a c7i.large — cost $1.160/h.
+    catalog = load_catalog(bundled("ec2_config.json"))
+    jobs = tuple(job(f"s{i}", (0, 0.3, 1.2)) for i in range(40))
+    plain = EvaPlanner(packing="plain").plan(view(jobs, catalog=catalog))
+    assert plain.hourly_cost == pytest.approx(1.428)
+    plan = EvaPlanner().plan(view(jobs, catalog=catalog))
+    assert plan.hourly_cost == pytest.approx(3 * 0.357 + 0.08925)
