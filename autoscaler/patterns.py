@@ -109,11 +109,15 @@ class PatternPricer:
         types: Sequence[TypeShape],
         classes: Sequence[PatternClass],
         loss: Callable[[tuple[int, ...], int], float] | None = None,
+        linear: tuple[float, Sequence[float]] | None = None,
     ) -> PatternSolution:
         """Solve the configuration LP for `classes` (counts > 0) over the given types.
 
         `loss(sorted class indices, type index)` is the value a composition loses
-        to interference (Σ RP − TNRP); None means no interference.
+        to interference (Σ RP − TNRP); None means no interference. `linear` =
+        (default throughput t, value at stake per class): price compositions per
+        cardinality (see `best_composition_by_cardinality`), which finds the
+        columns the loss-bounded search misses under interference.
         """
         elapsed = stopwatch()
         self._round += 1
@@ -175,9 +179,15 @@ class PatternPricer:
             duals = list(highs.getSolution().row_dual)
             added = 0
             for k in range(len(types)):
-                comp, value, complete, nodes = best_composition(
-                    k, types[k], classes, duals, loss, min(self.node_limit, max(budget, 1))
-                )
+                limit = min(self.node_limit, max(budget, 1))
+                if linear is not None and loss is not None:
+                    comp, value, complete, nodes = best_composition_by_cardinality(
+                        k, types[k], classes, duals, loss, limit, *linear
+                    )
+                else:
+                    comp, value, complete, nodes = best_composition(
+                        k, types[k], classes, duals, loss, limit
+                    )
                 budget -= nodes
                 exact = exact and complete
                 if comp and value > types[k].cost * (1 + 1e-9) + 1e-9:
@@ -214,6 +224,64 @@ def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
     )
 
 
+def best_composition_by_cardinality(
+    k: int,
+    shape: TypeShape,
+    classes: Sequence[PatternClass],
+    duals: Sequence[float],
+    loss: Callable[[tuple[int, ...], int], float],
+    node_limit: int,
+    default: float,
+    at_stake: Sequence[float],
+) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
+    """`best_composition` under interference, linearized per cardinality.
+
+    With every co-located pair at the default throughput t, a task among m on
+    one instance runs at t^(m−1), so it loses (1 − t^(m−1)) of what is at stake
+    for it (its RP, or its job's RP for a task of a multi-task job, §4.4): for
+    a fixed m the value of a composition is *linear*, Σ a_c (u_c − (1 −
+    t^(m−1)) w_c), and the knapsack bound is tight again. So for m = 1, 2, …
+    the best composition of at most m tasks is searched with those values, and
+    each candidate is then valued exactly (Σ a_c u_c − loss: learned pairs and
+    sets count as recorded); the best exact value wins. Larger m stop paying
+    once no class has a positive value left.
+    """
+    capacity = shape.capacity
+    fitting = [
+        c
+        for c, cls in enumerate(classes)
+        if cls.count > 0 and cls.demands[k] is not None and _fits(cls.demands[k], capacity)
+    ]
+    if not fitting:
+        return None, 0.0, True, 0
+    most = sum(classes[c].count for c in fitting)
+    for r in range(3):
+        smallest = min(classes[c].demands[k][r] for c in fitting)  # type: ignore[index]
+        if smallest > _EPS:
+            most = min(most, int((capacity[r] + _EPS) // smallest))
+    best: tuple[tuple[int, int], ...] | None = None
+    best_value, complete, nodes = 0.0, True, 0
+    for m in range(1, most + 1):
+        penalty = 1.0 - default ** (m - 1)
+        values = [u - penalty * w for u, w in zip(duals, at_stake, strict=True)]
+        if max(values[c] for c in fitting) <= 1e-12:
+            break
+        comp, _, done, used = best_composition(
+            k, shape, classes, values, None, max(node_limit - nodes, 1), max_items=m
+        )
+        nodes += used
+        complete = complete and done
+        if comp:
+            flat = tuple(c for c, a in comp for _ in range(a))
+            exact = sum(duals[c] * a for c, a in comp) - loss(flat, k)
+            if exact > best_value + 1e-12:
+                best, best_value = comp, exact
+        if nodes >= node_limit:
+            complete = False
+            break
+    return best, best_value, complete, nodes
+
+
 def best_composition(
     k: int,
     shape: TypeShape,
@@ -221,6 +289,7 @@ def best_composition(
     duals: Sequence[float],
     loss: Callable[[tuple[int, ...], int], float] | None,
     node_limit: int,
+    max_items: int | None = None,
 ) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """The composition of type k maximizing Σ a_c u_c − loss (branch and bound).
 
@@ -230,6 +299,8 @@ def best_composition(
     The bound for the remaining classes is, per resource r, the free amount of
     r times the best price per unit of r among them — valid because no class
     is worth more than its r-demand at that rate, and the loss is never negative.
+    With `max_items`, at most that many tasks: the bound is also the free slots
+    times the best value left.
     """
     capacity = shape.capacity
     cost = shape.cost
@@ -266,6 +337,11 @@ def best_composition(
                 suffix[i][r] = None
             else:
                 suffix[i][r] = max(after, value[i] / d[r])
+    slots = math.inf if max_items is None else max_items
+    best_after = [0.0] * (n + 1)  # best single value among items[i:]
+    for i in range(n - 1, -1, -1):
+        best_after[i] = max(best_after[i + 1], value[i])
+    count = 0  # tasks chosen on the current path
     groups = [classes[c].group for c in items]
     limits = {
         classes[c].group: classes[c].group_limit
@@ -281,7 +357,7 @@ def best_composition(
     complete = True
 
     def bound(i: int, free: list[float]) -> float:
-        b = math.inf
+        b = (slots - count) * best_after[i] if max_items is not None else math.inf
         for r in range(3):
             s = suffix[i][r]
             if s is not None:
@@ -319,11 +395,14 @@ def best_composition(
         g = groups[i]
         if g in limits:
             most = min(most, limits[g] - used_in_group.get(g, 0))  # type: ignore[operator]
+        if max_items is not None:
+            most = min(most, max_items - count)
         return most
 
     def search() -> None:
         """Depth first over items, most copies first; an explicit stack, not recursion,
         since the depth is the number of classes (thousands on distinct demands)."""
+        nonlocal count
         root = list(capacity)
         if not visit(0, root, 0.0):
             return
@@ -336,12 +415,14 @@ def best_composition(
             if a < 0 or nodes > node_limit:
                 if g in limits:
                     used_in_group[g] -= chosen[i]
+                count -= chosen[i]
                 chosen[i] = 0
                 stack.pop()
                 continue
             frame[3] = a - 1
             if g in limits:
                 used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
+            count += a - chosen[i]
             chosen[i] = a
             d = demand[i]
             assert d is not None

@@ -121,6 +121,7 @@ class EvaPlanner:
         pop_parts: int = 2,
         pop_seed: int = 0,
         fluid_min_classes: int = FLUID_MIN_CLASSES,
+        price_interference: bool = False,
     ) -> None:
         self.mode: Mode = mode
         self.packing: Packing = packing
@@ -129,6 +130,7 @@ class EvaPlanner:
         self.pop_parts = pop_parts
         self.pop_seed = pop_seed
         self.fluid_min_classes = fluid_min_classes
+        self.price_interference = price_interference
         self._pricer = PatternPricer() if packing == "priced" else None
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
@@ -173,7 +175,9 @@ class EvaPlanner:
             outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
-            packer = Packer(view, prices, self._pricer, self.pattern_min_tasks)
+            packer = Packer(
+                view, prices, self._pricer, self.pattern_min_tasks, self.price_interference
+            )
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]

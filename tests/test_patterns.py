@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler.configuration import Configuration
-from autoscaler.patterns import PatternClass, PatternPricer, TypeShape, best_composition
+from autoscaler.patterns import (
+    PatternClass,
+    PatternPricer,
+    TypeShape,
+    best_composition,
+    best_composition_by_cardinality,
+)
 from autoscaler.planner import planner_by_name
 from autoscaler.reconfiguration import Packer, TaskPools
 from autoscaler.throughput import ThroughputTable
@@ -134,3 +140,45 @@ def test_pop_split_plans_every_task_once_at_the_same_cost():
     assert_valid(split.configuration, jobs)
     assert split.lower_bound_hourly_cost == pytest.approx(whole.lower_bound_hourly_cost)
     assert split.hourly_cost <= whole.hourly_cost * 1.01
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_pricing_per_cardinality_finds_the_best_composition_under_the_default(data):
+    # With every pair at the default t, m tasks together each run at t^(m-1): the
+    # exact value of a composition is Σ a_c u_c − (1 − t^(m−1)) Σ a_c RP_c.
+    t = data.draw(st.sampled_from([0.8, 0.9, 0.95]))
+    n = data.draw(st.integers(1, 4))
+    classes = [
+        PatternClass(
+            key=c,
+            count=data.draw(st.integers(1, 3)),
+            demands=(
+                (0.0, float(data.draw(st.integers(1, 4))), float(data.draw(st.integers(0, 8)))),
+            ),
+            rp=data.draw(st.integers(1, 20)) / 10,
+        )
+        for c in range(n)
+    ]
+    duals = [cls.rp * data.draw(st.integers(0, 10)) / 10 for cls in classes]
+    shape = TypeShape("k", data.draw(st.integers(0, 30)) / 10, (0.0, 8.0, 16.0))
+
+    def loss(comp: tuple[int, ...], k: int) -> float:
+        return (1 - t ** (len(comp) - 1)) * sum(classes[c].rp for c in comp)
+
+    best = 0.0
+    for counts in product(*[range(cls.count + 1) for cls in classes]):
+        cpu = sum(a * cls.demands[0][1] for a, cls in zip(counts, classes, strict=True))
+        ram = sum(a * cls.demands[0][2] for a, cls in zip(counts, classes, strict=True))
+        if not any(counts) or cpu > 8 or ram > 16:
+            continue
+        comp = tuple(c for c, a in enumerate(counts) for _ in range(a))
+        best = max(best, sum(duals[c] for c in comp) - loss(comp, 0))
+    comp, value, complete, _ = best_composition_by_cardinality(
+        0, shape, classes, duals, loss, 10**6, t, [cls.rp for cls in classes]
+    )
+    assert complete
+    if best > shape.cost + 1e-9:  # a column only matters when it beats the instance's cost
+        assert value == pytest.approx(best, abs=1e-9)
+    else:
+        assert comp is None or value <= shape.cost + 1e-9
