@@ -13,8 +13,10 @@ CvxCluster's two stages (§3–4) made to scale with what is distinct:
    how many tasks of each class go to each type; each class's tasks are dealt
    out in those proportions (largest remainder).
 3. **Pack.** Per type, tasks (with their *true* demands: a task always fits)
-   go largest first into the open instance they fill best; at most `window`
-   instances are open at a time, so the step is linear in the tasks.
+   go largest first into the open instance they fill best. Best fit's cost per
+   task grows with the open instances, so a type's tasks are dealt at random
+   into parts of at most `POP_PART_SIZE` packed apart (POP, §ALGORITHMS): the
+   step is linear in the tasks.
 4. **Downsize.** Each instance becomes the cheapest type that holds its tasks.
 
 **The bound.** Any shadow prices p ≥ 0 with Σ_r p_kr Q_kr ≤ C_k (true of the
@@ -39,6 +41,10 @@ from autoscaler.resources import EPSILON
 GRID_BITS = 6
 #: Coarsest grid tried (≤ 25% over) before the class limit is given up on.
 MIN_GRID_BITS = 3
+#: Most items packed together onto one type; more are dealt at random into equal
+#: parts packed apart (POP: random parts are alike, so each packs as well as the
+#: whole, and best fit's cost, growing with the open bins, stays linear overall).
+POP_PART_SIZE = 2000
 
 
 def grid_up(values: np.ndarray, bits: int) -> np.ndarray:
@@ -57,6 +63,7 @@ class FluidPacking:
     instances: list[tuple[int, list[int]]]
     lower_bound: float
     prices: PriceSolution | None  # the aggregated LP, its lower bound the valid one
+    cheapest: np.ndarray  # per item: index of the cheapest type it fits alone (its RP's)
     classes: int  # aggregated classes the LP was solved on
     bits: int  # grid precision used
 
@@ -66,7 +73,8 @@ def fluid_pack(
     demand: np.ndarray,
     family_of_type: np.ndarray,
     window: int = 1 << 16,
-    max_classes: int = 3_000,
+    max_classes: int = 8_000,
+    part_size: int = POP_PART_SIZE,
     pricer: ShadowPricer | None = None,
 ) -> FluidPacking:
     """Pack items whose demand on family f is `demand[:, f, :]` (NaN: cannot run there)
@@ -79,7 +87,7 @@ def fluid_pack(
     caps = np.array([t.capacity.as_tuple() for t in types], dtype=float)
     costs = np.array([t.hourly_cost for t in types])
     if n == 0:
-        return FluidPacking([], 0.0, None, 0, GRID_BITS)
+        return FluidPacking([], 0.0, None, np.zeros(0, dtype=np.int64), 0, GRID_BITS)
     columns = enumerate(family_of_type)
     fits = np.stack(
         [np.all(demand[:, f, :] <= caps[k] + EPSILON, axis=1) for k, f in columns],
@@ -128,17 +136,24 @@ def fluid_pack(
     # 2. deal each class's items to types in the LP's proportions
     type_of = _deal(solution, inverse, counts, catalog, fits, costs)
 
-    # 3. pack per type; 4. downsize
+    # 3. pack per type, in POP parts of at most `part_size` items; 4. downsize
     instances: list[tuple[int, list[int]]] = []
+    rng = np.random.default_rng(0)
     for k, f in enumerate(family_of_type):
         items = np.flatnonzero(type_of == k)
-        if len(items):
-            for members in _best_fit(demand[items, f, :], caps[k], window):
-                chosen = items[members]
+        parts = -(-len(items) // part_size)
+        if parts > 1:
+            items = rng.permutation(items)
+        for part in np.array_split(items, parts) if parts else []:
+            for members in _best_fit(demand[part, f, :], caps[k], window):
+                chosen = part[members]
                 target = _cheapest_fitting(demand[chosen], caps, costs, family_of_type, k)
                 instances.append((target, chosen.tolist()))
     prices = replace(solution, lower_bound=lower_bound, class_prices=())
-    return FluidPacking(instances, lower_bound, prices, len(first), bits)
+    # types run by descending cost, then name: the first of the cheapest fitting
+    # ones has the first name, as `pricing.cheapest_type` breaks ties
+    cheapest = np.argmin(np.where(fits, costs[None, :], np.inf), axis=1)
+    return FluidPacking(instances, lower_bound, prices, cheapest, len(first), bits)
 
 
 def _deal(
@@ -187,9 +202,9 @@ def _best_fit(demand: np.ndarray, cap: np.ndarray, window: int) -> list[list[int
     can enter (its free room below every remaining item's demand in some resource)
     is closed; with `window` open, the fullest is closed to open another."""
     inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
-    share = demand * inv
-    size = share.max(axis=1) + 1e-3 * share.sum(axis=1)
-    order = np.argsort(-size, kind="stable")
+    # Largest first by the sum of the shares of the capacity it takes (measured on
+    # 100k distinct vectors: 1.026x the bound, against 1.031x by the largest share)
+    order = np.argsort(-(demand * inv).sum(axis=1), kind="stable")
     # smallest demand per resource among the items from position i on
     least = np.minimum.accumulate(demand[order][::-1], axis=0)[::-1]
     tol = cap * 1e-12 + EPSILON

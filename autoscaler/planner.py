@@ -330,7 +330,7 @@ def _fluid_candidates(
     families = sorted(catalog.families)
     family_of_type = np.array([families.index(t.family) for t in catalog.types])
     tasks = [t for j in view.jobs for t in j.tasks]
-    rp = {t.task_id: prices.task_rp(t) for t in tasks}
+    rp: dict[str, float] = {}
     jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
 
     def pack(subset: list) -> tuple[list[Instance], float, PriceSolution | None]:
@@ -345,6 +345,10 @@ def _fluid_candidates(
             dtype=float,
         )
         packing = fluid_pack(catalog, demand, family_of_type, pricer=shadow)
+        for task, k in zip(subset, packing.cheapest.tolist(), strict=True):
+            if task.task_id not in rp:
+                prices.remember(task, catalog.types[k])
+                rp[task.task_id] = catalog.types[k].hourly_cost
         instances = [
             Instance(None, catalog.types[k], tuple(subset[i].task_id for i in members))
             for k, members in packing.instances

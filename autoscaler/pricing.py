@@ -81,6 +81,11 @@ class PriceBook:
             itype = self._by_demands[task.demands] = cheapest_type(task, self.catalog)
         return itype
 
+    def remember(self, task: TaskSpec, itype: InstanceType) -> None:
+        """Record `itype` as `task`'s cheapest type, found elsewhere (vectorized, for
+        many distinct demands at once); the caller vouches for it."""
+        self._by_demands[task.demands] = itype
+
     def task_rp(self, task: TaskSpec) -> float:
         return self.cheapest_type(task).hourly_cost
 

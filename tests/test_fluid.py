@@ -57,6 +57,13 @@ def test_fluid_packing_is_valid_and_above_the_exact_lp_bound(data) -> None:
         used = demand[members, family_of_type[k], :].sum(axis=0)
         assert not np.isnan(used).any(), "only on a family the item may use"
         assert np.all(used <= np.array(itype.capacity.as_tuple()) + 1e-6)
+    for i in range(n):  # each item's reservation-price type: the cheapest it fits alone
+        alone = [
+            t.hourly_cost
+            for t, f in zip(catalog.types, family_of_type, strict=True)
+            if np.all(demand[i, f] <= np.array(t.capacity.as_tuple()) + 1e-9)
+        ]
+        assert catalog.types[packing.cheapest[i]].hourly_cost == min(alone)
     cost = sum(catalog.types[k].hourly_cost for k, _ in packing.instances)
     exact = solve_lp(
         catalog,
