@@ -1,11 +1,13 @@
 """Column generation over compositions: exact pricing, valid packings, never worse than Alg. 1."""
 
+import random
 from itertools import product
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.configuration import Configuration
 from autoscaler.patterns import (
     PatternClass,
@@ -14,8 +16,9 @@ from autoscaler.patterns import (
     best_composition,
     best_composition_by_cardinality,
 )
-from autoscaler.planner import planner_by_name
+from autoscaler.planner import EvaPlanner, planner_by_name
 from autoscaler.reconfiguration import Packer, TaskPools
+from autoscaler.resources import Resources
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
@@ -182,3 +185,33 @@ def test_pricing_per_cardinality_finds_the_best_composition_under_the_default(da
         assert value == pytest.approx(best, abs=1e-9)
     else:
         assert comp is None or value <= shape.cost + 1e-9
+
+
+def wide_catalog() -> Catalog:
+    """The 21 EC2 types and 200 variants of them with other sizes and prices."""
+    base, _ = pai_catalog_and_jobs()
+    rng = random.Random(5)
+    types = list(base.types)
+    for i in range(200):
+        t = rng.choice(base.types)
+        grow = rng.uniform(0.5, 1.5)
+        capacity = Resources(
+            t.capacity.gpu,
+            max(1, round(t.capacity.cpu * grow)),
+            round(t.capacity.ram_gb * rng.uniform(0.5, 1.5)),
+        )
+        cost = round(t.hourly_cost * grow * rng.uniform(0.97, 1.1), 4)
+        types.append(InstanceType(f"{t.name}-v{i}", t.family, capacity, cost))
+    return Catalog(types)
+
+
+def test_a_catalog_of_221_types_gets_the_plan_a_larger_search_budget_finds():
+    catalog = wide_catalog()
+    _, source = pai_catalog_and_jobs()
+    view = ClusterView(
+        catalog, sample_jobs(source, 3000, seed=3), throughput=ThroughputTable(default=1.0)
+    )
+    default = EvaPlanner().plan(view)
+    generous = EvaPlanner()
+    generous._pricer = PatternPricer(node_budget=1_000_000)
+    assert default.hourly_cost <= generous.plan(view).hourly_cost + 1e-6
