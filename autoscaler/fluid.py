@@ -8,7 +8,8 @@ CvxCluster's two stages (§3–4) made to scale with what is distinct:
 1. **Aggregate.** Demands are rounded *up* onto a relative grid — the next
    value m·2^e with `bits` significant bits, so at most 2^(1−bits) over and
    integers below 2^bits exact — and equal rounded vectors merge into one
-   class. The grid is coarsened until the classes number at most `max_classes`.
+   class. The grid is coarsened until the LP has at most `max_lp_cells` class ×
+   type pairs (8,000 classes on the 21 EC2 types).
 2. **Type mix.** The LP over instance types (`lp.py`) on those classes says
    how many tasks of each class go to each type; each class's tasks are dealt
    out in those proportions (largest remainder).
@@ -73,14 +74,16 @@ def fluid_pack(
     demand: np.ndarray,
     family_of_type: np.ndarray,
     window: int = 1 << 16,
-    max_classes: int = 8_000,
+    max_lp_cells: int = 168_000,
     part_size: int = POP_PART_SIZE,
     pricer: ShadowPricer | None = None,
+    max_items: int | None = None,
 ) -> FluidPacking:
     """Pack items whose demand on family f is `demand[:, f, :]` (NaN: cannot run there)
     onto the catalog's types, type k being of family `family_of_type[k]`.
 
-    Every item must fit at least one type alone.
+    Every item must fit at least one type alone (ValueError naming the first that
+    does not). `max_items` caps the items on one instance.
     """
     types = catalog.types
     n = len(demand)
@@ -93,6 +96,9 @@ def fluid_pack(
         [np.all(demand[:, f, :] <= caps[k] + EPSILON, axis=1) for k, f in columns],
         axis=1,
     )  # items x types; NaN compares False
+    unfit = np.flatnonzero(~fits.any(axis=1))
+    if len(unfit):
+        raise ValueError(f"item {int(unfit[0])} fits no instance type")
 
     # 1. aggregate on the finest grid that keeps the LP small
     flat = np.ascontiguousarray(np.nan_to_num(demand.reshape(n, -1), nan=-1.0))
@@ -102,7 +108,7 @@ def fluid_pack(
         _, first, inverse, counts = np.unique(
             keys.ravel(), return_index=True, return_inverse=True, return_counts=True
         )
-        if len(first) <= max_classes:
+        if len(first) * len(types) <= max_lp_cells:
             break
     inverse = inverse.reshape(-1)
     reps = rounded[first].reshape(len(first), -1, 3)[:, family_of_type, :]  # classes x types
@@ -145,7 +151,7 @@ def fluid_pack(
         if parts > 1:
             items = rng.permutation(items)
         for part in np.array_split(items, parts) if parts else []:
-            for members in _best_fit(demand[part, f, :], caps[k], window):
+            for members in _best_fit(demand[part, f, :], caps[k], window, max_items):
                 chosen = part[members]
                 target = _cheapest_fitting(demand[chosen], caps, costs, family_of_type, k)
                 instances.append((target, chosen.tolist()))
@@ -196,7 +202,9 @@ def _deal(
     return type_of
 
 
-def _best_fit(demand: np.ndarray, cap: np.ndarray, window: int) -> list[list[int]]:
+def _best_fit(
+    demand: np.ndarray, cap: np.ndarray, window: int, max_items: int | None = None
+) -> list[list[int]]:
     """Bins of capacity `cap` for items (rows of `demand`), largest first, each into the
     open bin it leaves least free (best fit decreasing). A bin that no remaining item
     can enter (its free room below every remaining item's demand in some resource)
@@ -234,11 +242,15 @@ def _best_fit(demand: np.ndarray, cap: np.ndarray, window: int) -> list[list[int
             if score[b] < np.inf:
                 free[b] = left[b]
                 members[b].append(i)
+                if max_items is not None and len(members[b]) >= max_items:
+                    close(b)
                 continue
             if m == len(free):
                 close(int(np.argmin(free[:m] @ inv)))
         free[len(members)] = cap - d
         members.append([i])
+        if max_items is not None and max_items <= 1:
+            close(len(members) - 1)
     return closed + members
 
 

@@ -12,7 +12,7 @@ LP-priced patterns and keeps the better; `eva-plain` is Algorithm 1 alone;
 ablations).
 
 Rounds with many distinct demand vectors (more than `fluid_min_classes`, no
-interference assumed, no anti-affinity) are packed by the fluid path
+anti-affinity) are packed by the fluid path
 (`fluid.py`): the LP on grid-aggregated classes picks the type mix and best
 fit packs the tasks, in time linear in the tasks; Full re-packs every task,
 Partial keeps the instances still worth their cost and packs the rest.
@@ -40,7 +40,7 @@ from autoscaler.criterion import MigrationCost, expected_duration_h, migration_c
 from autoscaler.fluid import fluid_pack
 from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
 from autoscaler.patterns import PatternPricer
-from autoscaler.pricing import PriceBook, price_book_for
+from autoscaler.pricing import PriceBook, price_book_for, tnrp
 from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
 
@@ -310,9 +310,7 @@ def _merge_lp_classes(classes: Iterable[LPClass]) -> list[LPClass]:
 
 
 def _fluid_applies(view: ClusterView, min_classes: int) -> bool:
-    """Many distinct demand vectors, no interference assumed, no anti-affinity."""
-    if not view.throughput.is_neutral:
-        return False
+    """Many distinct demand vectors and no anti-affinity."""
     distinct: set = set()
     for job in view.jobs:
         if job.anti_affinity is not None:
@@ -325,13 +323,38 @@ def _fluid_applies(view: ClusterView, min_classes: int) -> bool:
 def _fluid_candidates(
     view: ClusterView, prices: PriceBook, mode: Mode, shadow: ShadowPricer | None
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
-    """Full and Partial Reconfiguration by the fluid packer (no interference: TNRP = RP)."""
+    """Full and Partial Reconfiguration by the fluid packer.
+
+    Under interference, instances hold at most 1/(1 − t) tasks for the default
+    throughput t — where Algorithm 1 stops too: with equal RPs, one more task
+    adds TNRP only below t/(1 − t) tasks (§4.2, line 10) — each instance is
+    valued by its TNRP, and one whose TNRP falls short of its cost is dissolved:
+    its tasks go alone onto their reservation-price types, which are worth
+    their cost by definition.
+    """
     catalog = view.catalog
+    table = view.throughput
     families = sorted(catalog.families)
     family_of_type = np.array([families.index(t.family) for t in catalog.types])
     tasks = [t for j in view.jobs for t in j.tasks]
+    spec = {t.task_id: t for t in tasks}
+    job_of = {t.task_id: j for j in view.jobs for t in j.tasks}
     rp: dict[str, float] = {}
+    cheapest: dict[str, int] = {}
     jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
+    cap = None if table.is_neutral else max(1, int(1.0 / (1.0 - table.default + 1e-12)))
+
+    def value(task_ids: Sequence[str]) -> float:
+        """TNRP of tasks sharing one instance (§4.3–4.4)."""
+        if table.is_neutral:
+            return sum(rp[t] for t in task_ids)
+        workloads = [spec[t].workload for t in task_ids]
+        total = 0.0
+        for i, t in enumerate(task_ids):
+            job = job_of[t]
+            tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
+            total += tnrp(rp[t], tput, prices.job_rp(job) if job.is_multi_task else None)
+        return total
 
     def pack(subset: list) -> tuple[list[Instance], float, PriceSolution | None]:
         if not subset:
@@ -344,16 +367,27 @@ def _fluid_candidates(
             ],
             dtype=float,
         )
-        packing = fluid_pack(catalog, demand, family_of_type, pricer=shadow)
+        try:
+            packing = fluid_pack(catalog, demand, family_of_type, pricer=shadow, max_items=cap)
+        except ValueError:
+            for task in subset:
+                prices.cheapest_type(task)  # raises the InputError naming the task
+            raise
         for task, k in zip(subset, packing.cheapest.tolist(), strict=True):
             if task.task_id not in rp:
                 prices.remember(task, catalog.types[k])
                 rp[task.task_id] = catalog.types[k].hourly_cost
-        instances = [
-            Instance(None, catalog.types[k], tuple(subset[i].task_id for i in members))
-            for k, members in packing.instances
-        ]
-        saving = sum(sum(rp[t] for t in i.tasks) - i.type.hourly_cost for i in instances)
+                cheapest[task.task_id] = k
+        instances: list[Instance] = []
+        saving = 0.0
+        for k, members in packing.instances:
+            ids = tuple(subset[i].task_id for i in members)
+            worth = value(ids)
+            if len(ids) > 1 and worth < catalog.types[k].hourly_cost - 1e-6:
+                instances += [Instance(None, catalog.types[cheapest[t]], (t,)) for t in ids]
+                continue
+            instances.append(Instance(None, catalog.types[k], ids))
+            saving += worth - catalog.types[k].hourly_cost
         return instances, saving, packing.prices
 
     outcomes: list[_Outcome] = []
@@ -367,14 +401,13 @@ def _fluid_candidates(
         outcomes.append(outcome("full", full_instances, full_saving))
     if mode in ("ensemble", "partial"):
         kept, placed, kept_saving = [], set(), 0.0
-        active = set(rp)
         for inst in view.current:
-            mine = [t for t in inst.tasks if t in active]
-            value = sum(rp[t] for t in mine)
-            if mine and inst.type.name in catalog and value >= inst.type.hourly_cost - 1e-6:
+            mine = [t for t in inst.tasks if t in rp]
+            worth = value(mine) if mine else 0.0
+            if mine and inst.type.name in catalog and worth >= inst.type.hourly_cost - 1e-6:
                 kept.append(Instance(inst.instance_id, inst.type, tuple(mine)))
                 placed.update(mine)
-                kept_saving += value - inst.type.hourly_cost
+                kept_saving += worth - inst.type.hourly_cost
         if kept:
             rest, saving, _ = pack([t for t in tasks if t.task_id not in placed])
             outcomes.append(outcome("partial", kept + rest, kept_saving + saving))

@@ -10,10 +10,11 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.fluid import fluid_pack, grid_up
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.planner import EvaPlanner
+from autoscaler.reconfiguration import Packer
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from tests.builders import job, table3_catalog, table3_jobs
-from tests.test_properties import catalogs
+from tests.test_properties import assert_valid, catalogs, job_sets, tables
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -48,7 +49,8 @@ def test_fluid_packing_is_valid_and_above_the_exact_lp_bound(data) -> None:
         rows.append([d if anywhere or f == host.family else (np.nan,) * 3 for f in families])
     demand = np.array(rows, dtype=float)
     family_of_type = np.array([families.index(t.family) for t in catalog.types])
-    packing = fluid_pack(catalog, demand, family_of_type, max_classes=data.draw(st.integers(1, 80)))
+    cells = data.draw(st.integers(1, 400))
+    packing = fluid_pack(catalog, demand, family_of_type, max_lp_cells=cells)
 
     placed = sorted(i for _, members in packing.instances for i in members)
     assert placed == list(range(n)), "every item exactly once"
@@ -95,3 +97,18 @@ def test_fluid_partial_keeps_a_cost_efficient_instance_and_full_replaces_it() ->
     )
     full = EvaPlanner("full", fluid_min_classes=0).plan(view).configuration
     assert all(i.instance_id is None for i in full)
+
+
+@SETTINGS
+@given(st.data())
+def test_under_interference_every_shared_fluid_instance_is_worth_its_cost(data) -> None:
+    catalog = data.draw(catalogs())
+    jobs = tuple(j for j in data.draw(job_sets(catalog)) if j.anti_affinity is None)
+    table = data.draw(tables())
+    view = ClusterView(catalog, jobs, throughput=table)
+    plan = EvaPlanner(fluid_min_classes=0).plan(view)
+    assert_valid(plan.configuration, jobs)
+    packer = Packer(view)
+    for inst in plan.configuration:
+        if len(inst.tasks) > 1:
+            assert packer.tnrp_of(inst.tasks) >= inst.type.hourly_cost - 1e-6
