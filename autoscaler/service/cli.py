@@ -231,7 +231,7 @@ def cmd_down(args: argparse.Namespace) -> int:
                 source=str(config.path),
             )
         try:
-            gone = bring_down(store, cloud, time.time())
+            gone = bring_down(store, cloud, time.time)
         finally:
             leader.release()
     finally:

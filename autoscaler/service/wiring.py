@@ -6,6 +6,7 @@ daemon and the commands get what they need from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +85,14 @@ def build_bindings(config: ClusterConfig) -> Bindings:
     )
 
 
-def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
+def bring_down(store: Any, cloud: Any, clock: Callable[[], float]) -> list[str]:
     """Terminate every instance of the cluster and record it; tasks go back to pending
-    (not counted as failures: the operator stopped them), jobs stay queued."""
+    (not counted as failures: the operator stopped them), jobs stay queued. Recorded
+    before the terminate call, and ended in the ledger after it (never billed short)."""
     from autoscaler.cloud import match_listing
     from autoscaler.store import TaskUpdate
 
+    now = clock()
     snapshot = store.snapshot(with_throughput=False)
     leaving = [
         TaskUpdate(t.task_id, status="pending", instance_id=None, reason="cluster brought down")
@@ -111,9 +114,12 @@ def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
         store.transition_instance(inst.instance_id, status, now, reason="autoscaler down")
     cloud.terminate([i.instance_id for i in listed])
     remaining = {i.instance_id for i in cloud.list()}
+    done = clock()
     for inst in store.instances():
         if inst.status == "terminating" and inst.cloud_id not in remaining:
-            store.transition_instance(inst.instance_id, "terminated", now, reason="autoscaler down")
+            store.transition_instance(
+                inst.instance_id, "terminated", done, reason="autoscaler down"
+            )
     return sorted(i.launch_token or i.instance_id for i in listed)
 
 
