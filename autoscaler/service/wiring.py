@@ -149,6 +149,7 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
     )
 
     source = str(config.path)
+    _check_advertised(config)
     wheel = config.cloud.agent_wheel
     if not wheel:
         raise InputError(
@@ -190,6 +191,28 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
         wheel_presigner(s3, url),
         sha256,
     )
+
+
+def _check_advertised(config: ClusterConfig) -> None:
+    """Workers dial the address rendered into their user data: a daemon listening on every
+    interface (0.0.0.0, as in a container) must say which one they reach it at."""
+    import ipaddress
+
+    host = config.api_address.rpartition(":")[0].strip("[]")
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False  # a host name
+    if unspecified:
+        raise InputError(
+            "no worker can dial it: set [api] advertise to the address workers reach the "
+            "daemon at (this host's private IP or DNS name, and the port)",
+            source=str(config.path),
+            where="[api]",
+            field="advertise" if config.api.advertise else "listen",
+            value=config.api_address,
+            has_value=True,
+        )
 
 
 def local_cloud(config: ClusterConfig) -> Any:
