@@ -99,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     jobs.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
-    job.add_argument("job_id", metavar="ID")
+    job.add_argument("job_id", metavar="ID", help="a job id, or the name of one job")
     job.add_argument("--json", action="store_true", help="print JSON")
     _config(job)
     job.set_defaults(func=cmd_job)
@@ -361,7 +361,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        detail = client.job(args.job_id)
+        detail = client.job(_job_id(client, args.job_id))
     if args.json:
         print(json.dumps(detail, indent=2))
         return 0
@@ -422,21 +422,30 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_id(client: Any, ref: str, *, unfinished: bool = False, field: str = "ID") -> str:
+    """A job named by its id, or by its name when one job (unfinished, if asked) has it."""
+    listed = client.jobs((), 0)["jobs"]
+    if any(j["job"] == ref for j in listed):
+        return ref
+    named = [
+        j["job"] for j in listed if j["name"] == ref and not (unfinished and j["status"] in FINAL)
+    ]
+    if len(named) == 1:
+        return named[0]
+    if not named:
+        return ref  # the daemon names what it does not know
+    raise InputError(
+        f"{len(named)} jobs have this name ({', '.join(named)}): give an id",
+        field=field,
+        value=ref,
+        has_value=True,
+    )
+
+
 def _instances_of(client: Any, job: str, *, wait: bool, poll_s: float = 2.0) -> list[str]:
     """The instances a job's tasks run on; `job` is its id or the name of one unfinished job.
     `wait`: until every unfinished task of the job runs."""
-    listed = client.jobs((), 0)["jobs"]
-    if not any(j["job"] == job for j in listed):
-        named = [j["job"] for j in listed if j["name"] == job and j["status"] not in FINAL]
-        if len(named) != 1:
-            found = "no unfinished job" if not named else f"{len(named)} jobs ({', '.join(named)})"
-            raise InputError(
-                f"{found} has this id or name; give its id",
-                field="--job",
-                value=job,
-                has_value=True,
-            )
-        job = named[0]
+    job = _job_id(client, job, unfinished=True, field="--job")
     told = False
     while True:
         detail = client.job(job)
@@ -466,7 +475,7 @@ def _instances_of(client: Any, job: str, *, wait: bool, poll_s: float = 2.0) -> 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        document = client.logs(args.job_id, args.task, args.tail)
+        document = client.logs(_job_id(client, args.job_id), args.task, args.tail)
     if args.json:
         print(json.dumps(document, indent=2))
         return 0

@@ -288,8 +288,15 @@ def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(
     ]
     assert main(["drain", "--job", "j2", *config]) == 0  # by id
     assert api.store.instance("i-3").status == "draining"
+    capsys.readouterr()
     assert main(["drain", "--job", "gpt", *config]) == 2
-    assert "--job" in capsys.readouterr().err
+    assert "no job 'gpt'" in capsys.readouterr().err
+    assert main(["job", "bert", "--json", *config]) == 0  # `job` takes a name too
+    assert json.loads(capsys.readouterr().out)["job"] == "j2"
+    assert submit(api, write_job(tmp_path, 'id = "j3"\n' + GOOD)) == 0  # a 2nd "resnet18"
+    capsys.readouterr()
+    assert main(["job", "resnet18", *config]) == 2
+    assert "2 jobs have this name (j1, j3): give an id" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:  # an instance or a job is required
         main(["drain", *config])
     assert usage.value.code == 2
