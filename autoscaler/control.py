@@ -226,7 +226,14 @@ def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace
     status history) and its worker is not reachable now — several listings of the
     daemon's steps. Both come from the state and the executor, not from memory, so
     a daemon restarted in between counts the same way.
+
+    An instance being terminated whose worker once registered is gone as soon as
+    the cloud stops listing it: it booted long after its launch became visible,
+    and its worker may answer a moment more while it shuts down. Waiting would
+    only bill the ledger for time the cloud does not charge.
     """
+    if inst.status == "terminating" and inst.ready_at is not None:
+        return True
     if inst.instance_id in ready:
         return False
     return now - last_confirmed(inst) >= grace_s

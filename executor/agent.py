@@ -806,6 +806,7 @@ class Agent:
             # The job may exit before the stopping thread has heard its answer: wait for
             # it (it returns at once now that the container has exited) to know how it went.
             attempt.stopper.join(timeout=config.checkpoint_wait_s + config.stop_grace_s + 30)
+        self._read_final_count(attempt)
         checkpoint = launch.checkpoint
         if attempt.abandoned:
             state, reason = "failed", attempt.abandoned
@@ -837,6 +838,17 @@ class Agent:
         self._save_log(attempt, config)
         self._end(attempt, state, reason, checkpoint, exit_.code)
         self._cleanup(attempt)
+
+    def _read_final_count(self, attempt: _Attempt) -> None:
+        """The count the job's reporter left when it exited (polls miss the last seconds)."""
+        try:
+            final = json.loads((attempt.report_dir / reporter.FINAL_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        iterations = final.get("iterations") if isinstance(final, dict) else None
+        if isinstance(iterations, (int, float)) and iterations >= 0:
+            with self._lock:
+                attempt.iterations = max(attempt.iterations, float(iterations))
 
     def _how_it_stopped(self, attempt: _Attempt, exit_: ContainerExit) -> str:
         wait, grace = self.config.checkpoint_wait_s, self.config.stop_grace_s

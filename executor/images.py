@@ -180,8 +180,24 @@ def _shared_libraries(binaries: list[str]) -> set[str]:
     return found
 
 
+#: Libraries no interpreter module links but wheels do: libstdc++ and libgcc_s for C++
+#: extensions (grpcio), and glibc's libdl, libpthread, librt and libutil, empty since glibc
+#: 2.34 yet still named by every manylinux wheel built against an older glibc (highspy's
+#: extension does not load without libdl.so.2).
+_EXTRA_LIBRARIES = frozenset(
+    {
+        "libstdc++.so.6",
+        "libgcc_s.so.1",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+        "libutil.so.1",
+    }
+)
+
+
 def _extra_libraries() -> set[str]:
-    """libstdc++ and libgcc_s: C++ extensions (grpcio) a job may `pip install --target`."""
+    """`_EXTRA_LIBRARIES`, for extensions an image `pip install`s (the daemon's, a job's)."""
     try:
         cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
     except OSError:
@@ -189,7 +205,7 @@ def _extra_libraries() -> set[str]:
     found = set()
     for line in cache.stdout.splitlines():
         name, _, path = line.strip().partition(" => ")
-        wanted = name.split(" ")[0] in ("libstdc++.so.6", "libgcc_s.so.1")
+        wanted = name.split(" ")[0] in _EXTRA_LIBRARIES
         if wanted and "x86-64" in name and os.path.exists(path):
             found.add(path)
     return found

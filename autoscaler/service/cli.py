@@ -89,12 +89,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     jobs.add_argument(
         "--limit", type=number_arg(0, 10**9, integer=True), default=0, help="the latest N (0: all)"
     )
+    jobs.add_argument(
+        "--wait",
+        action="store_true",
+        help="first wait until every unfinished job has finished (exit 1 if one did not complete)",
+    )
     jobs.add_argument("--json", action="store_true", help="print JSON")
     _config(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
-    job.add_argument("job_id", metavar="ID")
+    job.add_argument("job_id", metavar="ID", help="a job id, or the name of one job")
     job.add_argument("--json", action="store_true", help="print JSON")
     _config(job)
     job.set_defaults(func=cmd_job)
@@ -112,7 +117,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "each keeps running until its new instance is ready, checkpoints, and resumes there. "
         "The instance terminates once empty.",
     )
-    drain.add_argument("instance_id", metavar="INSTANCE")
+    target = drain.add_mutually_exclusive_group(required=True)
+    target.add_argument("instance_id", metavar="INSTANCE", nargs="?")
+    target.add_argument(
+        "--job",
+        metavar="JOB",
+        help="drain the instances this job's tasks run on (its id, or the name of one "
+        "unfinished job): see a migration without looking up an instance",
+    )
+    drain.add_argument(
+        "--wait", action="store_true", help="with --job: first wait until its tasks run"
+    )
     _config(drain)
     drain.set_defaults(func=cmd_drain)
 
@@ -231,7 +246,7 @@ def cmd_down(args: argparse.Namespace) -> int:
                 source=str(config.path),
             )
         try:
-            gone = bring_down(store, cloud, time.time())
+            gone = bring_down(store, cloud, time.time)
         finally:
             leader.release()
     finally:
@@ -294,14 +309,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return _wait(client, ids)
 
 
-def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0) -> int:
+def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0, *, quiet: bool = False) -> int:
     """Follow the jobs until each has finished; 0 when all completed."""
     last: dict[str, str] = {}
     while True:
         states = {job_id: client.job(job_id) for job_id in ids}
         for job_id, detail in states.items():
             line = f"{detail['status']}, {detail['running']}/{detail['tasks']} running"
-            if last.get(job_id) != line:
+            if last.get(job_id) != line and not quiet:
                 print(f"{job_id}: {line}" + (f" ({detail['reason']})" if detail["reason"] else ""))
                 last[job_id] = line
         if all(d["status"] in FINAL for d in states.values()):
@@ -310,11 +325,15 @@ def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    code = 0
     with _client(args) as client:
+        if args.wait:
+            waiting = [j["job"] for j in client.jobs((), 0)["jobs"] if j["status"] not in FINAL]
+            code = _wait(client, waiting, quiet=args.json)
         document = client.jobs(args.status or (), args.limit)
     if args.json:
         print(json.dumps(document, indent=2))
-        return 0
+        return code
     rows = [
         (
             j["job"],
@@ -337,12 +356,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             [False, False, False, True, True, False, False],
         )
     )
-    return 0
+    return code
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        detail = client.job(args.job_id)
+        detail = client.job(_job_id(client, args.job_id))
     if args.json:
         print(json.dumps(detail, indent=2))
         return 0
@@ -389,17 +408,74 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        draining, status = client.drain(args.instance_id)
-    if draining:
-        print(f"draining {args.instance_id}: its tasks move at the next round, then it ends")
-    else:
-        print(f"{args.instance_id} is {status}: nothing to drain")
+        targets = (
+            [args.instance_id]
+            if args.job is None
+            else _instances_of(client, args.job, wait=args.wait)
+        )
+        for instance_id in targets:
+            draining, status = client.drain(instance_id)
+            if draining:
+                print(f"draining {instance_id}: its tasks move at the next round, then it ends")
+            else:
+                print(f"{instance_id} is {status}: nothing to drain")
     return 0
+
+
+def _job_id(client: Any, ref: str, *, unfinished: bool = False, field: str = "ID") -> str:
+    """A job named by its id, or by its name when one job (unfinished, if asked) has it."""
+    listed = client.jobs((), 0)["jobs"]
+    if any(j["job"] == ref for j in listed):
+        return ref
+    named = [
+        j["job"] for j in listed if j["name"] == ref and not (unfinished and j["status"] in FINAL)
+    ]
+    if len(named) == 1:
+        return named[0]
+    if not named:
+        return ref  # the daemon names what it does not know
+    raise InputError(
+        f"{len(named)} jobs have this name ({', '.join(named)}): give an id",
+        field=field,
+        value=ref,
+        has_value=True,
+    )
+
+
+def _instances_of(client: Any, job: str, *, wait: bool, poll_s: float = 2.0) -> list[str]:
+    """The instances a job's tasks run on; `job` is its id or the name of one unfinished job.
+    `wait`: until every unfinished task of the job runs."""
+    job = _job_id(client, job, unfinished=True, field="--job")
+    told = False
+    while True:
+        detail = client.job(job)
+        if detail["status"] in FINAL:
+            raise InputError(
+                f"the job has finished ({detail['status']}): nothing to drain",
+                field="--job",
+                value=job,
+                has_value=True,
+            )
+        tasks = [t for t in detail["task_list"] if t["status"] not in FINAL]
+        instances = sorted({t["instance"] for t in tasks if t["instance"]})
+        if (tasks and all(t["status"] == "running" for t in tasks)) or (instances and not wait):
+            return instances
+        if not wait:
+            raise InputError(
+                "no task of this job runs on an instance yet (--wait waits for it)",
+                field="--job",
+                value=job,
+                has_value=True,
+            )
+        if not told:
+            print(f"waiting for {job} to run ({detail['running']}/{detail['tasks']} running)")
+            told = True
+        time.sleep(poll_s)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        document = client.logs(args.job_id, args.task, args.tail)
+        document = client.logs(_job_id(client, args.job_id), args.task, args.tail)
     if args.json:
         print(json.dumps(document, indent=2))
         return 0

@@ -106,6 +106,9 @@ def config_template(
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
 emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
+# ec2: the worker agent's wheel, which the daemon publishes to [storage] for workers to
+# install at boot (required for "ec2"; build it with `pip wheel --no-deps . -w dist`)
+# agent_wheel = "dist/ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
 
 [api]
 listen = "127.0.0.1:7443"          # the daemon's gRPC address (TLS, a token on every call)

@@ -6,6 +6,7 @@ daemon and the commands get what they need from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +85,14 @@ def build_bindings(config: ClusterConfig) -> Bindings:
     )
 
 
-def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
+def bring_down(store: Any, cloud: Any, clock: Callable[[], float]) -> list[str]:
     """Terminate every instance of the cluster and record it; tasks go back to pending
-    (not counted as failures: the operator stopped them), jobs stay queued."""
+    (not counted as failures: the operator stopped them), jobs stay queued. Recorded
+    before the terminate call, and ended in the ledger after it (never billed short)."""
     from autoscaler.cloud import match_listing
     from autoscaler.store import TaskUpdate
 
+    now = clock()
     snapshot = store.snapshot(with_throughput=False)
     leaving = [
         TaskUpdate(t.task_id, status="pending", instance_id=None, reason="cluster brought down")
@@ -111,9 +114,12 @@ def bring_down(store: Any, cloud: Any, now: float) -> list[str]:
         store.transition_instance(inst.instance_id, status, now, reason="autoscaler down")
     cloud.terminate([i.instance_id for i in listed])
     remaining = {i.instance_id for i in cloud.list()}
+    done = clock()
     for inst in store.instances():
         if inst.status == "terminating" and inst.cloud_id not in remaining:
-            store.transition_instance(inst.instance_id, "terminated", now, reason="autoscaler down")
+            store.transition_instance(
+                inst.instance_id, "terminated", done, reason="autoscaler down"
+            )
     return sorted(i.launch_token or i.instance_id for i in listed)
 
 
@@ -143,6 +149,7 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
     )
 
     source = str(config.path)
+    _check_advertised(config)
     wheel = config.cloud.agent_wheel
     if not wheel:
         raise InputError(
@@ -184,6 +191,28 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
         wheel_presigner(s3, url),
         sha256,
     )
+
+
+def _check_advertised(config: ClusterConfig) -> None:
+    """Workers dial the address rendered into their user data: a daemon listening on every
+    interface (0.0.0.0, as in a container) must say which one they reach it at."""
+    import ipaddress
+
+    host = config.api_address.rpartition(":")[0].strip("[]")
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False  # a host name
+    if unspecified:
+        raise InputError(
+            "no worker can dial it: set [api] advertise to the address workers reach the "
+            "daemon at (this host's private IP or DNS name, and the port)",
+            source=str(config.path),
+            where="[api]",
+            field="advertise" if config.api.advertise else "listen",
+            value=config.api_address,
+            has_value=True,
+        )
 
 
 def local_cloud(config: ClusterConfig) -> Any:

@@ -45,10 +45,16 @@ several requests, answered in order.
 - `first_iteration_at`: Unix time of the first iteration of this run.
 - `checkpoint`: the worker asks the job to save a checkpoint and stop;
   `checkpoint_done` turns true once the job has saved it.
+
+When the job exits, the reporter leaves its last count beside the socket, in
+`final.json` (`{"protocol": 1, "iterations": 1200}`, written atomically): the
+worker polls every few seconds, and the iterations after its last poll would
+otherwise be lost from the task's progress.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -62,6 +68,8 @@ from typing import Any, TypeVar
 PROTOCOL = 1
 DEFAULT_WINDOW_S = 300.0
 SOCKET_ENV = "AUTOSCALER_REPORT_SOCKET"
+#: Beside the socket: the count when the job exited.
+FINAL_FILE = "final.json"
 WINDOW_ENV = "AUTOSCALER_THROUGHPUT_WINDOW_S"
 #: Samples kept per window: throughput is exact to within window / RESOLUTION seconds.
 RESOLUTION = 64
@@ -106,6 +114,7 @@ class Reporter:
             self._path = path
             thread = threading.Thread(target=self._serve, name="reporter", daemon=True)
             thread.start()
+            atexit.register(self.close)
 
     # -- counting -----------------------------------------------------------------
 
@@ -222,12 +231,19 @@ class Reporter:
                 return
 
     def close(self) -> None:
-        """Stop listening (the socket file is removed)."""
+        """Stop listening (the socket file is removed) and leave the final count."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
+            final = os.path.join(os.path.dirname(self._path), FINAL_FILE)
+            with contextlib.suppress(OSError):
+                with open(final + ".tmp", "w") as handle:
+                    json.dump({"protocol": PROTOCOL, "iterations": self.iterations}, handle)
+                os.replace(final + ".tmp", final)
 
     def __enter__(self) -> Reporter:
         return self

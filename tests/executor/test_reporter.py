@@ -142,6 +142,26 @@ def test_the_reporter_needs_nothing_but_the_standard_library(tmp_path):
     assert result.stdout.strip() == "3.0"
 
 
+def test_a_job_that_exits_leaves_its_last_count_beside_the_socket(tmp_path):
+    # The worker polls every few seconds; what a job counted after the last poll is read
+    # from final.json once it has exited, however it exits (here: sys.exit after a loop).
+    shutil.copy(SOURCE, tmp_path / "reporter.py")
+    report = tmp_path / "report"
+    report.mkdir()
+    script = (
+        "import sys, reporter\n"
+        f"r = reporter.Reporter(socket_path={str(report / 'report.sock')!r}, start=100)\n"
+        "for _ in range(37): r.step()\n"
+        "sys.exit(0)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((report / "final.json").read_text()) == {"protocol": 1, "iterations": 137}
+    assert not (report / "report.sock").exists()
+
+
 def test_a_window_must_be_positive():
     with pytest.raises(ValueError, match="must be positive"):
         Reporter(socket_path="", window_s=0)

@@ -102,6 +102,27 @@ def test_an_instance_whose_worker_still_answers_is_not_ended(config, ec2, clock,
     assert store.instance("inst-1").status == "pending"
 
 
+def test_an_instance_being_terminated_is_ended_once_unlisted_though_its_worker_answers(
+    config, ec2, clock, sleeps
+):
+    # Its worker registered (it booted, long visible); the round asked for its end. The
+    # worker may answer a few seconds more while the instance shuts down: the ledger must
+    # not bill those seconds, nor the grace period meant for launches not yet listed.
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
+    cloud_id = launched_and_recorded(cloud, store, clock, "inst-1")
+    clock.advance(5)
+    store.instance_worker("inst-1", clock(), ready=True)
+    store.transition_instance("inst-1", "terminating", clock(), reason="drained")
+    ec2.terminate_instances(InstanceIds=[cloud_id])
+
+    clock.advance(1)
+    loop_over(cloud, store, clock, ReachableWorkers("inst-1")).progress()
+    record = store.instance("inst-1")
+    assert record.status == "terminated"
+    assert [i.end for i in store.uptime()] == [clock()]
+
+
 # --- retrying a launch whose answer was lost ----------------------------------------------------
 
 

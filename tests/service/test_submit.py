@@ -260,3 +260,91 @@ def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, c
     assert "i-1 is draining: nothing to drain" in capsys.readouterr().out
     assert main(["drain", "i-9", *config]) == 2
     assert "no instance 'i-9'" in capsys.readouterr().err
+
+
+def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(
+    api, tmp_path, capsys
+):
+    config = ["--config", str(api.config.path)]
+    assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
+    assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
+    now = api.clock[0]
+    for instance in ("i-1", "i-2", "i-3"):
+        api.store.request_instance(instance, "c7i.xlarge", 0.1785, now)
+        api.store.transition_instance(instance, "running", now + 10, cloud_id=f"c-{instance}")
+    [a, b] = [t.task_id for t in api.store.tasks_of("j1")]
+    [c, _] = [t.task_id for t in api.store.tasks_of("j2")]
+    for task, instance in ((a, "i-1"), (b, "i-2"), (c, "i-3")):
+        api.store.update_task(task, now + 20, status="running", instance_id=instance)
+    capsys.readouterr()
+
+    assert main(["drain", "--job", "resnet18", *config]) == 0  # by name: j1's two instances
+    out = capsys.readouterr().out
+    assert "draining i-1" in out and "draining i-2" in out and "i-3" not in out
+    assert [api.store.instance(i).status for i in ("i-1", "i-2", "i-3")] == [
+        "draining",
+        "draining",
+        "running",
+    ]
+    assert main(["drain", "--job", "j2", *config]) == 0  # by id
+    assert api.store.instance("i-3").status == "draining"
+    capsys.readouterr()
+    assert main(["drain", "--job", "gpt", *config]) == 2
+    assert "no job 'gpt'" in capsys.readouterr().err
+    assert main(["job", "bert", "--json", *config]) == 0  # `job` takes a name too
+    assert json.loads(capsys.readouterr().out)["job"] == "j2"
+    assert submit(api, write_job(tmp_path, 'id = "j3"\n' + GOOD)) == 0  # a 2nd "resnet18"
+    capsys.readouterr()
+    assert main(["job", "resnet18", *config]) == 2
+    assert "2 jobs have this name (j1, j3): give an id" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # an instance or a job is required
+        main(["drain", *config])
+    assert usage.value.code == 2
+
+
+def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
+    api, tmp_path, capsys, monkeypatch
+):
+    """`jobs --wait` returns once every job finished (1 if one failed); `drain --job --wait`
+    drains once the job's tasks run. Each poll's sleep moves the world one step on."""
+    import autoscaler.service.cli as cli_module
+
+    config = ["--config", str(api.config.path)]
+    assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
+    assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
+    now = api.clock[0]
+    api.store.request_instance("i-1", "c7i.xlarge", 0.1785, now)
+    api.store.transition_instance("i-1", "running", now + 10, cloud_id="c-1")
+    world = [
+        lambda: [
+            api.store.update_task(t.task_id, now + 20, status="running", instance_id="i-1")
+            for t in api.store.tasks_of("j1")[:1]
+        ],
+        lambda: [
+            api.store.update_task(t.task_id, now + 30, status="running", instance_id="i-1")
+            for t in api.store.tasks_of("j1")[1:]
+        ],
+    ]
+    sleeps = []
+
+    def step(seconds):
+        sleeps.append(seconds)
+        world.pop(0)()
+
+    monkeypatch.setattr(cli_module.time, "sleep", step)
+    capsys.readouterr()
+    assert main(["drain", "--job", "j1", "--wait", *config]) == 0
+    assert len(sleeps) == 2  # drained only once both tasks ran, not after the first
+    assert "waiting for j1 to run" in capsys.readouterr().out
+    assert api.store.instance("i-1").status == "draining"
+
+    world += [
+        lambda: api.store.job_finished("j1", now + 40),
+        lambda: api.store.job_finished("j2", now + 50, "failed", "exit code 3"),
+    ]
+    assert main(["jobs", "--wait", *config]) == 1  # j2 failed
+    assert len(sleeps) == 4 and not world
+    out = capsys.readouterr().out
+    assert "j1: completed" in out and "j2: failed" in out
+    assert main(["jobs", "--wait", *config]) == 0  # nothing unfinished: nothing waited for
+    assert len(sleeps) == 4

@@ -1,0 +1,117 @@
+"""The worker bootstrap as the daemon renders it for a cluster `autoscaler init` made:
+what `autoscaler.service.wiring.worker_bootstrap` publishes (token to SSM, agent wheel to
+S3, against moto) and the user data of one launch — valid bash, carrying the daemon's
+advertised address and the cluster's CA, and no secret of the cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from autoscaler.errors import InputError
+from autoscaler.service.config import load_cluster_config
+from autoscaler.service.init import init_cluster
+from autoscaler.service.wiring import worker_bootstrap
+
+ROOT = Path(__file__).resolve().parents[2]
+REGION = "us-east-1"
+BUCKET = "research-batch-artifacts"
+WHEEL = "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+
+
+@pytest.fixture(autouse=True)
+def fake_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(key, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with mock_aws():
+        boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+        yield
+
+
+def cluster(tmp_path: Path, *, advertise: str | None) -> Path:
+    """`autoscaler init --bucket ...`, then what deploy/README.md says to set for EC2."""
+    directory = tmp_path / "cluster"
+    config = init_cluster(directory, name="research-batch", bucket=BUCKET).config
+    (directory / "agent").mkdir()
+    (directory / "agent" / WHEEL).write_bytes(b"PK\x03\x04 the worker agent")
+    text = config.read_text()
+    text = text.replace("[cloud]\n", f'[cloud]\nagent_wheel = "agent/{WHEEL}"\n', 1)
+    text = text.replace('listen = "127.0.0.1:7443"', 'listen = "0.0.0.0:7443"', 1)
+    if advertise:
+        text = text.replace("[api]\n", f'[api]\nadvertise = "{advertise}"\n', 1)
+    config.write_text(text)
+    return config
+
+
+def test_user_data_carries_the_advertised_address_and_ca_and_no_secret(tmp_path):
+    config = load_cluster_config(cluster(tmp_path, advertise="10.0.7.5:7443"))
+    bootstrap = worker_bootstrap(config)
+    user_data = bootstrap.render("research-batch-1")
+
+    # Valid bash, whose variables hold exactly the daemon's address and the cluster's CA.
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    assert subprocess.run([bash, "-n"], input=user_data, text=True).returncode == 0
+    header = user_data.split("# Tests run the script", 1)[0]
+    shown = subprocess.run(
+        [
+            bash,
+            "-c",
+            header + 'printf "%s\\n%s\\n%s" "$DAEMON_ADDRESS" "$TOKEN_PARAMETER" "$CA_PEM"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    address, parameter, ca = shown.split("\n", 2)
+    secrets = config.secrets
+    assert address == "10.0.7.5:7443"
+    assert ca == secrets.ca_cert.read_text().strip()
+
+    # No secret of the cluster: not the tokens, not a private key. The worker reads its
+    # token from SSM with its instance role; the parameter's name is all user data holds.
+    for secret in (secrets.worker_token, secrets.api_token, secrets.ca_key, secrets.server_key):
+        value = secret.read_text().strip()
+        assert value and value not in user_data, secret.name
+    assert parameter == "/ec2-batch-autoscaler/research-batch/worker-token"
+    stored = boto3.client("ssm", region_name=REGION).get_parameter(
+        Name=parameter, WithDecryption=True
+    )["Parameter"]
+    assert stored["Type"] == "SecureString"
+    assert stored["Value"] == secrets.worker_token.read_text().strip()
+
+    # The agent: the wheel the config names, published under its hash, fetched by a URL
+    # made for this launch.
+    digest = hashlib.sha256((config.path.parent / "agent" / WHEEL).read_bytes()).hexdigest()
+    assert f"WHEEL_SHA256={digest}\n" in user_data
+    key = f"research-batch/agent/{digest}/{WHEEL}"
+    assert boto3.client("s3", region_name=REGION).head_object(Bucket=BUCKET, Key=key)
+    assert f"WHEEL_URL={shlex.quote(bootstrap.wheel_url())}".split("?")[0] in user_data
+
+
+def test_a_daemon_listening_everywhere_must_say_where_workers_reach_it(tmp_path):
+    config = load_cluster_config(cluster(tmp_path, advertise=None))
+    with pytest.raises(InputError, match=r"\[api\]: field 'listen' = '0.0.0.0:7443'.*advertise"):
+        worker_bootstrap(config)
+    # deploy/compose/autoscaler.toml leaves `advertise` for the operator: refused, not rendered.
+    compose = load_cluster_config(ROOT / "deploy" / "compose" / "autoscaler.toml")
+    with pytest.raises(InputError, match="set \\[api\\] advertise"):
+        worker_bootstrap(compose)
+    assert not boto3.client("ssm", region_name=REGION).describe_parameters()["Parameters"]

@@ -1,0 +1,231 @@
+"""A cluster on EC2 and S3 served by `moto_server`, for the end-to-end tests of the daemon.
+
+moto starts no machine: `BootedInstances` plays the part of the instances. For each instance
+of the cluster that EC2 reports running, it reads the instance's user data back from EC2,
+takes from it what the bootstrap script would (the daemon's address, the cluster CA, the
+SSM parameter holding the worker token, the instance's id) and starts `autoscaler worker`
+with those, reading its token from SSM as a booted worker does. When EC2 reports the instance
+shutting down, its worker and containers go, as they would with the machine. Only the
+machine's size is told to the worker (`--capacity`), since this host is not that type.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from autoscaler.service.config import ClusterConfig, load_cluster_config
+from executor.runtime import LABEL_INSTANCE
+from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
+from tests.e2e.harness import cli, free_port, set_options
+from tests.provisioners.conftest import register_worker_image
+
+REGION = "us-east-1"
+CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def aws_env(endpoint: str, directory: Path) -> dict[str, str]:
+    """The environment of a process that talks to moto as if it were AWS."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_CONFIG_FILE": str(directory / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(directory / "no-aws-credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "XDG_CACHE_HOME": str(directory / "cache"),
+    }
+
+
+def client(service: str, endpoint: str) -> Any:
+    return boto3.client(service, region_name=REGION, endpoint_url=endpoint, **CREDENTIALS)
+
+
+def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None) -> ClusterConfig:
+    """`autoscaler init` for EC2, then what an operator fills in: the account's network, an
+    image, the workers' instance profile, a bucket, the agent wheel; short rounds."""
+    ec2 = client("ec2", endpoint)
+    ami = register_worker_image(ec2)
+    subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    group = ec2.create_security_group(GroupName=f"{name}-workers", Description="workers")
+    client("iam", endpoint).create_instance_profile(InstanceProfileName=f"{name}-worker")
+    bucket = f"{name}-artifacts"
+    client("s3", endpoint).create_bucket(Bucket=bucket)
+
+    code, out = cli("init", "--dir", str(directory), "--name", name)
+    assert code == 0, out
+    # The wheel workers would install at boot: published by the daemon, never installed
+    # here (the workers below run this checkout).
+    wheel = directory / "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x05\x06" + bytes(18))
+    path = directory / "autoscaler.toml"
+    text = path.read_text()
+    text = re.sub(
+        r'url = "s3://REPLACE-WITH-YOUR-BUCKET/[^"]*"', f'url = "s3://{bucket}/{name}"', text
+    )
+    if state_url is not None:
+        text = re.sub(r'# url = "postgresql[^\n]*', f'url = "{state_url}"', text)
+        text = text.replace('path = "state.db"', "# path = unused", 1)
+    path.write_text(text)
+    set_options(
+        path,
+        {
+            "interval_s": "6",
+            "step_s": "1",
+            "agent_wheel": f'"{wheel.name}"',
+            "dry_run": "false",
+            "subnet_ids": f'["{subnets[0]}", "{subnets[1]}"]',
+            "security_group_ids": f'["{group["GroupId"]}"]',
+            "iam_instance_profile": f'"{name}-worker"',
+            "families": '["c7i", "r7i"]',
+            "orphan_policy": '"terminate"',
+            "x86_64": f'"{ami}"',
+            "x86_64_nvidia": f'"{ami}"',
+            "heartbeat_s": "30",
+        },
+    )
+    text = path.read_text().replace("127.0.0.1:7443", f"127.0.0.1:{free_port()}")
+    path.write_text(
+        text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
+    )
+    return load_cluster_config(path)
+
+
+def user_data_values(script: str) -> dict[str, str]:
+    """The values the rendered bootstrap assigns at its top, evaluated by bash itself."""
+    start = script.index("\nDAEMON_ADDRESS=")
+    end = script.index("\n", script.index("\nACCELERATOR=") + 1)
+    names = ("DAEMON_ADDRESS", "CA_PEM", "CLUSTER_ID", "REGION", "TOKEN_PARAMETER", "INSTANCE_ID")
+    quoted = " ".join(f'"${name}"' for name in names)
+    shell = f'eval "$1"; printf "%s\\0" {quoted}'
+    printed = subprocess.run(
+        ["bash", "-c", shell, "_", script[start:end]],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout.decode()
+    return dict(zip(names, printed.split("\0"), strict=False))
+
+
+@dataclass
+class BootedInstances:
+    """Starts the worker of each running instance of `cluster`; stops it when EC2 does."""
+
+    endpoint: str
+    cluster: str
+    capacity: dict[str, str]  # instance type -> "GPU,CPU,RAM"
+    directory: Path
+    docker: Any  # a docker client, to remove what a vanished machine ran
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)  # EC2 id -> our id
+    user_data: dict[str, dict[str, str]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.ec2 = client("ec2", self.endpoint)
+
+    def start(self) -> BootedInstances:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                self.poll()
+            except Exception as exc:  # reported by the test, not lost in a thread
+                self.errors.append(repr(exc))
+
+    def listing(self) -> list[dict[str, Any]]:
+        """Every instance of the cluster EC2 knows, terminated ones included."""
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]}]
+        )
+        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def poll(self) -> None:
+        for inst in self.listing():
+            ec2_id, state = inst["InstanceId"], inst["State"]["Name"]
+            if state == "running" and ec2_id not in self.workers:
+                self._boot(ec2_id, inst["InstanceType"])
+            elif state in ("shutting-down", "terminated", "stopping", "stopped"):
+                self._halt(ec2_id)
+
+    def _boot(self, ec2_id: str, itype: str) -> None:
+        attribute = self.ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")
+        script = base64.b64decode(attribute["UserData"]["Value"]).decode()
+        values = user_data_values(script)
+        self.user_data[ec2_id] = values
+        ours = values["INSTANCE_ID"]
+        work = self.directory / ours
+        work.mkdir(parents=True, exist_ok=True)
+        ca = work / "ca.pem"
+        ca.write_text(values["CA_PEM"] + "\n")
+        command = [
+            sys.executable, "-m", "autoscaler", "worker",
+            "--daemon", values["DAEMON_ADDRESS"],
+            "--ca", str(ca),
+            "--token-ssm", values["TOKEN_PARAMETER"],
+            "--region", values["REGION"],
+            "--instance-id", ours,
+            "--capacity", self.capacity[itype],
+            "--work-dir", str(work),
+            "--listen", "127.0.0.1:0",
+            "--advertise", "127.0.0.1",
+            "--checkpoint-wait", "5",
+            "--stop-grace", "5",
+            "--throughput-window", "6",
+        ]  # fmt: skip
+        with (work / "agent.log").open("ab") as log:
+            self.workers[ec2_id] = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **aws_env(self.endpoint, self.directory)},
+                start_new_session=True,
+            )
+        self.tokens[ec2_id] = ours
+
+    def _halt(self, ec2_id: str) -> None:
+        process = self.workers.get(ec2_id)
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGKILL)  # the machine is gone: no goodbye
+        process.wait(timeout=30)
+        for container in self.docker.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={self.tokens[ec2_id]}"}
+        ):
+            container.remove(force=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for ec2_id in list(self.workers):
+            self._halt(ec2_id)
+
+    def launch_tokens(self) -> list[str]:
+        """The launch-token tag of every instance EC2 ever started for the cluster."""
+        return [
+            tag["Value"]
+            for inst in self.listing()
+            for tag in inst.get("Tags", [])
+            if tag["Key"] == TAG_LAUNCH_TOKEN
+        ]
