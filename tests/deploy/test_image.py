@@ -30,22 +30,6 @@ AGENT_WHEEL = f"/opt/autoscaler/share/agent/ec2_batch_autoscaler-{VERSION}-py3-n
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def docker_client() -> Any:
-    import docker
-
-    if shutil.which("docker") is None:
-        pytest.skip("no `docker` command to build with")
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:
-        pytest.skip(
-            f"no Docker engine answers at {os.environ.get('DOCKER_HOST', 'default')}: {exc}"
-        )
-    return client
-
-
 def _built_on(client: Any, base_id: str) -> list[str]:
     """Ids of every image descending from `base_id` (the legacy builder records each step's
     parent), the farthest first, so each is removed before its parent."""
@@ -67,6 +51,8 @@ def daemon_image(docker_client: Any) -> Iterator[str]:
 
     from executor.images import ensure_python_image
 
+    if shutil.which("docker") is None:
+        pytest.skip("no `docker` command to build with")
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the image is Python 3.11: its wheels are built by a 3.11 interpreter")
     run_id = uuid.uuid4().hex[:8]
