@@ -152,6 +152,20 @@ def state_of(config: ClusterConfig) -> Iterator[Any]:
         store.close()
 
 
+def all_running(config: ClusterConfig, jobs: Sequence[str]) -> list[Any] | None:
+    """The tasks of `jobs` once every one of them runs, else None (a condition for `until`)."""
+    with state_of(config) as store:
+        tasks = [t for j in jobs for t in store.tasks_of(j)]
+    return tasks if all(t.status == "running" for t in tasks) else None
+
+
+def running_past(config: ClusterConfig, job: str, iterations: float) -> Any | None:
+    """The one task of `job` once it runs past `iterations`, else None (for `until`)."""
+    with state_of(config) as store:
+        [task] = store.tasks_of(job)
+    return task if task.status == "running" and task.progress >= iterations else None
+
+
 def local_cluster(directory: Path, name: str, **options: str) -> ClusterConfig:
     """`autoscaler init --local` on free ports, with `options` set in its configuration."""
     code, out = cli("init", "--dir", str(directory), "--local", "--name", name)

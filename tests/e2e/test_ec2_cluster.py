@@ -22,7 +22,16 @@ import pytest
 
 from autoscaler.service.wiring import offline_catalog
 from tests.e2e.ec2 import BootedInstances, aws_env, client, ec2_cluster
-from tests.e2e.harness import Daemon, cli, cli_json, copy_example, state_of, until
+from tests.e2e.harness import (
+    Daemon,
+    all_running,
+    cli,
+    cli_json,
+    copy_example,
+    running_past,
+    state_of,
+    until,
+)
 from tests.executor.conftest import docker_client, moto_endpoint, python_image  # noqa: F401
 from tests.state.conftest import PgDatabases, pg_admin  # noqa: F401
 
@@ -79,12 +88,7 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
         submitted = cli_json("submit", *map(str, _jobs(tmp_path)), *at)["jobs"]
         [train] = [j for j in submitted if j.startswith("sgd-train")]
 
-        def all_running():
-            with state_of(config) as store:
-                tasks = [t for j in submitted for t in store.tasks_of(j)]
-                return tasks if all(t.status == "running" for t in tasks) else None
-
-        running = until("every task to run", all_running, daemon=daemon)
+        running = until("every task to run", lambda: all_running(config, submitted), daemon=daemon)
         assert len({t.instance_id for t in running}) < len(running) == 3  # packed
         # Every task runs on an instance EC2 runs, booted from the user data the daemon wrote.
         assert {t.instance_id for t in running} <= set(instances.tokens.values())
@@ -92,12 +96,11 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
             v["TOKEN_PARAMETER"].endswith("/worker-token") for v in instances.user_data.values()
         )
 
-        def trained_some():
-            with state_of(config) as store:
-                [task] = store.tasks_of(train)
-                return task if task.status == "running" and task.progress >= 100 else None
-
-        task = until("the training job to pass 100 iterations", trained_some, daemon=daemon)
+        task = until(
+            "the training job to pass 100 iterations",
+            lambda: running_past(config, train, 100),
+            daemon=daemon,
+        )
         code, out = cli("drain", task.instance_id, *at)
         assert code == 0, out
 

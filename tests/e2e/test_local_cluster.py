@@ -18,12 +18,14 @@ import pytest
 from executor.runtime import LABEL_INSTANCE
 from tests.e2e.harness import (
     Daemon,
+    all_running,
     cli,
     cli_json,
     containers_labelled,
     copy_example,
     local_cluster,
     processes_mentioning,
+    running_past,
     state_of,
     until,
 )
@@ -57,24 +59,16 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
         [train] = [j for j in submitted if j.startswith("sgd-train")]
 
         # Packed: four tasks of 0.5 cores run on fewer instances than tasks.
-        def all_running():
-            with state_of(config) as store:
-                tasks = [t for j in submitted for t in store.tasks_of(j)]
-                if all(t.status == "running" for t in tasks):
-                    return tasks
-            return None
-
-        running = until("every task to run", all_running, daemon=daemon)
+        running = until("every task to run", lambda: all_running(config, submitted), daemon=daemon)
         hosts = {t.instance_id for t in running}
         assert len(hosts) < len(running) == 4
 
         # A forced migration: drain the training task's instance once it has made progress.
-        def trained_some():
-            with state_of(config) as store:
-                [task] = store.tasks_of(train)
-                return task if task.status == "running" and task.progress >= 100 else None
-
-        task = until("the training job to pass 100 iterations", trained_some, daemon=daemon)
+        task = until(
+            "the training job to pass 100 iterations",
+            lambda: running_past(config, train, 100),
+            daemon=daemon,
+        )
         code, out = cli("drain", task.instance_id, *at)
         assert code == 0 and f"draining {task.instance_id}" in out
 
