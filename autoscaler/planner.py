@@ -40,7 +40,7 @@ from autoscaler.criterion import MigrationCost, expected_duration_h, migration_c
 from autoscaler.fluid import fluid_pack
 from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
 from autoscaler.patterns import PatternPricer
-from autoscaler.pricing import PriceBook, price_book_for, tnrp
+from autoscaler.pricing import JobSlowdown, PriceBook, price_book_for, slowdown_charge, tnrp
 from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
 
@@ -122,6 +122,7 @@ class EvaPlanner:
         pop_seed: int = 0,
         fluid_min_classes: int = FLUID_MIN_CLASSES,
         price_interference: bool = False,
+        job_slowdown: JobSlowdown = "shared",
     ) -> None:
         self.mode: Mode = mode
         self.packing: Packing = packing
@@ -131,6 +132,7 @@ class EvaPlanner:
         self.pop_seed = pop_seed
         self.fluid_min_classes = fluid_min_classes
         self.price_interference = price_interference
+        self.job_slowdown: JobSlowdown = job_slowdown
         self._pricer = PatternPricer() if packing == "priced" else None
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
@@ -168,15 +170,22 @@ class EvaPlanner:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
         if _fluid_applies(view, self.fluid_min_classes):
-            return _fluid_candidates(view, prices, self.mode, self._shadow)
+            return _fluid_candidates(view, prices, self.mode, self._shadow, self.job_slowdown)
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
-            solved = _solve_parts(parts, self.mode, self.packing, self.pattern_min_tasks)
+            solved = _solve_parts(
+                parts, self.mode, self.packing, self.pattern_min_tasks, self.job_slowdown
+            )
             outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
             packer = Packer(
-                view, prices, self._pricer, self.pattern_min_tasks, self.price_interference
+                view,
+                prices,
+                self._pricer,
+                self.pattern_min_tasks,
+                self.price_interference,
+                self.job_slowdown,
             )
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
@@ -321,7 +330,11 @@ def _fluid_applies(view: ClusterView, min_classes: int) -> bool:
 
 
 def _fluid_candidates(
-    view: ClusterView, prices: PriceBook, mode: Mode, shadow: ShadowPricer | None
+    view: ClusterView,
+    prices: PriceBook,
+    mode: Mode,
+    shadow: ShadowPricer | None,
+    job_slowdown: JobSlowdown,
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
     """Full and Partial Reconfiguration by the fluid packer.
 
@@ -353,7 +366,7 @@ def _fluid_candidates(
         for i, t in enumerate(task_ids):
             job = job_of[t]
             tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
-            total += tnrp(rp[t], tput, prices.job_rp(job) if job.is_multi_task else None)
+            total += tnrp(rp[t], tput, slowdown_charge(job, prices.job_rp(job), job_slowdown))
         return total
 
     def pack(subset: list) -> tuple[list[Instance], float, PriceSolution | None]:
@@ -450,13 +463,15 @@ def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
 _PARTS: list[ClusterView] = []  # inherited by forked workers, so views are not pickled
 
 
-def _solve_part(args: tuple[int, Mode, Packing, int]) -> tuple[list[tuple], list[LPClass]]:
+def _solve_part(
+    args: tuple[int, Mode, Packing, int, JobSlowdown],
+) -> tuple[list[tuple], list[LPClass]]:
     """Plan one part in a worker; results travel back as plain tuples (cheap to pickle)."""
-    index, mode, packing, pattern_min_tasks = args
+    index, mode, packing, pattern_min_tasks, job_slowdown = args
     view = _PARTS[index]
     prices = PriceBook(view.catalog)
     pricer = PatternPricer() if packing == "priced" else None
-    packer = Packer(view, prices, pricer, pattern_min_tasks)
+    packer = Packer(view, prices, pricer, pattern_min_tasks, job_slowdown=job_slowdown)
     type_index = {t.name: k for k, t in enumerate(view.catalog.types)}
     compact = [
         (
@@ -471,14 +486,18 @@ def _solve_part(args: tuple[int, Mode, Packing, int]) -> tuple[list[tuple], list
 
 
 def _solve_parts(
-    parts: list[ClusterView], mode: Mode, packing: Packing, pattern_min_tasks: int
+    parts: list[ClusterView],
+    mode: Mode,
+    packing: Packing,
+    pattern_min_tasks: int,
+    job_slowdown: JobSlowdown,
 ) -> list[tuple[list[_Outcome], list[LPClass]]]:
     global _PARTS
     _PARTS = parts
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
-            args = [(i, mode, packing, pattern_min_tasks) for i in range(len(parts))]
+            args = [(i, mode, packing, pattern_min_tasks, job_slowdown) for i in range(len(parts))]
             results = list(pool.map(_solve_part, args))
     finally:
         _PARTS = []

@@ -9,6 +9,7 @@ throughput-normalized reservation price TNRP(T) ≥ C.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
@@ -46,6 +47,28 @@ def cheapest_type(task: TaskSpec, catalog: Catalog) -> InstanceType:
 def reservation_price(task: TaskSpec, catalog: Catalog) -> float:
     """RP(τ): hourly cost of the cheapest type that hosts τ alone (§4.2)."""
     return cheapest_type(task, catalog).hourly_cost
+
+
+#: How a slowed task of a multi-task job is valued (see `slowdown_charge`).
+JobSlowdown = Literal["shared", "whole"]
+JOB_SLOWDOWNS: tuple[JobSlowdown, ...] = ("shared", "whole")
+
+
+def slowdown_charge(job: JobSpec, job_rp: float, rule: JobSlowdown) -> float | None:
+    """The `job_rp` argument of `tnrp` for a task of `job` under `rule`.
+
+    "whole" is Eva §4.4: every slowed task is charged the whole job's loss,
+    which is exact when one task alone is slowed; summed over a job whose tasks
+    are slowed alike it counts one slowdown once per task (16 tasks at 0.95:
+    charged 16 × 0.05 × RP(j), for a loss of 0.05 × RP(j)), so a 16-task job
+    is never packed at the default throughput. "shared" (our default) charges
+    each task its own slowdown, `tput · RP(τ)`: exact when the job's tasks are
+    slowed alike — as Algorithm 1's repeated compositions slow them — and never
+    above the job's real loss, (1 − slowest tput) × RP(j).
+    """
+    if not job.is_multi_task or rule == "shared":
+        return None
+    return job_rp
 
 
 def tnrp(rp: float, throughput: float, job_rp: float | None = None) -> float:

@@ -31,7 +31,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
-from autoscaler.pricing import PriceBook, tnrp
+from autoscaler.pricing import JobSlowdown, PriceBook, slowdown_charge, tnrp
 from autoscaler.resources import EPSILON
 from autoscaler.view import ClusterView
 
@@ -88,9 +88,12 @@ class Packer:
         pricer: PatternPricer | None = None,
         pattern_min_tasks: int = 400,
         price_interference: bool = False,
+        job_slowdown: JobSlowdown = "shared",
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (with at least `pattern_min_tasks` tasks to pack); None: Algorithm 1 only.
+        `job_slowdown`: how a slowed task of a multi-task job is valued
+        (`pricing.slowdown_charge`).
         `price_interference`: also when throughputs below 1 are assumed. Off by
         default: measured at the default 0.95 on pai_200 samples (50-1,000 tasks),
         40 small tasks and 100-400 mixed small tasks, it found no better plan
@@ -133,7 +136,8 @@ class Packer:
         first = [sample[k][0] for k in keys]
         self.rp = [self.prices.task_rp(t) for t in first]
         self.jrp: list[float | None] = [
-            self.prices.job_rp(sample[k][1]) if sample[k][1].is_multi_task else None for k in keys
+            slowdown_charge(sample[k][1], self.prices.job_rp(sample[k][1]), job_slowdown)
+            for k in keys
         ]
         self.group: list[str | None] = [k[3][0] or None for k in keys]
         self.group_limit: list[int] = [k[3][1] for k in keys]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from autoscaler.catalog import Catalog
 from autoscaler.control import ControlLoop, ControlOptions, Planner
@@ -40,10 +41,11 @@ SCHEDULERS = (*DEFAULT_SCHEDULERS, "eva-plain")
 MAX_DAYS = 3650.0
 
 
-def make_planner(name: str, truth: ThroughputTable) -> Planner:
-    """A planner by scheduler name; Owl alone is given the ground-truth profile."""
+def make_planner(name: str, truth: ThroughputTable, **options: Any) -> Planner:
+    """A planner by scheduler name; Owl alone is given the ground-truth profile.
+    `options` go to Eva's planners (`EvaPlanner`), e.g. `job_slowdown`."""
     if name in PLANNER_NAMES:
-        return planner_by_name(name, lower_bound=False)
+        return planner_by_name(name, lower_bound=False, **options)
     if name == "no-packing":
         return NoPackingPlanner()
     if name == "stratus":
@@ -116,6 +118,7 @@ def replay(
     on_round: Callable[[float, int, int], None] | None = None,
     store: Store | None = None,
     rebuild: bool = False,
+    planner_options: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
@@ -125,6 +128,7 @@ def replay(
     With `rebuild`, the control loop and its planner are thrown away and built
     anew before every round and every step, as a daemon restarted there would
     be: the result must not change (nothing the loop needs lives in memory).
+    `planner_options` go to Eva's planners (ablations: `job_slowdown="whole"`).
     """
     engine = EventLoop()
     dirty = [False]
@@ -138,7 +142,8 @@ def replay(
     options = ControlOptions(default_throughput=default_throughput, instance_prefix="inst-")
 
     def new_loop() -> ControlLoop:
-        return ControlLoop(make_planner(scheduler, truth), cloud, executor, store, engine, options)
+        planner = make_planner(scheduler, truth, **(planner_options or {}))
+        return ControlLoop(planner, cloud, executor, store, engine, options)
 
     kept = new_loop()
 

@@ -24,14 +24,21 @@ def synthesize(
     seed: int = 0,
     arrivals_per_hour: float = 3.0,
     multi_task_share: float = 0.0,
+    task_counts: Sequence[int] = (2, 4),
 ) -> dict[str, Any]:
-    """A trace of `n_jobs` jobs in Eva's JSON format, reproducible from `seed`."""
+    """A trace of `n_jobs` jobs in Eva's JSON format, reproducible from `seed`.
+
+    A `multi_task_share` of the single-task templates become data-parallel
+    jobs of a task count drawn from `task_counts` (Eva §6.7 uses 2 and 4).
+    """
     if n_jobs < 1:
         raise ValueError("n_jobs must be at least 1")
     if arrivals_per_hour <= 0:
         raise ValueError("arrivals_per_hour must be positive")
     if not 0.0 <= multi_task_share <= 1.0:
         raise ValueError("multi_task_share must be in [0, 1]")
+    if not task_counts or min(task_counts) < 1:
+        raise ValueError("task_counts must be positive")
     rng = random.Random(seed)
     trace: dict[str, Any] = {}
     clock = 0.0
@@ -41,7 +48,7 @@ def synthesize(
         x = rng.uniform(1.5, 3.0) if rng.random() < 0.8 else rng.uniform(3.0, 4.0)
         duration = round(10**x * 60.0)
         speed = template.full_throughput or 1.0
-        copies = rng.choice((2, 4)) if rng.random() < multi_task_share else 1
+        copies = rng.choice(tuple(task_counts)) if rng.random() < multi_task_share else 1
         base = template.name.split("[", 1)[0]
         job_id = str(n)
         tasks = {}

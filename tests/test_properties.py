@@ -9,7 +9,7 @@ from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.planner import EvaPlanner
-from autoscaler.pricing import PriceBook
+from autoscaler.pricing import JOB_SLOWDOWNS, PriceBook
 from autoscaler.reconfiguration import VALUE_TOLERANCE, Packer, class_key
 from autoscaler.reference import algorithm1
 from autoscaler.resources import EPSILON, Resources
@@ -130,8 +130,9 @@ def test_class_batched_algorithm1_equals_the_task_by_task_transcription(data):
     catalog = data.draw(catalogs())
     jobs = data.draw(job_sets(catalog, max_jobs=24))
     table = data.draw(tables())
-    batched = Packer(ClusterView(catalog, jobs, throughput=table)).full()
-    literal = algorithm1(jobs, catalog, table)
+    rule = data.draw(st.sampled_from(JOB_SLOWDOWNS))
+    batched = Packer(ClusterView(catalog, jobs, throughput=table), job_slowdown=rule).full()
+    literal = algorithm1(jobs, catalog, table, rule)
     prices = PriceBook(catalog)
     key_of = {
         t.task_id: class_key(t, j, prices.job_rp(j), not table.is_neutral)

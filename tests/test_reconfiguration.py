@@ -63,20 +63,50 @@ def test_severe_interference_keeps_tasks_apart():
     assert plan.hourly_cost == pytest.approx(15.0)
 
 
-def test_multi_task_job_values_a_slowed_task_by_the_whole_jobs_loss():
-    # Job m: two tasks of RP $3 (it2), RP(m) = $6. Next to τ1 an m task runs at
-    # 0.9, which slows the whole job: it is worth 3 − 0.1·6 = $2.4, not 0.9·3.
-    catalog = table3_catalog()
+def multi_task_next_to_t1():
+    """Job m: two tasks of RP $3 (it2), RP(m) = $6; next to τ1 an m task runs at 0.9."""
     multi = job("m", (1, 4, 10), (1, 4, 10), name="m")
     table = (
         ThroughputTable(default=1.0)
         .observe("m_node0", ["wt1_node0"], 0.9)
         .observe("m_node1", ["wt1_node0"], 0.9)
     )
-    solo = job("t1", (2, 8, 24))
-    packer = Packer(view([solo, multi], table=table, catalog=catalog))
+    return view([job("t1", (2, 8, 24)), multi], table=table, catalog=table3_catalog())
+
+
+def test_eva_rule_values_a_slowed_task_by_the_whole_jobs_loss():
+    # Eva §4.4: the slowed task slows the whole job, so it is worth
+    # 3 − 0.1·6 = $2.4, not 0.9·3 — and so is each of two slowed tasks.
+    packer = Packer(multi_task_next_to_t1(), job_slowdown="whole")
     assert packer.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 3 - 0.1 * 6)
     assert packer.tnrp_of(["t1/0", "m/0", "m/1"]) == pytest.approx(12 + 2 * (3 - 0.1 * 6))
+
+
+def test_shared_rule_charges_a_jobs_slowdown_once_when_its_tasks_are_slowed_alike():
+    # Both m tasks at 0.9: the job runs at 0.9 and is worth 0.9·$6 = $5.4 — the
+    # shared rule's 2 × 0.9·3; Eva's rule charges the same $0.6 loss twice ($4.8).
+    packer = Packer(multi_task_next_to_t1())
+    assert packer.tnrp_of(["t1/0", "m/0", "m/1"]) == pytest.approx(12 + 0.9 * 6)
+    assert packer.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 0.9 * 3)
+
+
+def test_a_16_task_data_parallel_job_is_packed_at_the_default_throughput():
+    # 16 tasks of (1 GPU, 8 cores, 30 GB): alone each needs a p3.8xlarge ($12.24).
+    # A p3.16xlarge (8 GPU, 32 cores) takes 4, each at 0.95³ by default: worth
+    # 4 · 12.24 · 0.857 = $41.98 ≥ $24.48, and a fifth would need 40 cores. So
+    # 4 × $24.48 = $97.92/h. Eva's rule values a second task beside the first at
+    # 12.24 − 0.05 · 16 · 12.24 < 0 and never packs: 16 × $12.24 = $195.84/h.
+    catalog = load_catalog(bundled("ec2_config.json"))
+    ddp = job("ddp", *[(1, 8, 30)] * 16)
+    snapshot = ClusterView(catalog, (ddp,), throughput=ThroughputTable())
+    shared = EvaPlanner().plan(snapshot)
+    assert (
+        sorted((i.type.name, len(i.tasks)) for i in shared.configuration)
+        == [("p3.16xlarge", 4)] * 4
+    )
+    assert shared.hourly_cost == pytest.approx(97.92)
+    whole = EvaPlanner(job_slowdown="whole").plan(snapshot)
+    assert whole.hourly_cost == pytest.approx(16 * 12.24)
 
 
 def test_two_small_tasks_share_the_type_of_the_larger():

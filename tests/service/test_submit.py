@@ -262,9 +262,7 @@ def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, c
     assert "no instance 'i-9'" in capsys.readouterr().err
 
 
-def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(
-    api, tmp_path, capsys
-):
+def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(api, tmp_path, capsys):
     config = ["--config", str(api.config.path)]
     assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
     assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
