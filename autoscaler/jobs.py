@@ -334,6 +334,15 @@ def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resou
             check_number(v, field=f"{fname}[{i}]", where=where, source=source)
             for i, v in enumerate(vector)
         ]
+        if values[0] != int(values[0]):
+            raise InputError(
+                "must be a whole number of GPUs: a container is given whole devices",
+                source=source,
+                where=where,
+                field=f"{fname}[0]",
+                value=vector[0],
+                has_value=True,
+            )
         if not any(values):
             raise InputError(
                 "asks for nothing: a task needs some CPU or memory (a zero vector would let "

@@ -150,6 +150,19 @@ def number_arg(
     return parse
 
 
+def _can_create_in(directory) -> bool:
+    """True when a file can really be created in `directory` (os.access says yes to
+    root everywhere, /proc and read-only mounts included): an unnamed temporary
+    file is made there and vanishes at once."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
 def output_path(suffix: str | None = None):
     """An argparse `type=` for a file to write: its directory must exist and be writable
     now, before the work starts. With `suffix`, a name without one gets it (so the
@@ -167,7 +180,7 @@ def output_path(suffix: str | None = None):
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             raise argparse.ArgumentTypeError(f"directory {str(parent)!r} does not exist")
-        if not os.access(parent, os.W_OK):
+        if not os.access(parent, os.W_OK) or not _can_create_in(parent):
             raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
         return path
 

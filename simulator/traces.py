@@ -111,8 +111,10 @@ def check_replay_span(jobs: Sequence[JobSpec], source: str) -> None:
             work = facts.total_iters / job.full_throughput
         for field, seconds in (("arrival_time", facts.arrival_time_s), ("duration", work)):
             if seconds is not None and seconds > MAX_REPLAY_SPAN_S:
+                days = seconds / 86400
+                shown = f"{days:,.0f}" if days < 1e6 else f"{days:.2g}"
                 raise InputError(
-                    f"is {seconds / 86400:,.0f} days; a replay covers at most a year "
+                    f"is {shown} days; a replay covers at most a year "
                     "(are these milliseconds, or a Unix timestamp in a duration?)",
                     source=source,
                     where=f"job {job.job_id!r}",

@@ -151,6 +151,14 @@ def test_bad_flag_value_exits_2_without_traceback():
     assert result.stderr.count("\n") == 1  # one line, not argparse's usage block
 
 
+def test_a_directory_no_file_can_be_created_in_is_refused_before_the_work(tmp_path):
+    # /proc passes os.access(W_OK) for root; creating a file there fails.
+    result = run_cli("replay", "--plot", "/proc/out.png")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--plot: directory '/proc' is not writable" in one_line_error(result)
+    assert result.stdout == ""
+
+
 def test_an_unwritable_json_output_is_refused_before_planning(tmp_path):
     result = run_cli("plan", "--json", str(tmp_path / "missing-dir" / "out.json"))
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -40,3 +40,12 @@ def test_anti_affinity_limit_must_be_a_positive_integer(limit):
     spec = {"tasks": {"0": {"demand": {"any": [1, 4, 8]}}}, "max_tasks_per_instance": limit}
     with pytest.raises(InputError, match=r"max_tasks_per_instance.*positive integer"):
         jobs_from_eva({"j": spec})
+
+
+@pytest.mark.parametrize("gpus", [0.5, 1.25])
+def test_a_fraction_of_a_gpu_is_refused(gpus):
+    # Docker hands a container whole devices: half a GPU would be planned as
+    # shareable and run on a whole one.
+    spec = {"tasks": {"0": {"demand": {"any": [gpus, 4, 8]}}}}
+    with pytest.raises(InputError, match=rf"field 'demand.any\[0\]' = {gpus}: .*whole number"):
+        jobs_from_eva({"j": spec})

@@ -85,6 +85,10 @@ class TaskFile(Strict):
                 raise ValueError(
                     f"{family} = [0, 0, 0] asks for nothing: a task needs some CPU or memory"
                 )
+            if vector[0] != int(vector[0]):
+                raise ValueError(
+                    f"{family} asks for {vector[0]:g} GPUs: a container is given whole GPUs"
+                )
         return value
 
     @field_validator("env")

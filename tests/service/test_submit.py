@@ -83,6 +83,7 @@ BAD = [
     (A + "demand = { any = [0, nan, 2] }", "demand.any.1"),
     (A + "demand = { any = [0, inf, 2] }", "demand.any.1"),
     (A + "demand = { any = [0, 1] }", "demand.any"),
+    (A + "demand = { any = [0.5, 1, 2] }", "asks for 0.5 GPUs"),
     (A + "demand = { any = [0, 'one', 2] }", "demand.any.1"),
     (A + "demand = {}", "needs at least one vector"),
     (A + "demand = { gpu9 = [0, 1, 2] }", "no instance type in the catalog has family 'gpu9'"),

@@ -10,18 +10,34 @@ import pytest
 
 from autoscaler.bundled import bundled
 from autoscaler.configuration import Configuration, Instance
+from autoscaler.errors import InputError
 from autoscaler.files import load_catalog, load_jobs
 from autoscaler.jobs import jobs_from_eva
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
-from simulator.traces import synthesize
+from simulator.traces import check_replay_span, synthesize
 from tests.simulator.test_hand_computed import catalog, job
 
 
 @pytest.fixture(scope="module")
 def pai_jobs():
     return load_jobs(bundled("pai_200.json"), load_catalog(bundled("ec2_config.json")))
+
+
+@pytest.mark.parametrize(("duration", "shown"), [(1e300, "1.2e+295 days"), (4e7, "463 days")])
+def test_a_trace_too_long_to_replay_is_refused_in_a_readable_line(duration, shown):
+    trace = {"0": {"duration": duration, "tasks": {"0": {"demand": {"any": [1, 4, 8]}}}}}
+    with pytest.raises(InputError) as refused:
+        check_replay_span(jobs_from_eva(trace), "t.json")
+    message = str(refused.value)
+    assert f"field 'duration' = {duration!r}: is {shown}; a replay covers at most a year" in message
+    assert len(message) < 200
+
+
+def test_a_synthetic_trace_draws_multi_task_jobs_from_the_counts_asked(pai_jobs):
+    trace = synthesize(pai_jobs, 200, seed=1, multi_task_share=0.5, task_counts=(3, 16))
+    assert {len(j["tasks"]) for j in trace.values()} == {1, 3, 16}
 
 
 def test_synthesis_is_reproducible_and_seed_dependent(pai_jobs):
