@@ -280,11 +280,15 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from autoscaler.jobs import validate_against_catalog
     from autoscaler.service.jobfile import load_job_file, pack_context, with_contexts
 
+    # The files first: a mistake in one needs no daemon to be reported.
+    submissions = [load_job_file(path, None) for path in args.job_file]
     with _client(args) as client:
         catalog = catalog_from_eva(client.catalog(), source="the daemon's catalog")
-        submissions = [load_job_file(path, catalog) for path in args.job_file]
+        for path, submission in zip(args.job_file, submissions, strict=True):
+            validate_against_catalog((submission.job,), catalog, source=str(path))
         packed: dict[Path, tuple[bytes, str]] = {}
         for submission in submissions:
             for directory in submission.contexts.values():
@@ -659,7 +663,8 @@ def parse_since(text: str, now: float) -> float:
     value = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     if value and value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
-        return now - float(value[:-1]) * units[value[-1]]
+        # a span longer than the epoch's age means everything recorded
+        return max(0.0, now - float(value[:-1]) * units[value[-1]])
     try:
         number = float(value)
     except ValueError:

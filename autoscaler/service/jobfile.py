@@ -136,8 +136,12 @@ class Submission:
     contexts: Mapping[str, Path]
 
 
-def load_job_file(path: str | Path, catalog: Catalog) -> Submission:
-    """Read, check and resolve one job file (ours in TOML, or Eva's config.json)."""
+def load_job_file(path: str | Path, catalog: Catalog | None) -> Submission:
+    """Read, check and resolve one job file (ours in TOML, or Eva's config.json).
+
+    Without a catalog, everything but the demands' fit is checked: a mistake in
+    the file is found before any daemon is asked for its catalog.
+    """
     p = Path(path)
     text = decode_text(read_input_file(p, "job"), "job", str(p))
     if p.suffix == ".json":
@@ -159,7 +163,8 @@ def load_job_file(path: str | Path, catalog: Catalog) -> Submission:
             raise InputError(f"malformed TOML: {exc}", source=str(p)) from None
     parsed = parse_model(JobFile, data, source=str(p))
     submission = _resolve(parsed, p.parent, str(p))
-    validate_against_catalog((submission.job,), catalog, source=str(p))
+    if catalog is not None:
+        validate_against_catalog((submission.job,), catalog, source=str(p))
     return submission
 
 

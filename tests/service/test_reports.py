@@ -113,7 +113,13 @@ def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("86400", 86400.0), ("24h", 1e6 - 86400), ("7d", 1e6 - 7 * 86400), ("1970-01-02", 86400.0)],
+    [
+        ("86400", 86400.0),
+        ("24h", 1e6 - 86400),
+        ("7d", 1e6 - 7 * 86400),
+        ("1970-01-02", 86400.0),
+        ("99999999999999999999d", 0.0),  # longer than the epoch's age: everything
+    ],
 )
 def test_since_reads_epochs_spans_and_dates(text, expected):
     assert parse_since(text, 1e6) == pytest.approx(expected)

@@ -231,6 +231,20 @@ def test_cancel_list_job_and_status_through_the_cli(api, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["jobs"] == {"cancelled": 1}
 
 
+def test_a_bad_job_file_is_reported_without_asking_a_daemon(cluster_dir, tmp_path):
+    # No daemon runs: the file's own mistake is what the user needs to hear.
+    path = write_job(tmp_path, A + "demand = { any = [0, 0, 0] }")
+    config = str(cluster_dir / "autoscaler.toml")
+    run = subprocess.run(
+        [sys.executable, "-m", "autoscaler", "submit", str(path), "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "asks for nothing" in run.stderr and "daemon" not in run.stderr
+
+
 def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
     run = subprocess.run(
         [
