@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoscaler.errors import InputError, check_number
+from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S, MAX_HOURLY_COST
 from autoscaler.resources import Resources
 
 
@@ -142,20 +143,24 @@ def _instance_type(name: str, spec: Any, source: str) -> InstanceType:
         )
     capacity = _vector(spec.get("capacity"), field="capacity", where=where, source=source)
     cost = check_number(
-        spec.get("cost"), field="cost", where=where, source=source, strictly_positive=True
+        spec.get("cost"),
+        field="cost",
+        where=where,
+        source=source,
+        strictly_positive=True,
+        maximum=MAX_HOURLY_COST,
     )
     delays = None
     if "instantiate_delay" in spec:
-        acquisition = check_number(
-            spec["instantiate_delay"], field="instantiate_delay", where=where, source=source
-        )
-        setup = sum(
-            check_number(spec.get(key, 0), field=key, where=where, source=source)
-            for key in ("run_worker_delay", "worker_register_delay")
-        )
-        terminate = check_number(
-            spec.get("terminate_delay", 1), field="terminate_delay", where=where, source=source
-        )
+
+        def delay(key: str, default: float) -> float:
+            return check_number(
+                spec.get(key, default), field=key, where=where, source=source, maximum=MAX_DELAY_S
+            )
+
+        acquisition = delay("instantiate_delay", 0)
+        setup = delay("run_worker_delay", 0) + delay("worker_register_delay", 0)
+        terminate = delay("terminate_delay", 1)
         delays = LaunchDelays(acquisition, setup, terminate)
     return InstanceType(
         name=name, family=family, capacity=capacity, hourly_cost=cost, delays=delays
@@ -173,7 +178,7 @@ def _vector(value: object, *, field: str, where: str, source: str | None) -> Res
             has_value=True,
         )
     numbers = [
-        check_number(v, field=f"{field}[{i}]", where=where, source=source)
+        check_number(v, field=f"{field}[{i}]", where=where, source=source, maximum=MAX_CAPACITY[i])
         for i, v in enumerate(value)
     ]
     return Resources.of(numbers)

@@ -44,6 +44,7 @@ def check_number(
     source: str | None,
     minimum: float | None = 0.0,
     strictly_positive: bool = False,
+    maximum: float | None = None,
 ) -> float:
     """Return `value` as a float, or raise InputError naming the field and value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -77,6 +78,15 @@ def check_number(
     if minimum is not None and number < minimum:
         raise InputError(
             f"must be at least {minimum:g}",
+            source=source,
+            where=where,
+            field=field,
+            value=value,
+            has_value=True,
+        )
+    if maximum is not None and number > maximum:
+        raise InputError(
+            f"must be at most {maximum:,g}",
             source=source,
             where=where,
             field=field,

@@ -20,12 +20,14 @@ is ours: `max_tasks_per_instance` (anti-affinity).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError, check_number
+from autoscaler.limits import MAX_DELAY_S
 from autoscaler.resources import Resources
 
 #: Demand key meaning "this vector on every instance family".
@@ -152,7 +154,13 @@ def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
 
 
 def _number(
-    spec: Mapping, key: str, default: float | None, where: str, source: str, positive: bool = False
+    spec: Mapping,
+    key: str,
+    default: float | None,
+    where: str,
+    source: str,
+    positive: bool = False,
+    maximum: float = math.inf,
 ) -> float | None:
     """An optional numeric field; the common well-formed case stays cheap."""
     value = spec.get(key)
@@ -161,10 +169,18 @@ def _number(
     if (
         type(value) in (int, float)
         and (value > 0 if positive else value >= 0)
-        and (value != float("inf"))
+        and value <= maximum
+        and value != math.inf
     ):
         return float(value)
-    return check_number(value, field=key, where=where, source=source, strictly_positive=positive)
+    return check_number(
+        value,
+        field=key,
+        where=where,
+        source=source,
+        strictly_positive=positive,
+        maximum=None if maximum == math.inf else maximum,
+    )
 
 
 def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
@@ -185,7 +201,8 @@ def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
         name=name,
         tasks=tasks,
         full_throughput=_number(spec, "full_throughput", None, where, source, positive=True),
-        init_delay_s=_number(spec, "init_delay", DEFAULT_INIT_S, where, source) or 0.0,
+        init_delay_s=_number(spec, "init_delay", DEFAULT_INIT_S, where, source, maximum=MAX_DELAY_S)
+        or 0.0,
         max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
         trace=TraceFacts(
             arrival_time_s=_number(spec, "arrival_time", 0.0, where, source) or 0.0,
@@ -285,7 +302,8 @@ def _task(
     if any(key in spec for key, _ in _DELAY_FIELDS):
         where = f"job {job_id!r} task {task_key!r}"
         kill, upload, fetch, build = (
-            _number(spec, key, default, where, source) for key, default in _DELAY_FIELDS
+            _number(spec, key, default, where, source, maximum=MAX_DELAY_S)
+            for key, default in _DELAY_FIELDS
         )
     else:
         kill, upload, fetch, build = (default for _, default in _DELAY_FIELDS)

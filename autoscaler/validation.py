@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from autoscaler.errors import InputError
+from autoscaler.limits import MAX_DELAY_S
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -33,6 +34,7 @@ def _finite(value: float) -> float:
 
 Finite = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_finite)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Delay = Annotated[float, Field(ge=0, le=MAX_DELAY_S, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(gt=0, le=30 * 86400, allow_inf_nan=False)]
 #: Ids of jobs, tasks and clusters: safe in file names, S3 keys, tags and task ids.

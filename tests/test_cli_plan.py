@@ -128,6 +128,41 @@ def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expect
     assert re.search(expected, line), line
 
 
+@pytest.mark.parametrize(
+    ("field", "extra", "expected"),
+    [
+        # an LP over a $1e300/h type or a 8e300-GPU one ended in a HiGHS traceback
+        ("cost", {"cost": 1e300}, "field 'cost' = 1e+300: must be at most 100,000"),
+        (
+            "capacity",
+            {"capacity": [8e300, 96, 1536]},
+            "field 'capacity[0]' = 8e+300: must be at most",
+        ),
+        # a replay waited 10^12 s of simulated time for the instance to boot
+        (
+            "delay",
+            {"instantiate_delay": 1e12},
+            "field 'instantiate_delay' = 1000000000000.0: must be",
+        ),
+    ],
+)
+def test_absurd_catalog_numbers_are_refused_where_they_are_read(tmp_path, field, extra, expected):
+    spec = {"family": "p3", "capacity": [8, 96, 1536], "cost": 1.0} | extra
+    catalog = write(tmp_path, "cat.json", {"instance_types": {"x": spec}})
+    line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
+    assert f"cat.json: instance type 'x': {expected}" in line
+
+
+@pytest.mark.parametrize("where", ["job", "task"])
+def test_a_delay_longer_than_a_day_is_refused_before_a_replay_waits_for_it(tmp_path, where):
+    task = {"name": "n", "demand": {"any": [1, 4, 8]}}
+    spec = {"name": "a", "duration": 100, "tasks": {"0": task}}
+    (spec if where == "job" else task)["init_delay" if where == "job" else "fetch_delay"] = 1e12
+    path = write(tmp_path, "t.json", {"0": spec})
+    line = one_line_error(run_cli("replay", "--trace", str(path), "--scheduler", "eva"))
+    assert "_delay' = 1000000000000.0: must be at most 86,400" in line
+
+
 def test_missing_and_malformed_files_are_one_line_errors(tmp_path):
     line = one_line_error(run_cli("plan", "--jobs", str(tmp_path / "nope.json")))
     assert "nope.json: jobs file not found" in line

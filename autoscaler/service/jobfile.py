@@ -54,7 +54,7 @@ from autoscaler.jobs import (
     workload_key,
 )
 from autoscaler.resources import Resources
-from autoscaler.validation import Identifier, NonNegative, Positive, Strict, parse_model
+from autoscaler.validation import Delay, Identifier, NonNegative, Positive, Strict, parse_model
 
 Vector = tuple[NonNegative, NonNegative, NonNegative]
 
@@ -68,10 +68,10 @@ class TaskFile(Strict):
     shm_size_gb: Positive | None = None
     network: bool = False
     replicas: int = Field(1, ge=1, le=1000)
-    fetch_s: NonNegative = DEFAULT_FETCH_S
-    build_s: NonNegative = DEFAULT_BUILD_IMAGE_S
-    kill_s: NonNegative = DEFAULT_KILL_S
-    upload_s: NonNegative = DEFAULT_UPLOAD_S
+    fetch_s: Delay = DEFAULT_FETCH_S
+    build_s: Delay = DEFAULT_BUILD_IMAGE_S
+    kill_s: Delay = DEFAULT_KILL_S
+    upload_s: Delay = DEFAULT_UPLOAD_S
 
     @field_validator("demand")
     @classmethod
@@ -117,7 +117,7 @@ class JobFile(Strict):
     name: Identifier
     full_throughput: Positive | None = None
     max_tasks_per_instance: int | None = Field(None, ge=1)
-    init_delay_s: NonNegative = DEFAULT_INIT_S
+    init_delay_s: Delay = DEFAULT_INIT_S
     tasks: dict[Identifier, TaskFile]
 
     @field_validator("tasks")

@@ -95,6 +95,7 @@ BAD = [
     (A + "image = 'i'\n" + OK, "give either 'context'"),
     (A + OK + "replicas = 0", "field 'tasks.a.replicas' = 0"),
     (A + OK + "shm_size_gb = -1", "tasks.a.shm_size_gb"),
+    (A + OK + "fetch_s = 1e12", "field 'tasks.a.fetch_s' = 1000000000000.0"),
     (A + OK + "env = { AUTOSCALER_JOB_ID = 'x' }", "is reserved"),
     (A + OK + "env = { '1BAD' = 'x' }", "not an environment variable name"),
     (A + OK + "colour = 'red'", "field 'tasks.a.colour': unknown field"),
