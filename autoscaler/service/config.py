@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -51,8 +51,10 @@ _TABLES = frozenset(
 class ClusterTable(Strict):
     name: Identifier
     region: str = "us-east-1"
-    interval_s: Seconds = 300.0  # between scheduling rounds
-    step_s: Seconds = 5.0  # between the steps that carry a round's plan out
+    # Between scheduling rounds, and between the steps that carry a round's plan
+    # out; each reads the state, so faster than these only loads the database.
+    interval_s: Annotated[float, Field(ge=1.0, le=30 * 86400, allow_inf_nan=False)] = 300.0
+    step_s: Annotated[float, Field(ge=0.5, le=30 * 86400, allow_inf_nan=False)] = 5.0
 
 
 class CloudTable(Strict):
@@ -128,7 +130,7 @@ class TimeoutsTable(Strict):
 
 class LimitsTable(Strict):
     max_attempts: int = Field(3, ge=1, le=100)
-    max_context_mb: Positive = 256.0
+    max_context_mb: Positive = Field(256.0, le=16_384.0)  # a build context, not a data set
     orphan_grace_s: Seconds = 300.0
 
 
