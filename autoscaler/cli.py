@@ -23,7 +23,7 @@ from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.service.cli import register as register_cluster_commands
-from autoscaler.table import format_table, money, shorten
+from autoscaler.table import format_table, money, shorten, wrap_hanging
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.validation import number_arg, output_path
 from autoscaler.view import ClusterView
@@ -263,6 +263,9 @@ def render_plan(
         "",
         format_table(["type", "instances", "tasks", "$/h"], type_rows, [False, True, True, True]),
         "",
+    ]
+    summary = len(out)
+    out += [
         f"Hourly cost             {money(cost)}/h on {len(instances)} instances",
         f"No-packing hourly cost  {money(base)}/h on {n_tasks} instances "
         "(each task alone on its cheapest type)",
@@ -282,7 +285,8 @@ def render_plan(
         else f"{plan.chosen} reconfiguration"
     )
     out.append(f"Planned in {seconds:.3f} s ({how}{split})")
-    return "\n".join(out)
+    # the summary lines are "label  value": long values wrap under the value
+    return "\n".join(out[:summary] + [wrap_hanging(line, 24) for line in out[summary:]])
 
 
 if __name__ == "__main__":

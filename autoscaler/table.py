@@ -107,6 +107,14 @@ def wrap(text: str, width: int | None = None) -> str:
     return "\n".join(textwrap.wrap(text, width or output_width()))
 
 
+def wrap_hanging(text: str, indent: int, width: int | None = None) -> str:
+    """A `label   value` line wrapped to the output width, continuation lines
+    indented under the value."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width or output_width(), subsequent_indent=" " * indent))
+
+
 def money(value: float) -> str:
     """Dollars: cents, or hundredths of a cent below a dollar (a small job's cost is not $0.00)."""
     return f"${value:,.2f}" if abs(value) >= 1 or value == 0 else f"${value:.4f}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -199,3 +200,20 @@ def test_an_unwritable_json_output_is_refused_before_planning(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "missing-dir' does not exist" in result.stderr
     assert result.stdout == ""  # nothing was planned: the mistake costs no waiting
+
+
+@pytest.mark.parametrize("columns", ["100", "70"])
+def test_the_plan_report_fits_the_width_and_wraps_values_under_their_value(columns):
+    result = subprocess.run(
+        [sys.executable, "-m", "autoscaler", "plan"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": columns},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= int(columns)
+    # the bound's line is longer than 70 columns: it continues under its value
+    at = next(i for i, line in enumerate(lines) if line.startswith("LP lower bound"))
+    assert lines[at + 1].startswith(" " * 24) and lines[at + 1].strip()
