@@ -101,8 +101,10 @@ class Catalog:
         return self._families
 
     def restricted_to(self, names: set[str] | frozenset[str]) -> Catalog:
-        """The same catalog with only the named types."""
-        return Catalog(tuple(t for t in self._types if t.name in names), self.region)
+        """The same catalog with only the named types (itself when all are named:
+        planners recognise a catalog by identity, to reuse what they derived from it)."""
+        kept = tuple(t for t in self._types if t.name in names)
+        return self if len(kept) == len(self._types) else Catalog(kept, self.region)
 
 
 def catalog_from_eva(data: object, source: str = "catalog") -> Catalog:

@@ -204,7 +204,7 @@ def _memo_key(view: ClusterView) -> tuple:
     """
     return (
         view.catalog,  # the object itself: an id could be reused once it is freed
-        tuple(j.job_id for j in view.jobs),
+        view.jobs,  # the specs, not just ids: a job's finished tasks leave its spec
         view.current,
         view.throughput.default,
         view.throughput.estimates(),

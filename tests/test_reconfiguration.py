@@ -238,3 +238,12 @@ def test_forty_small_tasks_are_spread_over_smaller_types_not_one_large_one():
     assert plain.hourly_cost == pytest.approx(1.428)
     plan = EvaPlanner().plan(view(jobs, catalog=catalog))
     assert plan.hourly_cost == pytest.approx(3 * 0.357 + 0.08925)
+
+
+def test_a_catalog_restricted_to_all_its_types_is_itself():
+    # Planners recognise a catalog by identity (its price book, last round's
+    # candidates): restricting to every type must not make a new one.
+    catalog = load_catalog(bundled("ec2_config.json"))
+    assert catalog.restricted_to({t.name for t in catalog}) is catalog
+    fewer = catalog.restricted_to({t.name for t in catalog} - {"p3.2xlarge"})
+    assert len(fewer) == len(catalog) - 1 and "p3.2xlarge" not in fewer

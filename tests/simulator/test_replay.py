@@ -64,6 +64,30 @@ def test_a_control_loop_rebuilt_before_every_round_and_step_decides_the_same(pai
     assert rebuilt.migrations > 0 and rebuilt.full_rounds > 0  # it did move things
 
 
+def test_rounds_in_which_nothing_changed_reuse_the_last_candidates(pai, monkeypatch):
+    # Between arrivals and completions most rounds see the same jobs, instances
+    # and estimates: the planner re-scores last round's candidates instead of
+    # packing again (a catalog rebuilt every round once defeated this).
+    from autoscaler.planner import EvaPlanner
+
+    catalog, jobs, truth = pai
+    calls = {"plan": 0, "pack": 0}
+    plan, candidates = EvaPlanner.plan, EvaPlanner._candidates
+
+    def counted_plan(self, view):
+        calls["plan"] += 1
+        return plan(self, view)
+
+    def counted_candidates(self, view, prices):
+        calls["pack"] += 1
+        return candidates(self, view, prices)
+
+    monkeypatch.setattr(EvaPlanner, "plan", counted_plan)
+    monkeypatch.setattr(EvaPlanner, "_candidates", counted_candidates)
+    replay(jobs[:60], catalog, truth, "eva")
+    assert calls["plan"] > 100 and calls["pack"] < calls["plan"] / 2, calls
+
+
 @pytest.fixture(scope="module")
 def small_synthetic(pai):
     _, jobs, _ = pai
