@@ -160,7 +160,7 @@ def _number(
     where: str,
     source: str,
     positive: bool = False,
-    maximum: float = math.inf,
+    maximum: float | None = None,
 ) -> float | None:
     """An optional numeric field; the common well-formed case stays cheap."""
     value = spec.get(key)
@@ -169,17 +169,12 @@ def _number(
     if (
         type(value) in (int, float)
         and (value > 0 if positive else value >= 0)
-        and value <= maximum
         and value != math.inf
+        and (maximum is None or value <= maximum)
     ):
         return float(value)
     return check_number(
-        value,
-        field=key,
-        where=where,
-        source=source,
-        strictly_positive=positive,
-        maximum=None if maximum == math.inf else maximum,
+        value, field=key, where=where, source=source, strictly_positive=positive, maximum=maximum
     )
 
 

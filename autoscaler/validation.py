@@ -153,9 +153,9 @@ def number_arg(
 
 
 def _can_create_in(directory) -> bool:
-    """True when a file can really be created in `directory` (os.access says yes to
-    root everywhere, /proc and read-only mounts included): an unnamed temporary
-    file is made there and vanishes at once."""
+    """True when a file can really be created in `directory`: an unnamed temporary
+    file is made there and vanishes at once (os.access would say yes to root
+    everywhere, /proc and read-only mounts included)."""
     import tempfile
 
     try:
@@ -170,7 +170,6 @@ def output_path(suffix: str | None = None):
     now, before the work starts. With `suffix`, a name without one gets it (so the
     message names the file really written)."""
     import argparse
-    import os
     from pathlib import Path
 
     def parse(text: str) -> Path:
@@ -182,7 +181,7 @@ def output_path(suffix: str | None = None):
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             raise argparse.ArgumentTypeError(f"directory {str(parent)!r} does not exist")
-        if not os.access(parent, os.W_OK) or not _can_create_in(parent):
+        if not _can_create_in(parent):
             raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
         return path
 
