@@ -28,7 +28,7 @@ converge in a few iterations.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -92,6 +92,8 @@ class PatternPricer:
         node_budget: int = 10_000,
         max_iterations: int = 100,
         pool_limit: int = 5_000,
+        interference_node_limit: int = 300,
+        interference_node_budget: int = 100,
     ) -> None:
         """`node_limit` bounds one pricing search, `node_budget` per instance type
         all searches of one solve: past it, column generation stops with the
@@ -99,9 +101,18 @@ class PatternPricer:
         proven). Per type, because each iteration prices every type: measured on
         10k pai_200-sampled tasks over a 221-type catalog, a fixed 150k nodes
         stopped after one iteration at 1.063x the LP bound, while 600k converged
-        at 1.048x in 1.0 s (0.5 s before); 21 types get 210k."""
+        at 1.048x in 1.0 s (0.5 s before); 21 types get 210k.
+        The `interference_` pair replaces them when compositions are priced per
+        cardinality (one search per size, run every round of a replay).
+        Measured replaying the full trace's first 1,000 jobs (cost ÷ no-packing,
+        wall time, two runs at once): 100/300 nodes 0.589 in 46 s, 200/500
+        0.589 in 56 s, 100/500 0.593 in 41 s; with a warm start from earlier
+        rounds, 200/500 0.583 in 47 s against 10,000/20,000 0.585 in 185 s —
+        more nodes buy nothing."""
         self.node_limit = node_limit
         self.node_budget = node_budget
+        self.interference_node_limit = interference_node_limit
+        self.interference_node_budget = interference_node_budget
         self.max_iterations = max_iterations
         self.pool_limit = pool_limit
         # (type name, ((class key, count), ...)) -> last round it was useful
@@ -114,6 +125,7 @@ class PatternPricer:
         classes: Sequence[PatternClass],
         loss: Callable[[tuple[int, ...], int], float] | None = None,
         linear: tuple[float, Sequence[float]] | None = None,
+        seeds: Iterable[Pattern] = (),
     ) -> PatternSolution:
         """Solve the configuration LP for `classes` (counts > 0) over the given types.
 
@@ -122,6 +134,8 @@ class PatternPricer:
         (default throughput t, value at stake per class): price compositions per
         cardinality (see `best_composition_by_cardinality`), which finds the
         columns the loss-bounded search misses under interference.
+        `seeds`: columns to start from besides the singletons (compositions the
+        caller already knows good, such as the instances running now).
         """
         elapsed = stopwatch()
         self._round += 1
@@ -162,10 +176,17 @@ class PatternPricer:
         # Singletons on each class's cheapest type keep the LP feasible.
         for c, cls in enumerate(classes):
             add(Pattern(_cheapest(cls, types), ((c, 1),)))
-        # Warm start: patterns of earlier rounds whose classes still exist.
+        for pattern in seeds:
+            if all(classes[c].count >= n for c, n in pattern.composition):
+                add(pattern)
+        # Warm start: patterns of earlier rounds whose classes still exist. Not
+        # per cardinality: that search is cut by its node limit, so what it finds
+        # depends on where it starts, and a plan must depend on the snapshot
+        # alone (a restarted daemon, with an empty pool, decides the same).
+        by_cardinality = linear is not None and loss is not None
         index = {cls.key: c for c, cls in enumerate(classes)}
         type_index = {t.name: k for k, t in enumerate(types)}
-        for tname, comp_keys in list(self._pool):
+        for tname, comp_keys in [] if by_cardinality else list(self._pool):
             k = type_index.get(tname)
             if k is None or any(key not in index for key, _ in comp_keys):
                 continue
@@ -176,15 +197,19 @@ class PatternPricer:
         exact = True
         converged = False
         iterations = 0
-        budget = self.node_budget * len(types)
+        node_limit = self.interference_node_limit if by_cardinality else self.node_limit
+        budget = len(types) * (
+            self.interference_node_budget if by_cardinality else self.node_budget
+        )
         while iterations < self.max_iterations and budget > 0:
             iterations += 1
             highs.run()
             duals = list(highs.getSolution().row_dual)
             added = 0
             for k in range(len(types)):
-                limit = min(self.node_limit, max(budget, 1))
-                if linear is not None and loss is not None:
+                limit = min(node_limit, max(budget, 1))
+                if by_cardinality:
+                    assert linear is not None and loss is not None
                     comp, value, complete, nodes = best_composition_by_cardinality(
                         k, types[k], classes, duals, loss, limit, *linear
                     )
@@ -205,7 +230,7 @@ class PatternPricer:
         highs.run()
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
-        for p, _ in used:
+        for p, _ in () if by_cardinality else used:
             key = (types[p.type_index].name, tuple((classes[c].key, n) for c, n in p.composition))
             self._pool[key] = self._round
         if len(self._pool) > self.pool_limit:
@@ -270,9 +295,13 @@ def best_composition_by_cardinality(
         values = [u - penalty * w for u, w in zip(duals, at_stake, strict=True)]
         if max(values[c] for c in fitting) <= 1e-12:
             break
-        comp, _, done, used = best_composition(
-            k, shape, classes, values, None, max(node_limit - nodes, 1), max_items=m
-        )
+        if m == 1:  # no search: the single most valuable task
+            top = max(fitting, key=lambda c: (values[c], -c))
+            comp, done, used = ((top, 1),), True, 1
+        else:
+            comp, _, done, used = best_composition(
+                k, shape, classes, values, None, max(node_limit - nodes, 1), m, fitting
+            )
         nodes += used
         complete = complete and done
         if comp:
@@ -294,6 +323,7 @@ def best_composition(
     loss: Callable[[tuple[int, ...], int], float] | None,
     node_limit: int,
     max_items: int | None = None,
+    fitting: Sequence[int] | None = None,
 ) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """The composition of type k maximizing Σ a_c u_c − loss (branch and bound).
 
@@ -304,19 +334,37 @@ def best_composition(
     r times the best price per unit of r among them — valid because no class
     is worth more than its r-demand at that rate, and the loss is never negative.
     With `max_items`, at most that many tasks: the bound is also the free slots
-    times the best value left.
+    times the best value left. `fitting`: the classes with tasks that fit type k
+    alone, when the caller already knows them.
     """
     capacity = shape.capacity
     cost = shape.cost
-    items = [
-        c
-        for c, cls in enumerate(classes)
-        if cls.count > 0
-        and duals[c] > 1e-12
-        and cls.demands[k] is not None
-        and _fits(cls.demands[k], capacity)
-    ]
+    if fitting is None:
+        items = [
+            c
+            for c, cls in enumerate(classes)
+            if cls.count > 0
+            and duals[c] > 1e-12
+            and cls.demands[k] is not None
+            and _fits(cls.demands[k], capacity)
+        ]
+    else:
+        items = [c for c in fitting if duals[c] > 1e-12]
     if not items:
+        return None, 0.0, True, 0
+    # The root's bound (see `bound` below) in one pass, before sorting: most
+    # searches of a column generation end here.
+    root = math.inf if max_items is None else max_items * max(duals[c] for c in items)
+    for r in range(3):
+        rates = []
+        for c in items:
+            d = classes[c].demands[k][r]  # type: ignore[index]
+            if d <= _EPS:
+                break
+            rates.append(duals[c] / d)
+        else:
+            root = min(root, capacity[r] * max(rates))
+    if root <= cost * (1 + 1e-9):
         return None, 0.0, True, 0
     inv = [1.0 / x if x > 0 else 0.0 for x in capacity]
 
@@ -435,9 +483,6 @@ def best_composition(
             if visit(i + 1, child, child_raw):
                 stack.append([i + 1, child, child_raw, most_of(i + 1, child)])
 
-    # Nothing to gain if even the bound cannot beat the instance's cost.
-    if bound(0, list(capacity)) <= cost * (1 + 1e-9):
-        return None, 0.0, True, 0
     search()
     if best is None:
         return None, 0.0, complete, nodes

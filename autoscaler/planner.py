@@ -121,7 +121,7 @@ class EvaPlanner:
         pop_parts: int = 2,
         pop_seed: int = 0,
         fluid_min_classes: int = FLUID_MIN_CLASSES,
-        price_interference: bool = False,
+        price_interference: bool = True,
         job_slowdown: JobSlowdown = "shared",
     ) -> None:
         self.mode: Mode = mode
@@ -174,7 +174,12 @@ class EvaPlanner:
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
             solved = _solve_parts(
-                parts, self.mode, self.packing, self.pattern_min_tasks, self.job_slowdown
+                parts,
+                self.mode,
+                self.packing,
+                self.pattern_min_tasks,
+                self.price_interference,
+                self.job_slowdown,
             )
             outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
@@ -464,14 +469,14 @@ _PARTS: list[ClusterView] = []  # inherited by forked workers, so views are not 
 
 
 def _solve_part(
-    args: tuple[int, Mode, Packing, int, JobSlowdown],
+    args: tuple[int, Mode, Packing, int, bool, JobSlowdown],
 ) -> tuple[list[tuple], list[LPClass]]:
     """Plan one part in a worker; results travel back as plain tuples (cheap to pickle)."""
-    index, mode, packing, pattern_min_tasks, job_slowdown = args
+    index, mode, packing, pattern_min_tasks, price_interference, job_slowdown = args
     view = _PARTS[index]
     prices = PriceBook(view.catalog)
     pricer = PatternPricer() if packing == "priced" else None
-    packer = Packer(view, prices, pricer, pattern_min_tasks, job_slowdown=job_slowdown)
+    packer = Packer(view, prices, pricer, pattern_min_tasks, price_interference, job_slowdown)
     type_index = {t.name: k for k, t in enumerate(view.catalog.types)}
     compact = [
         (
@@ -490,6 +495,7 @@ def _solve_parts(
     mode: Mode,
     packing: Packing,
     pattern_min_tasks: int,
+    price_interference: bool,
     job_slowdown: JobSlowdown,
 ) -> list[tuple[list[_Outcome], list[LPClass]]]:
     global _PARTS
@@ -497,7 +503,10 @@ def _solve_parts(
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
-            args = [(i, mode, packing, pattern_min_tasks, job_slowdown) for i in range(len(parts))]
+            args = [
+                (i, mode, packing, pattern_min_tasks, price_interference, job_slowdown)
+                for i in range(len(parts))
+            ]
             results = list(pool.map(_solve_part, args))
     finally:
         _PARTS = []

@@ -91,19 +91,17 @@ def test_shared_rule_charges_a_jobs_slowdown_once_when_its_tasks_are_slowed_alik
 
 
 def test_a_16_task_data_parallel_job_is_packed_at_the_default_throughput():
-    # 16 tasks of (1 GPU, 8 cores, 30 GB): alone each needs a p3.8xlarge ($12.24).
-    # A p3.16xlarge (8 GPU, 32 cores) takes 4, each at 0.95³ by default: worth
-    # 4 · 12.24 · 0.857 = $41.98 ≥ $24.48, and a fifth would need 40 cores. So
-    # 4 × $24.48 = $97.92/h. Eva's rule values a second task beside the first at
+    # 16 tasks of (1 GPU, 8 cores, 30 GB): alone each needs a p3.8xlarge ($12.24,
+    # 16 cores). Two fill it, each at 0.95 by default: worth 2 · 12.24 · 0.95 =
+    # $23.26 ≥ $12.24. A p3.16xlarge (8 GPU, 32 cores, $24.48) takes 4, each at
+    # 0.95³: worth 4 · 12.24 · 0.857 = $41.98 ≥ $24.48. Either way $6.12/h a
+    # task: $97.92/h. Eva's rule values a second task beside the first at
     # 12.24 − 0.05 · 16 · 12.24 < 0 and never packs: 16 × $12.24 = $195.84/h.
     catalog = load_catalog(bundled("ec2_config.json"))
     ddp = job("ddp", *[(1, 8, 30)] * 16)
     snapshot = ClusterView(catalog, (ddp,), throughput=ThroughputTable())
     shared = EvaPlanner().plan(snapshot)
-    assert (
-        sorted((i.type.name, len(i.tasks)) for i in shared.configuration)
-        == [("p3.16xlarge", 4)] * 4
-    )
+    assert all(len(i.tasks) >= 2 for i in shared.configuration)
     assert shared.hourly_cost == pytest.approx(97.92)
     whole = EvaPlanner(job_slowdown="whole").plan(snapshot)
     assert whole.hourly_cost == pytest.approx(16 * 12.24)
