@@ -201,21 +201,28 @@ class PatternPricer:
         budget = len(types) * (
             self.interference_node_budget if by_cardinality else self.node_budget
         )
+        fitting = [_fitting(k, shape, classes) for k, shape in enumerate(types)]
+        # Per cardinality, a type whose search found no column is not searched
+        # again in this solve: its duals only fall as columns come in.
+        active = list(range(len(types)))
+        solved = False  # the model is solved as it stands
         while iterations < self.max_iterations and budget > 0:
             iterations += 1
             highs.run()
+            solved = True
             duals = list(highs.getSolution().row_dual)
             added = 0
-            for k in range(len(types)):
+            pricing_found: list[int] = []
+            for k in active:
                 limit = min(node_limit, max(budget, 1))
                 if by_cardinality:
                     assert linear is not None and loss is not None
                     comp, value, complete, nodes = best_composition_by_cardinality(
-                        k, types[k], classes, duals, loss, limit, *linear
+                        k, types[k], classes, duals, loss, limit, *linear, fitting[k]
                     )
                 else:
                     comp, value, complete, nodes = best_composition(
-                        k, types[k], classes, duals, loss, limit
+                        k, types[k], classes, duals, loss, limit, None, fitting[k]
                     )
                 budget -= nodes
                 exact = exact and complete
@@ -223,11 +230,16 @@ class PatternPricer:
                     before = len(columns)
                     add(Pattern(k, comp))
                     added += len(columns) - before
+                    pricing_found.append(k)
             if not added:
-                converged = True
+                converged = len(active) == len(types)  # else unproven: types were skipped
                 break
+            solved = False
+            if by_cardinality:
+                active = pricing_found
         exact = exact and converged
-        highs.run()
+        if not solved:
+            highs.run()
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
         for p, _ in () if by_cardinality else used:
@@ -245,12 +257,43 @@ def _fits(demand: Demand, capacity: Demand) -> bool:
     return all(d <= c + _EPS for d, c in zip(demand, capacity, strict=True))
 
 
+def _fitting(k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> list[int]:
+    """The classes with tasks left that fit type k alone."""
+    return [
+        c
+        for c, cls in enumerate(classes)
+        if cls.count > 0 and cls.demands[k] is not None and _fits(cls.demands[k], shape.capacity)
+    ]
+
+
 def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
     """Index of the cheapest type a task of `cls` fits alone."""
     return min(
         (k for k, d in enumerate(cls.demands) if d is not None and _fits(d, types[k].capacity)),
         key=lambda k: (types[k].cost, k),
     )
+
+
+def _root_bound(
+    capacity: Demand,
+    demands: Sequence[Demand | None],
+    values: Sequence[float],
+    items: Sequence[int],
+) -> float:
+    """Most that `items` (values > 0) can be worth in `capacity`: per resource r,
+    the capacity of r times the best value per unit of r (no bound from r if an
+    item needs none of it)."""
+    bound = math.inf
+    for r in range(3):
+        best = 0.0
+        for c in items:
+            d = demands[c][r]  # type: ignore[index]
+            if d <= _EPS:
+                break
+            best = max(best, values[c] / d)
+        else:
+            bound = min(bound, capacity[r] * best)
+    return bound
 
 
 def best_composition_by_cardinality(
@@ -262,6 +305,7 @@ def best_composition_by_cardinality(
     node_limit: int,
     default: float,
     at_stake: Sequence[float],
+    fitting: Sequence[int] | None = None,
 ) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """`best_composition` under interference, linearized per cardinality.
 
@@ -273,15 +317,18 @@ def best_composition_by_cardinality(
     the best composition of at most m tasks is searched with those values, and
     each candidate is then valued exactly (Σ a_c u_c − loss: learned pairs and
     sets count as recorded); the best exact value wins. Larger m stop paying
-    once no class has a positive value left.
+    once no class has a positive value left. `fitting`: the classes with tasks
+    that fit type k alone, when the caller already knows them.
     """
     capacity = shape.capacity
-    fitting = [
-        c
-        for c, cls in enumerate(classes)
-        if cls.count > 0 and cls.demands[k] is not None and _fits(cls.demands[k], capacity)
-    ]
+    if fitting is None:
+        fitting = _fitting(k, shape, classes)
     if not fitting:
+        return None, 0.0, True, 0
+    demands = [cls.demands[k] for cls in classes]
+    # No composition is worth more than Σ a_c u_c (the loss is never negative).
+    positive = [c for c in fitting if duals[c] > 1e-12]
+    if _root_bound(capacity, demands, duals, positive) <= shape.cost * (1 + 1e-9):
         return None, 0.0, True, 0
     most = sum(classes[c].count for c in fitting)
     for r in range(3):
@@ -340,30 +387,16 @@ def best_composition(
     capacity = shape.capacity
     cost = shape.cost
     if fitting is None:
-        items = [
-            c
-            for c, cls in enumerate(classes)
-            if cls.count > 0
-            and duals[c] > 1e-12
-            and cls.demands[k] is not None
-            and _fits(cls.demands[k], capacity)
-        ]
-    else:
-        items = [c for c in fitting if duals[c] > 1e-12]
+        fitting = _fitting(k, shape, classes)
+    items = [c for c in fitting if duals[c] > 1e-12]
     if not items:
         return None, 0.0, True, 0
     # The root's bound (see `bound` below) in one pass, before sorting: most
     # searches of a column generation end here.
-    root = math.inf if max_items is None else max_items * max(duals[c] for c in items)
-    for r in range(3):
-        rates = []
-        for c in items:
-            d = classes[c].demands[k][r]  # type: ignore[index]
-            if d <= _EPS:
-                break
-            rates.append(duals[c] / d)
-        else:
-            root = min(root, capacity[r] * max(rates))
+    demands = [cls.demands[k] for cls in classes]
+    root = _root_bound(capacity, demands, duals, items)
+    if max_items is not None:
+        root = min(root, max_items * max(duals[c] for c in items))
     if root <= cost * (1 + 1e-9):
         return None, 0.0, True, 0
     inv = [1.0 / x if x > 0 else 0.0 for x in capacity]
