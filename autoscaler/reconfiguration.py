@@ -104,7 +104,7 @@ class Packer:
         but replayed rounds are: starting from the running instances, the
         configuration LP re-packs with fewer moves and less interference than
         Algorithm 1's greedy fill. Replaying the full Alibaba trace, eva costs
-        0.551 of no-packing with it and 0.607 without (JCT 1.09x against
+        0.550 of no-packing with it and 0.607 without (JCT 1.09x against
         1.18x); pai_200 0.701 against 0.704."""
         self.view = view
         self.types = view.catalog.types  # descending cost
