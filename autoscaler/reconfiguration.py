@@ -98,14 +98,14 @@ class Packer:
         (without interference, with at least `pattern_min_tasks` tasks to pack);
         None: Algorithm 1 only. `job_slowdown`: how a slowed task of a
         multi-task job is valued (`pricing.slowdown_charge`).
-        `price_interference`: also when throughputs below 1 are assumed, at
-        every size. A single plan is rarely better for it (pai_200 samples of
-        50-1,000 tasks at the default 0.95: no better plan, 1.3-50x the time),
-        but replayed rounds are: starting from the running instances, the
-        configuration LP re-packs with fewer moves and less interference than
-        Algorithm 1's greedy fill. Replaying the full Alibaba trace, eva costs
-        0.550 of no-packing with it and 0.607 without (JCT 1.09x against
-        1.18x); pai_200 0.701 against 0.704."""
+        `price_interference`: also when throughputs below 1 are assumed, from
+        `INTERFERENCE_MIN_TASKS` tasks to place. A single plan is rarely better
+        for it (pai_200 samples of 50-1,000 tasks at the default 0.95: no better
+        plan, 1.3-50x the time), but replayed rounds are: starting from the
+        running instances, the configuration LP re-packs with fewer moves and
+        less interference than Algorithm 1's greedy fill. Replaying the full
+        Alibaba trace, eva costs 0.550 of no-packing with it and 0.607 without
+        (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
@@ -371,12 +371,12 @@ class Packer:
         """Place what `pools` holds: Algorithm 1, or price-guided packing when that is better.
 
         Both are computed when a pricer is set and either interference is
-        priced, or there are enough tasks for patterns to matter, or, below
-        that, Algorithm 1's plan is more than `PATTERN_GAP` above the LP bound
-        of the same tasks (a bound that ignores interference, so that test is
-        for the neutral case only); the one with the larger saving
-        Σ(TNRP − cost) — the quantity Eva's criterion values — wins, so the
-        result is never worse than Algorithm 1's.
+        priced (from `INTERFERENCE_MIN_TASKS` tasks), or there are enough tasks
+        for patterns to matter, or, below that, Algorithm 1's plan is more than
+        `PATTERN_GAP` above the LP bound of the same tasks (a bound that ignores
+        interference, so that test is for the neutral case only); the one with
+        the larger saving Σ(TNRP − cost) — the quantity Eva's criterion values
+        — wins, so the result is never worse than Algorithm 1's.
         """
         # Under interference a composition's value is not additive; when asked,
         # the pricing linearizes it per cardinality (`best_composition_by_cardinality`).
