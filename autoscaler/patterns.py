@@ -177,7 +177,9 @@ class PatternPricer:
         for c, cls in enumerate(classes):
             add(Pattern(_cheapest(cls, types), ((c, 1),)))
         for pattern in seeds:
-            if all(classes[c].count >= n for c, n in pattern.composition):
+            if all(classes[c].count >= n for c, n in pattern.composition) and _within_groups(
+                pattern.composition, classes
+            ):
                 add(pattern)
         # Warm start: patterns of earlier rounds whose classes still exist. Not
         # per cardinality: that search is cut by its node limit, so what it finds
@@ -256,6 +258,20 @@ class PatternPricer:
 
 def _fits(demand: Demand, capacity: Demand) -> bool:
     return all(d <= c + _EPS for d, c in zip(demand, capacity, strict=True))
+
+
+def _within_groups(
+    composition: tuple[tuple[int, int], ...], classes: Sequence[PatternClass]
+) -> bool:
+    """True if no anti-affinity group has more tasks in `composition` than its limit."""
+    used: dict[Hashable, int] = {}
+    for c, n in composition:
+        cls = classes[c]
+        if cls.group is not None and cls.group_limit:
+            used[cls.group] = used.get(cls.group, 0) + n
+            if used[cls.group] > cls.group_limit:
+                return False
+    return True
 
 
 def _fitting(k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> list[int]:

@@ -253,3 +253,17 @@ def test_under_interference_the_configuration_lp_packs_better_than_algorithm1():
     assert greedy.hourly_cost == priced.hourly_cost == pytest.approx(97.92)
     saving = priced.candidates[0].saving_per_hour
     assert greedy.candidates[0].saving_per_hour + 1 < saving <= 8 * (2 * 12.24 * 0.95 - 12.24)
+
+
+def test_a_seed_that_breaks_anti_affinity_is_not_a_column():
+    # Two tasks of one job allowed once per instance: a seeded pair would pack
+    # them together, so the LP must keep them apart ($2.00, not $1.10).
+    shape = TypeShape("t", 1.0, (0.0, 2.0, 2.0))
+    classes = [PatternClass("a", 2, ((0.0, 1.0, 1.0),), 1.0, group="job", group_limit=1)]
+
+    def loss(comp, k):
+        return 0.05 * len(comp) if len(comp) > 1 else 0.0
+
+    pricer = PatternPricer(interference_node_limit=1, interference_node_budget=1)
+    seeded = pricer.solve([shape], classes, loss, (0.95, [1.0]), [Pattern(0, ((0, 2),))])
+    assert seeded.objective == pytest.approx(2.0)
