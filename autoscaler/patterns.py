@@ -215,7 +215,7 @@ class PatternPricer:
             solved = True
             duals = list(highs.getSolution().row_dual)
             added = 0
-            pricing_found: list[int] = []
+            found: list[int] = []  # types whose search added a column
             for k in active:
                 limit = min(node_limit, max(budget, 1))
                 if by_cardinality:
@@ -233,13 +233,13 @@ class PatternPricer:
                     before = len(columns)
                     add(Pattern(k, comp))
                     added += len(columns) - before
-                    pricing_found.append(k)
+                    found.append(k)
             if not added:
                 converged = len(active) == len(types)  # else unproven: types were skipped
                 break
             solved = False
             if by_cardinality:
-                active = pricing_found
+                active = found
         exact = exact and converged
         if not solved:
             highs.run()
@@ -349,7 +349,7 @@ def best_composition_by_cardinality(
         return None, 0.0, True, 0
     most = sum(classes[c].count for c in fitting)
     for r in range(3):
-        smallest = min(classes[c].demands[k][r] for c in fitting)  # type: ignore[index]
+        smallest = min(demands[c][r] for c in fitting)  # type: ignore[index]
         if smallest > _EPS:
             most = min(most, int((capacity[r] + _EPS) // smallest))
     best: tuple[tuple[int, int], ...] | None = None

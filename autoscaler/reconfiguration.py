@@ -383,9 +383,10 @@ class Packer:
         if self.pricer is None or (not self.neutral and not self.price_interference):
             return self.algorithm1(pools, existing)
         plain = self.algorithm1(pools.copy(), existing)
-        if not self.neutral and sum(pools.counts) < INTERFERENCE_MIN_TASKS:
+        n_tasks = sum(pools.counts)
+        if not self.neutral and n_tasks < INTERFERENCE_MIN_TASKS:
             return plain
-        if self.neutral and sum(pools.counts) < self.pattern_min_tasks:
+        if self.neutral and n_tasks < self.pattern_min_tasks:
             # Small inputs: Algorithm 1 is usually within ~1% of the bound and the
             # pattern search costs 5-20x its time (measured on pai_200 samples of
             # 20-400 tasks), but one type filled with small tasks can be far off
