@@ -84,14 +84,20 @@ class PatternSolution:
 
 
 class PatternPricer:
-    """Column generation for the configuration LP, keeping its columns between rounds."""
+    """Column generation for the configuration LP.
+
+    It keeps nothing between solves: a plan must depend on the snapshot alone
+    (a restarted daemon decides the same), so columns found in earlier rounds
+    come back only as `seeds` taken from the snapshot (the running instances).
+    A pool kept in memory did not: a planner that had packed 26 small tasks
+    before packed 40 on one c7i.8xlarge ($1.428/h) where a fresh one found
+    $1.160/h."""
 
     def __init__(
         self,
         node_limit: int = 20_000,
         node_budget: int = 10_000,
         max_iterations: int = 100,
-        pool_limit: int = 5_000,
         interference_node_limit: int = 300,
         interference_node_budget: int = 100,
     ) -> None:
@@ -107,17 +113,13 @@ class PatternPricer:
         Measured replaying the full trace's first 1,000 jobs (cost ÷ no-packing,
         wall time, two runs at once): 100/300 nodes 0.589 in 46 s, 200/500
         0.589 in 56 s, 100/500 0.593 in 41 s; with a warm start from earlier
-        rounds, 200/500 0.583 in 47 s against 10,000/20,000 0.585 in 185 s —
-        more nodes buy nothing."""
+        rounds (since removed), 200/500 0.583 in 47 s against 10,000/20,000
+        0.585 in 185 s — more nodes buy nothing."""
         self.node_limit = node_limit
         self.node_budget = node_budget
         self.interference_node_limit = interference_node_limit
         self.interference_node_budget = interference_node_budget
         self.max_iterations = max_iterations
-        self.pool_limit = pool_limit
-        # (type name, ((class key, count), ...)) -> last round it was useful
-        self._pool: dict[tuple[str, tuple[tuple[Hashable, int], ...]], int] = {}
-        self._round = 0
 
     def solve(
         self,
@@ -138,7 +140,6 @@ class PatternPricer:
         caller already knows good, such as the instances running now).
         """
         elapsed = stopwatch()
-        self._round += 1
         n_cls = len(classes)
         highs = highspy.Highs()
         highs.setOptionValue("output_flag", False)
@@ -181,20 +182,7 @@ class PatternPricer:
                 pattern.composition, classes
             ):
                 add(pattern)
-        # Warm start: patterns of earlier rounds whose classes still exist. Not
-        # per cardinality: that search is cut by its node limit, so what it finds
-        # depends on where it starts, and a plan must depend on the snapshot
-        # alone (a restarted daemon, with an empty pool, decides the same).
         by_cardinality = linear is not None and loss is not None
-        index = {cls.key: c for c, cls in enumerate(classes)}
-        type_index = {t.name: k for k, t in enumerate(types)}
-        for tname, comp_keys in [] if by_cardinality else list(self._pool):
-            k = type_index.get(tname)
-            if k is None or any(key not in index for key, _ in comp_keys):
-                continue
-            comp = tuple(sorted((index[key], n) for key, n in comp_keys))
-            if all(classes[c].count >= n for c, n in comp):
-                add(Pattern(k, comp))
 
         exact = True
         converged = False
@@ -245,14 +233,6 @@ class PatternPricer:
             highs.run()
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
-        for p, _ in () if by_cardinality else used:
-            key = (types[p.type_index].name, tuple((classes[c].key, n) for c, n in p.composition))
-            self._pool[key] = self._round
-        if len(self._pool) > self.pool_limit:
-            for key, _ in sorted(self._pool.items(), key=lambda kv: kv[1])[
-                : len(self._pool) - self.pool_limit
-            ]:
-                del self._pool[key]
         return PatternSolution(highs.getObjectiveValue(), used, iterations, exact, elapsed())
 
 

@@ -238,6 +238,26 @@ def test_forty_small_tasks_are_spread_over_smaller_types_not_one_large_one():
     assert plan.hourly_cost == pytest.approx(3 * 0.357 + 0.08925)
 
 
+def test_a_plan_does_not_depend_on_what_the_planner_planned_before():
+    # A restarted daemon has planned nothing yet and must decide as the one it
+    # replaces. Patterns kept in memory from a round of 26 such tasks used to
+    # steer the 40 above back onto one c7i.8xlarge ($1.428/h against $1.160/h).
+    catalog = load_catalog(bundled("ec2_config.json"))
+
+    def small_tasks(n):
+        return view(tuple(job(f"s{i}", (0, 0.3, 1.2)) for i in range(n)), catalog=catalog)
+
+    fresh = EvaPlanner().plan(small_tasks(40))
+    for before in (26, 27, 60):
+        seasoned = EvaPlanner()
+        seasoned.plan(small_tasks(before))
+        again = seasoned.plan(small_tasks(40))
+        assert again.hourly_cost == pytest.approx(fresh.hourly_cost)
+        assert sorted(i.type.name for i in again.configuration) == sorted(
+            i.type.name for i in fresh.configuration
+        )
+
+
 def test_a_catalog_restricted_to_all_its_types_is_itself():
     # Planners recognise a catalog by identity (its price book, last round's
     # candidates): restricting to every type must not make a new one.
