@@ -170,7 +170,11 @@ class EvaPlanner:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
         if _fluid_applies(view, self.fluid_min_classes):
-            return _fluid_candidates(view, prices, self.mode, self._shadow, self.job_slowdown)
+            # A fresh LP each round: the fluid path deals tasks by the LP's
+            # primal, which a warm start from an earlier round can move to
+            # another optimal vertex — the plan must depend on the snapshot alone.
+            # (Full and Partial of one round still share it, in a fixed order.)
+            return _fluid_candidates(view, prices, self.mode, ShadowPricer(), self.job_slowdown)
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
             solved = _solve_parts(

@@ -13,6 +13,7 @@ from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
+from benchmarks.workloads import distinct_jobs, pai_catalog_and_jobs
 from tests.builders import job, table3_catalog, table3_jobs
 from tests.test_properties import assert_valid, catalogs, job_sets, tables
 
@@ -112,3 +113,27 @@ def test_under_interference_every_shared_fluid_instance_is_worth_its_cost(data) 
     for inst in plan.configuration:
         if len(inst.tasks) > 1:
             assert packer.tnrp_of(inst.tasks) >= inst.type.hourly_cost - 1e-6
+
+
+def test_a_fluid_plan_does_not_depend_on_the_rounds_before() -> None:
+    # The same demands in other counts give the same LP structure, which an LP
+    # kept between rounds would re-solve warm, from the last round's optimal
+    # vertex; the fluid path deals tasks by that vertex, so a restarted daemon
+    # (a fresh planner) could deal them otherwise.
+    catalog, _ = pai_catalog_and_jobs()
+    base = distinct_jobs(600, seed=1)
+    extra = tuple(
+        job(f"c{j.job_id}", j.tasks[0].demands[0][1].as_tuple(), name=j.name) for j in base[:200]
+    )
+    table = ThroughputTable(default=1.0)
+    before = ClusterView(catalog, base, throughput=table)
+    now = ClusterView(catalog, base + extra, throughput=table)
+
+    def shape(planner: EvaPlanner) -> list:
+        return sorted(
+            (i.type.name, tuple(sorted(i.tasks))) for i in planner.plan(now).configuration
+        )
+
+    seasoned = EvaPlanner(fluid_min_classes=100)
+    seasoned.plan(before)
+    assert shape(seasoned) == shape(EvaPlanner(fluid_min_classes=100))
