@@ -394,7 +394,10 @@ class Packer:
             cost = sum(i.type.hourly_cost for i in plain.instances)
             if cost <= (1 + PATTERN_GAP) * self._lp_bound(pools.counts) + VALUE_TOLERANCE:
                 return plain
-        priced = self.priced(pools, existing, seeds=[*existing, *plain.instances])
+        # Seeds: the running instances; under interference also Algorithm 1's
+        # plan (see `priced`).
+        seeds = existing if self.neutral else [*existing, *plain.instances]
+        priced = self.priced(pools, existing, seeds)
         return priced if priced.saving > plain.saving + VALUE_TOLERANCE else plain
 
     def _lp_bound(self, counts: list[int]) -> float:
@@ -437,10 +440,10 @@ class Packer:
         """Price-guided packing: the configuration LP's patterns, rounded down, then
         Algorithm 1 for the few tasks left over (see `patterns.py`).
 
-        The compositions of the running instances are columns from the start:
-        they stand in for a warm start from earlier rounds, taken from the
-        snapshot alone. Under interference so are those of the other `seeds`
-        (Algorithm 1's plan), since the pricing search is cut short there.
+        The compositions of `seeds` are columns from the start. `pack` gives
+        the running instances: they stand in for a warm start from earlier
+        rounds, taken from the snapshot alone; under interference also
+        Algorithm 1's plan, since the pricing search is cut short there.
         Measured replaying the full trace's first 1,000 jobs: 0.630 of
         no-packing without seeds, 0.589 with them. Without interference,
         replaying 1,500 synthetic jobs in a world with no interference, seeds
@@ -456,7 +459,7 @@ class Packer:
         local = {c: i for i, c in enumerate(live)}
         task_class = self.task_class
         columns = []
-        for inst in existing if self.neutral else seeds:
+        for inst in seeds:
             k = self.type_index.get(inst.type.name)
             comp = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
             if k is not None and comp:
