@@ -53,7 +53,6 @@ class TypeShape:
 class PatternClass:
     """A class of interchangeable tasks as the pattern LP sees it."""
 
-    key: Hashable  # stable across rounds
     count: int
     demands: tuple[Demand | None, ...]  # per type index; None: cannot run there
     rp: float

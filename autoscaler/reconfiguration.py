@@ -138,7 +138,6 @@ class Packer:
                     sample[key] = (task, job)
                 tasks.append(task.task_id)
         keys = sorted(keyed)
-        self.class_keys = keys
         self.class_tasks: list[list[str]] = [keyed[k] for k in keys]
         self._task_class: dict[str, int] | None = None
         first = [sample[k][0] for k in keys]
@@ -418,7 +417,6 @@ class Packer:
         fits = self.candidate_set
         classes = [
             PatternClass(
-                key=self.class_keys[c],
                 count=counts[c],
                 demands=tuple(
                     self.demand[k][c] if c in fits[k] else None for k in range(len(self.types))

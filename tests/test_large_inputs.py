@@ -107,8 +107,7 @@ def test_the_pattern_search_goes_thousands_of_classes_deep_without_recursion() -
     # level per class (a RecursionError at about 1,000 when it recursed).
     shape = TypeShape("big", 1.0, (0.0, 1e6, 1e6))
     classes = [
-        PatternClass(key=c, count=1, demands=((0.0, 1.0 + c * 1e-3, 1.0),), rp=1.0)
-        for c in range(5_000)
+        PatternClass(count=1, demands=((0.0, 1.0 + c * 1e-3, 1.0),), rp=1.0) for c in range(5_000)
     ]
     duals = [1.0] * len(classes)
     comp, value, _, _ = best_composition(0, shape, classes, duals, None, 20_000)

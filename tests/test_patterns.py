@@ -36,7 +36,6 @@ def knapsacks(draw):
         limit = draw(st.sampled_from([None, None, 1, 2]))
         classes.append(
             PatternClass(
-                i,
                 draw(st.integers(1, 5)),
                 (d,),
                 1.0,
@@ -81,7 +80,7 @@ def test_configuration_lp_is_at_least_as_tight_as_the_fluid_lp():
     # Two tasks of 3 CPU on 4-CPU instances: the fluid LP packs 6 CPU into 1.5
     # instances ($1.5); whole tasks need two instances, and so does the pattern LP.
     shape = TypeShape("cpu4", 1.0, (0, 4, 16))
-    solution = PatternPricer().solve([shape], [PatternClass("a", 2, ((0, 3, 1),), 1.0)])
+    solution = PatternPricer().solve([shape], [PatternClass(2, ((0, 3, 1),), 1.0)])
     assert solution.exact
     assert solution.objective == pytest.approx(2.0)
 
@@ -156,14 +155,13 @@ def test_pricing_per_cardinality_finds_the_best_composition_under_the_default(da
     n = data.draw(st.integers(1, 4))
     classes = [
         PatternClass(
-            key=c,
             count=data.draw(st.integers(1, 3)),
             demands=(
                 (0.0, float(data.draw(st.integers(1, 4))), float(data.draw(st.integers(0, 8)))),
             ),
             rp=data.draw(st.integers(1, 20)) / 10,
         )
-        for c in range(n)
+        for _ in range(n)
     ]
     duals = [cls.rp * data.draw(st.integers(0, 10)) / 10 for cls in classes]
     shape = TypeShape("k", data.draw(st.integers(0, 30)) / 10, (0.0, 8.0, 16.0))
@@ -224,7 +222,7 @@ def test_seeds_are_columns_from_the_start():
     # together they cost $1 and lose 2 · 0.05 · RP = $0.10; apart, $2. A search
     # cut at its first node finds no pair, so only a seeded pair gets the LP to $1.10.
     shape = TypeShape("t", 1.0, (0.0, 2.0, 2.0))
-    classes = [PatternClass("a", 2, ((0.0, 1.0, 1.0),), 1.0)]
+    classes = [PatternClass(2, ((0.0, 1.0, 1.0),), 1.0)]
 
     def loss(comp, k):
         return 0.05 * len(comp) if len(comp) > 1 else 0.0
@@ -259,7 +257,7 @@ def test_a_seed_that_breaks_anti_affinity_is_not_a_column():
     # Two tasks of one job allowed once per instance: a seeded pair would pack
     # them together, so the LP must keep them apart ($2.00, not $1.10).
     shape = TypeShape("t", 1.0, (0.0, 2.0, 2.0))
-    classes = [PatternClass("a", 2, ((0.0, 1.0, 1.0),), 1.0, group="job", group_limit=1)]
+    classes = [PatternClass(2, ((0.0, 1.0, 1.0),), 1.0, group="job", group_limit=1)]
 
     def loss(comp, k):
         return 0.05 * len(comp) if len(comp) > 1 else 0.0
