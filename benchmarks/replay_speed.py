@@ -144,12 +144,7 @@ def _pai_and_synthetic(synthetic_jobs: int) -> None:
         "eva": ("eva", None),
         "eva, interference not priced": ("eva", {"price_interference": False}),
     }
-    results = {}
-    for label, (name, options) in runs.items():
-        results[label] = timed(
-            lambda name=name, o=options: replay(trace, catalog, truth, name, planner_options=o)
-        )
-        print(f"  {label}: {results[label][0]:.1f} s", flush=True)
+    results = _timed_runs(trace, catalog, truth, runs)
     base_s, base_r = results["no-packing"]
     print(
         format_table(
@@ -193,10 +188,7 @@ def _multi_task(n_jobs: int) -> None:
         "eva (shared)": ("eva", None),
         "eva (whole, Eva §4.4)": ("eva", {"job_slowdown": "whole"}),
     }
-    results = {
-        label: timed(lambda name=name, o=o: replay(trace, catalog, truth, name, planner_options=o))
-        for label, (name, o) in runs.items()
-    }
+    results = _timed_runs(trace, catalog, truth, runs)
     base = results["no-packing"][1]
     print(
         format_table(
@@ -214,6 +206,18 @@ def _multi_task(n_jobs: int) -> None:
             [False, True, True, True, True],
         )
     )
+
+
+def _timed_runs(trace, catalog, truth, runs: dict) -> dict:
+    """Replay `trace` once per entry of `runs` (label: (scheduler, planner options)),
+    showing each one's time as it ends; label -> (seconds, result)."""
+    results = {}
+    for label, (name, options) in runs.items():
+        results[label] = timed(
+            lambda name=name, o=options: replay(trace, catalog, truth, name, planner_options=o)
+        )
+        print(f"  {label}: {results[label][0]:.1f} s", flush=True)
+    return results
 
 
 if __name__ == "__main__":
