@@ -84,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_THROUGHPUT}; 1.0 = no interference)",
     )
     plan.add_argument(
+        "--min-throughput",
+        type=number_arg(0.0, 1.0),
+        default=0.0,
+        metavar="T",
+        help="never co-locate a task where it is expected below this share of its full "
+        "speed, whatever it would save (default 0: the cost criterion alone decides)",
+    )
+    plan.add_argument(
         "--planner",
         choices=PLANNER_NAMES,
         default="eva",
@@ -163,20 +171,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
     planner = planner_by_name(
-        args.planner, pop_threshold=args.pop_threshold, pop_parts=args.pop_parts
+        args.planner,
+        pop_threshold=args.pop_threshold,
+        pop_parts=args.pop_parts,
+        min_throughput=args.min_throughput,
     )
     started = time.perf_counter()
     plan = planner.plan(view)
     seconds = time.perf_counter() - started
 
-    document = plan_document(plan, seconds, planner.name)
+    document = plan_document(plan, seconds, planner.name, args.min_throughput)
     print(render_plan(plan, jobs, catalog, seconds, args.limit))
     if args.json is not None:
         write_json(args.json, document)
     return 0
 
 
-def plan_document(plan: Plan, seconds: float, planner_name: str = "eva") -> dict[str, Any]:
+def plan_document(
+    plan: Plan, seconds: float, planner_name: str = "eva", min_throughput: float = 0.0
+) -> dict[str, Any]:
     """The plan as the JSON document `autoscaler plan --json` writes."""
     cost = plan.hourly_cost
     base = plan.no_packing_hourly_cost
@@ -192,6 +205,7 @@ def plan_document(plan: Plan, seconds: float, planner_name: str = "eva") -> dict
         "savings_fraction": (base - cost) / base if base else 0.0,
         "seconds": seconds,
         "planner": planner_name,
+        "min_throughput": min_throughput,
         "partitions": plan.partitions,
         "chosen": plan.chosen,
         "reason": plan.reason,

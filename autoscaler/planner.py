@@ -31,7 +31,7 @@ import random
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,7 +40,14 @@ from autoscaler.criterion import MigrationCost, expected_duration_h, migration_c
 from autoscaler.fluid import fluid_pack
 from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
 from autoscaler.patterns import PatternPricer
-from autoscaler.pricing import JobSlowdown, PriceBook, price_book_for, slowdown_charge, tnrp
+from autoscaler.pricing import (
+    JobSlowdown,
+    PriceBook,
+    price_book_for,
+    refused,
+    slowdown_charge,
+    tnrp,
+)
 from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
 
@@ -106,8 +113,9 @@ class Plan:
 class EvaPlanner:
     """Eva's planner: Full and/or Partial Reconfiguration, chosen by the migration criterion.
 
-    Keeps state between rounds only to make the next round faster (the LP
-    models and the pattern pool); decisions depend on the snapshot alone.
+    Keeps state between rounds only to make the next round faster (the bound's
+    LP and last round's candidates, reused when nothing changed); decisions
+    depend on the snapshot alone.
     """
 
     def __init__(
@@ -123,7 +131,13 @@ class EvaPlanner:
         fluid_min_classes: int = FLUID_MIN_CLASSES,
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "shared",
+        min_throughput: float = 0.0,
     ) -> None:
+        """`min_throughput`: the user's cap on slowdown. No task is co-located
+        where the learned table expects it below this share of its full speed,
+        however much it would save; 0 (default) leaves it to TNRP (Eva)."""
+        if not 0.0 <= min_throughput <= 1.0:
+            raise ValueError(f"min_throughput must be in [0, 1], got {min_throughput!r}")
         self.mode: Mode = mode
         self.packing: Packing = packing
         self.pattern_min_tasks = pattern_min_tasks
@@ -133,6 +147,7 @@ class EvaPlanner:
         self.fluid_min_classes = fluid_min_classes
         self.price_interference = price_interference
         self.job_slowdown: JobSlowdown = job_slowdown
+        self.min_throughput = min_throughput
         self._pricer = PatternPricer() if packing == "priced" else None
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
@@ -174,28 +189,16 @@ class EvaPlanner:
             # primal, which a warm start from an earlier round can move to
             # another optimal vertex — the plan must depend on the snapshot alone.
             # (Full and Partial of one round still share it, in a fixed order.)
-            return _fluid_candidates(view, prices, self.mode, ShadowPricer(), self.job_slowdown)
+            return _fluid_candidates(
+                view, prices, self.mode, ShadowPricer(), self.job_slowdown, self.min_throughput
+            )
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
-            solved = _solve_parts(
-                parts,
-                self.mode,
-                self.packing,
-                self.pattern_min_tasks,
-                self.price_interference,
-                self.job_slowdown,
-            )
+            solved = _solve_parts(parts, self.mode, self.packing, self._packer_options())
             outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
-            packer = Packer(
-                view,
-                prices,
-                self._pricer,
-                self.pattern_min_tasks,
-                self.price_interference,
-                self.job_slowdown,
-            )
+            packer = Packer(view, prices, self._pricer, **self._packer_options())
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]
@@ -203,6 +206,14 @@ class EvaPlanner:
         if self._shadow is not None and n_tasks:
             bound = self._shadow.solve(view.catalog, lp_classes)
         return outcomes, bound, len(parts)
+
+    def _packer_options(self) -> dict[str, Any]:
+        return {
+            "pattern_min_tasks": self.pattern_min_tasks,
+            "price_interference": self.price_interference,
+            "job_slowdown": self.job_slowdown,
+            "min_throughput": self.min_throughput,
+        }
 
 
 def _memo_key(view: ClusterView) -> tuple:
@@ -344,6 +355,7 @@ def _fluid_candidates(
     mode: Mode,
     shadow: ShadowPricer | None,
     job_slowdown: JobSlowdown,
+    min_throughput: float,
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
     """Full and Partial Reconfiguration by the fluid packer.
 
@@ -375,6 +387,8 @@ def _fluid_candidates(
         for i, t in enumerate(task_ids):
             job = job_of[t]
             tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
+            if tput < min_throughput:
+                return refused(rp[t] for t in task_ids)
             total += tnrp(rp[t], tput, slowdown_charge(job, prices.job_rp(job), job_slowdown))
         return total
 
@@ -473,14 +487,14 @@ _PARTS: list[ClusterView] = []  # inherited by forked workers, so views are not 
 
 
 def _solve_part(
-    args: tuple[int, Mode, Packing, int, bool, JobSlowdown],
+    args: tuple[int, Mode, Packing, dict[str, Any]],
 ) -> tuple[list[tuple], list[LPClass]]:
     """Plan one part in a worker; results travel back as plain tuples (cheap to pickle)."""
-    index, mode, packing, pattern_min_tasks, price_interference, job_slowdown = args
+    index, mode, packing, options = args
     view = _PARTS[index]
     prices = PriceBook(view.catalog)
     pricer = PatternPricer() if packing == "priced" else None
-    packer = Packer(view, prices, pricer, pattern_min_tasks, price_interference, job_slowdown)
+    packer = Packer(view, prices, pricer, **options)
     type_index = {t.name: k for k, t in enumerate(view.catalog.types)}
     compact = [
         (
@@ -498,19 +512,15 @@ def _solve_parts(
     parts: list[ClusterView],
     mode: Mode,
     packing: Packing,
-    pattern_min_tasks: int,
-    price_interference: bool,
-    job_slowdown: JobSlowdown,
+    options: dict[str, Any],
 ) -> list[tuple[list[_Outcome], list[LPClass]]]:
+    """Each part planned in its own process; `options` go to its `Packer`."""
     global _PARTS
     _PARTS = parts
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
-            args = [
-                (i, mode, packing, pattern_min_tasks, price_interference, job_slowdown)
-                for i in range(len(parts))
-            ]
+            args = [(i, mode, packing, options) for i in range(len(parts))]
             results = list(pool.map(_solve_part, args))
     finally:
         _PARTS = []

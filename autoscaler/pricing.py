@@ -85,6 +85,14 @@ def tnrp(rp: float, throughput: float, job_rp: float | None = None) -> float:
     return max(0.0, rp - (1.0 - throughput) * job_rp)
 
 
+def refused(rps: Iterable[float]) -> float:
+    """The value of a co-location the user's cap on slowdown (`min_throughput`)
+    refuses, given its tasks' RPs: −Σ RP(τ). Below zero, it is never worth its
+    instance, so no packing keeps it; as a column of the configuration LP it
+    costs more than its tasks alone (their RPs), so no optimum uses it."""
+    return -sum(rps)
+
+
 class PriceBook:
     """Reservation prices against one catalog, memoized by demand vector.
 

@@ -31,7 +31,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.patterns import Pattern, PatternClass, PatternPricer, TypeShape
-from autoscaler.pricing import JobSlowdown, PriceBook, slowdown_charge, tnrp
+from autoscaler.pricing import JobSlowdown, PriceBook, refused, slowdown_charge, tnrp
 from autoscaler.resources import EPSILON
 from autoscaler.view import ClusterView
 
@@ -93,11 +93,14 @@ class Packer:
         pattern_min_tasks: int = 400,
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "shared",
+        min_throughput: float = 0.0,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (without interference, with at least `pattern_min_tasks` tasks to pack);
         None: Algorithm 1 only. `job_slowdown`: how a slowed task of a
-        multi-task job is valued (`pricing.slowdown_charge`).
+        multi-task job is valued (`pricing.slowdown_charge`). `min_throughput`:
+        no task is placed where it is expected below this share of its full
+        speed (`pricing.refused`).
         `price_interference`: also when throughputs below 1 are assumed, from
         `INTERFERENCE_MIN_TASKS` tasks to place. A single plan is rarely better
         for it (pai_200 samples of 50-1,000 tasks at the default 0.95: no better
@@ -115,6 +118,7 @@ class Packer:
         self.pricer = pricer
         self.pattern_min_tasks = pattern_min_tasks
         self.price_interference = price_interference
+        self.min_throughput = min_throughput
 
         keyed: dict[tuple, list[str]] = {}
         sample: dict[tuple, tuple[TaskSpec, JobSpec]] = {}
@@ -204,6 +208,9 @@ class Packer:
                     others = list(together)
                     others.remove(w)
                     tput = tputs[w, together] = self.table.throughput(w, others)
+                if tput < self.min_throughput:
+                    total = refused(self.rp[c] for c in composition)
+                    break
                 previous, previous_value = c, tnrp(self.rp[c], tput, self.jrp[c])
             total += previous_value
         self._value_cache[composition] = total

@@ -90,6 +90,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"unmeasured (default {DEFAULT_THROUGHPUT}, as Eva's simulator)",
     )
     rp.add_argument(
+        "--min-throughput",
+        type=number_arg(0.0, 1.0),
+        default=0.0,
+        metavar="T",
+        help="Eva's planners never co-locate a task where they expect it below this share "
+        "of its full speed (default 0: the cost criterion alone decides)",
+    )
+    rp.add_argument(
         "--json", type=output_path(), default=None, metavar="OUT", help="write results as JSON"
     )
     rp.add_argument(
@@ -181,7 +189,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for name in names:
         bar = _Progress(name, len(jobs))
         started = time.perf_counter()
-        results[name] = replay(jobs, catalog, truth, name, args.interval, on_round=bar.update)
+        results[name] = replay(
+            jobs,
+            catalog,
+            truth,
+            name,
+            args.interval,
+            on_round=bar.update,
+            planner_options={"min_throughput": args.min_throughput},
+        )
         bar.done(results[name], time.perf_counter() - started)
 
     print(
@@ -221,6 +237,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 trace=source,
                 interval_s=args.interval,
                 seed=args.seed,
+                min_throughput=args.min_throughput,
                 clairvoyant_bound=round(limit, 6),
             ),
         )

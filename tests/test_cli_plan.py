@@ -88,6 +88,16 @@ def test_plan_with_contention_matrix_packs_less_than_without(tmp_path):
     assert len(a["instances"]) < len(b["instances"])
 
 
+def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(tmp_path):
+    # At the default 0.95 every co-location is expected below 1.0: nothing shares.
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--min-throughput", "1.0", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["min_throughput"] == 1.0
+    assert doc["instances"] and all(len(i["tasks"]) == 1 for i in doc["instances"])
+    assert doc["hourly_cost"] == pytest.approx(doc["no_packing_hourly_cost"])
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "autoscaler", *args], capture_output=True, text=True, timeout=60
@@ -177,6 +187,12 @@ def test_missing_and_malformed_files_are_one_line_errors(tmp_path):
     )
     line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
     assert "instance type 'x': field 'cost' = -1: must be positive" in line
+
+
+def test_a_minimum_throughput_above_one_is_refused_by_name():
+    result = run_cli("plan", "--min-throughput", "1.2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--min-throughput: must be a number in [0, 1], got '1.2'" in result.stderr
 
 
 def test_bad_flag_value_exits_2_without_traceback():

@@ -195,3 +195,24 @@ def test_every_plan_from_a_running_cluster_is_valid(cluster, events, fulls):
     for inst in plan.configuration:
         if inst.instance_id is not None:
             assert current.by_id()[inst.instance_id].type == inst.type
+
+
+@SETTINGS
+@given(clusters(), st.integers(50, 100), st.booleans())
+def test_no_plan_co_locates_a_task_below_the_users_minimum_throughput(cluster, percent, fluid):
+    # The running cluster was planned with no minimum: it may hold such co-locations,
+    # and every candidate — Full, Partial, Algorithm 1, LP-priced or fluid — must undo them.
+    catalog, jobs, current, table = cluster
+    floor = percent / 100
+    planner = EvaPlanner(
+        min_throughput=floor, pattern_min_tasks=0, fluid_min_classes=0 if fluid else 10**6
+    )
+    plan = planner.plan(ClusterView(catalog, jobs, current, table))
+    workload = {t.task_id: t.workload for j in jobs for t in j.tasks}
+    for candidate in plan.candidates:
+        assert_valid(candidate.configuration, jobs)
+        for inst in candidate.configuration:
+            together = [workload[t] for t in inst.tasks]
+            for i, w in enumerate(together):
+                tput = table.throughput(w, together[:i] + together[i + 1 :])
+                assert tput >= floor, (candidate.name, inst, w, tput)

@@ -63,6 +63,22 @@ def test_severe_interference_keeps_tasks_apart():
     assert plan.hourly_cost == pytest.approx(15.0)
 
 
+def test_a_minimum_throughput_keeps_apart_what_tnrp_would_pack():
+    # $12.3 ≥ $12 packs τ1 (at 0.8) with τ2 (§4.3); a user's floor of 0.85 forbids
+    # it whatever it saves, and the floor itself is allowed (0.8 packs).
+    jobs, table = table3_jobs()[:2], interference(0.8, 0.9)
+    for floor, expected in [(0.85, 15.0), (0.8, 12.0)]:
+        packer = Packer(view(jobs, table=table), min_throughput=floor)
+        assert packer.full().hourly_cost == pytest.approx(expected)
+    # A running instance that breaks the floor is released by Partial too.
+    current = configuration(running("i-1", table3_catalog()["it1"], "t1/0", "t2/0"))
+    plan = EvaPlanner(min_throughput=0.85).plan(view(jobs, current, table))
+    assert placement(plan.configuration) == [("it1", ("t1/0",)), ("it2", ("t2/0",))]
+    assert [placement(c.configuration) for c in plan.candidates] == [
+        placement(plan.configuration)
+    ] * 2
+
+
 def multi_task_next_to_t1():
     """Job m: two tasks of RP $3 (it2), RP(m) = $6; next to τ1 an m task runs at 0.9."""
     multi = job("m", (1, 4, 10), (1, 4, 10), name="m")

@@ -545,7 +545,6 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def cmd_cost_report(args: argparse.Namespace) -> int:
-    from autoscaler.planner import planner_by_name
     from autoscaler.reports import cost_report
     from autoscaler.service.jobfile import load_job_file
     from autoscaler.service.wiring import offline_catalog, open_state
@@ -562,7 +561,7 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
             catalog,
             now,
             since=since,
-            planner=planner_by_name(config.planner.name),
+            planner=config.planner.planner(),
             options=config.control_options(),
             hypothetical=hypothetical,
         )

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -25,6 +25,9 @@ from autoscaler.files import read_config_file
 from autoscaler.validation import Identifier, Positive, Seconds, Strict, parse_model
 from provisioners.config import ProvisionerConfig, parse_config
 from state.config import StateConfig, parse_state_config
+
+if TYPE_CHECKING:
+    from autoscaler.planner import EvaPlanner
 
 #: Where commands look for the configuration when no --config is given.
 CONFIG_ENV = "AUTOSCALER_CONFIG"
@@ -118,6 +121,14 @@ class SecretsTable(Strict):
 class PlannerTable(Strict):
     name: Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"] = "eva"
     default_throughput: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)
+    # No task is co-located where it is expected below this share of its full speed.
+    min_throughput: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+
+    def planner(self) -> EvaPlanner:
+        """The planner this table names, with its options."""
+        from autoscaler.planner import planner_by_name  # numpy and HiGHS: only when planning
+
+        return planner_by_name(self.name, min_throughput=self.min_throughput)
 
 
 class TimeoutsTable(Strict):

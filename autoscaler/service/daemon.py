@@ -32,7 +32,6 @@ from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
 from autoscaler.execution import Executor
-from autoscaler.planner import planner_by_name
 from autoscaler.reports import hourly_cost_now
 from autoscaler.service.api import USER_METHODS, Storage, SubmissionService, add_submission
 from autoscaler.service.config import ClusterConfig
@@ -90,7 +89,7 @@ class Daemon:
         self.stop = threading.Event()
         self.server_credentials = server_credentials
         self.tokens = tokens or {}
-        self._planner = planner_by_name(config.planner.name)
+        self._planner = config.planner.planner()
         self._busy = threading.Lock()
         self._fault = _fault_from_env()
         self.loop = ControlLoop(
@@ -107,7 +106,7 @@ class Daemon:
             bindings.storage,
             bindings.catalog,
             now=self.clock.now,
-            planner=lambda: planner_by_name(config.planner.name),
+            planner=config.planner.planner,
             options=self.options,
             max_context_bytes=int(config.limits.max_context_mb * 2**20),
         )

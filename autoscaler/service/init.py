@@ -130,6 +130,7 @@ dir = "secrets"                    # the CA, certificates and tokens (mode 0600,
 [planner]
 name = "eva"                       # eva, eva-plain, eva-full-only, eva-partial-only
 default_throughput = 0.95          # assumed for a pair of workloads never seen together
+min_throughput = 0.0               # never co-locate a task expected below this share of its speed
 
 [timeouts]
 boot_s = 900                       # launch request -> running, else the instance is given up

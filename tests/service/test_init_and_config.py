@@ -88,6 +88,10 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
             ("default_throughput = 0.95", "default_throughput = 1.5"),
             "[planner]: field 'default_throughput' = 1.5",
         ),
+        (
+            ("min_throughput = 0.0", "min_throughput = -0.1"),
+            "[planner]: field 'min_throughput' = -0.1",
+        ),
         (('name = "c1"', 'name = "bad/name"'), "[cluster]: field 'name' = 'bad/name'"),
     ],
 )
@@ -101,6 +105,19 @@ def test_a_bad_value_is_one_line_naming_the_table_field_and_value(tmp_path, edit
     with pytest.raises(InputError) as bad:
         load_cluster_config(path)
     assert message in str(bad.value) and "\n" not in str(bad.value)
+
+
+def test_the_planner_table_names_the_planner_and_its_minimum_throughput(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    text = path.read_text()
+    edited = text.replace('name = "eva" ', 'name = "eva-plain" ').replace(
+        "min_throughput = 0.0", "min_throughput = 0.8"
+    )
+    assert edited.count("eva-plain") == text.count("eva-plain") + 1
+    path.write_text(edited)
+    planner = load_cluster_config(path).planner.planner()
+    assert (planner.name, planner.min_throughput) == ("eva-plain", 0.8)
 
 
 def test_ec2_may_not_contradict_the_cluster(tmp_path):

@@ -77,6 +77,23 @@ def test_without_interference_a_rebuilt_control_loop_decides_the_same_too(pai):
     assert once.migrations > 0 and once.full_rounds > 0
 
 
+def test_a_minimum_throughput_keeps_jct_where_interference_is_harsh(pai):
+    # Every co-location runs each task at 0.55. Packing still pays by TNRP when an
+    # instance costs less than 0.55 of the tasks' RPs, so Eva slows jobs by a
+    # quarter to save 3%; a user who caps slowdown at 0.7 keeps jobs at full
+    # speed, losing only what the planner pays to learn the pairs.
+    catalog, jobs, _ = pai
+    jobs, truth = jobs[:100], ground_truth(None, 0.55)
+    base = replay(jobs, catalog, truth, "no-packing")
+    eva = replay(jobs, catalog, truth, "eva")
+    capped = replay(jobs, catalog, truth, "eva", planner_options={"min_throughput": 0.7})
+    assert eva.avg_jct_hours > 1.15 * base.avg_jct_hours  # what the cap is for
+    assert eva.total_cost < 0.99 * base.total_cost
+    assert capped.avg_jct_hours < 1.02 * base.avg_jct_hours
+    assert capped.total_cost < 1.01 * base.total_cost
+    assert capped.jobs_completed == len(jobs)
+
+
 def test_rounds_in_which_nothing_changed_reuse_the_last_candidates(pai, monkeypatch):
     # Between arrivals and completions most rounds see the same jobs, instances
     # and estimates: the planner re-scores last round's candidates instead of
