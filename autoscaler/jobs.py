@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError, check_number
 from autoscaler.limits import MAX_DELAY_S
 from autoscaler.resources import Resources
@@ -396,12 +396,29 @@ def validate_against_catalog(
             ):
                 shown = ", ".join(f"{f}: {d}" for f, d in task.demands)
                 raise InputError(
-                    f"fits no instance type in the catalog (demand {shown})",
+                    f"fits no instance type in the catalog (demand {shown}; "
+                    f"closest: {_closest_type(task, catalog)})",
                     source=source,
                     where=where,
                     field="demand",
                 )
             valid.add(task.demands)
+
+
+def _closest_type(task: TaskSpec, catalog: Catalog) -> str:
+    """The usable type `task` misses by the fewest resources, then by the least
+    (relative): what to compare the demand with in an error message."""
+
+    def shortfall(t: InstanceType) -> tuple[int, float]:
+        demand = task.demand_on(t.family)
+        assert demand is not None
+        need, have = demand.as_tuple(), t.capacity.as_tuple()
+        short = [(n - h) / n for n, h in zip(need, have, strict=True) if n > h]
+        return len(short), sum(short)
+
+    usable = [t for t in catalog if task.demand_on(t.family) is not None]
+    best = min(usable, key=lambda t: (*shortfall(t), t.name))
+    return f"{best.name} {best.capacity}"
 
 
 def spec_document(job: JobSpec) -> dict[str, Any]:

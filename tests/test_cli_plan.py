@@ -115,7 +115,11 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize(
     ("demand", "expected"),
     [
-        ({"any": [9, 4, 10]}, r"job '2' task '2': field 'demand': fits no instance type"),
+        (
+            {"any": [9, 4, 10]},
+            r"job '2' task '2': field 'demand': fits no instance type in the catalog "
+            r"\(demand any: \[9, 4, 10\]; closest: it1 \[4, 16, 244\]\)",
+        ),
         ({"any": [1, -4, 10]}, r"job '2' task '2': field 'demand.any\[1\]' = -4: must be at least"),
         (
             {"any": [1, "four", 10]},
