@@ -204,6 +204,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         wrap(
             f"Replay of {len(jobs)} jobs ({source}) over {len(catalog)} instance types, "
             f"rounds every {args.interval:g} s"
+            + (
+                f"; Eva's planners co-locate no task below {args.min_throughput:g} of its speed"
+                if args.min_throughput
+                else ""
+            )
         )
         + "\n"
     )

@@ -209,6 +209,8 @@ def test_replay_command_prints_the_table_and_draws_the_plot(tmp_path):
             "--scheduler",
             "eva",
             "synergy",
+            "--min-throughput",
+            "0.8",
             "--plot",
             str(png),
         ],
@@ -226,6 +228,7 @@ def test_replay_command_prints_the_table_and_draws_the_plot(tmp_path):
     assert all(len(line) <= 100 for line in lines[: lines.index(header) + 10])
     assert any(line.startswith("no-packing") and " 1.000 " in line for line in lines)
     assert "jobs" in result.stderr  # progress, one line per scheduler
+    assert "co-locate no task below 0.8 of its speed" in " ".join(result.stdout.split())
 
 
 def test_replay_rejects_a_trace_without_durations(tmp_path):
