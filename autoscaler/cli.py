@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from autoscaler.catalog import Catalog
 from autoscaler.cli_io import (
+    add_min_throughput,
     load_inputs,
     progress,
     silence_solver_banner,
@@ -83,14 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="throughput assumed for a pair never observed together "
         f"(default {DEFAULT_THROUGHPUT}; 1.0 = no interference)",
     )
-    plan.add_argument(
-        "--min-throughput",
-        type=number_arg(0.0, 1.0),
-        default=0.0,
-        metavar="T",
-        help="never co-locate a task where it is expected below this share of its full "
-        "speed, whatever it would save (default 0: the cost criterion alone decides)",
-    )
+    add_min_throughput(plan)
     plan.add_argument(
         "--planner",
         choices=PLANNER_NAMES,

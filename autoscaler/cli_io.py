@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
 from autoscaler.files import load_catalog, load_jobs
 from autoscaler.jobs import JobSpec
+from autoscaler.validation import number_arg
 
 
 def load_inputs(
@@ -68,3 +70,15 @@ def warn_unmatched(table: Any, jobs: Any, source: str) -> None:
             f"(theirs are like {example!r}): its throughputs will not be used",
             file=sys.stderr,
         )
+
+
+def add_min_throughput(parser: argparse.ArgumentParser) -> None:
+    """`--min-throughput`, the user's cap on co-location slowdown (`EvaPlanner`)."""
+    parser.add_argument(
+        "--min-throughput",
+        type=number_arg(0.0, 1.0),
+        default=0.0,
+        metavar="T",
+        help="Eva's planners co-locate no task where they expect it below this share of "
+        "its full speed, whatever it would save (default 0: the cost criterion decides)",
+    )

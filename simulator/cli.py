@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from autoscaler.bundled import bundled
-from autoscaler.cli_io import load_inputs, warn_unmatched, write_json
+from autoscaler.cli_io import add_min_throughput, load_inputs, warn_unmatched, write_json
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
@@ -89,14 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ground-truth throughput of pairs the contention matrix leaves "
         f"unmeasured (default {DEFAULT_THROUGHPUT}, as Eva's simulator)",
     )
-    rp.add_argument(
-        "--min-throughput",
-        type=number_arg(0.0, 1.0),
-        default=0.0,
-        metavar="T",
-        help="Eva's planners never co-locate a task where they expect it below this share "
-        "of its full speed (default 0: the cost criterion alone decides)",
-    )
+    add_min_throughput(rp)
     rp.add_argument(
         "--json", type=output_path(), default=None, metavar="OUT", help="write results as JSON"
     )
