@@ -88,12 +88,14 @@ def test_plan_with_contention_matrix_packs_less_than_without(tmp_path):
     assert len(a["instances"]) < len(b["instances"])
 
 
-def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(tmp_path):
-    # At the default 0.95 every co-location is expected below 1.0: nothing shares.
+@pytest.mark.parametrize("pop", [[], ["--pop-threshold", "10", "--pop-parts", "2"]])
+def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(tmp_path, pop):
+    # At the default 0.95 every co-location is expected below 1.0: nothing shares,
+    # whether planned whole or in POP parts.
     out = tmp_path / "plan.json"
-    assert main(["plan", "--min-throughput", "1.0", "--json", str(out)]) == 0
+    assert main(["plan", "--min-throughput", "1.0", *pop, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["min_throughput"] == 1.0
+    assert doc["min_throughput"] == 1.0 and doc["partitions"] == (2 if pop else 1)
     assert doc["instances"] and all(len(i["tasks"]) == 1 for i in doc["instances"])
     assert doc["hourly_cost"] == pytest.approx(doc["no_packing_hourly_cost"])
 
