@@ -185,12 +185,8 @@ class EvaPlanner:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
         if _fluid_applies(view, self.fluid_min_classes):
-            # A fresh LP each round: the fluid path deals tasks by the LP's
-            # primal, which a warm start from an earlier round can move to
-            # another optimal vertex — the plan must depend on the snapshot alone.
-            # (Full and Partial of one round still share it, in a fixed order.)
             return _fluid_candidates(
-                view, prices, self.mode, ShadowPricer(), self.job_slowdown, self.min_throughput
+                view, prices, self.mode, self.job_slowdown, self.min_throughput
             )
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
@@ -353,7 +349,6 @@ def _fluid_candidates(
     view: ClusterView,
     prices: PriceBook,
     mode: Mode,
-    shadow: ShadowPricer | None,
     job_slowdown: JobSlowdown,
     min_throughput: float,
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
@@ -377,6 +372,10 @@ def _fluid_candidates(
     cheapest: dict[str, int] = {}
     jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
     cap = None if table.is_neutral else max(1, int(1.0 / (1.0 - table.default + 1e-12)))
+    # A fresh LP each round: tasks are dealt by its primal, which a warm start
+    # from an earlier round can move to another optimal vertex, and the plan must
+    # depend on the snapshot alone. Full and Partial share it, in a fixed order.
+    shadow = ShadowPricer()
 
     def value(task_ids: Sequence[str]) -> float:
         """TNRP of tasks sharing one instance (§4.3–4.4)."""
@@ -388,7 +387,7 @@ def _fluid_candidates(
             job = job_of[t]
             tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
             if tput < min_throughput:
-                return refused(rp[t] for t in task_ids)
+                return refused(rp[other] for other in task_ids)
             total += tnrp(rp[t], tput, slowdown_charge(job, prices.job_rp(job), job_slowdown))
         return total
 
