@@ -403,7 +403,14 @@ def _fluid_candidates(
             dtype=float,
         )
         try:
-            packing = fluid_pack(catalog, demand, family_of_type, pricer=shadow, max_items=cap)
+            packing = fluid_pack(
+                catalog,
+                demand,
+                family_of_type,
+                pricer=shadow,
+                max_items=cap,
+                throughput=1.0 if table.is_neutral else table.default,
+            )
         except ValueError:
             for task in subset:
                 prices.cheapest_type(task)  # raises the InputError naming the task

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.fluid import fluid_pack, grid_up
 from autoscaler.lp import LPClass, solve_lp
@@ -137,3 +141,84 @@ def test_a_fluid_plan_does_not_depend_on_the_rounds_before() -> None:
     seasoned = EvaPlanner(fluid_min_classes=100)
     seasoned.plan(before)
     assert shape(seasoned) == shape(EvaPlanner(fluid_min_classes=100))
+
+
+def _distinct(shape: str, n: int) -> tuple[Catalog, np.ndarray, np.ndarray]:
+    catalog, _ = pai_catalog_and_jobs()
+    families = sorted(catalog.families)
+    rows = [j.tasks[0].demands[0][1].as_tuple() for j in distinct_jobs(n, seed=1, shape=shape)]
+    demand = np.repeat(np.array(rows, dtype=float)[:, None, :], len(families), axis=1)
+    return catalog, demand, np.array([families.index(t.family) for t in catalog.types])
+
+
+def _costs(catalog: Catalog, packing) -> tuple[float, float]:
+    """Hourly cost of a packing, and of every item alone on its cheapest type."""
+    costs = np.array([t.hourly_cost for t in catalog.types])
+    return float(sum(costs[k] for k, _ in packing.instances)), float(costs[packing.cheapest].sum())
+
+
+def test_small_tasks_share_large_bins() -> None:
+    # 3,000 tasks of 0.1–1 CPU and 0.1–4 GB: the LP cannot tell c7i.large from
+    # c7i.48xlarge (same price per unit); packed on the large one they balance
+    # CPU against memory.
+    # Packed per type the LP happened to pick, by shares alone: 1.085x the bound.
+    catalog, demand, family_of_type = _distinct("small", 3000)
+    packing = fluid_pack(catalog, demand, family_of_type)
+    cost, _ = _costs(catalog, packing)
+    assert cost <= 1.015 * packing.lower_bound
+
+
+def test_parts_smaller_than_a_bin_do_not_leave_a_loose_bin_each() -> None:
+    # POP parts of 4 bins: every part's last bin is loose; packed again together
+    catalog, demand, family_of_type = _distinct("small", 3000)
+    packing = fluid_pack(catalog, demand, family_of_type, part_bins=4)
+    cost, _ = _costs(catalog, packing)
+    assert cost <= 1.015 * packing.lower_bound
+
+
+def test_gpu_tasks_go_first_onto_gpu_types_before_cpu_tasks_take_their_cpus() -> None:
+    # Ordered by shares of the capacity alone, 16-CPU tasks come before 1-GPU
+    # ones and fill p3s' CPUs, stranding GPUs: 1.063x the bound.
+    catalog, demand, family_of_type = _distinct("gpu-mix", 3000)
+    packing = fluid_pack(catalog, demand, family_of_type)
+    cost, _ = _costs(catalog, packing)
+    assert cost <= 1.03 * packing.lower_bound
+
+
+def test_under_interference_bins_are_sized_to_what_still_pays() -> None:
+    # At 0.95 per co-located task, 20 small tasks on a c7i.48xlarge are worth far
+    # less than it costs; the bin size that saves most is a small type. Packed
+    # on the LP's large type and dissolved where unworthy: 0.75 of no-packing.
+    catalog, demand, family_of_type = _distinct("small", 2000)
+    packing = fluid_pack(catalog, demand, family_of_type, max_items=20, throughput=0.95)
+    cost, alone = _costs(catalog, packing)
+    assert cost <= 0.6 * alone
+    rp = np.array([t.hourly_cost for t in catalog.types])[packing.cheapest]
+    for k, members in packing.instances:  # every shared bin worth its cost
+        if len(members) > 1:
+            worth = rp[members].sum() * 0.95 ** (len(members) - 1)
+            assert worth >= catalog.types[k].hourly_cost - 1e-9
+
+
+def test_one_type_per_shape_gives_the_lp_over_all_types() -> None:
+    # Integer demands sit on the grid, so the aggregated LP is the exact one; the
+    # LP keeps the largest type of each shape (and larger ones dearer per unit,
+    # for what only they hold) and must reach the optimum over all 21 types.
+    catalog, _ = pai_catalog_and_jobs()
+    families = sorted(catalog.families)
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(300):  # some on c7i.48xlarge alone: 49–90 CPUs
+        gpu = int(rng.integers(0, 3))
+        rows.append((gpu, int(rng.integers(1, 31 if gpu else 91)), int(rng.integers(1, 60))))
+    dearer = [
+        replace(t, hourly_cost=t.hourly_cost * 1.5) if t.name == "c7i.48xlarge" else t
+        for t in catalog.types
+    ]
+    for types in (catalog.types, dearer):
+        cat = Catalog(types)
+        fam = np.array([families.index(t.family) for t in cat.types])
+        demand = np.repeat(np.array(rows, dtype=float)[:, None, :], len(families), axis=1)
+        packing = fluid_pack(cat, demand, fam)
+        exact = solve_lp(cat, [LPClass(tuple(r for _ in cat.types), 1) for r in rows]).lower_bound
+        assert packing.lower_bound == pytest.approx(exact, rel=1e-6)
