@@ -16,7 +16,7 @@ from autoscaler.table import output_width, wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.validation import number_arg, output_path
 from simulator.bound import clairvoyant_bound
-from simulator.replay import DEFAULT_SCHEDULERS, SCHEDULERS, ReplayResult, replay
+from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
@@ -247,9 +247,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 f"cannot write plot: {exc.strerror or exc}", source=str(args.plot)
             ) from None
         print(f"plot written to {args.plot}")  # with its .png, as matplotlib wrote it
-    unfinished = [n for n, r in results.items() if not r.finished]
+    unfinished = [
+        f"{n} ({r.jobs_completed}/{r.jobs_total} jobs)"
+        for n, r in results.items()
+        if not r.finished
+    ]
     if unfinished:
-        print(f"warning: not every job finished under {', '.join(unfinished)}", file=sys.stderr)
+        print(
+            f"warning: not every job finished under {', '.join(unfinished)}: a replay stops "
+            f"once the last job to arrive has had {MAX_SLOWDOWN:.0f} times the longest job's "
+            "duration (cost up to then; JCT over the jobs that finished)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -39,6 +39,11 @@ SCHEDULERS = (*DEFAULT_SCHEDULERS, "eva-plain")
 #: A replay that has not finished after this many simulated days is stuck
 #: (e.g. a task no instance type can take under the budget): it stops and says so.
 MAX_DAYS = 3650.0
+#: ... or once the last job to arrive has had this many times the longest job's
+#: duration (and a day for delays): a job still running then has averaged under
+#: 1/20 of its speed, as when a scheduler blind to interference packs tasks that
+#: crawl next to each other. Without it such a replay runs for simulated years.
+MAX_SLOWDOWN = 20.0
 
 
 def make_planner(name: str, truth: ThroughputTable, **options: Any) -> Planner:
@@ -166,10 +171,16 @@ def replay(
 
         engine.at(job.trace.arrival_time_s, submit, priority=ARRIVAL)
 
+    horizon_s = MAX_DAYS * 86400
+    if jobs:
+        last = max(j.trace.arrival_time_s for j in jobs)
+        longest = max(j.trace.duration_s or 0.0 for j in jobs)
+        horizon_s = min(horizon_s, last + MAX_SLOWDOWN * longest + 86400)
     samples: list[tuple[float, float, int, tuple[float, float, float], int]] = []
     planning: list[float] = []
     rounds = [0]
     stuck = [False]
+    over = [False]
 
     def round_() -> None:
         rounds[0] += 1
@@ -182,13 +193,18 @@ def replay(
             on_round(engine.now(), done, total_jobs)
         live = bool(world.live)
         if done < total_jobs or live or arrived[0] < total_jobs:
-            if engine.now() > MAX_DAYS * 86400:
-                stuck[0] = True
+            if engine.now() > horizon_s:
+                stuck[0] = over[0] = True
                 return
             engine.at(engine.now() + interval_s, round_, priority=ROUND)
+        else:
+            over[0] = True
 
     engine.at(0.0, round_, priority=ROUND)
-    engine.run()
+    # Events the world scheduled on projections since overtaken (a task's end at a
+    # speed it no longer runs at) may lie long after the last round: they change
+    # nothing, and the replay ends with that round.
+    engine.run(until=lambda: over[0])
     return _result(
         scheduler, world, store, samples, planning, rounds[0], engine.now(), not stuck[0]
     )

@@ -12,7 +12,7 @@ import pytest
 from autoscaler.bundled import bundled
 from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
 from autoscaler.jobs import jobs_from_eva
-from simulator.replay import SCHEDULERS, replay
+from simulator.replay import MAX_SLOWDOWN, SCHEDULERS, replay
 from simulator.traces import synthesize
 from simulator.world import ground_truth
 
@@ -242,3 +242,18 @@ def test_replay_rejects_a_trace_without_durations(tmp_path):
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "job '7'" in result.stderr and "duration" in result.stderr
+
+
+def test_a_replay_where_packed_tasks_crawl_stops_and_says_so(pai):
+    # Every pair at 1% of full speed: Stratus, blind to interference, packs tasks
+    # that would take a hundred times their duration or more (without the horizon
+    # it ran for simulated decades); Eva learns the pairs and keeps them apart.
+    catalog, jobs, _ = pai
+    jobs, truth = jobs[:20], ground_truth(None, 0.01)
+    last = max(j.trace.arrival_time_s for j in jobs)
+    horizon = last + MAX_SLOWDOWN * max(j.trace.duration_s for j in jobs) + 86400
+    stratus = replay(jobs, catalog, truth, "stratus")
+    assert not stratus.finished and stratus.jobs_completed < 20
+    assert stratus.end_time_s <= horizon + 300
+    eva = replay(jobs, catalog, truth, "eva")
+    assert eva.finished and eva.jobs_completed == 20
