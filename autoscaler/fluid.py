@@ -31,7 +31,7 @@ CvxCluster's two stages (§3–4) made to scale with what is distinct:
 Measured by `python -m benchmarks scale` on 100k distinct vectors of five
 shapes, without interference: 1.006–1.021× the bound, against 1.013–1.092×
 when each type the LP chose was packed apart, by shares alone (at Eva's
-default 0.95: 1.012–1.039× against 1.032–1.525×).
+default 0.95: 1.016–1.039× against 1.032–1.525×).
 
 **The bound.** Any shadow prices p ≥ 0 with Σ_r p_kr Q_kr ≤ C_k (true of the
 LP's duals for every type) give a lower bound Σ_τ min_k Σ_r p_kr D_τk^r on the
