@@ -157,32 +157,26 @@ def _costs(catalog: Catalog, packing) -> tuple[float, float]:
     return float(sum(costs[k] for k, _ in packing.instances)), float(costs[packing.cheapest].sum())
 
 
-def test_small_tasks_share_large_bins() -> None:
-    # 3,000 tasks of 0.1–1 CPU and 0.1–4 GB: the LP cannot tell c7i.large from
-    # c7i.48xlarge (same price per unit); packed on the large one they balance
-    # CPU against memory.
-    # Packed per type the LP happened to pick, by shares alone: 1.085x the bound.
-    catalog, demand, family_of_type = _distinct("small", 3000)
-    packing = fluid_pack(catalog, demand, family_of_type)
+@pytest.mark.parametrize(
+    ("shape", "options", "limit"),
+    [
+        # 0.1–1 CPU and 0.1–4 GB: the LP cannot tell c7i.large from c7i.48xlarge
+        # (same price per unit); on the large one they balance CPU against memory.
+        # Packed per type the LP happened to pick: 1.085x.
+        ("small", {}, 1.015),
+        # POP parts of 4 bins: every part's last bin is loose; packed again together.
+        ("small", {"part_bins": 4}, 1.015),
+        # Ordered by capacity shares alone, 16-CPU tasks come before 1-GPU ones and
+        # fill p3s' CPUs, stranding GPUs: 1.063x. The LP's prices order GPUs first.
+        ("gpu-mix", {}, 1.03),
+    ],
+    ids=["large-bins", "loose-ends", "dear-resources-first"],
+)
+def test_distinct_tasks_pack_close_to_the_bound(shape: str, options: dict, limit: float) -> None:
+    catalog, demand, family_of_type = _distinct(shape, 3000)
+    packing = fluid_pack(catalog, demand, family_of_type, **options)
     cost, _ = _costs(catalog, packing)
-    assert cost <= 1.015 * packing.lower_bound
-
-
-def test_parts_smaller_than_a_bin_do_not_leave_a_loose_bin_each() -> None:
-    # POP parts of 4 bins: every part's last bin is loose; packed again together
-    catalog, demand, family_of_type = _distinct("small", 3000)
-    packing = fluid_pack(catalog, demand, family_of_type, part_bins=4)
-    cost, _ = _costs(catalog, packing)
-    assert cost <= 1.015 * packing.lower_bound
-
-
-def test_gpu_tasks_go_first_onto_gpu_types_before_cpu_tasks_take_their_cpus() -> None:
-    # Ordered by shares of the capacity alone, 16-CPU tasks come before 1-GPU
-    # ones and fill p3s' CPUs, stranding GPUs: 1.063x the bound.
-    catalog, demand, family_of_type = _distinct("gpu-mix", 3000)
-    packing = fluid_pack(catalog, demand, family_of_type)
-    cost, _ = _costs(catalog, packing)
-    assert cost <= 1.03 * packing.lower_bound
+    assert cost <= limit * packing.lower_bound
 
 
 def test_under_interference_bins_are_sized_to_what_still_pays() -> None:
