@@ -62,6 +62,14 @@ PLANNER_NAMES = ("eva", "eva-plain", "eva-full-only", "eva-partial-only")
 #: 0.2–0.4 s; at 10k they are 1.10× the bound against 1.03×. See also
 #: the distinct-demand rows of `python -m benchmarks scale`.
 FLUID_MIN_CLASSES = 2_000
+#: Distinct demand vectors from which the fluid path also packs the round, beside
+#: Algorithm 1 and the patterns, and the default planner keeps the better of each
+#: candidate. Measured (five shapes of `benchmarks.workloads.SHAPES`, throughput
+#: 1.0 and 0.95): from 250 to 2,000 vectors neither wins throughout — the fluid
+#: path is 0.5–12% cheaper in 13 of 30 cases, up to 3% dearer in the others — at
+#: 1–2 tenths of the time; at 100 it gains at most 1.5% and can lose 78%, and the
+#: bundled traces (36–94 vectors) stay below.
+FLUID_ALSO_MIN_CLASSES = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,7 @@ class EvaPlanner:
         pop_parts: int = 2,
         pop_seed: int = 0,
         fluid_min_classes: int = FLUID_MIN_CLASSES,
+        fluid_also_min_classes: int = FLUID_ALSO_MIN_CLASSES,
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "shared",
         min_throughput: float = 0.0,
@@ -145,6 +154,7 @@ class EvaPlanner:
         self.pop_parts = pop_parts
         self.pop_seed = pop_seed
         self.fluid_min_classes = fluid_min_classes
+        self.fluid_also_min_classes = fluid_also_min_classes
         self.price_interference = price_interference
         self.job_slowdown: JobSlowdown = job_slowdown
         self.min_throughput = min_throughput
@@ -198,6 +208,14 @@ class EvaPlanner:
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]
+            if self.packing == "priced" and _fluid_applies(view, self.fluid_also_min_classes):
+                fluid, _, _ = _fluid_candidates(
+                    view, prices, self.mode, self.job_slowdown, self.min_throughput
+                )
+                outcomes = [
+                    f if f.saving_per_hour > o.saving_per_hour + 1e-9 else o
+                    for o, f in zip(outcomes, fluid, strict=True)
+                ]
         bound = None
         if self._shadow is not None and n_tasks:
             bound = self._shadow.solve(view.catalog, lp_classes)

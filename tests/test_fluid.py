@@ -216,3 +216,19 @@ def test_one_type_per_shape_gives_the_lp_over_all_types() -> None:
         packing = fluid_pack(cat, demand, fam)
         exact = solve_lp(cat, [LPClass(tuple(r for _ in cat.types), 1) for r in rows]).lower_bound
         assert packing.lower_bound == pytest.approx(exact, rel=1e-6)
+
+
+def test_between_the_thresholds_the_planner_keeps_the_better_of_both_paths() -> None:
+    # 250 distinct vectors, no interference: for small tasks the fluid path is
+    # cheaper (Algorithm 1 + patterns: 1.075x the bound), for the GPU mix the
+    # class path is (1.017x against the fluid path's 1.023x); the default
+    # planner takes the cheaper of each pair of candidates.
+    catalog, _ = pai_catalog_and_jobs()
+    for shape in ("small", "gpu-mix"):
+        jobs = distinct_jobs(250, seed=250, shape=shape)
+        view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+        both = EvaPlanner().plan(view).hourly_cost
+        classes = EvaPlanner(fluid_also_min_classes=10**9).plan(view).hourly_cost
+        fluid = EvaPlanner(fluid_min_classes=0).plan(view).hourly_cost
+        assert classes != pytest.approx(fluid), "the two paths differ here"
+        assert both == pytest.approx(min(classes, fluid))
