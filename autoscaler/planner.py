@@ -66,9 +66,9 @@ FLUID_MIN_CLASSES = 2_000
 #: Algorithm 1 and the patterns, and the default planner keeps the better of each
 #: candidate. Measured (five shapes of `benchmarks.workloads.SHAPES`, throughput
 #: 1.0 and 0.95): from 250 to 2,000 vectors neither wins throughout — the fluid
-#: path is 0.5–12% cheaper in 13 of 30 cases, up to 3% dearer in the others — at
-#: 1–2 tenths of the time; at 100 it gains at most 1.5% and can lose 78%, and the
-#: bundled traces (36–94 vectors) stay below.
+#: path is 0.4–14% cheaper in 18 of 32 cases, equal in 2, up to 3% dearer in 12
+#: (mostly GPU mixes) — in 2–27% of the time; at 100 it gains at most 1.5% and can
+#: lose 78%, and the bundled traces (36–94 vectors) stay below.
 FLUID_ALSO_MIN_CLASSES = 200
 
 
