@@ -337,7 +337,7 @@ class _Shapes:
         if not len(items):
             return 0.0
         cap = self.caps[k]
-        inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
+        inv = _per_unit(cap)
         f = self.family_of_type[k]
         bins = [items[b] for b in _best_fit(demand[items, f, :], cap, inv, len(items), max_items)]
         targets = _downsize(demand, bins, self.caps, self.costs, self.family_of_type, k)
@@ -353,11 +353,17 @@ class _Shapes:
 TRIAL_ITEMS = 1000
 
 
+def _per_unit(cap: np.ndarray) -> np.ndarray:
+    """1 / capacity per resource (0 where a type has none): weights that turn a demand
+    into shares of the capacity."""
+    return np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
+
+
 def _sizes(cap: np.ndarray, prices: np.ndarray) -> list[np.ndarray]:
     """Weights per resource to order items by, largest first: shares of the capacity
     (balances resources), and the LP's prices on this type (what is dear first: a
     type's scarce GPUs before the CPUs cheap tasks could take), when it has any."""
-    inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
+    inv = _per_unit(cap)
     total = float(prices @ cap)
     if total <= 0 or np.allclose(prices / total, inv / inv.sum(), rtol=1e-6):
         return [inv]
@@ -382,7 +388,7 @@ def _pack_parts(
     """Bins (arrays of item indices) for `items` on one type: best fit decreasing by
     `size` per POP part of about `part_bins` bins, then the parts' loose ends
     together while that saves bins."""
-    inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
+    inv = _per_unit(cap)
 
     def pack(pool: np.ndarray) -> list[np.ndarray]:
         at_least = float(np.max(demand[pool].sum(axis=0) * inv))  # bins the pool needs
@@ -421,7 +427,7 @@ def _best_fit(
     shares of the capacity (best fit decreasing). A bin that no remaining item can
     enter (its free room below every remaining item's demand in some resource) is
     closed; with `window` open, the fullest is closed to open another."""
-    inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
+    inv = _per_unit(cap)
     order = np.argsort(-(demand @ size), kind="stable")
     # smallest demand per resource among the items from position i on
     least = np.minimum.accumulate(demand[order][::-1], axis=0)[::-1]

@@ -15,7 +15,9 @@ Rounds with many distinct demand vectors (more than `fluid_min_classes`, no
 anti-affinity) are packed by the fluid path
 (`fluid.py`): the LP on grid-aggregated classes picks the type mix and best
 fit packs the tasks, in time linear in the tasks; Full re-packs every task,
-Partial keeps the instances still worth their cost and packs the rest.
+Partial keeps the instances still worth their cost and packs the rest. From
+`fluid_also_min_classes` on, the default planner packs both ways and keeps,
+for Full and for Partial, the candidate that saves more.
 
 Very large rounds can be split POP-style (Narayanan et al., SOSP '21): jobs
 and instances are dealt at random into k sub-problems, planned in parallel
@@ -194,7 +196,8 @@ class EvaPlanner:
     ) -> tuple[list[_Outcome], PriceSolution | None, int]:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
-        if _fluid_applies(view, self.fluid_min_classes):
+        distinct = _distinct_demands(view)
+        if distinct > self.fluid_min_classes:
             return _fluid_candidates(
                 view, prices, self.mode, self.job_slowdown, self.min_throughput
             )
@@ -208,7 +211,7 @@ class EvaPlanner:
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]
-            if self.packing == "priced" and _fluid_applies(view, self.fluid_also_min_classes):
+            if self.packing == "priced" and distinct > self.fluid_also_min_classes:
                 fluid, _, _ = _fluid_candidates(
                     view, prices, self.mode, self.job_slowdown, self.min_throughput
                 )
@@ -352,15 +355,16 @@ def _merge_lp_classes(classes: Iterable[LPClass]) -> list[LPClass]:
 # -- many distinct demands: the fluid path ------------------------------------
 
 
-def _fluid_applies(view: ClusterView, min_classes: int) -> bool:
-    """Many distinct demand vectors and no anti-affinity."""
+def _distinct_demands(view: ClusterView) -> int:
+    """Distinct demand vectors among the view's tasks, which decide whether the fluid
+    path packs; 0 where a job limits its tasks per instance (that path cannot)."""
     distinct: set = set()
     for job in view.jobs:
         if job.anti_affinity is not None:
-            return False
+            return 0
         for task in job.tasks:
             distinct.add(task.demands)
-    return len(distinct) > min_classes
+    return len(distinct)
 
 
 def _fluid_candidates(
