@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from autoscaler.cli_io import silence_solver_banner
-from benchmarks import daemon_scale, lp_scaling, migration, plan_scaling, replay_speed
+from benchmarks import daemon_scale, limits, lp_scaling, migration, plan_scaling, replay_speed
 
 BENCHMARKS = {
     "plan": plan_scaling.main,
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "replay": replay_speed.main,
     "daemon": daemon_scale.main,
     "migration": migration.main,
+    "limits": limits.main,
 }
 
 

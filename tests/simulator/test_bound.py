@@ -1,10 +1,12 @@
-"""The clairvoyant fluid bound of a trace (the yardstick printed beside replays)."""
+"""The clairvoyant limits of a trace (the fluid bound is printed beside replays)."""
 
 import pytest
 
+from autoscaler.catalog import Catalog
 from autoscaler.jobs import TraceFacts
-from simulator.bound import clairvoyant_bound
-from tests.builders import job, table3_catalog
+from autoscaler.throughput import ThroughputEntry, ThroughputTable
+from simulator.bound import clairvoyant_bound, per_interval_limits
+from tests.builders import itype, job, table3_catalog
 
 
 def test_bound_integrates_the_lp_bound_of_the_tasks_present():
@@ -24,3 +26,68 @@ def test_a_gap_without_jobs_costs_nothing():
         job("b", (0, 4, 12), trace=TraceFacts(arrival_time_s=7200.0, duration_s=3600.0)),
     )
     assert clairvoyant_bound(jobs, table3_catalog()) == pytest.approx(0.8)
+
+
+def _hour(job_id: str, demand: tuple[float, float, float]):
+    return job(job_id, demand, trace=TraceFacts(arrival_time_s=0.0, duration_s=3600.0))
+
+
+def test_whole_tasks_cost_more_than_the_fluid_bound_where_they_do_not_divide():
+    # Two tasks of 5 CPUs for 1 h. Fluid: 10 CPUs at $0.1 per CPU-hour = $1.0.
+    # Whole: only it3 (8 CPUs, $0.8) or it1 ($12) holds one; two need 10 CPUs, so two it3s.
+    jobs = (_hour("a", (0, 5, 12)), _hour("b", (0, 5, 12)))
+    limits = per_interval_limits(jobs, table3_catalog(), ThroughputTable(default=1.0))
+    assert limits.fluid == pytest.approx(1.0)
+    assert limits.whole_tasks == pytest.approx(1.6)
+    assert limits.with_interference == pytest.approx(1.6)  # no interference
+    assert (limits.intervals, limits.at_fluid) == (1, 0)
+
+
+def _pair_table(theta: float) -> ThroughputTable:
+    return ThroughputTable(
+        {
+            ("wa_node0", ("wb_node0",)): ThroughputEntry(theta),
+            ("wb_node0", ("wa_node0",)): ThroughputEntry(theta),
+        },
+        default=1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("theta", "expected"),
+    [
+        # Together on big ($0.6/h) they deliver 2θ of work: 1/θ bigs cover both,
+        # $0.6/0.8 = $0.75 < $0.8 for two smalls.
+        (0.8, 0.75),
+        # At 0.7 that would be $0.857: two smalls ($0.4 each) are cheaper.
+        (0.7, 0.8),
+    ],
+)
+def test_interference_makes_a_pair_pay_for_the_work_it_loses(theta, expected):
+    catalog = Catalog([itype("small", 0, 4, 16, 0.4), itype("big", 0, 8, 32, 0.6)])
+    jobs = (_hour("a", (0, 4, 8)), _hour("b", (0, 4, 8)))
+    limits = per_interval_limits(jobs, catalog, _pair_table(theta))
+    assert limits.fluid == pytest.approx(0.6)
+    assert limits.whole_tasks == pytest.approx(0.6)
+    assert limits.with_interference == pytest.approx(expected)
+
+
+def test_too_many_compositions_count_at_the_fluid_bound():
+    jobs = (_hour("a", (0, 5, 12)), _hour("b", (0, 5, 12)))
+    limits = per_interval_limits(
+        jobs, table3_catalog(), ThroughputTable(default=1.0), max_compositions=1
+    )
+    assert limits.whole_tasks == limits.with_interference == pytest.approx(limits.fluid)
+    assert limits.at_fluid == limits.intervals == 1
+
+
+def test_the_limits_fluid_bound_is_the_replays_whatever_the_workloads():
+    # Classes split by workload for the interference step must not move the fluid bound.
+    jobs = (
+        job("a", (0, 4, 12), trace=TraceFacts(arrival_time_s=0.0, duration_s=7200.0)),
+        job("b", (0, 4, 12), trace=TraceFacts(arrival_time_s=3600.0, duration_s=7200.0)),
+        job("c", (0, 6, 20), trace=TraceFacts(arrival_time_s=1800.0, duration_s=3600.0)),
+    )
+    limits = per_interval_limits(jobs, table3_catalog(), _pair_table(0.9))
+    assert limits.fluid == pytest.approx(clairvoyant_bound(jobs, table3_catalog()))
+    assert limits.intervals == 5  # events at 0, 0.5, 1, 1.5, 2 and 3 h

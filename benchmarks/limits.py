@@ -1,0 +1,104 @@
+"""How much is left to win: a trace's clairvoyant limits beside what eva pays.
+
+Three limits per interval between arrivals and departures, integrated over
+the trace (`simulator.bound.per_interval_limits`), each at least the one
+before:
+
+1. the fluid bound `autoscaler replay` prints (resources pooled across the
+   instances of a type, as if tasks could be split);
+2. whole tasks: every composition of the tasks present on every type
+   (fractionally many instances);
+3. whole tasks at the throughputs the ground-truth interference table gives
+   them: a composition delivers Σ θ_i of work, and every task present must
+   progress at full speed.
+
+None counts start-up delays, migrations or the scheduling period; the third
+is what a clairvoyant scheduler pays that packs the tasks present optimally
+at every moment and knows the interference exactly. Beside them, `eva` and
+`no-packing` replayed on the same trace. On pai_200 it takes about half a
+minute; on the vCPU catalog compositions multiply (100 jobs of the full trace:
+about 3 minutes), so `--jobs` takes the first N jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from autoscaler.bundled import bundled
+from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+from autoscaler.table import format_table
+from benchmarks.timing import timed
+from simulator.bound import per_interval_limits
+from simulator.replay import replay
+from simulator.traces import start_at_first_arrival
+from simulator.world import ground_truth
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks limits", description=__doc__)
+    parser.add_argument("--trace", type=Path, default=bundled("pai_200.json"))
+    parser.add_argument("--catalog", type=Path, default=bundled("ec2_config.json"))
+    parser.add_argument("--jobs", type=int, help="only the first N jobs to arrive")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    catalog = load_catalog(args.catalog)
+    jobs, _ = start_at_first_arrival(load_jobs(args.trace, catalog))
+    if args.jobs:
+        jobs = sorted(jobs, key=lambda j: j.trace.arrival_time_s)[: args.jobs]
+    truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
+
+    replayed = {}
+    for name in ("no-packing", "eva"):
+        seconds, replayed[name] = timed(lambda name=name: replay(jobs, catalog, truth, name))
+        print(f"  {name} replayed: ${replayed[name].total_cost:,.0f}, {seconds:.1f} s", flush=True)
+    seconds, limits = timed(
+        lambda: per_interval_limits(jobs, catalog, truth, on_interval=_progress)
+    )
+    sys.stderr.write("\n")
+
+    base = replayed["no-packing"].total_cost
+    eva = replayed["eva"].total_cost
+    figures = {
+        "fluid bound (tasks split)": limits.fluid,
+        "whole tasks": limits.whole_tasks,
+        "whole tasks, measured interference": limits.with_interference,
+        "eva (replayed)": eva,
+        "no-packing (replayed)": base,
+    }
+    rows = [
+        [name, f"{dollars:,.0f}", f"{dollars / base:.3f}", f"{eva / dollars:.3f}x"]
+        for name, dollars in figures.items()
+    ]
+    print(
+        f"\n{args.trace.name}: {len(jobs)} jobs, {limits.intervals} intervals, "
+        f"limits computed in {seconds:.1f} s\n"
+    )
+    print(format_table(["", "$", "÷ no-packing", "eva ÷ it"], rows, [False, True, True, True]))
+    if limits.at_fluid:
+        print(
+            f"\n{limits.at_fluid} of {limits.intervals} intervals had too many compositions "
+            "and count at their fluid bound in every limit"
+        )
+    if args.json:
+        document = {
+            "trace": str(args.trace),
+            "jobs": len(jobs),
+            "intervals": limits.intervals,
+            "intervals_at_fluid_bound": limits.at_fluid,
+            "no_packing": round(base, 6),
+            "eva": round(eva, 6),
+            "fluid": round(limits.fluid, 6),
+            "whole_tasks": round(limits.whole_tasks, 6),
+            "with_interference": round(limits.with_interference, 6),
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty() and (done == total or done % 20 == 0):
+        sys.stderr.write(f"\r  limits: {done}/{total} intervals")
+        sys.stderr.flush()
