@@ -117,7 +117,7 @@ def per_interval_limits(
 
 
 class _TooMany(Exception):
-    pass
+    """An interval past the composition limit (or whose LP has no optimum)."""
 
 
 def _classes(
