@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from autoscaler.cli_io import silence_solver_banner
+from autoscaler.errors import InputError
 from benchmarks import daemon_scale, limits, lp_scaling, migration, plan_scaling, replay_speed
 
 BENCHMARKS = {
@@ -24,12 +25,16 @@ def main() -> None:
         print(__doc__)
         print("available:", ", ".join(BENCHMARKS))
         return
-    if args and args[0] in BENCHMARKS:
-        BENCHMARKS[args[0]](args[1:])
-        return
-    for name, run in BENCHMARKS.items():
-        print(f"== {name} ==")
-        run(args)
+    try:
+        if args and args[0] in BENCHMARKS:
+            BENCHMARKS[args[0]](args[1:])
+            return
+        for name, run in BENCHMARKS.items():
+            print(f"== {name} ==")
+            run(args)
+    except InputError as exc:  # a file named on the command line
+        print(f"benchmarks: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ about 3 minutes), so `--jobs` takes the first N jobs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from autoscaler.bundled import bundled
-from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+from autoscaler.cli_io import load_inputs, write_json
+from autoscaler.files import load_contention_matrix
 from autoscaler.table import format_table
 from benchmarks.timing import timed
 from simulator.bound import per_interval_limits
@@ -38,15 +38,22 @@ from simulator.world import ground_truth
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks limits", description=__doc__)
-    parser.add_argument("--trace", type=Path, default=bundled("pai_200.json"))
-    parser.add_argument("--catalog", type=Path, default=bundled("ec2_config.json"))
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks limits",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--trace", type=Path, help="Eva-format trace (default: pai_200)")
+    parser.add_argument("--catalog", type=Path, help="instance types (default: physical cores)")
     parser.add_argument("--jobs", type=int, help="only the first N jobs to arrive")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
-    catalog = load_catalog(args.catalog)
-    jobs, _ = start_at_first_arrival(load_jobs(args.trace, catalog))
+    catalog, jobs = load_inputs(args.catalog, args.trace)
+    jobs, _ = start_at_first_arrival(jobs)
+    trace_name = (args.trace or bundled("pai_200.json")).name
     if args.jobs:
         jobs = sorted(jobs, key=lambda j: j.trace.arrival_time_s)[: args.jobs]
     truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, dollars in figures.items()
     ]
     print(
-        f"\n{args.trace.name}: {len(jobs)} jobs, {limits.intervals} intervals, "
+        f"\n{trace_name}: {len(jobs)} jobs, {limits.intervals} intervals, "
         f"limits computed in {seconds:.1f} s\n"
     )
     print(format_table(["", "$", "÷ no-packing", "eva ÷ it"], rows, [False, True, True, True]))
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.json:
         document = {
-            "trace": str(args.trace),
+            "trace": trace_name,
             "jobs": len(jobs),
             "intervals": limits.intervals,
             "intervals_at_fluid_bound": limits.at_fluid,
@@ -95,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             "whole_tasks": round(limits.whole_tasks, 6),
             "with_interference": round(limits.with_interference, 6),
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(args.json, document)
 
 
 def _progress(done: int, total: int) -> None:
