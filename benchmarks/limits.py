@@ -8,7 +8,7 @@ before:
    instances of a type, as if tasks could be split);
 2. whole tasks: every composition of the tasks present on every type
    (fractionally many instances);
-3. whole tasks at the throughputs the ground-truth interference table gives
+3. whole tasks at the throughputs the interference matrix (`--contention`) gives
    them: a composition delivers Σ θ_i of work, and every task present must
    progress at full speed.
 
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--trace", type=Path, help="Eva-format trace (default: pai_200)")
     parser.add_argument("--catalog", type=Path, help="instance types (default: physical cores)")
+    parser.add_argument(
+        "--contention", type=Path, help="co-location throughput matrix (default: the measured one)"
+    )
     parser.add_argument("--jobs", type=int, help="only the first N jobs to arrive")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -56,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     trace_name = (args.trace or bundled("pai_200.json")).name
     if args.jobs:
         jobs = sorted(jobs, key=lambda j: j.trace.arrival_time_s)[: args.jobs]
-    truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
+    truth = ground_truth(
+        load_contention_matrix(args.contention or bundled("contention_matrix.csv"))
+    )
 
     replayed = {}
     for name in ("no-packing", "eva"):
@@ -65,14 +70,15 @@ def main(argv: list[str] | None = None) -> None:
     seconds, limits = timed(
         lambda: per_interval_limits(jobs, catalog, truth, on_interval=_progress)
     )
-    sys.stderr.write("\n")
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
 
     base = replayed["no-packing"].total_cost
     eva = replayed["eva"].total_cost
     figures = {
         "fluid bound (tasks split)": limits.fluid,
         "whole tasks": limits.whole_tasks,
-        "whole tasks, measured interference": limits.with_interference,
+        "whole tasks, with interference": limits.with_interference,
         "eva (replayed)": eva,
         "no-packing (replayed)": base,
     }
