@@ -139,19 +139,7 @@ class PatternPricer:
         caller already knows good, such as the instances running now).
         """
         elapsed = stopwatch()
-        n_cls = len(classes)
-        highs = highspy.Highs()
-        highs.setOptionValue("output_flag", False)
-        counts = np.array([float(c.count) for c in classes])
-        highs.addRows(
-            n_cls,
-            counts,
-            np.full(n_cls, highspy.kHighsInf),
-            0,
-            np.array([], np.int32),
-            np.array([], np.int32),
-            np.array([], float),
-        )
+        highs = covering_model([c.count for c in classes])
         columns: list[Pattern] = []
         seen: set[Pattern] = set()
 
@@ -233,6 +221,23 @@ class PatternPricer:
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
         return PatternSolution(highs.getObjectiveValue(), used, iterations, exact, elapsed())
+
+
+def covering_model(counts: Sequence[float]) -> highspy.Highs:
+    """A silent HiGHS model with one row per class, Σ columns ≥ its count, and no
+    columns yet: the master of a configuration LP."""
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.addRows(
+        len(counts),
+        np.array([float(n) for n in counts]),
+        np.full(len(counts), highspy.kHighsInf),
+        0,
+        np.array([], np.int32),
+        np.array([], np.int32),
+        np.array([], float),
+    )
+    return highs
 
 
 def _fits(demand: Demand, capacity: Demand) -> bool:

@@ -34,6 +34,7 @@ import numpy as np
 from autoscaler.catalog import Catalog
 from autoscaler.jobs import JobSpec
 from autoscaler.lp import LPClass, ShadowPricer
+from autoscaler.patterns import covering_model
 from autoscaler.throughput import ThroughputTable
 
 #: Past this many compositions of one interval's tasks on one type, the
@@ -211,7 +212,7 @@ def _composition_lps(
     """$/h: the configuration LP of the tasks present, without and with interference."""
     index = [c for c, n in enumerate(present) if n]
     row_of = {c: i for i, c in enumerate(index)}
-    models = [_covering_model([present[c] for c in index]) for _ in range(2)]
+    models = [covering_model([present[c] for c in index]) for _ in range(2)]
     for k, itype in enumerate(catalog.types):
         on_k = [None if r is None else r[k] for r in rows]
         for members in _compositions(itype.capacity.as_tuple(), on_k, present, limit):
@@ -240,18 +241,3 @@ def _composition_lps(
             raise _TooMany  # cannot happen for tasks that fit some type; stay valid anyway
         values.append(model.getObjectiveValue())
     return values[0], values[1]
-
-
-def _covering_model(counts: Sequence[int]) -> highspy.Highs:
-    model = highspy.Highs()
-    model.setOptionValue("output_flag", False)
-    model.addRows(
-        len(counts),
-        np.array([float(n) for n in counts]),
-        np.full(len(counts), highspy.kHighsInf),
-        0,
-        np.array([], np.int32),
-        np.array([], np.int32),
-        np.array([], float),
-    )
-    return model
