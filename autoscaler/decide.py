@@ -38,9 +38,11 @@ from autoscaler.cloud import (
     unavailable_types,
 )
 from autoscaler.configuration import Configuration, Instance
+from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.planner import Plan
+from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources
 from autoscaler.store import (
     ActionRecord,
@@ -58,6 +60,13 @@ from autoscaler.view import ClusterView
 ON_INSTANCE: frozenset[str] = frozenset({"starting", "running", "checkpointing"})
 #: Instance statuses a plan may keep or place tasks on.
 PLANNABLE: frozenset[str] = frozenset({"requested", "pending", "running"})
+#: A job whose solo speed is unknown (no `full_throughput` in its spec, none learned
+#: yet) runs each task alone until it is measured: its throughput beside others can
+#: only be normalized by it (§4.3), so until then no interference it suffers is
+#: learned, and a job that is never alone would stay packed however slow it runs. One
+#: that has run alone this long and still reported no throughput cannot be measured: it
+#: is packed on the default throughput from then on.
+SOLO_PROBE_S = 1800.0
 
 
 class Planner(Protocol):
@@ -303,8 +312,10 @@ def decide(
         snapshot.history(now),
         now,
         progress,
+        _probed(snapshot, jobs, current),
     )
-    plan = planner.plan(view)
+    alone = _unmeasured(snapshot, jobs, now) if options.learn else set()
+    plan = _plan(planner, view, alone)
     launches, refused, targets, moves = _diff(
         snapshot, plan.configuration, current, catalog, options
     )
@@ -329,6 +340,109 @@ def decide(
         moves=moves,
         numbers=plan_numbers(plan, len(usable)),
         **common,
+    )
+
+
+def _unmeasured(snapshot: StateSnapshot, jobs: Sequence[JobSpec], now: float) -> set[str]:
+    """Jobs to run alone this round, so that their solo speed is measured (`SOLO_PROBE_S`)."""
+    records = {j.job_id: j for j in snapshot.jobs}
+    unknown = [
+        j for j in jobs if j.full_throughput is None and records[j.job_id].solo_throughput is None
+    ]
+    if not unknown:
+        return set()
+    sharing: dict[str, int] = {}
+    for task in snapshot.tasks.values():
+        if task.status in ON_INSTANCE and task.instance_id is not None:
+            sharing[task.instance_id] = sharing.get(task.instance_id, 0) + 1
+
+    def gave_up(job: JobSpec) -> bool:
+        """Every task has run alone for `SOLO_PROBE_S` with no throughput to show."""
+        for t in job.tasks:
+            task = snapshot.tasks[t.task_id]
+            if (
+                task.status != "running"
+                or task.status_since is None
+                or now - task.status_since < SOLO_PROBE_S
+                or sharing.get(task.instance_id or "", 0) != 1
+            ):
+                return False
+        return True
+
+    return {j.job_id for j in unknown if not gave_up(j)}
+
+
+def _probed(
+    snapshot: StateSnapshot, jobs: Sequence[JobSpec], current: Configuration
+) -> frozenset[str]:
+    """Instances that host a task only because its job ran alone to be measured.
+
+    Its job's solo speed has been learned and the task has not moved since it
+    started there; Partial Reconfiguration re-places such tasks as it does a new
+    job's, rather than keeping the instance because one task pays for it.
+    """
+    records = {j.job_id: j for j in snapshot.jobs}
+    measured = {
+        t.task_id
+        for j in jobs
+        if j.full_throughput is None and records[j.job_id].solo_throughput is not None
+        for t in j.tasks
+    }
+    if not measured:
+        return frozenset()
+    return frozenset(
+        inst.instance_id
+        for inst in current
+        if inst.instance_id is not None
+        and len(inst.tasks) == 1
+        and inst.tasks[0] in measured
+        and snapshot.tasks[inst.tasks[0]].attempt <= 1
+    )
+
+
+def _plan(planner: Planner, view: ClusterView, alone: set[str]) -> Plan:
+    """The planner's plan, with the tasks of the jobs in `alone` each on an instance of its own.
+
+    Those stay where they are if they are alone there already, else each gets its
+    cheapest type (its reservation price, what no packing would pay); the planner
+    places every other job, on the instances that are left.
+    """
+    if not alone:
+        return planner.plan(view)
+    solo_tasks = {t.task_id: t for j in view.jobs if j.job_id in alone for t in j.tasks}
+    kept: list[Instance] = []
+    rest: list[Instance] = []
+    for inst in view.current:
+        if len(inst.tasks) == 1 and inst.tasks[0] in solo_tasks:
+            kept.append(inst)
+        else:
+            rest.append(
+                dataclasses.replace(inst, tasks=tuple(t for t in inst.tasks if t not in solo_tasks))
+            )
+    placed = {inst.tasks[0] for inst in kept}
+    launched = [
+        Instance(None, cheapest_type(task, view.catalog), (task.task_id,))
+        for task_id, task in solo_tasks.items()
+        if task_id not in placed
+    ]
+    solo = kept + launched
+    at_rp = sum(reservation_price(task, view.catalog) for task in solo_tasks.values())
+    others = tuple(j for j in view.jobs if j.job_id not in alone)
+    names = ", ".join(sorted(alone)[:5]) + (", …" if len(alone) > 5 else "")
+    note = f"{len(alone)} job(s) alone until their solo speed is measured: {names}"
+    if not others:  # nothing else to plan: the instances left are drained
+        d_hat = expected_duration_h(view.history)
+        return Plan(Configuration(tuple(solo)), "partial", (), d_hat, at_rp, note)
+    plan = planner.plan(dataclasses.replace(view, jobs=others, current=Configuration(tuple(rest))))
+    bound = plan.lower_bound
+    return dataclasses.replace(
+        plan,
+        configuration=Configuration(plan.configuration.instances + tuple(solo)),
+        no_packing_hourly_cost=plan.no_packing_hourly_cost + at_rp,
+        reason=f"{plan.reason}; {note}",
+        lower_bound=None
+        if bound is None
+        else dataclasses.replace(bound, lower_bound=bound.lower_bound + at_rp),
     )
 
 

@@ -243,6 +243,7 @@ def _memo_key(view: ClusterView) -> tuple:
         view.catalog,  # the object itself: an id could be reused once it is freed
         view.jobs,  # the specs, not just ids: a job's finished tasks leave its spec
         view.current,
+        view.provisional,
         view.throughput.default,
         view.throughput.estimates(),
     )
@@ -468,6 +469,8 @@ def _fluid_candidates(
         for inst in view.current:
             mine = [t for t in inst.tasks if t in rp]
             worth = value(mine) if mine else 0.0
+            # Provisional instances (`ClusterView`) are kept too: this path would
+            # move their tasks to new instances, never beside the kept ones.
             if mine and inst.type.name in catalog and worth >= inst.type.hourly_cost - 1e-6:
                 kept.append(Instance(inst.instance_id, inst.type, tuple(mine)))
                 placed.update(mine)
@@ -506,6 +509,7 @@ def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
             throughput=view.throughput,
             history=view.history,
             now_s=view.now_s,
+            provisional=view.provisional,
         )
         for p in range(parts)
     ]

@@ -550,10 +550,11 @@ class Packer:
     def partial_placement(self) -> Placement:
         """Partial Reconfiguration: keep every instance that is still cost-efficient (§4.5).
 
-        Re-placed are only tasks not on any instance and tasks on instances whose
-        TNRP fell below their cost. They first go onto kept instances where
-        they add the most TNRP, then Algorithm 1 places the rest, reusing the
-        released instances where that pays.
+        Re-placed are only tasks not on any instance, tasks on instances whose
+        TNRP fell below their cost, and tasks on provisional instances (see
+        `ClusterView`). They first go onto kept instances where they add the
+        most TNRP, then Algorithm 1 places the rest, reusing the released
+        instances where that pays.
         """
         pools = TaskPools(self)
         kept: list[_KeptInstance] = []
@@ -562,7 +563,8 @@ class Packer:
         for inst in self.view.current:
             active = [t for t in inst.tasks if t in self.task_class]
             on_instance.update(active)
-            entry = self._keep(inst, active) if active else None
+            provisional = inst.instance_id in self.view.provisional
+            entry = self._keep(inst, active) if active and not provisional else None
             if entry is not None:
                 kept.append(entry)
             else:

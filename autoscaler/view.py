@@ -41,6 +41,8 @@ class ClusterView:
     `jobs` are the jobs whose tasks must be placed; `current` the instances
     that exist now (running or launching) with the tasks assigned to them.
     Tasks on `current` instances that belong to no job in `jobs` are ignored.
+    `provisional` instances host a task only until its job is measured: Partial
+    Reconfiguration re-places their tasks rather than keeping them there.
     """
 
     catalog: Catalog
@@ -51,3 +53,4 @@ class ClusterView:
     now_s: float = 0.0
     # Completed iterations of each job as last observed (runtime-aware baselines use it).
     progress: Mapping[str, float] = field(default_factory=dict)
+    provisional: frozenset[str] = frozenset()

@@ -1,10 +1,12 @@
 """Full and Partial Reconfiguration on hand-checkable examples (Eva §4.2–4.5)."""
 
+from dataclasses import replace
+
 import pytest
 
 from autoscaler.bundled import bundled
 from autoscaler.catalog import Catalog
-from autoscaler.configuration import Configuration
+from autoscaler.configuration import Configuration, Instance
 from autoscaler.files import load_catalog
 from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
@@ -212,6 +214,17 @@ def test_partial_does_not_move_tasks_full_would_move():
     assert sorted(partial.by_id()) == ["i-1", "i-2"]
     assert partial.hourly_cost == pytest.approx(24.0)
     assert full.hourly_cost == pytest.approx(12.0)
+
+
+def test_partial_re_places_the_task_of_a_provisional_instance():
+    # As above, but i-2 hosts b only until b's solo speed was measured: Partial
+    # re-places b as it would a new job, beside a on i-1 where it adds $12 of TNRP.
+    it1 = table3_catalog()["it1"]
+    jobs = [job("a", (2, 8, 24)), job("b", (2, 8, 24))]
+    current = configuration(running("i-1", it1, "a/0"), running("i-2", it1, "b/0"))
+    provisional = replace(view(jobs, current), provisional=frozenset({"i-2"}))
+    plan = partial_reconfiguration(provisional)
+    assert plan.by_id() == {"i-1": Instance("i-1", it1, ("a/0", "b/0"))}
 
 
 def test_equal_alignment_is_a_tie_broken_by_class_order_in_both_transcriptions():

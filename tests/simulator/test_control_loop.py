@@ -447,3 +447,73 @@ def test_a_task_done_before_its_sibling_is_not_started_again_nor_planned():
     assert done.target_instance_id is None
     assert running.status == "running" and c.store.job("a").status == "running"
     assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
+
+
+# -- a job with no solo speed is measured alone before it is packed -------------------------------
+
+
+def unmeasured(job_id: str, seconds: float):
+    """A job whose spec gives no solo speed (`full_throughput`): it must be learned."""
+    return dataclasses.replace(job(job_id, 0.0, seconds), full_throughput=None)
+
+
+def same_instance(c: Cluster, *job_ids: str) -> bool:
+    targets = {c.store.tasks_of(j)[0].target_instance_id for j in job_ids}
+    return len(targets) == 1 and None not in targets
+
+
+def test_a_job_with_no_solo_speed_runs_alone_until_measured_then_is_packed():
+    # Packed together on "big" ($5) the two are worth 2 x 3 x 0.95 = $5.70: a job
+    # whose solo speed is given is packed at once (test_hand_computed). Here neither
+    # has one, and a throughput observed beside another job could not be normalized.
+    c = Cluster([unmeasured("a", 50_000), unmeasured("b", 50_000)])
+    c.drive()
+    first = c.loop().schedule().record
+    assert "2 job(s) alone until their solo speed is measured: a, b" in first.reason
+    launched = [a.detail["type"] for a in first.actions if a.kind == "launch"]
+    assert launched == ["small", "small"] and not same_instance(c, "a", "b")
+    c.until(300.0)  # both ran alone from 120 s, at one iteration per second
+    second = c.loop().schedule().record
+    assert (c.store.job("a").solo_throughput, c.store.job("b").solo_throughput) == (1.0, 1.0)
+    assert "alone until" not in second.reason
+    assert same_instance(c, "a", "b")  # re-placed like new jobs: together on a "big"
+
+
+class Silent(Recording):
+    """Reports no throughput for the tasks in `silent`, as a job without a reporter."""
+
+    silent: frozenset[str] = frozenset()
+
+    def report(self):
+        report = super().report()
+        for task_id in self.silent & report.tasks.keys():
+            report.tasks[task_id] = dataclasses.replace(report.tasks[task_id], throughput=None)
+        return report
+
+
+def test_a_job_that_never_reports_throughput_is_packed_after_the_probe_window():
+    from autoscaler.decide import SOLO_PROBE_S
+
+    c = Cluster([unmeasured("a", 50_000), job("b", 0.0, 50_000)])
+    c.executor = Silent(c.world)
+    c.executor.silent = frozenset({"a/0"})
+    c.drive()
+    c.loop().schedule()
+    assert not same_instance(c, "a", "b")
+    c.until(299.0)
+    probe = c.store.tasks_of("a")[0]
+    assert probe.status == "running" and probe.status_since is not None
+    running_since = probe.status_since
+    t = 300.0
+    while t < running_since + SOLO_PROBE_S:  # not measured yet: still alone
+        c.until(t)
+        assert "alone until their solo speed is measured: a" in c.loop().schedule().record.reason
+        assert not same_instance(c, "a", "b")
+        t += 300.0
+    c.until(t)
+    given_up = c.loop().schedule().record
+    assert "alone until" not in given_up.reason and c.store.job("a").solo_throughput is None
+    # Packed on the default throughput from now on: over the D̂ of 2,100 s (no Full
+    # yet: the time elapsed), "big" saves $0.70/h x 0.583 h = $0.41, more than its
+    # start-up (100 s at $5/h: $0.14) and the two moves (26 s each at $3/h: $0.04).
+    assert given_up.chosen == "full" and same_instance(c, "a", "b")

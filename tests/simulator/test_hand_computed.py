@@ -6,6 +6,8 @@ terminate; a task fetches for 2 s and builds its image for 10 s, its job then
 initializes for 8 s; one iteration per second.
 """
 
+import dataclasses
+
 import pytest
 
 from autoscaler.catalog import Catalog, InstanceType, LaunchDelays
@@ -129,3 +131,32 @@ def test_mild_hidden_interference_keeps_the_pair_together_and_slows_it():
     assert result.instances_launched == 1 and result.migrations == 0
     assert result.jct_hours["a"] * 3600 == pytest.approx(120 + 1000 / 0.9)
     assert result.normalized_throughput == pytest.approx(0.9)
+
+
+def test_jobs_with_no_solo_speed_are_measured_alone_then_packed_then_separated():
+    # The pair of the test above, but neither job states its solo speed: a
+    # throughput seen beside the other could not be normalized, so the 0.8 would
+    # never be learned and the pair would stay packed at 0.8 for good. Round 0:
+    # each alone on a "small"; both run from 120 at one iteration per second.
+    # Round 300: both solo speeds are known (1.0), so the smalls are provisional:
+    # Partial re-places the pair as new jobs, together on "big" (ready at 400).
+    # Killed at 401 (281 done), upload until 406 (the smalls end at 407),
+    # fetch, build and init until 426, then 0.8 each. Round 600: 0.8 observed,
+    # worth $4.80 < $5: each to a new "small" (ready at 700), killed at 701 (220
+    # more), resumed at 726 at full speed for the last 499: done at 1225. "big"
+    # ends at 707, the new smalls at the round at 1500 (+1 s).
+    truth = (
+        ThroughputTable(default=1.0)
+        .observe("wa_node0", ["wb_node0"], 0.8)
+        .observe("wb_node0", ["wa_node0"], 0.8)
+    )
+    jobs = [
+        dataclasses.replace(job(name, 0.0, 1000.0), full_throughput=None) for name in ("a", "b")
+    ]
+    result = replay(jobs, catalog(), truth, "eva")
+    assert result.instances_launched == 5
+    assert result.migrations == 4
+    assert result.jct_hours["a"] * 3600 == pytest.approx(726 + (1000 - 281 - 0.8 * 275))
+    assert result.total_cost == pytest.approx(
+        2 * 407 / 3600 * 3.0 + (707 - 300) / 3600 * 5.0 + 2 * (1501 - 600) / 3600 * 3.0
+    )
