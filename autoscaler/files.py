@@ -73,6 +73,8 @@ def read_json(path: str | Path, what: str) -> Any:
         ) from None
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text ({exc.reason})", source=str(p)) from None
+    except RecursionError:
+        raise InputError("malformed JSON: nested too deeply", source=str(p)) from None
 
 
 class _DuplicateKey(ValueError):

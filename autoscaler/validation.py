@@ -165,10 +165,14 @@ def _can_create_in(directory) -> bool:
         return False
 
 
-def output_path(suffix: str | None = None):
+#: Image formats every matplotlib install writes (what `--plot` accepts).
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".ps", ".jpg", ".jpeg")
+
+
+def output_path(suffix: str | None = None, formats: tuple[str, ...] | None = None):
     """An argparse `type=` for a file to write: its directory must exist and be writable
     now, before the work starts. With `suffix`, a name without one gets it (so the
-    message names the file really written)."""
+    message names the file really written); with `formats`, only those suffixes do."""
     import argparse
     from pathlib import Path
 
@@ -178,6 +182,11 @@ def output_path(suffix: str | None = None):
             raise argparse.ArgumentTypeError(f"must be a file to write, got {text!r}")
         if suffix and not path.suffix:
             path = path.with_suffix(suffix)
+        if formats and path.suffix.lower() not in formats:
+            raise argparse.ArgumentTypeError(
+                f"cannot write a {path.suffix!r} file, got {text!r}; "
+                f"use one of {', '.join(formats)}"
+            )
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
             raise argparse.ArgumentTypeError(f"directory {str(parent)!r} does not exist")

@@ -14,7 +14,7 @@ from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
 from autoscaler.table import output_width, wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
-from autoscaler.validation import number_arg, output_path
+from autoscaler.validation import PLOT_FORMATS, number_arg, output_path
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
 from simulator.report import comparison_table, document, plot
@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rp.add_argument(
         "--plot",
-        type=output_path(".png"),
+        type=output_path(".png", PLOT_FORMATS),
         default=None,
         metavar="OUT.png",
         help="draw $/h and instance count over time per scheduler",

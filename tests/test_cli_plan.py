@@ -217,6 +217,22 @@ def test_a_directory_no_file_can_be_created_in_is_refused_before_the_work(tmp_pa
     assert result.stdout == ""
 
 
+def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_before_the_replay(tmp_path):
+    result = run_cli("replay", "--plot", str(tmp_path / "out.txt"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--plot: cannot write a '.txt' file" in one_line_error(result)
+    assert ".png, .pdf, .svg" in result.stderr
+    assert result.stdout == ""  # refused before the replay, not after it
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_a_one_line_error(tmp_path):
+    deep = tmp_path / "jobs.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    result = run_cli("plan", "--jobs", str(deep))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "malformed JSON: nested too deeply" in one_line_error(result)
+
+
 def test_an_unwritable_json_output_is_refused_before_planning(tmp_path):
     result = run_cli("plan", "--json", str(tmp_path / "missing-dir" / "out.json"))
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -23,7 +23,7 @@ from autoscaler.cli_io import progress, write_json
 from autoscaler.errors import InputError
 from autoscaler.service.config import ClusterConfig, load_cluster_config
 from autoscaler.table import format_table, money, shorten
-from autoscaler.validation import number_arg, output_path
+from autoscaler.validation import PLOT_FORMATS, number_arg, output_path
 
 FINAL = ("completed", "cancelled", "failed")
 
@@ -159,7 +159,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--json", type=output_path(), default=None, metavar="OUT", help="also write JSON"
     )
     cost.add_argument(
-        "--plot", type=output_path(".png"), default=None, metavar="OUT.png", help="draw spend"
+        "--plot",
+        type=output_path(".png", PLOT_FORMATS),
+        default=None,
+        metavar="OUT.png",
+        help="draw spend",
     )
     cost.add_argument("--dry-run", type=Path, nargs="+", default=None, metavar="JOBS")
     _config(cost)
