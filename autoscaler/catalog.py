@@ -16,6 +16,9 @@ from autoscaler.errors import InputError, check_number
 from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S, MAX_HOURLY_COST
 from autoscaler.resources import Resources
 
+#: The demand key for a task that runs on every family (never a family's name).
+ANY_FAMILY = "any"
+
 
 @dataclass(frozen=True, slots=True)
 class LaunchDelays:
@@ -131,12 +134,19 @@ def catalog_from_eva(data: object, source: str = "catalog") -> Catalog:
 
 def _instance_type(name: str, spec: Any, source: str) -> InstanceType:
     where = f"instance type {name!r}"
+    if not name.strip() or name != name.strip():
+        raise InputError(
+            "an instance type's name must be non-empty, without surrounding spaces",
+            source=source,
+            where=where,
+        )
     if not isinstance(spec, Mapping):
         raise InputError("must be an object", source=source, where=where)
     family = spec.get("family")
-    if not isinstance(family, str) or not family:
+    if not isinstance(family, str) or not family or family == ANY_FAMILY:
         raise InputError(
-            "must be a non-empty string",
+            f"must be a non-empty string other than {ANY_FAMILY!r} (a demand for "
+            f"{ANY_FAMILY!r} is one for every family)",
             source=source,
             where=where,
             field="family",
@@ -144,6 +154,22 @@ def _instance_type(name: str, spec: Any, source: str) -> InstanceType:
             has_value=True,
         )
     capacity = _vector(spec.get("capacity"), field="capacity", where=where, source=source)
+    wrong = (
+        "GPUs are whole devices"
+        if capacity.gpu != int(capacity.gpu)
+        else "a type with no capacity hosts nothing"
+        if capacity.as_tuple() == (0, 0, 0)
+        else None
+    )
+    if wrong:
+        raise InputError(
+            wrong,
+            source=source,
+            where=where,
+            field="capacity",
+            value=list(capacity.as_tuple()),
+            has_value=True,
+        )
     cost = check_number(
         spec.get("cost"),
         field="cost",

@@ -25,13 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autoscaler.catalog import Catalog, InstanceType
+from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType
 from autoscaler.errors import InputError, check_number
 from autoscaler.limits import MAX_DELAY_S
 from autoscaler.resources import Resources
-
-#: Demand key meaning "this vector on every instance family".
-ANY_FAMILY = "any"
 
 #: Table 1 of the Eva paper averages job checkpointing at 8 s and job launch at
 #: 47 s. Tasks whose trace entry gives no delays get these, split the way the

@@ -155,6 +155,15 @@ def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expect
             {"capacity": [8e300, 96, 1536]},
             "field 'capacity[0]' = 8e+300: must be at most",
         ),
+        # accepted before, and planned on: half a GPU, a type nothing fits, a family
+        # that every "any" demand would also name
+        (
+            "gpu",
+            {"capacity": [0.5, 96, 1536]},
+            "field 'capacity' = [0.5, 96.0, 1536.0]: GPUs are whole",
+        ),
+        ("empty", {"capacity": [0, 0, 0]}, "field 'capacity' = [0.0, 0.0, 0.0]: a type with no"),
+        ("any", {"family": "any"}, "field 'family' = 'any': must be a non-empty string other"),
         # a replay waited 10^12 s of simulated time for the instance to boot
         (
             "delay",
@@ -168,6 +177,13 @@ def test_absurd_catalog_numbers_are_refused_where_they_are_read(tmp_path, field,
     catalog = write(tmp_path, "cat.json", {"instance_types": {"x": spec}})
     line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
     assert f"cat.json: instance type 'x': {expected}" in line
+
+
+def test_an_instance_type_with_an_empty_name_is_refused(tmp_path):
+    spec = {"family": "p3", "capacity": [8, 96, 1536], "cost": 1.0}
+    catalog = write(tmp_path, "cat.json", {"instance_types": {" ": spec}})
+    line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
+    assert "cat.json: instance type ' ': an instance type's name must be non-empty" in line
 
 
 @pytest.mark.parametrize("where", ["job", "task"])
