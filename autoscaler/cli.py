@@ -181,6 +181,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved(base: float, cost: float) -> float:
+    """$/h saved against no packing; a difference of rounding errors is 0, not -0.0000."""
+    saved = base - cost
+    return 0.0 if abs(saved) < 1e-9 * max(1.0, base) else saved
+
+
 def plan_document(
     plan: Plan, seconds: float, planner_name: str = "eva", min_throughput: float = 0.0
 ) -> dict[str, Any]:
@@ -195,8 +201,8 @@ def plan_document(
         "gap_to_lower_bound": None
         if not bound or not bound.lower_bound
         else cost / bound.lower_bound - 1.0,
-        "savings_per_hour": base - cost,
-        "savings_fraction": (base - cost) / base if base else 0.0,
+        "savings_per_hour": _saved(base, cost),
+        "savings_fraction": _saved(base, cost) / base if base else 0.0,
         "seconds": seconds,
         "planner": planner_name,
         "min_throughput": min_throughput,
@@ -266,7 +272,7 @@ def render_plan(
     ]
     base = plan.no_packing_hourly_cost
     cost = plan.hourly_cost
-    saved = base - cost
+    saved = _saved(base, cost)
     out += [
         "",
         format_table(["type", "instances", "tasks", "$/h"], type_rows, [False, True, True, True]),

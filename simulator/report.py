@@ -10,6 +10,11 @@ from autoscaler.table import format_table
 from simulator.replay import ReplayResult
 
 
+def dollars(amount: float) -> str:
+    """Whole dollars, or cents below $100 (a short replay must not read "$0")."""
+    return f"{amount:,.2f}" if abs(amount) < 100 else f"{amount:,.0f}"
+
+
 def comparison_table(results: Mapping[str, ReplayResult]) -> str:
     """One row per scheduler; costs and JCT also relative to no-packing."""
     base = results.get("no-packing")
@@ -24,7 +29,7 @@ def comparison_table(results: Mapping[str, ReplayResult]) -> str:
         rows.append(
             [
                 name + ("" if r.finished else " (unfinished)"),
-                f"{r.total_cost:,.0f}",
+                dollars(r.total_cost),
                 norm_cost,
                 f"{r.avg_jct_hours:.2f}",
                 norm_jct,
@@ -85,7 +90,7 @@ def plot(results: Mapping[str, ReplayResult], path: Path, title: str = "") -> No
             days,
             [c for _, c, _ in r.timeline],
             where="post",
-            label=f"{name} (${r.total_cost:,.0f})",
+            label=f"{name} (${dollars(r.total_cost)})",
             linewidth=1.1,
         )
         count_ax.step(days, [n for _, _, n in r.timeline], where="post", label=name, linewidth=1.1)

@@ -271,3 +271,12 @@ def test_the_plan_report_fits_the_width_and_wraps_values_under_their_value(colum
     # the bound's line is longer than 70 columns: it continues under its value
     at = next(i for i, line in enumerate(lines) if line.startswith("LP lower bound"))
     assert lines[at + 1].startswith(" " * 24) and lines[at + 1].strip()
+
+
+def test_no_saving_reads_zero_not_minus_zero():
+    # Σ of RPs and Σ of instance prices, added in another order, differ in the last bit.
+    from autoscaler.cli import _saved
+
+    assert 0.3 - (0.1 + 0.2) < 0
+    assert f"{_saved(0.3, 0.1 + 0.2):.4f}" == "0.0000"
+    assert _saved(1.428, 1.16) == pytest.approx(0.268)

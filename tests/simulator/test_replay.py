@@ -257,3 +257,11 @@ def test_a_replay_where_packed_tasks_crawl_stops_and_says_so(pai):
     assert stratus.end_time_s <= horizon + 300
     eva = replay(jobs, catalog, truth, "eva")
     assert eva.finished and eva.jobs_completed == 20
+
+
+def test_replay_costs_below_100_dollars_keep_their_cents():
+    from simulator.report import dollars
+
+    assert dollars(0.15) == "0.15"  # a short replay read "$0"
+    assert dollars(99.994) == "99.99"
+    assert dollars(25_140.4) == "25,140"
