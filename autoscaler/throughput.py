@@ -266,9 +266,21 @@ def contention_matrix_from_csv(
     if len(rows) < 2 or len(rows[0]) < 2:
         raise InputError("needs a header row of workloads and at least one data row", source=source)
     columns = [c.strip() for c in rows[0][1:]]
+    if "" in columns:
+        raise InputError(
+            f"column {columns.index('') + 2} of the header names no workload",
+            source=source,
+            where="line 1",
+        )
     entries: dict[Key, ThroughputEntry] = {}
     for line_no, row in enumerate(rows[1:], start=2):
         workload = row[0].strip()
+        if not workload:
+            raise InputError(
+                "the first cell must name the workload whose throughputs the row gives",
+                source=source,
+                where=f"line {line_no}",
+            )
         if len(row) - 1 != len(columns):
             raise InputError(
                 f"has {len(row) - 1} values, header has {len(columns)}",
@@ -277,9 +289,16 @@ def contention_matrix_from_csv(
             )
         for other, cell in zip(columns, row[1:], strict=True):
             cell = cell.strip()
-            if cell.lower() in ("x", ""):
+            if cell.lower() == "x":
                 continue
             where = f"line {line_no}"
+            if not cell:
+                raise InputError(
+                    "is empty: write a throughput in (0, 1], or 'x' for not measured",
+                    source=source,
+                    where=where,
+                    field=f"{workload}/{other}",
+                )
             try:
                 value = float(cell)
             except ValueError:

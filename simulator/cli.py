@@ -223,8 +223,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         "\n"
         + wrap(
             "cost ÷ no-pack and JCT ÷ no-pack are relative to one instance per task; "
-            "job tput is the mean share of full speed a job ran at; alloc is allocated ÷ "
-            "provisioned GPU/CPU/RAM; plan ms is planning time per round."
+            "job tput is the mean share of full speed a job ran at; tasks/inst is running "
+            "tasks per live instance, booting and draining ones included (so no-packing "
+            "shows just under 1); "
+            "alloc is allocated ÷ provisioned GPU/CPU/RAM; plan ms is planning time per round."
         )
     )
     if args.json is not None:

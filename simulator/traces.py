@@ -106,10 +106,14 @@ def check_replay_span(jobs: Sequence[JobSpec], source: str) -> None:
     """Refuse a trace a replay could not finish in reasonable time, naming the job and field."""
     for job in jobs:
         facts = job.trace
-        work = facts.duration_s
-        if work is None and facts.total_iters is not None and job.full_throughput:
-            work = facts.total_iters / job.full_throughput
-        for field, seconds in (("arrival_time", facts.arrival_time_s), ("duration", work)):
+        # As the simulated world reads it: iterations at the solo speed when both are given.
+        work, work_field = facts.duration_s, "duration"
+        if facts.total_iters is not None and job.full_throughput:
+            work, work_field = (
+                facts.total_iters / job.full_throughput,
+                "total_iters / full_throughput",
+            )
+        for field, seconds in (("arrival_time", facts.arrival_time_s), (work_field, work)):
             if seconds is not None and seconds > MAX_REPLAY_SPAN_S:
                 days = seconds / 86400
                 shown = f"{days:,.0f}" if days < 1e6 else f"{days:.2g}"

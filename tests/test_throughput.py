@@ -140,6 +140,13 @@ def test_contention_csv_errors_name_the_cell():
         contention_matrix_from_csv(",b\na,1.7\n")
     with pytest.raises(InputError, match="header"):
         contention_matrix_from_csv("")
+    # accepted before: a blank cell read as 'x', a row of nobody's throughputs
+    with pytest.raises(InputError, match=r"line 3: field 'b/c': is empty.*or 'x'"):
+        contention_matrix_from_csv(",b,c\na,0.9,x\nb,0.8,\n")
+    with pytest.raises(InputError, match=r"line 2.*first cell must name the workload"):
+        contention_matrix_from_csv(",b\n,0.9\n")
+    with pytest.raises(InputError, match=r"line 1.*column 3 of the header names no workload"):
+        contention_matrix_from_csv(",b,\na,0.9,0.8\n")
 
 
 def test_a_full_table_forgets_its_oldest_exact_sets_first_and_keeps_pairs():

@@ -35,6 +35,15 @@ def test_a_trace_too_long_to_replay_is_refused_in_a_readable_line(duration, show
     assert len(message) < 200
 
 
+def test_the_span_is_checked_on_the_work_the_world_will_run_not_the_duration_beside_it():
+    # The world runs total_iters at full_throughput when both are given (1e18 s
+    # here); a plausible duration beside them let the replay start and never end.
+    spec = {"duration": 1000, "full_throughput": 1e-9, "total_iters": 1e9}
+    trace = {"0": spec | {"tasks": {"0": {"demand": {"any": [0, 1, 2]}}}}}
+    with pytest.raises(InputError, match=r"field 'total_iters / full_throughput' = 1e\+18"):
+        check_replay_span(jobs_from_eva(trace), "t.json")
+
+
 def test_a_synthetic_trace_draws_multi_task_jobs_from_the_counts_asked(pai_jobs):
     trace = synthesize(pai_jobs, 200, seed=1, multi_task_share=0.5, task_counts=(3, 16))
     assert {len(j["tasks"]) for j in trace.values()} == {1, 3, 16}
