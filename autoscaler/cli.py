@@ -22,7 +22,7 @@ from autoscaler.cli_io import (
 from autoscaler.errors import InputError
 from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
-from autoscaler.planner import PLANNER_NAMES, Plan, planner_by_name
+from autoscaler.planner import FLUID_MIN_CLASSES, PLANNER_NAMES, Plan, planner_by_name
 from autoscaler.service.cli import register as register_cluster_commands
 from autoscaler.table import format_table, money, shorten, wrap_hanging
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="split rounds of more than N tasks POP-style into --pop-parts sub-problems "
-        "solved in parallel processes (default: never)",
+        "solved in parallel processes (default: never; a round of more than "
+        f"{FLUID_MIN_CLASSES:,} distinct demand vectors takes the fluid path, which is "
+        "fast unsplit, and ignores it)",
     )
     plan.add_argument(
         "--pop-parts",
