@@ -141,7 +141,7 @@ class EvaPlanner:
         fluid_min_classes: int = FLUID_MIN_CLASSES,
         fluid_also_min_classes: int = FLUID_ALSO_MIN_CLASSES,
         price_interference: bool = True,
-        job_slowdown: JobSlowdown = "shared",
+        job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
     ) -> None:
         """`min_throughput`: the user's cap on slowdown. No task is co-located
@@ -391,6 +391,7 @@ def _fluid_candidates(
     tasks = [t for j in view.jobs for t in j.tasks]
     spec = {t.task_id: t for t in tasks}
     job_of = {t.task_id: j for j in view.jobs for t in j.tasks}
+    charge = {j.job_id: slowdown_charge(j, prices.job_rp(j), job_slowdown) for j in view.jobs}
     rp: dict[str, float] = {}
     cheapest: dict[str, int] = {}
     jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
@@ -411,7 +412,7 @@ def _fluid_candidates(
             tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
             if tput < min_throughput:
                 return refused(rp[other] for other in task_ids)
-            total += tnrp(rp[t], tput, slowdown_charge(job, prices.job_rp(job), job_slowdown))
+            total += tnrp(rp[t], tput, charge[job.job_id])
         return total
 
     def pack(subset: list) -> tuple[list[Instance], float, PriceSolution | None]:

@@ -31,7 +31,14 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.patterns import Pattern, PatternClass, PatternPricer, TypeShape
-from autoscaler.pricing import JobSlowdown, PriceBook, refused, slowdown_charge, tnrp
+from autoscaler.pricing import (
+    JobSlowdown,
+    PriceBook,
+    identical_tasks,
+    refused,
+    slowdown_charge,
+    tnrp,
+)
 from autoscaler.resources import EPSILON
 from autoscaler.view import ClusterView
 
@@ -65,19 +72,25 @@ def alignment(d: Sequence[float], free: Sequence[float], cap: Sequence[float]) -
     return round(total / ALIGNMENT_GRID)
 
 
-def class_key(task: TaskSpec, job: JobSpec, job_rp: float, with_workload: bool) -> tuple:
+def class_key(
+    task: TaskSpec, job: JobSpec, job_rp: float, with_workload: bool, identical: bool | None = None
+) -> tuple:
     """Tasks with equal keys are interchangeable for packing; the key also orders classes.
 
     Beyond demands: the workload (when interference is modelled), the job's
-    reservation price for tasks of multi-task jobs (§4.4 values them by it),
-    and the job itself with its limit when anti-affinity can bind.
+    reservation price for tasks of multi-task jobs (§4.4 values them by it)
+    and whether their tasks are identical (`slowdown_charge` may tell them
+    apart), and the job itself with its limit when anti-affinity can bind.
+    `identical`: `identical_tasks(job)` when the caller knows it (it is per job).
     """
     demands = tuple((family, d.as_tuple()) for family, d in task.demands)
     limit = job.anti_affinity
     return (
         demands,
         task.workload if with_workload else "",
-        round(job_rp, 9) if job.is_multi_task else -1.0,
+        (round(job_rp, 9), identical_tasks(job) if identical is None else identical)
+        if job.is_multi_task
+        else (-1.0, True),
         (job.job_id, limit) if limit is not None else ("", 0),
     )
 
@@ -92,7 +105,7 @@ class Packer:
         pricer: PatternPricer | None = None,
         pattern_min_tasks: int = 400,
         price_interference: bool = True,
-        job_slowdown: JobSlowdown = "shared",
+        job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
@@ -126,6 +139,7 @@ class Packer:
         memo: dict[tuple, tuple] = {}  # many tasks share demands and workload
         for job in view.jobs:
             plain = len(job.tasks) == 1 and job.max_tasks_per_instance is None
+            same = None
             for task in job.tasks:
                 if plain:
                     memo_key = (task.demands, task.workload if with_workload else "")
@@ -135,7 +149,9 @@ class Packer:
                             task, job, self.prices.job_rp(job), with_workload
                         )
                 else:
-                    key = class_key(task, job, self.prices.job_rp(job), with_workload)
+                    if same is None:
+                        same = identical_tasks(job)
+                    key = class_key(task, job, self.prices.job_rp(job), with_workload, same)
                 tasks = keyed.get(key)
                 if tasks is None:
                     keyed[key] = tasks = []

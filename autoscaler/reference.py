@@ -11,7 +11,7 @@ from __future__ import annotations
 from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec
-from autoscaler.pricing import JobSlowdown, PriceBook, slowdown_charge, tnrp
+from autoscaler.pricing import JobSlowdown, PriceBook, identical_tasks, slowdown_charge, tnrp
 from autoscaler.reconfiguration import VALUE_TOLERANCE, alignment, class_key
 from autoscaler.resources import EPSILON
 from autoscaler.throughput import ThroughputTable
@@ -21,16 +21,18 @@ def algorithm1(
     jobs: tuple[JobSpec, ...],
     catalog: Catalog,
     table: ThroughputTable,
-    job_slowdown: JobSlowdown = "shared",
+    job_slowdown: JobSlowdown = "by-job",
 ) -> Configuration:
     """Full Reconfiguration of `jobs` onto an empty cluster, one task at a time."""
     prices = PriceBook(catalog)
     tasks = []
     for job in jobs:
         jrp = prices.job_rp(job)
+        charge = slowdown_charge(job, jrp, job_slowdown)
+        same = identical_tasks(job)
         for t in job.tasks:
-            key = class_key(t, job, jrp, not table.is_neutral)
-            tasks.append((t, prices.task_rp(t), slowdown_charge(job, jrp, job_slowdown), key))
+            key = class_key(t, job, jrp, not table.is_neutral, same)
+            tasks.append((t, prices.task_rp(t), charge, key))
     limit = {j.job_id: j.anti_affinity for j in jobs}
     rank = {k: i for i, k in enumerate(sorted({k for *_, k in tasks}))}
     types = catalog.types

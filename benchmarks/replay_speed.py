@@ -13,8 +13,8 @@ decisions on top of the simulation itself.
 
 Then data-parallel jobs: a synthetic trace where a share of the jobs have 16
 tasks, replayed with `eva` under its default valuation of a slowed task of a
-multi-task job ("shared") and under Eva §4.4's ("whole"), which never packs
-such jobs at the default throughput.
+multi-task job (for these replicas: each task's share) and under Eva §4.4's
+("whole"), which never packs such jobs at the default throughput.
 
 Then the full Alibaba trace (6,274 jobs, the Eva paper's Table 14, bundled as
 `pai_full.json.gz` with its vCPU catalog): `eva` cost and average JCT ÷
@@ -185,7 +185,7 @@ def _multi_task(n_jobs: int) -> None:
     )
     runs = {
         "no-packing": ("no-packing", None),
-        "eva (shared)": ("eva", None),
+        "eva (by-job: shared)": ("eva", None),
         "eva (whole, Eva §4.4)": ("eva", {"job_slowdown": "whole"}),
     }
     results = _timed_runs(trace, catalog, truth, runs)

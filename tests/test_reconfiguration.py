@@ -108,6 +108,19 @@ def test_shared_rule_charges_a_jobs_slowdown_once_when_its_tasks_are_slowed_alik
     assert packer.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 0.9 * 3)
 
 
+def test_a_slowed_task_of_a_job_of_unlike_tasks_is_charged_the_whole_jobs_loss():
+    # m's tasks differ, (1, 4, 10) on it2 ($3) and (0, 2, 8) on it4 ($0.4): they
+    # land in different compositions, and m/0 at 0.9 slows all of m, RP(m) = $3.4.
+    # The default rule charges it that ($3 − 0.1 · 3.4), as Eva §4.4 does, where
+    # the shared rule (right for replicas) would see 0.9 · $3 and miss m/1's loss.
+    multi = job("m", (1, 4, 10), (0, 2, 8), name="m")
+    table = ThroughputTable(default=1.0).observe("m_node0", ["wt1_node0"], 0.9)
+    snapshot = view([job("t1", (2, 8, 24)), multi], table=table)
+    assert Packer(snapshot).tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 3 - 0.1 * 3.4)
+    shared = Packer(snapshot, job_slowdown="shared")
+    assert shared.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 0.9 * 3)
+
+
 def test_a_16_task_data_parallel_job_is_packed_at_the_default_throughput():
     # 16 tasks of (1 GPU, 8 cores, 30 GB): alone each needs a p3.8xlarge ($12.24,
     # 16 cores). Two fill it, each at 0.95 by default: worth 2 · 12.24 · 0.95 =
