@@ -387,7 +387,7 @@ class Packer:
         if any(counts):
             left = {self.class_tasks[c][0]: n for c, n in enumerate(counts) if n}
             raise AssertionError(f"Algorithm 1 left tasks unplaced: {left}")
-        return Placement(result, saving)
+        return Placement(_reuse(result, by_type), saving)
 
     def pack(self, pools: TaskPools, existing: list[Instance]) -> Placement:
         """Place what `pools` holds: Algorithm 1, or price-guided packing when that is better.
@@ -662,6 +662,41 @@ class Packer:
         if min(free) < -EPSILON:
             return None
         return _KeptInstance(inst, k, comp, free, value, list(active))
+
+
+def _reuse(result: list[Instance], by_type: dict[str, list[Instance]]) -> list[Instance]:
+    """Give new instances the ids of existing ones of their type that the result left unused.
+
+    Algorithm 1 meets an existing instance only at its type's turn; a larger
+    type visited before may take its tasks and be downsized to that very type
+    as a new instance. When they share a task, it is the existing one: reusing
+    it keeps that task in place and launches nothing (the local daemon
+    launched a second c7i.large and moved the task for nothing). The one
+    sharing the most tasks is taken first, then in `by_type`'s order. One that
+    shares none is not handed over: swapping its residents for others cost
+    0.65% more on pai_200 without `full_throughput`.
+    """
+    used = {inst.instance_id for inst in result if inst.instance_id is not None}
+    free: dict[str, dict[str, int]] = {}  # type -> unused existing id -> its rank
+    resident: dict[str, str] = {}
+    for name, insts in by_type.items():
+        for rank, inst in enumerate(insts):
+            if inst.instance_id is not None and inst.instance_id not in used:
+                free.setdefault(name, {})[inst.instance_id] = rank
+                resident.update(dict.fromkeys(inst.tasks, inst.instance_id))
+    if not free:
+        return result
+    out = []
+    for inst in result:
+        spare = free.get(inst.type.name) if inst.instance_id is None else None
+        if spare:
+            votes = Counter(resident[t] for t in inst.tasks if resident.get(t) in spare)
+            if votes:
+                choice = min(votes, key=lambda i: (-votes[i], spare[i]))
+                del spare[choice]
+                inst = Instance(choice, inst.type, inst.tasks)
+        out.append(inst)
+    return out
 
 
 @dataclass(slots=True)

@@ -108,6 +108,22 @@ def test_shared_rule_charges_a_jobs_slowdown_once_when_its_tasks_are_slowed_alik
     assert packer.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 0.9 * 3)
 
 
+def test_a_released_instance_is_reused_when_a_larger_type_is_downsized_to_its_type():
+    # a ran alone on a c7i.large to be measured (provisional); b arrives. Algorithm 1
+    # packs both at r7i.large's turn ($0.1323: worth 2 · 0.08925 · 0.95 = $0.17) and
+    # downsizes them to a c7i.large: the one a is on, not a new one (the local
+    # daemon launched a second c7i.large and moved a for nothing).
+    catalog = load_catalog(bundled("ec2_config.json"))
+    jobs = [job("a", (0, 0.5, 1)), job("b", (0, 0.5, 2))]
+    current = configuration(running("i-1", catalog["c7i.large"], "a/0"))
+    snapshot = ClusterView(
+        catalog, tuple(jobs), current, ThroughputTable(), provisional=frozenset({"i-1"})
+    )
+    plan = partial_reconfiguration(snapshot)
+    assert placement(plan) == [("c7i.large", ("a/0", "b/0"))]
+    assert plan.by_id()["i-1"].tasks == ("a/0", "b/0")
+
+
 def test_a_slowed_task_of_a_job_of_unlike_tasks_is_charged_the_whole_jobs_loss():
     # m's tasks differ, (1, 4, 10) on it2 ($3) and (0, 2, 8) on it4 ($0.4): they
     # land in different compositions, and m/0 at 0.9 slows all of m, RP(m) = $3.4.
