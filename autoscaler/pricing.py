@@ -74,9 +74,9 @@ def slowdown_charge(job: JobSpec, job_rp: float, rule: JobSlowdown) -> float | N
     by the job's size when one task is slowed. "by-job" (our default) takes the
     exact one of the two for each job: "shared" when its tasks demand the same
     (replicas, packed alike), "whole" when they differ (they land in different
-    compositions, and the slowest sets the pace). On fuzzed traces of 4-task jobs with unlike tasks
-    under harsh interference, "shared" cost 1.15–1.96× no packing and "whole"
-    0.82–1.21×.
+    compositions, and the slowest sets the pace). On fuzzed traces of 4-task
+    jobs of unlike tasks under harsh interference, "shared" cost 1.15–1.96× no
+    packing and "whole" 0.82–1.21×.
     """
     if not job.is_multi_task or rule == "shared":
         return None
