@@ -196,6 +196,7 @@ def plan_document(
     cost = plan.hourly_cost
     base = plan.no_packing_hourly_cost
     bound = plan.lower_bound
+    saved = _saved(base, cost)
     return {
         "hourly_cost": cost,
         "no_packing_hourly_cost": base,
@@ -203,8 +204,8 @@ def plan_document(
         "gap_to_lower_bound": None
         if not bound or not bound.lower_bound
         else cost / bound.lower_bound - 1.0,
-        "savings_per_hour": _saved(base, cost),
-        "savings_fraction": _saved(base, cost) / base if base else 0.0,
+        "savings_per_hour": saved,
+        "savings_fraction": saved / base if base else 0.0,
         "seconds": seconds,
         "planner": planner_name,
         "min_throughput": min_throughput,

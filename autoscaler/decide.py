@@ -42,7 +42,7 @@ from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.planner import Plan
-from autoscaler.pricing import cheapest_type, reservation_price
+from autoscaler.pricing import cheapest_type
 from autoscaler.resources import Resources
 from autoscaler.store import (
     ActionRecord,
@@ -304,6 +304,7 @@ def decide(
         j.job_id: max((snapshot.tasks[t.task_id].progress for t in j.spec.tasks), default=0.0)
         for j in snapshot.jobs
     }
+    unknown, learned = _solo_speeds(snapshot, jobs)
     view = ClusterView(
         usable,
         jobs,
@@ -312,9 +313,9 @@ def decide(
         snapshot.history(now),
         now,
         progress,
-        _probed(snapshot, jobs, current),
+        _probed(snapshot, learned, current),
     )
-    alone = _unmeasured(snapshot, jobs, now) if options.learn else set()
+    alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)
     launches, refused, targets, moves = _diff(
         snapshot, plan.configuration, current, catalog, options
@@ -343,12 +344,22 @@ def decide(
     )
 
 
-def _unmeasured(snapshot: StateSnapshot, jobs: Sequence[JobSpec], now: float) -> set[str]:
-    """Jobs to run alone this round, so that their solo speed is measured (`SOLO_PROBE_S`)."""
+def _solo_speeds(
+    snapshot: StateSnapshot, jobs: Sequence[JobSpec]
+) -> tuple[list[JobSpec], list[JobSpec]]:
+    """The jobs whose spec states no solo speed: (not measured yet, measured since)."""
     records = {j.job_id: j for j in snapshot.jobs}
-    unknown = [
-        j for j in jobs if j.full_throughput is None and records[j.job_id].solo_throughput is None
-    ]
+    unknown: list[JobSpec] = []
+    learned: list[JobSpec] = []
+    for j in jobs:
+        if j.full_throughput is None:
+            (unknown if records[j.job_id].solo_throughput is None else learned).append(j)
+    return unknown, learned
+
+
+def _unmeasured(snapshot: StateSnapshot, unknown: Sequence[JobSpec], now: float) -> set[str]:
+    """Of the jobs of `unknown` solo speed, those to run alone this round to measure it
+    (`SOLO_PROBE_S`)."""
     if not unknown:
         return set()
     sharing: dict[str, int] = {}
@@ -373,7 +384,7 @@ def _unmeasured(snapshot: StateSnapshot, jobs: Sequence[JobSpec], now: float) ->
 
 
 def _probed(
-    snapshot: StateSnapshot, jobs: Sequence[JobSpec], current: Configuration
+    snapshot: StateSnapshot, learned: Sequence[JobSpec], current: Configuration
 ) -> frozenset[str]:
     """Instances that host a task only because its job ran alone to be measured.
 
@@ -381,13 +392,7 @@ def _probed(
     started there; Partial Reconfiguration re-places such tasks as it does a new
     job's, rather than keeping the instance because one task pays for it.
     """
-    records = {j.job_id: j for j in snapshot.jobs}
-    measured = {
-        t.task_id
-        for j in jobs
-        if j.full_throughput is None and records[j.job_id].solo_throughput is not None
-        for t in j.tasks
-    }
+    measured = {t.task_id for j in learned for t in j.tasks}
     if not measured:
         return frozenset()
     return frozenset(
@@ -420,13 +425,14 @@ def _plan(planner: Planner, view: ClusterView, alone: set[str]) -> Plan:
                 dataclasses.replace(inst, tasks=tuple(t for t in inst.tasks if t not in solo_tasks))
             )
     placed = {inst.tasks[0] for inst in kept}
+    cheapest = {task_id: cheapest_type(task, view.catalog) for task_id, task in solo_tasks.items()}
     launched = [
-        Instance(None, cheapest_type(task, view.catalog), (task.task_id,))
-        for task_id, task in solo_tasks.items()
+        Instance(None, itype, (task_id,))
+        for task_id, itype in cheapest.items()
         if task_id not in placed
     ]
     solo = kept + launched
-    at_rp = sum(reservation_price(task, view.catalog) for task in solo_tasks.values())
+    at_rp = sum(itype.hourly_cost for itype in cheapest.values())  # their RPs
     others = tuple(j for j in view.jobs if j.job_id not in alone)
     names = ", ".join(sorted(alone)[:5]) + (", …" if len(alone) > 5 else "")
     note = f"{len(alone)} job(s) alone until their solo speed is measured: {names}"
