@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -151,7 +154,7 @@ def run_replay(args: list[str], tmp_path, name: str, hash_seed: str) -> bytes:
     return out.read_bytes()
 
 
-def test_same_inputs_give_byte_identical_json(tmp_path):
+def test_same_inputs_give_byte_identical_json_serial_or_parallel(tmp_path):
     trace = tmp_path / "trace.json"
     subprocess.run(
         [
@@ -176,8 +179,9 @@ def test_same_inputs_give_byte_identical_json(tmp_path):
         timeout=120,
     )
     args = ["--trace", str(trace), "--scheduler", "eva", "owl", "stratus"]
-    first = run_replay(args, tmp_path, "a.json", "1")
-    second = run_replay(args, tmp_path, "b.json", "12345")
+    # One after another in one process, and side by side in forked workers.
+    first = run_replay([*args, "--workers", "1"], tmp_path, "a.json", "1")
+    second = run_replay([*args, "--workers", "3"], tmp_path, "b.json", "12345")
     assert first == second
     doc = json.loads(first)
     for name in ("eva", "owl", "stratus", "no-packing"):
@@ -229,6 +233,60 @@ def test_replay_command_prints_the_table_and_draws_the_plot(tmp_path):
     assert any(line.startswith("no-packing") and " 1.000 " in line for line in lines)
     assert "jobs" in result.stderr  # progress, one line per scheduler
     assert "co-locate no task below 0.8 of its speed" in " ".join(result.stdout.split())
+
+
+def test_an_interrupted_parallel_replay_leaves_no_worker_running(tmp_path):
+    # Ctrl-C (here SIGINT to the command alone, as `kill -INT` sends it) while
+    # the replays run in their workers: the command stops with 130 at once and
+    # takes its workers with it. eva needs minutes on this trace, so a command
+    # that waited for its workers to finish would outlast the timeout.
+    trace = tmp_path / "t.json"
+    subprocess.run(
+        [sys.executable, "-m", "autoscaler", "trace", "synthesize", "--jobs", "6000",
+         "--seed", "2", "--out", str(trace)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    command = subprocess.Popen(
+        [sys.executable, "-m", "autoscaler", "replay", "--trace", str(trace),
+         "--scheduler", "eva", "--workers", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        workers: list[int] = []
+        for _ in range(1200):  # until both workers are forked (at most 2 minutes)
+            workers = _children(command.pid)
+            if len(workers) == 2 or command.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert len(workers) == 2, workers
+        command.send_signal(signal.SIGINT)
+        assert command.wait(timeout=60) == 130
+        assert "interrupted" in command.stderr.read()
+        for pid in workers:
+            _wait_gone(pid)
+    finally:
+        command.kill()
+        command.wait()
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [
+        int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split()
+    ]
+
+
+def _wait_gone(pid: int) -> None:
+    """Until `pid` has exited (reaped, or a zombie nobody waits for)."""
+    for _ in range(600):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError(f"worker {pid} still running")
 
 
 def test_replay_rejects_a_trace_without_durations(tmp_path):
