@@ -412,28 +412,37 @@ def best_composition(
     n = len(items)
     demand = [classes[c].demands[k] for c in items]
     value = [duals[c] for c in items]
-    # suffix[i][r]: best value per unit of r among items[i:]; None if one needs no r
-    suffix: list[list[float | None]] = [[0.0, 0.0, 0.0] for _ in range(n + 1)]
+    slots = math.inf if max_items is None else max_items
+    # Per position i, the bound of items[i:]: `rates[i]`, the resources r that
+    # every one of them needs, each with the best value per unit of r among
+    # them (a resource some item needs none of bounds nothing); `best_after[i]`,
+    # the best single value among them.
+    rates: list[list[tuple[int, float]]] = [[]] * (n + 1)
+    best_after = [0.0] * (n + 1)
+    per_unit: list[float | None] = [0.0, 0.0, 0.0]
+    top = 0.0
     for i in range(n - 1, -1, -1):
         d = demand[i]
+        v = value[i]
         assert d is not None
         for r in range(3):
-            after = suffix[i + 1][r]
-            if d[r] <= _EPS or after is None:
-                suffix[i][r] = None
-            else:
-                suffix[i][r] = max(after, value[i] / d[r])
-    slots = math.inf if max_items is None else max_items
-    best_after = [0.0] * (n + 1)  # best single value among items[i:]
-    for i in range(n - 1, -1, -1):
-        best_after[i] = max(best_after[i + 1], value[i])
-    count = 0  # tasks chosen on the current path
+            after = per_unit[r]
+            if after is not None:
+                per_unit[r] = None if d[r] <= _EPS else max(after, v / d[r])
+        rates[i] = [(r, x) for r, x in enumerate(per_unit) if x is not None]
+        if v > top:
+            top = v
+        best_after[i] = top
     groups = [classes[c].group for c in items]
     limits = {
         classes[c].group: classes[c].group_limit
         for c in items
         if classes[c].group is not None and classes[c].group_limit
     }
+
+    bounded_slots = max_items is not None
+    has_groups = bool(limits)
+    count_of = [classes[c].count for c in items]
 
     best_value = 0.0
     best: list[int] | None = None
@@ -442,82 +451,85 @@ def best_composition(
     nodes = 0
     complete = True
 
-    def bound(i: int, free: list[float]) -> float:
-        b = (slots - count) * best_after[i] if max_items is not None else math.inf
-        for r in range(3):
-            s = suffix[i][r]
-            if s is not None:
-                b = min(b, free[r] * s)
-        return b
-
     def score(raw: float) -> float:
         if loss is None:
             return raw
         comp = tuple(sorted(items[j] for j in range(n) for _ in range(chosen[j])))
         return raw - loss(comp, k) if comp else raw
 
-    def visit(i: int, free: list[float], raw: float) -> bool:
-        """Count node (i, free, raw), record it if best; True if its subtree is worth a look."""
-        nonlocal best_value, best, nodes, complete
+    def most_of(i: int, free: list[float], count: int) -> int:
+        """How many tasks of item i fit in `free` (and the anti-affinity limit allows)."""
+        d = demand[i]
+        most = count_of[i]
+        for r in range(3):
+            if d[r] > _EPS:  # type: ignore[index]
+                fit = int((free[r] + _EPS) // d[r])  # type: ignore[index]
+                if fit < most:
+                    most = fit
+        if has_groups:
+            g = groups[i]
+            if g in limits:
+                most = min(most, limits[g] - used_in_group.get(g, 0))  # type: ignore[operator]
+        if bounded_slots and max_items - count < most:  # type: ignore[operator]
+            most = max_items - count  # type: ignore[operator]
+        return most
+
+    # Depth first over items, most copies first; an explicit stack, not recursion,
+    # since the depth is the number of classes (thousands on distinct demands).
+    # Each node (i, free, raw) is counted, recorded if best (the loss is never
+    # negative: only a raw value above the best can improve it), and expanded
+    # if its bound can beat the best.
+    count = 0  # tasks chosen on the current path
+    free = list(capacity)
+    nodes = 1
+    if nodes > node_limit:
+        return None, 0.0, False, nodes
+    stack: list[list] = []
+    if n > 0:
+        b = slots * best_after[0] if bounded_slots else math.inf
+        for r, x in rates[0]:
+            if free[r] * x < b:
+                b = free[r] * x
+        if b > best_value + 1e-12:
+            # Frames: [item, free room, raw value, next count to try]
+            stack.append([0, free, 0.0, most_of(0, free, 0)])
+    while stack:
+        frame = stack[-1]
+        i, free, raw, a = frame
+        g = groups[i]
+        if a < 0 or nodes > node_limit:
+            if has_groups and g in limits:
+                used_in_group[g] -= chosen[i]
+            count -= chosen[i]
+            chosen[i] = 0
+            stack.pop()
+            continue
+        frame[3] = a - 1
+        if has_groups and g in limits:
+            used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
+        count += a - chosen[i]
+        chosen[i] = a
+        d = demand[i]
+        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]  # type: ignore[index]
+        child_raw = raw + a * value[i]
+        # Visit the child node (i + 1, child, child_raw).
         nodes += 1
         if nodes > node_limit:
             complete = False
-            return False
-        # The loss is never negative: only a raw value above the best can improve it.
-        if raw > best_value + 1e-12:
-            current = score(raw)
+            continue
+        if child_raw > best_value + 1e-12:
+            current = score(child_raw)
             if current > best_value + 1e-12:
                 best_value, best = current, list(chosen)
-        return i < n and raw + bound(i, free) > best_value + 1e-12
+        j = i + 1
+        if j < n:
+            b = (slots - count) * best_after[j] if bounded_slots else math.inf
+            for r, x in rates[j]:
+                if child[r] * x < b:
+                    b = child[r] * x
+            if child_raw + b > best_value + 1e-12:
+                stack.append([j, child, child_raw, most_of(j, child, count)])
 
-    def most_of(i: int, free: list[float]) -> int:
-        """How many tasks of item i fit in `free` (and the anti-affinity limit allows)."""
-        d = demand[i]
-        assert d is not None
-        most = classes[items[i]].count
-        for r in range(3):
-            if d[r] > _EPS:
-                most = min(most, int((free[r] + _EPS) // d[r]))
-        g = groups[i]
-        if g in limits:
-            most = min(most, limits[g] - used_in_group.get(g, 0))  # type: ignore[operator]
-        if max_items is not None:
-            most = min(most, max_items - count)
-        return most
-
-    def search() -> None:
-        """Depth first over items, most copies first; an explicit stack, not recursion,
-        since the depth is the number of classes (thousands on distinct demands)."""
-        nonlocal count
-        root = list(capacity)
-        if not visit(0, root, 0.0):
-            return
-        # Frames: [item, free room, raw value, next count to try]
-        stack: list[list] = [[0, root, 0.0, most_of(0, root)]]
-        while stack:
-            frame = stack[-1]
-            i, free, raw, a = frame
-            g = groups[i]
-            if a < 0 or nodes > node_limit:
-                if g in limits:
-                    used_in_group[g] -= chosen[i]
-                count -= chosen[i]
-                chosen[i] = 0
-                stack.pop()
-                continue
-            frame[3] = a - 1
-            if g in limits:
-                used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
-            count += a - chosen[i]
-            chosen[i] = a
-            d = demand[i]
-            assert d is not None
-            child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]
-            child_raw = raw + a * value[i]
-            if visit(i + 1, child, child_raw):
-                stack.append([i + 1, child, child_raw, most_of(i + 1, child)])
-
-    search()
     if best is None:
         return None, 0.0, complete, nodes
     comp = tuple(sorted((items[j], a) for j, a in enumerate(best) if a))

@@ -256,8 +256,11 @@ class Packer:
         group, limit = self.group, self.group_limit
         in_group: Counter[str] = Counter()
         while True:
+            # The best by (TNRP on its grid, resident here, alignment, lower class):
+            # the alignment is computed only where the first two tie.
             best = -1
-            best_key: tuple | None = None
+            best_head: tuple[int, bool] | None = None
+            best_align = 0
             best_value = 0.0
             for c in self.candidates[k]:
                 if counts[c] <= 0:
@@ -275,14 +278,12 @@ class Packer:
                     trial = list(comp)
                     insort(trial, c)
                     v = self.value(tuple(trial))
-                key = (
-                    round(v / VALUE_TOLERANCE),
-                    bool(residents and residents[c] > 0),
-                    alignment(d, free, cap),
-                    -c,
-                )
-                if best_key is None or key > best_key:
-                    best, best_key, best_value = c, key, v
+                head = (round(v / VALUE_TOLERANCE), bool(residents and residents[c] > 0))
+                if best_head is not None and head < best_head:
+                    continue
+                align = alignment(d, free, cap)
+                if best_head is None or head > best_head or (align, -c) > (best_align, -best):
+                    best, best_head, best_align, best_value = c, head, align, v
             if best < 0 or best_value < current - VALUE_TOLERANCE:
                 break  # nothing fits, or adding would lower TNRP (Algorithm 1, line 10)
             insort(comp, best)
