@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import pickle
 import queue
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -195,9 +198,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if "no-packing" not in names:
         names.append("no-packing")  # the yardstick every cost is normalized to
 
-    results, limit = _run_replays(
-        names, jobs, catalog, truth, args.interval, args.min_throughput, args.workers
-    )
+    try:
+        results, limit = _run_replays(
+            names, jobs, catalog, truth, args.interval, args.min_throughput, args.workers
+        )
+    except _WorkerDied as exc:
+        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        return 1
 
     print(
         wrap(
@@ -319,77 +326,118 @@ def _run_replays(
             board.done(name, results[name], time.perf_counter() - started)
         return results, clairvoyant_bound(jobs, catalog)
 
-    # Forked: the workers inherit the inputs (initargs are not pickled under fork).
+    # One forked process per replay (and one for the bound), at most `workers` at
+    # once: they inherit the inputs, and report progress and their result on a
+    # queue. Processes of our own rather than a pool: a pool waits forever for
+    # the result of a worker the kernel killed (out of memory, say).
     context = multiprocessing.get_context("fork")
-    updates = context.Queue() if board.tty else None
-    shared = (jobs, catalog, truth, interval_s, options)
-    pool = context.Pool(workers, initializer=_worker_init, initargs=(updates, shared))
+    messages = context.Queue()
+    shared = (jobs, catalog, truth, interval_s, options, board.tty)
+    waiting = sorted(names, key=lambda n: (not n.startswith("eva"), names.index(n)))
+    waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
+    running: dict[str, multiprocessing.process.BaseProcess] = {}
+    finished: dict[str, object] = {}
     try:
-        # The longest first (eva's planners), so the short ones fill in beside it.
-        order = sorted(names, key=lambda n: (not n.startswith("eva"), names.index(n)))
-        pending = {name: pool.apply_async(_replay_one, (name,)) for name in order}
-        bound = pool.apply_async(_bound_one)
-        finished: dict[str, ReplayResult] = {}
-        while pending:
-            _drain(updates, board, timeout=0.2)
-            for name, handle in list(pending.items()):
-                if handle.ready():
-                    result, seconds = handle.get()  # re-raises what the replay raised
-                    finished[name] = result
-                    del pending[name]
-                    board.done(name, result, seconds)
-        limit = bound.get()
-        pool.close()
+        while waiting or running:
+            while waiting and len(running) < workers:
+                name = waiting.pop(0)
+                running[name] = context.Process(
+                    target=_worker, args=(name, messages, shared), name=f"replay {name}"
+                )
+                running[name].start()
+            _receive(messages, board, finished, running, timeout=0.2)
+            for name, process in list(running.items()):
+                if not process.is_alive():
+                    # Its last message may still be in the pipe: read what is there.
+                    _receive(messages, board, finished, running, timeout=0.0)
+                    if name in running:
+                        raise _WorkerDied(name, process.exitcode)
     finally:
-        pool.terminate()  # on an error or Ctrl-C, no replay goes on in the background
-        pool.join()
-    return {name: finished[name] for name in names}, limit
+        for process in running.values():  # on an error or Ctrl-C, none goes on alone
+            process.terminate()
+        for process in running.values():
+            process.join()
+    limit = finished.pop(_BOUND)
+    return {name: finished[name] for name in names}, limit  # type: ignore[misc]
 
 
-# A worker process's inputs and progress queue (None: nobody is watching).
-_updates = None
-_shared: tuple = ()
+_BOUND = "the clairvoyant bound"
 
 
-def _worker_init(updates, shared: tuple) -> None:
-    global _updates, _shared
-    _updates, _shared = updates, shared
+class _WorkerDied(RuntimeError):
+    """A replay's process ended without a result (killed, or out of memory)."""
+
+    def __init__(self, name: str, exitcode: int | None) -> None:
+        how = (
+            f"was killed by signal {-exitcode}"
+            if exitcode is not None and exitcode < 0
+            else f"exited with status {exitcode}"
+        )
+        hint = " (out of memory?)" if exitcode == -signal.SIGKILL else ""
+        super().__init__(
+            f"the process replaying {name} {how}{hint} before it gave its result; "
+            "--workers 1 replays one after another in this process"
+        )
 
 
-def _bound_one() -> float:
-    jobs, catalog, *_ = _shared
-    return clairvoyant_bound(jobs, catalog)
-
-
-def _replay_one(name: str) -> tuple[ReplayResult, float]:
-    """One scheduler's replay in a worker process, and its wall time."""
-    jobs, catalog, truth, interval_s, options = _shared
+def _worker(name: str, messages, shared: tuple) -> None:
+    """A replay's process: run it (or compute the bound) and send the result back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    jobs, catalog, truth, interval_s, options, progress = shared
+    parent = os.getppid()
     last = [0.0]
 
     def on_round(now: float, done: int, total: int) -> None:
+        if os.getppid() != parent:
+            os._exit(1)  # the command was killed outright: nobody wants the result
         wall = time.monotonic()
-        if _updates is None or (wall - last[0] < 0.2 and done < total):
-            return
-        last[0] = wall
-        _updates.put((name, now, done, total))
+        if progress and (wall - last[0] >= 0.2 or done == total):
+            last[0] = wall
+            messages.put(("progress", name, (now, done, total)))
 
-    started = time.perf_counter()
-    result = replay(
-        jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options
-    )
-    return result, time.perf_counter() - started
-
-
-def _drain(updates, board: _Progress, timeout: float) -> None:
-    """Show the progress the workers reported; wait up to `timeout` for the first."""
-    if updates is None:
-        time.sleep(timeout)
-        return
     try:
-        message = updates.get(timeout=timeout)
+        started = time.perf_counter()
+        if name == _BOUND:
+            result: object = clairvoyant_bound(jobs, catalog)
+        else:
+            result = replay(
+                jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options
+            )
+        messages.put(("done", name, (result, time.perf_counter() - started)))
+    except Exception as exc:  # sent back whole, to be raised in the parent
+        where = f"in the process replaying {name}:\n{traceback.format_exc()}"
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        exc.add_note(where)  # shown where the parent prints a traceback
+        messages.put(("error", name, exc))
+
+
+def _receive(
+    messages,
+    board: _Progress,
+    finished: dict[str, object],
+    running: dict[str, multiprocessing.process.BaseProcess],
+    timeout: float,
+) -> None:
+    """Act on the workers' messages: wait up to `timeout` for the first, then take
+    whatever else is there."""
+    try:
+        message = messages.get(timeout=timeout) if timeout > 0 else messages.get_nowait()
         while True:
-            board.update(*message)
-            message = updates.get_nowait()
+            kind, name, payload = message
+            if kind == "progress":
+                board.update(name, *payload)
+            elif kind == "error":
+                raise payload
+            else:
+                result, seconds = payload
+                finished[name] = result
+                running.pop(name).join()
+                if name != _BOUND:
+                    board.done(name, result, seconds)
+            message = messages.get_nowait()
     except queue.Empty:
         pass
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from autoscaler.bundled import bundled
+from autoscaler.errors import InputError
 from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
 from autoscaler.jobs import jobs_from_eva
+from simulator import cli
 from simulator.replay import MAX_SLOWDOWN, SCHEDULERS, replay
 from simulator.traces import synthesize
 from simulator.world import ground_truth
@@ -235,29 +238,41 @@ def test_replay_command_prints_the_table_and_draws_the_plot(tmp_path):
     assert "co-locate no task below 0.8 of its speed" in " ".join(result.stdout.split())
 
 
-def test_an_interrupted_parallel_replay_leaves_no_worker_running(tmp_path):
-    # Ctrl-C (here SIGINT to the command alone, as `kill -INT` sends it) while
-    # the replays run in their workers: the command stops with 130 at once and
-    # takes its workers with it. eva needs minutes on this trace, so a command
-    # that waited for its workers to finish would outlast the timeout.
-    trace = tmp_path / "t.json"
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory):
+    """6,000 synthetic jobs: eva needs minutes on them, no-packing most of one."""
+    trace = tmp_path_factory.mktemp("long") / "t.json"
     subprocess.run(
         [sys.executable, "-m", "autoscaler", "trace", "synthesize", "--jobs", "6000",
          "--seed", "2", "--out", str(trace)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
+    return trace
+
+
+def start_parallel_replay(trace) -> tuple[subprocess.Popen, list[int]]:
+    """`autoscaler replay` of eva and no-packing side by side, and its two workers."""
     command = subprocess.Popen(
         [sys.executable, "-m", "autoscaler", "replay", "--trace", str(trace),
          "--scheduler", "eva", "--workers", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    workers: list[int] = []
+    for _ in range(1200):  # until both workers are forked (at most 2 minutes)
+        workers = _children(command.pid)
+        if len(workers) == 2 or command.poll() is not None:
+            break
+        threading.Event().wait(0.1)
+    return command, workers
+
+
+def test_an_interrupted_parallel_replay_leaves_no_worker_running(long_trace):
+    # Ctrl-C (here SIGINT to the command alone, as `kill -INT` sends it) while
+    # the replays run in their workers: the command stops with 130 at once and
+    # takes its workers with it. Both replays need minutes or most of one on
+    # this trace, so a command that waited for its workers would time out.
+    command, workers = start_parallel_replay(long_trace)
     try:
-        workers: list[int] = []
-        for _ in range(1200):  # until both workers are forked (at most 2 minutes)
-            workers = _children(command.pid)
-            if len(workers) == 2 or command.poll() is not None:
-                break
-            threading.Event().wait(0.1)
         assert len(workers) == 2, workers
         command.send_signal(signal.SIGINT)
         assert command.wait(timeout=60) == 130
@@ -267,6 +282,61 @@ def test_an_interrupted_parallel_replay_leaves_no_worker_running(tmp_path):
     finally:
         command.kill()
         command.wait()
+
+
+def test_a_killed_replay_worker_is_an_error_not_a_wait(long_trace):
+    # A worker the kernel kills (the OOM killer sends SIGKILL) never sends its
+    # result: the command says which replay died and how, and stops the other
+    # (a process pool would have waited for that result forever).
+    command, workers = start_parallel_replay(long_trace)
+    try:
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        assert command.wait(timeout=60) == 1
+        error = command.stderr.read().strip().splitlines()[-1]
+        assert error.startswith("autoscaler: error: the process replaying ")
+        assert "killed by signal 9" in error and "--workers 1" in error
+        assert "Traceback" not in error
+        _wait_gone(workers[1])
+    finally:
+        command.kill()
+        command.wait()
+
+
+def test_workers_of_a_replay_killed_outright_stop_too(long_trace):
+    # SIGKILL (or a SIGTERM nothing catches) gives the command no chance to
+    # stop its workers: they notice they were orphaned and stop themselves.
+    command, workers = start_parallel_replay(long_trace)
+    try:
+        assert len(workers) == 2, workers
+        command.kill()
+        command.wait(timeout=60)
+        for pid in workers:
+            _wait_gone(pid)
+    finally:
+        command.kill()
+        command.wait()
+
+
+def test_an_error_in_a_replay_worker_is_raised_in_the_command(pai, monkeypatch):
+    # The workers are forked, so a replay patched here runs in them too: owl's
+    # fails as bad input would. The error reaches the command as itself (the
+    # CLI prints an InputError as one line), with the worker's traceback as a
+    # note, and no worker is left behind.
+    catalog, jobs, truth = pai
+    real = cli.replay
+
+    def failing(jobs, catalog, truth, name, *args, **kwargs):
+        if name == "owl":
+            raise InputError("no such thing", source="trace.json", field="tasks")
+        return real(jobs, catalog, truth, name, *args, **kwargs)
+
+    monkeypatch.setattr(cli, "replay", failing)
+    with pytest.raises(InputError) as raised:
+        cli._run_replays(["owl", "eva", "no-packing"], jobs, catalog, truth, 300.0, 0.0, 2)
+    assert str(raised.value) == "trace.json: field 'tasks': no such thing"
+    assert any("in the process replaying owl" in n for n in raised.value.__notes__)
+    assert multiprocessing.active_children() == []
 
 
 def _children(pid: int) -> list[int]:
