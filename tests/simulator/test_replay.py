@@ -293,10 +293,11 @@ def test_a_killed_replay_worker_is_an_error_not_a_wait(long_trace):
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
         assert command.wait(timeout=60) == 1
-        error = command.stderr.read().strip().splitlines()[-1]
+        stderr = command.stderr.read()
+        error = stderr.strip().splitlines()[-1]
         assert error.startswith("autoscaler: error: the process replaying ")
         assert "killed by signal 9" in error and "--workers 1" in error
-        assert "Traceback" not in error
+        assert "Traceback" not in stderr
         _wait_gone(workers[1])
     finally:
         command.kill()
