@@ -154,13 +154,11 @@ def _instance_type(name: str, spec: Any, source: str) -> InstanceType:
             has_value=True,
         )
     capacity = _vector(spec.get("capacity"), field="capacity", where=where, source=source)
-    wrong = (
-        "GPUs are whole devices"
-        if capacity.gpu != int(capacity.gpu)
-        else "a type with no capacity hosts nothing"
-        if capacity.as_tuple() == (0, 0, 0)
-        else None
-    )
+    wrong = None
+    if capacity.gpu != int(capacity.gpu):
+        wrong = "GPUs are whole devices"
+    elif capacity.as_tuple() == (0, 0, 0):
+        wrong = "a type with no capacity hosts nothing"
     if wrong:
         raise InputError(
             wrong,

@@ -120,6 +120,12 @@ def money(value: float) -> str:
     return f"${value:,.2f}" if abs(value) >= 1 or value == 0 else f"${value:.4f}"
 
 
+def dollars(amount: float) -> str:
+    """Whole dollars without the sign, for a column headed "$": cents below $100 (a
+    short replay must not read "$0")."""
+    return f"{amount:,.2f}" if abs(amount) < 100 else f"{amount:,.0f}"
+
+
 def shorten(items: Sequence[str], limit: int = 60) -> str:
     """Comma-joined items, cut with a count of the rest when longer than `limit` chars."""
     text = ""

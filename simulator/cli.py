@@ -11,6 +11,8 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -309,40 +311,58 @@ def _run_replays(
     """
     board = _Progress(names, len(jobs))
     workers = min(workers or _cores(), len(names) + 1)
-    options = {"min_throughput": min_throughput}
+    inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput})
+    finished: dict[str, object] = {}
     if workers <= 1:
-        results = {}
-        for name in names:
-            started = time.perf_counter()
-            results[name] = replay(
-                jobs,
-                catalog,
-                truth,
-                name,
-                interval_s,
-                on_round=lambda now, done, total, name=name: board.update(name, now, done, total),
-                planner_options=options,
-            )
-            board.done(name, results[name], time.perf_counter() - started)
-        return results, clairvoyant_bound(jobs, catalog)
+        for name in [*names, _BOUND]:
+            finished[name], seconds = _run_one(name, inputs, partial(board.update, name))
+            if name != _BOUND:
+                board.done(name, finished[name], seconds)  # type: ignore[arg-type]
+    else:
+        _run_in_workers(names, inputs, workers, board, finished)
+    limit = finished.pop(_BOUND)
+    return {name: finished[name] for name in names}, limit  # type: ignore[misc]
 
+
+_BOUND = "the clairvoyant bound"
+
+
+def _run_one(
+    name: str, inputs: tuple, on_round: Callable[[float, int, int], None]
+) -> tuple[object, float]:
+    """One scheduler's replay (or, for `_BOUND`, the bound), and its wall time."""
+    jobs, catalog, truth, interval_s, options = inputs
+    started = time.perf_counter()
+    if name == _BOUND:
+        result: object = clairvoyant_bound(jobs, catalog)
+    else:
+        result = replay(
+            jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options
+        )
+    return result, time.perf_counter() - started
+
+
+def _run_in_workers(
+    names: list[str], inputs: tuple, workers: int, board: _Progress, finished: dict[str, object]
+) -> None:
+    """`_run_one` for every name and the bound, in forked processes, into `finished`."""
     # One forked process per replay (and one for the bound), at most `workers` at
     # once: they inherit the inputs, and report progress and their result on a
     # queue. Processes of our own rather than a pool: a pool waits forever for
     # the result of a worker the kernel killed (out of memory, say).
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
-    shared = (jobs, catalog, truth, interval_s, options, board.tty)
     waiting = sorted(names, key=lambda n: (not n.startswith("eva"), names.index(n)))
     waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
     running: dict[str, multiprocessing.process.BaseProcess] = {}
-    finished: dict[str, object] = {}
     try:
         while waiting or running:
             while waiting and len(running) < workers:
                 name = waiting.pop(0)
                 running[name] = context.Process(
-                    target=_worker, args=(name, messages, shared), name=f"replay {name}"
+                    target=_worker,
+                    args=(name, messages, inputs, board.tty),
+                    name=f"replay {name}",
                 )
                 running[name].start()
             _receive(messages, board, finished, running, timeout=0.2)
@@ -357,11 +377,6 @@ def _run_replays(
             process.terminate()
         for process in running.values():
             process.join()
-    limit = finished.pop(_BOUND)
-    return {name: finished[name] for name in names}, limit  # type: ignore[misc]
-
-
-_BOUND = "the clairvoyant bound"
 
 
 class _WorkerDied(RuntimeError):
@@ -380,10 +395,9 @@ class _WorkerDied(RuntimeError):
         )
 
 
-def _worker(name: str, messages, shared: tuple) -> None:
-    """A replay's process: run it (or compute the bound) and send the result back."""
+def _worker(name: str, messages, inputs: tuple, progress: bool) -> None:
+    """A replay's process: `_run_one`, its progress and result sent back on `messages`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    jobs, catalog, truth, interval_s, options, progress = shared
     parent = os.getppid()
     last = [0.0]
 
@@ -396,14 +410,7 @@ def _worker(name: str, messages, shared: tuple) -> None:
             messages.put(("progress", name, (now, done, total)))
 
     try:
-        started = time.perf_counter()
-        if name == _BOUND:
-            result: object = clairvoyant_bound(jobs, catalog)
-        else:
-            result = replay(
-                jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options
-            )
-        messages.put(("done", name, (result, time.perf_counter() - started)))
+        messages.put(("done", name, _run_one(name, inputs, on_round)))
     except Exception as exc:  # sent back whole, to be raised in the parent
         where = f"in the process replaying {name}:\n{traceback.format_exc()}"
         try:

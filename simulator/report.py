@@ -6,13 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autoscaler.table import format_table
+from autoscaler.table import dollars, format_table
 from simulator.replay import ReplayResult
-
-
-def dollars(amount: float) -> str:
-    """Whole dollars, or cents below $100 (a short replay must not read "$0")."""
-    return f"{amount:,.2f}" if abs(amount) < 100 else f"{amount:,.0f}"
 
 
 def comparison_table(results: Mapping[str, ReplayResult]) -> str:

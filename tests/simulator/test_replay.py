@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -250,20 +252,27 @@ def long_trace(tmp_path_factory):
     return trace
 
 
-def start_parallel_replay(trace) -> tuple[subprocess.Popen, list[int]]:
-    """`autoscaler replay` of eva and no-packing side by side, and its two workers."""
+@contextlib.contextmanager
+def parallel_replay(trace) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """`autoscaler replay` of eva and no-packing side by side, and its two workers
+    once both are forked (at most 2 minutes); the command is killed on the way out."""
     command = subprocess.Popen(
         [sys.executable, "-m", "autoscaler", "replay", "--trace", str(trace),
          "--scheduler", "eva", "--workers", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    workers: list[int] = []
-    for _ in range(1200):  # until both workers are forked (at most 2 minutes)
-        workers = _children(command.pid)
-        if len(workers) == 2 or command.poll() is not None:
-            break
-        threading.Event().wait(0.1)
-    return command, workers
+    try:
+        workers: list[int] = []
+        for _ in range(1200):
+            workers = _children(command.pid)
+            if len(workers) == 2 or command.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert len(workers) == 2, workers
+        yield command, workers
+    finally:
+        command.kill()
+        command.wait()
 
 
 def test_an_interrupted_parallel_replay_leaves_no_worker_running(long_trace):
@@ -271,26 +280,19 @@ def test_an_interrupted_parallel_replay_leaves_no_worker_running(long_trace):
     # the replays run in their workers: the command stops with 130 at once and
     # takes its workers with it. Both replays need minutes or most of one on
     # this trace, so a command that waited for its workers would time out.
-    command, workers = start_parallel_replay(long_trace)
-    try:
-        assert len(workers) == 2, workers
+    with parallel_replay(long_trace) as (command, workers):
         command.send_signal(signal.SIGINT)
         assert command.wait(timeout=60) == 130
         assert "interrupted" in command.stderr.read()
         for pid in workers:
             _wait_gone(pid)
-    finally:
-        command.kill()
-        command.wait()
 
 
 def test_a_killed_replay_worker_is_an_error_not_a_wait(long_trace):
     # A worker the kernel kills (the OOM killer sends SIGKILL) never sends its
     # result: the command says which replay died and how, and stops the other
     # (a process pool would have waited for that result forever).
-    command, workers = start_parallel_replay(long_trace)
-    try:
-        assert len(workers) == 2, workers
+    with parallel_replay(long_trace) as (command, workers):
         os.kill(workers[0], signal.SIGKILL)
         assert command.wait(timeout=60) == 1
         stderr = command.stderr.read()
@@ -299,24 +301,16 @@ def test_a_killed_replay_worker_is_an_error_not_a_wait(long_trace):
         assert "killed by signal 9" in error and "--workers 1" in error
         assert "Traceback" not in stderr
         _wait_gone(workers[1])
-    finally:
-        command.kill()
-        command.wait()
 
 
 def test_workers_of_a_replay_killed_outright_stop_too(long_trace):
     # SIGKILL (or a SIGTERM nothing catches) gives the command no chance to
     # stop its workers: they notice they were orphaned and stop themselves.
-    command, workers = start_parallel_replay(long_trace)
-    try:
-        assert len(workers) == 2, workers
+    with parallel_replay(long_trace) as (command, workers):
         command.kill()
         command.wait(timeout=60)
         for pid in workers:
             _wait_gone(pid)
-    finally:
-        command.kill()
-        command.wait()
 
 
 def test_an_error_in_a_replay_worker_is_raised_in_the_command(pai, monkeypatch):
@@ -389,7 +383,7 @@ def test_a_replay_where_packed_tasks_crawl_stops_and_says_so(pai):
 
 
 def test_replay_costs_below_100_dollars_keep_their_cents():
-    from simulator.report import dollars
+    from autoscaler.table import dollars
 
     assert dollars(0.15) == "0.15"  # a short replay read "$0"
     assert dollars(99.994) == "99.99"
