@@ -20,6 +20,14 @@ task while the trace says it is present. It is not a bound on schedulers that
 hold work back to pair it better later; replaying pai_200 with arrivals
 batched into 0.5–3 h windows (JCT up to 1.13x) changed eva's cost by under
 0.2%.
+
+`waiting_limit` is: it pools the whole trace's work into one configuration
+LP, as if every task were present at once, so it bounds every schedule the
+simulator can run, whatever it lets jobs wait (and whatever JCT it accepts).
+Any schedule is a sequence of (instance type, set of tasks, duration)
+segments; each task must accumulate its full-speed duration of work at the
+rate its companions leave it, and a multi-task job moves at its slowest
+task's rate, so it pays at least what the LP pays.
 """
 
 from __future__ import annotations
@@ -117,6 +125,44 @@ def per_interval_limits(
     return Limits(*totals, len(intervals), at_fluid)
 
 
+@dataclass(frozen=True, slots=True)
+class WaitingLimit:
+    """Dollars no schedule goes below, however long it lets work wait."""
+
+    dollars: float
+    #: False: too many compositions, and `dollars` is the pooled fluid bound (lower still).
+    exact: bool
+
+
+def waiting_limit(
+    jobs: Sequence[JobSpec],
+    catalog: Catalog,
+    truth: ThroughputTable,
+    max_compositions: int = MAX_COMPOSITIONS,
+) -> WaitingLimit:
+    """The configuration LP of the whole trace's work under `truth`'s interference:
+    class k needs Σ task-hours of its tasks, a composition on a type delivers
+    Σ θ_i per hour, and holds at most as many tasks of a class as the trace has."""
+    rows, workloads, per_job = _classes(jobs, catalog, by_workload=True)
+    counts = [0] * len(rows)
+    work = [0.0] * len(rows)
+    for spec, classes in zip(jobs, per_job, strict=True):
+        hours = job_duration_s(spec) / 3600.0
+        for c, n in classes.items():
+            counts[c] += n
+            work[c] += n * hours
+    try:
+        _, slowed = _composition_lps(
+            catalog, rows, workloads, counts, truth, max_compositions, need=work
+        )
+        return WaitingLimit(slowed, True)
+    except _TooMany:
+        pooled = ShadowPricer().solve(
+            catalog, [LPClass(r, w) for r, w in zip(rows, work, strict=True)]
+        )
+        return WaitingLimit(pooled.lower_bound, False)
+
+
 class _TooMany(Exception):
     """An interval past the composition limit (or whose LP has no optimum)."""
 
@@ -208,11 +254,18 @@ def _composition_lps(
     present: Sequence[int],
     truth: ThroughputTable,
     limit: int,
+    need: Sequence[float] | None = None,
 ) -> tuple[float, float]:
-    """$/h: the configuration LP of the tasks present, without and with interference."""
+    """$/h: the configuration LP of the tasks present, without and with interference.
+
+    Each class must be covered `need` times (default: its count present; in
+    task-hours, the value is in dollars), and a composition holds at most
+    `present` tasks of it.
+    """
+    need = present if need is None else need
     index = [c for c, n in enumerate(present) if n]
     row_of = {c: i for i, c in enumerate(index)}
-    models = [covering_model([present[c] for c in index]) for _ in range(2)]
+    models = [covering_model([need[c] for c in index]) for _ in range(2)]
     for k, itype in enumerate(catalog.types):
         on_k = [None if r is None else r[k] for r in rows]
         for members in _compositions(itype.capacity.as_tuple(), on_k, present, limit):

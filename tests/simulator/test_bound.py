@@ -1,11 +1,13 @@
 """The clairvoyant limits of a trace (the fluid bound is printed beside replays)."""
 
+import random
+
 import pytest
 
 from autoscaler.catalog import Catalog
 from autoscaler.jobs import TraceFacts
 from autoscaler.throughput import ThroughputEntry, ThroughputTable
-from simulator.bound import clairvoyant_bound, per_interval_limits
+from simulator.bound import clairvoyant_bound, per_interval_limits, waiting_limit
 from tests.builders import itype, job, table3_catalog
 
 
@@ -91,3 +93,64 @@ def test_the_limits_fluid_bound_is_the_replays_whatever_the_workloads():
     limits = per_interval_limits(jobs, table3_catalog(), _pair_table(0.9))
     assert limits.fluid == pytest.approx(clairvoyant_bound(jobs, table3_catalog()))
     assert limits.intervals == 5  # events at 0, 0.5, 1, 1.5, 2 and 3 h
+
+
+@pytest.mark.parametrize(
+    ("theta", "expected"),
+    [
+        # Held back until they overlap, the pair shares a big at θ = 0.8: $0.75 of
+        # work, below the $0.8 that two smalls cost while the trace keeps them apart.
+        (0.8, 0.75),
+        (0.7, 0.8),  # at 0.7 sharing costs $0.857: waiting cannot help
+    ],
+)
+def test_waiting_lets_tasks_the_trace_keeps_apart_share(theta, expected):
+    catalog = Catalog([itype("small", 0, 4, 16, 0.4), itype("big", 0, 8, 32, 0.6)])
+    jobs = (
+        job("a", (0, 4, 8), trace=TraceFacts(arrival_time_s=0.0, duration_s=3600.0)),
+        job("b", (0, 4, 8), trace=TraceFacts(arrival_time_s=7200.0, duration_s=3600.0)),
+    )
+    assert per_interval_limits(jobs, catalog, _pair_table(theta)).with_interference == (
+        pytest.approx(0.8)
+    )
+    limit = waiting_limit(jobs, catalog, _pair_table(theta))
+    assert limit.exact
+    assert limit.dollars == pytest.approx(expected)
+
+
+def test_a_task_cannot_share_an_instance_with_itself():
+    # One 2-hour task that fills half of the only type: 2 h of it, $1.2, not
+    # one hour of the task running twice over.
+    catalog = Catalog([itype("big", 0, 8, 32, 0.6)])
+    jobs = (job("a", (0, 4, 8), trace=TraceFacts(arrival_time_s=0.0, duration_s=7200.0)),)
+    assert waiting_limit(jobs, catalog, ThroughputTable(default=1.0)).dollars == (
+        pytest.approx(1.2)
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_waiting_never_costs_more_than_the_trace_s_own_timing(seed):
+    # Every per-interval solution, summed over the trace, is a solution of the pooled
+    # LP: the waiting limit is at most the per-interval limit, and at least the
+    # fluid bound of the pooled work.
+    rng = random.Random(seed)
+    demands = [(0, 2, 4), (0, 3, 8), (0, 4, 12), (0, 6, 20)]
+    jobs = tuple(
+        job(
+            f"j{i}",
+            rng.choice(demands),
+            trace=TraceFacts(
+                arrival_time_s=rng.uniform(0, 20_000), duration_s=rng.uniform(600, 20_000)
+            ),
+            name=rng.choice(["wa", "wb"]),
+        )
+        for i in range(8)
+    )
+    truth = _pair_table(0.85)
+    limits = per_interval_limits(jobs, table3_catalog(), truth)
+    waiting = waiting_limit(jobs, table3_catalog(), truth)
+    assert waiting.exact
+    assert waiting.dollars <= limits.with_interference * (1 + 1e-9)
+    pooled = waiting_limit(jobs, table3_catalog(), truth, max_compositions=1)
+    assert not pooled.exact
+    assert pooled.dollars <= waiting.dollars * (1 + 1e-9)
