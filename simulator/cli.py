@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -11,7 +12,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -364,7 +365,8 @@ def _run_in_workers(
                     args=(name, messages, inputs, board.tty),
                     name=f"replay {name}",
                 )
-                running[name].start()
+                with _sigint_held():
+                    running[name].start()
             _receive(messages, board, finished, running, timeout=0.2)
             for name, process in list(running.items()):
                 if not process.is_alive():
@@ -377,6 +379,21 @@ def _run_in_workers(
             process.terminate()
         for process in running.values():
             process.join()
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Ctrl-C held back while a worker is forked, and delivered after.
+
+    Arriving during the fork, its KeyboardInterrupt is raised in an after-fork
+    hook (logging's), where Python prints "Exception ignored" and drops it: the
+    command went on replaying. Blocked, the signal waits for the fork to end.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class _WorkerDied(RuntimeError):
@@ -398,6 +415,7 @@ class _WorkerDied(RuntimeError):
 def _worker(name: str, messages, inputs: tuple, progress: bool) -> None:
     """A replay's process: `_run_one`, its progress and result sent back on `messages`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held during the fork
     parent = os.getppid()
     last = [0.0]
 
