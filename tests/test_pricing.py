@@ -30,8 +30,9 @@ def test_multi_task_tnrp_charges_the_whole_jobs_value():
     assert tnrp(3.0, 0.9, job_rp=12.0) == pytest.approx(1.8)
     # A single-task job is the special case RP(j) = RP(τ).
     assert tnrp(3.0, 0.9, job_rp=3.0) == pytest.approx(tnrp(3.0, 0.9))
-    # Severe interference never makes a task worth less than nothing.
-    assert tnrp(3.0, 0.5, job_rp=12.0) == 0.0
+    # Severe interference makes a task worth less than nothing: at 0.5 it costs
+    # the job half of $12, twice what the task is worth alone (§4.4's plain form).
+    assert tnrp(3.0, 0.5, job_rp=12.0) == pytest.approx(-3.0)
 
 
 def test_job_rp_sums_its_tasks():

@@ -137,6 +137,36 @@ def test_a_slowed_task_of_a_job_of_unlike_tasks_is_charged_the_whole_jobs_loss()
     assert shared.tnrp_of(["t1/0", "m/0"]) == pytest.approx(12 + 0.9 * 3)
 
 
+def test_a_task_that_stalls_its_job_is_moved_off_an_instance_its_neighbour_pays_for():
+    # s (0, 5, 20) needs the big type alone: RP(s) = $1 = the big's cost. Job m's
+    # unlike tasks each fit a small ($0.3): RP(m) = $0.6. Next to s, m/0 runs at
+    # 0.3 and so does all of m: it loses 0.7 · $0.6 = $0.42/h of work to save
+    # the $0.3/h of its own small. Valued at 0.3 − 0.42 = −$0.12, the big with
+    # both is worth $0.88 < $1 and m/0 moves; floored at 0 (worth "nothing"), the
+    # big stayed worth exactly its cost, was kept, and m crawled at 0.3 for good.
+    catalog = Catalog([itype("big", 0, 8, 32, 1.0), itype("small", 0, 2, 8, 0.3)])
+    s = job("s", (0, 5, 20), name="s")
+    m = job("m", (0, 2, 8), (0, 1, 4), name="m")
+    table = ThroughputTable(default=1.0).observe("m_node0", ["s_node0"], 0.3)
+    current = configuration(
+        running("i-1", catalog["big"], "s/0", "m/0"), running("i-2", catalog["small"], "m/1")
+    )
+    snapshot = view([s, m], current, table, catalog)
+    assert Packer(snapshot).tnrp_of(["s/0", "m/0"]) == pytest.approx(1.0 + 0.3 - 0.7 * 0.6)
+    full = full_reconfiguration(snapshot)
+    for plan in (
+        partial_reconfiguration(snapshot),
+        full,
+        EvaPlanner().plan(snapshot).configuration,
+    ):
+        together = [set(i.tasks) for i in plan if "m/0" in i.tasks]
+        assert together == [{"m/0"}], placement(plan)
+    # Full puts m/1 (no interference) beside s instead: $1.3/h, where the floored
+    # value packed all three onto the big for $1/h and stalled m.
+    assert placement(full) == [("big", ("m/1", "s/0")), ("small", ("m/0",))]
+    assert full.hourly_cost == pytest.approx(1.3)
+
+
 def test_a_16_task_data_parallel_job_is_packed_at_the_default_throughput():
     # 16 tasks of (1 GPU, 8 cores, 30 GB): alone each needs a p3.8xlarge ($12.24,
     # 16 cores). Two fill it, each at 0.95 by default: worth 2 · 12.24 · 0.95 =
