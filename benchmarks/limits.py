@@ -14,12 +14,12 @@ before:
 
 None counts start-up delays, migrations or the scheduling period; the third
 is what a clairvoyant scheduler pays that packs the tasks present optimally
-at every moment and knows the interference exactly. A fourth row goes below
-the trace's timing (`simulator.bound.waiting_limit`): the whole trace's work
+at every moment and knows the interference exactly. A fourth row drops the
+trace's timing (`simulator.bound.waiting_limit`): the whole trace's work
 pooled into one configuration LP under the same interference, as if every
 task were present at once. No schedule pays less, however long it lets jobs
-wait: it is the floor under any goal set for this trace in this simulator. Beside them, `eva` and
-`no-packing` replayed on the same trace. On pai_200 it takes about half a
+wait: it is the floor under any goal set for this trace in this simulator.
+Beside them, `eva` and `no-packing` replayed on the same trace. On pai_200 it takes about half a
 minute; on the vCPU catalog compositions multiply (100 jobs of the full trace:
 about 3 minutes), so `--jobs` takes the first N jobs.
 """

@@ -21,7 +21,7 @@ hold work back to pair it better later; replaying pai_200 with arrivals
 batched into 0.5–3 h windows (JCT up to 1.13x) changed eva's cost by under
 0.2%.
 
-`waiting_limit` is: it pools the whole trace's work into one configuration
+`waiting_limit` is one: it pools the whole trace's work into one configuration
 LP, as if every task were present at once, so it bounds every schedule the
 simulator can run, whatever it lets jobs wait (and whatever JCT it accepts).
 Any schedule is a sequence of (instance type, set of tasks, duration)

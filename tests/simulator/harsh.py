@@ -1,9 +1,9 @@
 """A random world with harsh interference, for replays that must still save money.
 
-Odd catalogs (float capacities, equal prices, types no task fits), jobs of 1, 2,
-4 or 16 tasks with unlike demands (exact capacities, family-specific and `any`
-vectors, anti-affinity limits), and a contention matrix whose measured pairs run
-at 0.3–1 (`x` elsewhere: the replay's default). Deterministic in `seed`.
+Odd catalogs (float capacities, tiny CPUs, equal prices), jobs of 1, 2, 4 or 16
+tasks with unlike demands (exact capacities, family-specific and `any` vectors,
+anti-affinity limits), and a contention matrix whose measured pairs run at 0.3–1
+(`x`, unmeasured, elsewhere: the replay's default). Deterministic in `seed`.
 """
 
 from __future__ import annotations
