@@ -154,3 +154,24 @@ def test_waiting_never_costs_more_than_the_trace_s_own_timing(seed):
     pooled = waiting_limit(jobs, table3_catalog(), truth, max_compositions=1)
     assert not pooled.exact
     assert pooled.dollars <= waiting.dollars * (1 + 1e-9)
+
+
+def test_no_scheduler_replays_a_trace_below_its_waiting_limit():
+    # The limit claims to bound every schedule the simulator can run: each of our
+    # schedulers, replayed under the same interference, must pay at least it (on
+    # pai_200's first 40 jobs eva comes within 5% of it).
+    from autoscaler.bundled import bundled
+    from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+    from simulator.replay import SCHEDULERS, replay
+    from simulator.traces import start_at_first_arrival
+    from simulator.world import ground_truth
+
+    catalog = load_catalog(bundled("ec2_config.json"))
+    jobs, _ = start_at_first_arrival(load_jobs(bundled("pai_200.json"), catalog))
+    jobs = tuple(sorted(jobs, key=lambda j: j.trace.arrival_time_s)[:40])
+    truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
+    limit = waiting_limit(jobs, catalog, truth)
+    assert limit.exact
+    assert limit.dollars <= per_interval_limits(jobs, catalog, truth).with_interference
+    for name in SCHEDULERS:
+        assert replay(jobs, catalog, truth, name).total_cost >= limit.dollars, name
