@@ -448,7 +448,6 @@ def best_composition(
     best: list[int] | None = None
     chosen = [0] * n
     used_in_group: dict[Hashable, int] = {}
-    nodes = 0
     complete = True
 
     def score(raw: float) -> float:
@@ -484,15 +483,13 @@ def best_composition(
     nodes = 1
     if nodes > node_limit:
         return None, 0.0, False, nodes
-    stack: list[list] = []
-    if n > 0:
-        b = slots * best_after[0] if bounded_slots else math.inf
-        for r, x in rates[0]:
-            if free[r] * x < b:
-                b = free[r] * x
-        if b > best_value + 1e-12:
-            # Frames: [item, free room, raw value, next count to try]
-            stack.append([0, free, 0.0, most_of(0, free, 0)])
+    stack: list[list] = []  # frames: [item, free room, raw value, next count to try]
+    b = slots * best_after[0] if bounded_slots else math.inf  # items is not empty
+    for r, x in rates[0]:
+        if free[r] * x < b:
+            b = free[r] * x
+    if b > best_value + 1e-12:
+        stack.append([0, free, 0.0, most_of(0, free, 0)])
     while stack:
         frame = stack[-1]
         i, free, raw, a = frame

@@ -500,11 +500,7 @@ class _Progress:
     def _show(self) -> None:
         if not self.running:
             return
-        cells = [
-            f"{name} {done}/{self.total} jobs, day {now / 86400:.1f}"
-            for name, (now, done) in self.running.items()
-        ]
-        if len(cells) == 1:  # one replay: a bar
+        if len(self.running) == 1:  # one replay: a bar
             name, (now, done) = next(iter(self.running.items()))
             text = f" {done}/{self.total} jobs done, day {now / 86400:.1f}"
             room = output_width() - self.width - 3 - len(text) - 1
@@ -512,7 +508,10 @@ class _Progress:
             filled = int(bar * done / self.total) if self.total else bar
             line = f"{name:<{self.width}} [{'#' * filled}{'.' * (bar - filled)}]{text}"
         else:
-            line = " · ".join(cells)
+            line = " · ".join(
+                f"{name} {done}/{self.total} jobs, day {now / 86400:.1f}"
+                for name, (now, done) in self.running.items()
+            )
         sys.stderr.write("\r" + line[: output_width() - 1].ljust(output_width() - 1))
         sys.stderr.flush()
 
