@@ -1,10 +1,23 @@
-"""Cost-optimizing cluster autoscaler for batch jobs on EC2.
+"""The core: what to run where, and the round that gets there — no I/O, no clock.
 
-The pure planning core lives here: the domain model (`resources`, `catalog`,
-`jobs`, `configuration`), pricing (`pricing`), the co-location throughput table
-(`throughput`), Eva's reconfiguration algorithms (`reconfiguration`), the
-migration criterion (`criterion`) and the planner that ties them together
-(`planner`). None of it performs I/O or reads a clock.
+- The domain: `resources`, `catalog` (instance types and prices), `jobs`
+  (job and task specs, demand rules), `configuration` (instances and the tasks
+  on them), `view` (what a planner sees).
+- Pricing and learning: `pricing` (reservation price, TNRP; Eva §4.2, §4.4),
+  `throughput` (the co-location table; §4.3), `lp` and `patterns`
+  (CvxCluster's shadow prices; the configuration LP), `fluid` (two-stage
+  packing for many distinct demands).
+- Deciding: `reconfiguration` (Full and Partial Reconfiguration; Algorithm 1),
+  `criterion` (the migration criterion S·D̂ − M), `planner` (the planners by
+  name), `decide` (a round and a step as pure functions of a snapshot).
+- The round and its interfaces: `cloud` (`Cloud`), `execution` (`Executor`,
+  `Clock`), `store` (`Store` and the records it holds), `control` (sync →
+  snapshot → decide → record → act, against those interfaces only).
+
+The bindings (`provisioners`, `executor`, `state`, `simulator`) import this
+package; it imports none of them, and the application (`app`) none either
+(import contracts in pyproject.toml). `data/eva/` is package data: the Eva
+artifact's trace, catalog and contention matrix.
 """
 
 __version__ = "0.1.0"

@@ -34,13 +34,13 @@ LIVE_STATES: frozenset[str] = frozenset({"pending", "running", "stopping"})
 
 @dataclass(frozen=True, slots=True)
 class CloudInstance:
-    """An instance as the cloud reports it."""
+    """An instance as the cloud reports it: `cloud_id` is the cloud's name for it."""
 
-    instance_id: str
+    cloud_id: str
     instance_type: str
     state: InstanceState
     zone: str | None = None
-    launch_token: str | None = None
+    instance_id: str | None = None  # ours (the launch token), from its tag; None: not ours
     launched_at_s: float | None = None  # epoch seconds of the launch request
     spot: bool = False
     dry_run: bool = False  # a launch the cloud accepted in dry-run mode: nothing exists or bills
@@ -50,13 +50,14 @@ class CloudInstance:
 class LaunchRequest:
     """One instance to launch.
 
-    `launch_token` is the idempotency key: the control loop records it before
-    calling `launch`, so a retry after a crash finds the instance it started.
+    `instance_id` is ours and the idempotency key (the launch token): the control
+    loop records it before calling `launch`, so a retry after a crash finds the
+    instance it started.
     `zones` is an order of preference (empty: any allowed zone).
     """
 
     instance_type: str
-    launch_token: str
+    instance_id: str
     zones: tuple[str, ...] = ()
     spot: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -181,7 +182,7 @@ class Cloud(Protocol):
         ...
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
-        """Start one instance (idempotent by `request.launch_token`)."""
+        """Start one instance (idempotent by `request.instance_id`)."""
         ...
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
@@ -222,17 +223,17 @@ def match_listing(
     stands for its first-launched instance; the other is an orphan.
     """
     live = [i for i in listed if i.state != "terminated"]
-    by_cloud_id = {i.instance_id: i for i in live}
+    by_cloud_id = {i.cloud_id: i for i in live}
     by_token: dict[str, CloudInstance] = {}
     for inst in sorted(
         live,
         key=lambda i: (
             i.launched_at_s if i.launched_at_s is not None else float("inf"),
-            i.instance_id,
+            i.cloud_id,
         ),
     ):
-        if inst.launch_token:
-            by_token.setdefault(inst.launch_token, inst)
+        if inst.instance_id:
+            by_token.setdefault(inst.instance_id, inst)
     matched: dict[str, CloudInstance] = {}
     claimed: set[str] = set()
     pending: list[str] = []
@@ -245,15 +246,15 @@ def match_listing(
             pending.append(our_id)
     for our_id in pending:
         found = by_token.get(our_id)
-        if found is not None and found.instance_id not in claimed:
+        if found is not None and found.cloud_id not in claimed:
             matched[our_id] = found
-            claimed.add(found.instance_id)
-    orphans = tuple(sorted((i for i in live if i.instance_id not in claimed), key=_by_id))
+            claimed.add(found.cloud_id)
+    orphans = tuple(sorted((i for i in live if i.cloud_id not in claimed), key=_by_id))
     return Listing(matched, orphans)
 
 
 def _by_id(instance: CloudInstance) -> str:
-    return instance.instance_id
+    return instance.cloud_id
 
 
 OrphanAction = Literal["report", "terminate"]
@@ -274,7 +275,7 @@ class OrphanPolicy:
         """Report or terminate this orphan now, and why."""
         age = None if orphan.launched_at_s is None else now - orphan.launched_at_s
         seen = (
-            f"{orphan.instance_id} ({orphan.instance_type}) is tagged for this cluster "
+            f"{orphan.cloud_id} ({orphan.instance_type}) is tagged for this cluster "
             "but unknown to the state"
         )
         if self.action == "report":

@@ -13,8 +13,8 @@ from autoscaler.catalog import InstanceType
 class Instance:
     """An instance and the tasks assigned to it.
 
-    `instance_id` is the cloud's id for an instance that exists (running or
-    still launching); None for an instance a plan wants launched.
+    `instance_id` is ours (the launch token the state recorded) for an instance
+    that exists or was requested; None for an instance a plan wants launched.
     """
 
     instance_id: str | None

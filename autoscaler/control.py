@@ -203,7 +203,7 @@ def _sync_instances(
             our_id,
             status,  # type: ignore[arg-type]
             now,
-            cloud_id=seen.instance_id if seen else None,
+            cloud_id=seen.cloud_id if seen else None,
             zone=seen.zone if seen else None,
             reason=reason,
         )
@@ -490,7 +490,7 @@ def act(
     ]
     if doomed:
         try:
-            cloud.terminate([o.instance.instance_id for _, o in doomed])
+            cloud.terminate([o.instance.cloud_id for _, o in doomed])
             outcome, message = "done", ""
         except CloudError as exc:
             outcome, message = "failed", f"{type(exc).__name__}: {exc}"
@@ -522,9 +522,9 @@ def ask_cloud(
         return "skipped", message, InstanceChange(instance_id, "failed", reason=message)
     status = "running" if got.state == "running" else "pending"
     change = InstanceChange(
-        instance_id, status, got.instance_id, got.zone, f"launched as {got.instance_id}"
+        instance_id, status, got.cloud_id, got.zone, f"launched as {got.cloud_id}"
     )
-    return "done", got.instance_id, change
+    return "done", got.cloud_id, change
 
 
 def launch_instance(cloud: Cloud, store: Store, instance_id: str, now: float) -> tuple[str, str]:

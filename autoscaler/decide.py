@@ -198,7 +198,7 @@ class RoundDecision:
         actions += [
             ActionRecord(
                 "terminate" if o.action == "terminate" else "report",
-                o.instance.instance_id,
+                o.instance.cloud_id,
                 o.reason,
                 detail={"type": o.instance.instance_type, "orphan": True},
             )

@@ -1,7 +1,7 @@
 """The `Store` interface: what the control loop persists, as named state transitions.
 
 Bindings: `state` (SQLAlchemy; SQLite by default, PostgreSQL in production)
-and `autoscaler.memory_store.InMemoryStore` (replay and unit tests).
+and `state.memory.InMemoryStore` (replay and unit tests).
 
 The contract every binding honours (checked by `tests/store_contract.py`):
 

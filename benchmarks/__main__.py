@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from autoscaler.cli_io import silence_solver_banner
+from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
 from benchmarks import daemon_scale, limits, lp_scaling, migration, plan_scaling, replay_speed
 

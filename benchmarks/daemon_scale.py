@@ -25,15 +25,15 @@ from pathlib import Path
 
 import grpc
 
+from app.api import USER_METHODS, ApiClient, SubmissionService, add_submission
+from app.config import load_cluster_config
+from app.init import DAEMON_NAME, init_cluster
+from app.table import format_table
+from app.wiring import daemon_security
 from autoscaler.cloud import AvailabilityCache, CloudInstance, LaunchRequest
 from autoscaler.control import ControlLoop
 from autoscaler.decide import ControlOptions
 from autoscaler.planner import planner_by_name
-from autoscaler.service.api import USER_METHODS, ApiClient, SubmissionService, add_submission
-from autoscaler.service.config import load_cluster_config
-from autoscaler.service.init import DAEMON_NAME, init_cluster
-from autoscaler.service.wiring import daemon_security
-from autoscaler.table import format_table
 from benchmarks.timing import timed
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
 from executor.security import TokenAuth, read_token, secure_channel, server_options
@@ -51,22 +51,22 @@ class InstantCloud:
         return self._catalog
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
-        found = self.instances.get(request.launch_token)
+        found = self.instances.get(request.instance_id)
         if found is None:
             found = CloudInstance(
                 f"i-{len(self.instances):08d}",
                 request.instance_type,
                 "running",
                 "local",
-                request.launch_token,
+                request.instance_id,
                 0.0,
             )
-            self.instances[request.launch_token] = found
+            self.instances[request.instance_id] = found
         return found
 
     def terminate(self, ids) -> None:
         gone = set(ids)
-        self.instances = {k: v for k, v in self.instances.items() if v.instance_id not in gone}
+        self.instances = {k: v for k, v in self.instances.items() if v.cloud_id not in gone}
 
     def list(self):
         return list(self.instances.values())

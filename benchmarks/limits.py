@@ -30,10 +30,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from autoscaler.bundled import bundled
-from autoscaler.cli_io import load_inputs, write_json
-from autoscaler.files import load_contention_matrix
-from autoscaler.table import format_table
+from app.bundled import bundled
+from app.cli_io import load_inputs, write_json
+from app.files import load_contention_matrix
+from app.table import format_table
 from benchmarks.timing import timed
 from simulator.bound import per_interval_limits, waiting_limit
 from simulator.replay import replay

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 
+from app.table import format_table
 from autoscaler.lp import ShadowPricer
 from autoscaler.planner import _lp_classes, planner_by_name
 from autoscaler.reconfiguration import Packer
 from autoscaler.reference import algorithm1
-from autoscaler.table import format_table
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.timing import timed

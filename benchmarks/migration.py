@@ -38,10 +38,10 @@ from typing import Any
 
 import grpc
 
+from app.table import format_table
 from autoscaler.execution import ExecutorReport, ResourceLimits, TaskLaunch
 from autoscaler.jobs import TaskRun
 from autoscaler.resources import Resources
-from autoscaler.table import format_table
 from executor.agent import Agent, AgentConfig
 from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
 from executor.runtime import LABEL_INSTANCE, ContainerRuntime

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from app.table import format_table
 from autoscaler.planner import EvaPlanner
 from autoscaler.reference import algorithm1
-from autoscaler.table import format_table
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.timing import best_of

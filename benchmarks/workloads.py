@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog, load_jobs
 from autoscaler.catalog import Catalog
-from autoscaler.files import load_catalog, load_jobs
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.resources import Resources
 

@@ -1,6 +1,6 @@
-"""`autoscaler worker`: the worker agent of one instance.
+"""`autoscaler-worker` (also `autoscaler worker`): the worker agent of one instance.
 
-    autoscaler worker --daemon HOST:PORT --ca FILE (--token-file FILE | --token-ssm NAME)
+    autoscaler-worker --daemon HOST:PORT --ca FILE (--token-file FILE | --token-ssm NAME)
         [--instance-id ID] [--docker URL] [--work-dir DIR] [--listen HOST:PORT]
         [--advertise HOST] [--capacity GPU,CPU,RAM_GB]
 
@@ -19,8 +19,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from autoscaler.resources import Resources
 
@@ -28,14 +29,44 @@ INSTANCE_ENV = "AUTOSCALER_INSTANCE_ID"
 DEFAULT_WORK_DIR = "/var/lib/autoscaler-worker"
 
 
+DESCRIPTION = (
+    "Run the worker agent: register with the daemon, heart-beat, and build, "
+    "run, checkpoint and stop the task containers the daemon places on this instance."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `worker` command."""
+    """Add the `worker` command to the `autoscaler` command line."""
     worker = subparsers.add_parser(
         "worker",
         help="run the worker agent of this instance (registers with the daemon, runs tasks)",
-        description="Run the worker agent: register with the daemon, heart-beat, and build, "
-        "run, checkpoint and stop the task containers the daemon places on this instance.",
+        description=DESCRIPTION,
     )
+    add_arguments(worker)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (exit 2), as everywhere else."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`autoscaler-worker` (or `python -m executor`): the agent alone, without the
+    planner's dependencies, which an instance does not install."""
+    parser = _Parser(prog="autoscaler-worker", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("autoscaler-worker: interrupted", file=sys.stderr)
+        return 130
+
+
+def add_arguments(worker: argparse.ArgumentParser) -> None:
+    """The worker's flags, on `autoscaler worker` and on `autoscaler-worker` alike."""
     worker.add_argument(
         "--daemon", required=True, metavar="HOST:PORT", type=_address, help="the daemon's address"
     )

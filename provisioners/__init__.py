@@ -1,4 +1,6 @@
-"""Cloud bindings: the EC2 provisioner (boto3), its instance catalog and prices."""
+"""The `Cloud` bindings: `ec2` (boto3) and `local` (worker agents on this host, whose
+containers it finds by the executor's labels); the instance `catalog` and its prices;
+`bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables)."""
 
 import logging
 

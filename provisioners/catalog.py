@@ -31,11 +31,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from autoscaler.bundled import bundled
 from autoscaler.catalog import Catalog, InstanceType, catalog_from_eva
 from autoscaler.cloud import CloudError, CloudRequestError
 from autoscaler.errors import InputError
-from autoscaler.files import load_catalog, read_json
 from autoscaler.resources import Resources
 from provisioners.aws import AwsCaller
 from provisioners.config import EC2Config, family_of
@@ -93,6 +91,10 @@ def bundled_price_table_path(region: str) -> Path:
     return Path(str(resources.files("provisioners") / "data" / f"prices-{region}.json"))
 
 
+#: Eva's 21 us-east-1 types with their measured delays, bundled with the core package.
+BUNDLED_CATALOG = Path(str(resources.files("autoscaler") / "data" / "eva" / "ec2_config.json"))
+
+
 def price_table_path(config: EC2Config) -> Path:
     """Where `catalog refresh` writes the prices it fetched for the configured region."""
     return config.cache_dir / f"prices-{config.region}.json"
@@ -105,7 +107,7 @@ def catalog_cache_path(config: EC2Config) -> Path:
 
 def load_price_table(path: Path) -> PriceTable:
     """Read and validate a price table file."""
-    data = read_json(path, "price table")
+    data = _read_document(path, "price table")
     source = str(path)
     if not isinstance(data, Mapping) or data.get("format") != _PRICES_FORMAT:
         raise InputError(f"not a price table (expected format {_PRICES_FORMAT!r})", source=source)
@@ -396,7 +398,7 @@ def bundled_catalog(config: EC2Config, prices: PriceTable | None) -> EC2Catalog:
         )
     else:
         price_of = dict(prices.prices) if prices is not None else {}
-        eva = load_catalog(bundled("ec2_config.json"))
+        eva = catalog_from_eva(_read_document(BUNDLED_CATALOG, "catalog"))
         allowed = [t for t in eva if config.allows(t.name)]
         if not allowed:
             selection = ", ".join([*config.families, *config.types]) or "nothing"
@@ -459,7 +461,7 @@ def load_catalog_cache(path: Path) -> EC2Catalog | None:
     """The cached catalog, or None when there is none. A damaged cache is an `InputError`."""
     if not path.exists():
         return None
-    data = read_json(path, "catalog cache")
+    data = _read_document(path, "catalog cache")
     source = str(path)
     if not isinstance(data, Mapping) or data.get("format") != _CATALOG_FORMAT:
         raise InputError(
@@ -570,3 +572,25 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: The largest catalog cache or price table read: a region's whole catalog is ~1 MB.
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
+def _read_document(path: Path, what: str) -> Any:
+    """A JSON file this binding wrote (cache, price table) or bundles, read with a bound;
+    any problem is an `InputError` naming the file."""
+    try:
+        with open(path, "rb") as handle:
+            if not os.path.isfile(path):
+                raise InputError(f"{what} is not a regular file", source=str(path))
+            raw = handle.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", source=str(path)) from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise InputError(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes", source=str(path))
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{what} is not JSON: {exc}", source=str(path)) from None

@@ -53,7 +53,6 @@ from typing import Any, Literal
 
 from autoscaler.cloud import Guardrails
 from autoscaler.errors import InputError
-from autoscaler.files import read_config_file
 from provisioners.images import (
     SUGGESTED_IMAGES,
     UnsupportedFamily,
@@ -153,15 +152,6 @@ class ProvisionerConfig:
 def family_of(instance_type: str) -> str:
     """`c7i` for `c7i.large`: EC2 names a type `<family>.<size>`."""
     return instance_type.split(".", 1)[0]
-
-
-def load_config(path: str | Path | None) -> ProvisionerConfig:
-    """Read the configuration file, or return the defaults when `path` is None."""
-    if path is None:
-        return ProvisionerConfig()
-    p = Path(path)
-    data = read_config_file(p)
-    return parse_config(data, source=str(p), base_dir=p.parent)
 
 
 def parse_config(

@@ -276,10 +276,10 @@ class EC2Cloud:
         permissions, a type `[ec2]` does not allow). The guardrails were checked
         by the round before it asked.
         """
-        if not 0 < len(request.launch_token) <= 256:
+        if not 0 < len(request.instance_id) <= 256:
             raise CloudRequestError(
                 f"launch token must be 1 to 256 characters (an EC2 tag value), "
-                f"got {len(request.launch_token)}"
+                f"got {len(request.instance_id)}"
             )
         with self._lock:
             try:
@@ -287,27 +287,27 @@ class EC2Cloud:
             except CloudUnavailable:
                 raise  # the same token comes back: keep its user data and its zone
             except BaseException:
-                self._forget(request.launch_token)
+                self._forget(request.instance_id)
                 raise
-            self._forget(request.launch_token)
+            self._forget(request.instance_id)
             return launched
 
-    def _forget(self, launch_token: str) -> None:
+    def _forget(self, instance_id: str) -> None:
         """Drop what a launch kept for its retries once it will not be retried."""
-        self._user_data.pop(launch_token, None)
-        self._uncertain.pop(launch_token, None)
+        self._user_data.pop(instance_id, None)
+        self._uncertain.pop(instance_id, None)
 
     def _launch(self, request: LaunchRequest) -> CloudInstance:
-        existing = self.find_by_token(request.launch_token)
+        existing = self.find_by_token(request.instance_id)
         if existing is not None:
             log.info(
                 "launch %s: found %s, not launching again",
-                request.launch_token,
-                existing.instance_id,
+                request.instance_id,
+                existing.cloud_id,
             )
             return existing
-        if request.launch_token in self._dry_run_launches:
-            return self._dry_run_launches[request.launch_token]
+        if request.instance_id in self._dry_run_launches:
+            return self._dry_run_launches[request.instance_id]
         if not self.config.allows(request.instance_type):
             raise CloudRequestError(
                 f"instance type {request.instance_type} is not allowed "
@@ -320,7 +320,7 @@ class EC2Cloud:
         # After an attempt whose answer was lost, its zone comes first, whatever has
         # cooled down since: the same ClientToken there returns the instance EC2 may
         # have started (DescribeInstances may not list it yet), a new zone would not.
-        uncertain = self._uncertain.get(request.launch_token)
+        uncertain = self._uncertain.get(request.instance_id)
         try:
             zones = self._zones_to_try(request, catalog)
         except InsufficientCapacity:
@@ -335,13 +335,13 @@ class EC2Cloud:
             try:
                 launched = self._run_instance(request, zone, spot, image)
             except CloudUnavailable:
-                self._uncertain[request.launch_token] = zone
+                self._uncertain[request.instance_id] = zone
                 raise
             except ClientError as exc:
                 code = error_code(exc)
                 if code == _MISMATCH:
                     raise CloudUnavailable(
-                        f"launch {request.launch_token}: EC2 already ran this launch in "
+                        f"launch {request.instance_id}: EC2 already ran this launch in "
                         f"{zone} with other parameters (a new image or user data since): "
                         "its instance is adopted once DescribeInstances lists it"
                     ) from None
@@ -356,12 +356,12 @@ class EC2Cloud:
             return launched
         raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
 
-    def find_by_token(self, launch_token: str) -> CloudInstance | None:
+    def find_by_token(self, instance_id: str) -> CloudInstance | None:
         """The not-yet-terminated instance this cluster launched with this token, if any."""
         found = self._describe(
             [
                 {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
-                {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [launch_token]},
+                {"Name": f"tag:{TAG_LAUNCH_TOKEN}", "Values": [instance_id]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
         )
@@ -369,7 +369,7 @@ class EC2Cloud:
             # Should not happen; if it does, the extras are orphans for `reconcile`.
             log.warning(
                 "launch token %s has %d instances: %s",
-                launch_token,
+                instance_id,
                 len(found),
                 ", ".join(i.instance_id for i in found),
             )
@@ -440,7 +440,7 @@ class EC2Cloud:
             "Name": f"autoscaler-{cluster}",
             **request.tags,
             TAG_CLUSTER: cluster,
-            TAG_LAUNCH_TOKEN: request.launch_token,
+            TAG_LAUNCH_TOKEN: request.instance_id,
             TAG_MANAGED_BY: MANAGED_BY,
         }
         tag_list = [{"Key": k, "Value": v} for k, v in tags.items()]
@@ -457,7 +457,7 @@ class EC2Cloud:
             "InstanceType": request.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": client_token(request.launch_token, zone),
+            "ClientToken": client_token(request.instance_id, zone),
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tag_list},
                 {"ResourceType": "volume", "Tags": tag_list},
@@ -510,16 +510,16 @@ class EC2Cloud:
             if error_code(exc) != _DRY_RUN:
                 raise
             planned = CloudInstance(
-                instance_id=f"dry-run-{request.launch_token}",
+                cloud_id=f"dry-run-{request.instance_id}",
                 instance_type=request.instance_type,
                 state="pending",
                 zone=zone,
-                launch_token=request.launch_token,
+                instance_id=request.instance_id,
                 launched_at_s=self.clock(),
                 spot=spot,
                 dry_run=True,
             )
-            self._dry_run_launches[request.launch_token] = planned
+            self._dry_run_launches[request.instance_id] = planned
             log.info("dry run: would launch %s in %s", request.instance_type, zone)
             return planned
         return _cloud_instance(response["Instances"][0])
@@ -528,15 +528,15 @@ class EC2Cloud:
         """The worker bootstrap for this launch, rendered once per launch token."""
         if self.bootstrap is None:
             return ""
-        rendered = self._user_data.get(request.launch_token)
+        rendered = self._user_data.get(request.instance_id)
         if rendered is None:
             kind, _ = self.config.image_for(request.instance_type)
             _, accelerator = check_kind(kind)
             try:
-                rendered = self.bootstrap.render(request.launch_token, accelerator=accelerator)
+                rendered = self.bootstrap.render(request.instance_id, accelerator=accelerator)
             except InputError as exc:
                 raise CloudRequestError(f"worker bootstrap: {exc}") from None
-            self._user_data[request.launch_token] = rendered
+            self._user_data[request.instance_id] = rendered
         return rendered
 
     def _run_instances(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -735,26 +735,26 @@ class EC2Cloud:
             for reservation in page.get("Reservations", [])
             for raw in reservation.get("Instances", [])
         ]
-        return sorted(instances, key=lambda i: i.instance_id)
+        return sorted(instances, key=lambda i: i.cloud_id)
 
 
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def client_token(launch_token: str, zone: str) -> str:
+def client_token(instance_id: str, zone: str) -> str:
     """EC2's `ClientToken` (at most 64 ASCII characters) for one launch attempt in one zone."""
-    return hashlib.sha256(f"{launch_token}|{zone}".encode()).hexdigest()
+    return hashlib.sha256(f"{instance_id}|{zone}".encode()).hexdigest()
 
 
 def _cloud_instance(raw: Mapping[str, Any]) -> CloudInstance:
     tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
     launched = raw.get("LaunchTime")
     return CloudInstance(
-        instance_id=raw["InstanceId"],
+        cloud_id=raw["InstanceId"],
         instance_type=raw["InstanceType"],
         state=raw["State"]["Name"],
         zone=raw.get("Placement", {}).get("AvailabilityZone"),
-        launch_token=tags.get(TAG_LAUNCH_TOKEN),
+        instance_id=tags.get(TAG_LAUNCH_TOKEN),
         launched_at_s=launched.timestamp() if launched is not None else None,
         spot=raw.get("InstanceLifecycle") == "spot",
     )
@@ -766,7 +766,7 @@ def _first_launched(instances: Iterable[CloudInstance]) -> CloudInstance | None:
         instances,
         key=lambda i: (
             i.launched_at_s if i.launched_at_s is not None else float("inf"),
-            i.instance_id,
+            i.cloud_id,
         ),
     )
     return ordered[0] if ordered else None

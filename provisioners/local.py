@@ -89,13 +89,13 @@ class LocalCloud:
                 raise CloudRequestError(
                     f"instance type {request.instance_type} is not in the catalog"
                 )
-            existing = self._read(request.launch_token)
+            existing = self._read(request.instance_id)
             if existing is not None and existing["state"] != "terminated":
                 return self._view(existing)
             itype = self._catalog[request.instance_type]
             delays = itype.launch_delays if self.emulate_delays else None
             record = {
-                "token": request.launch_token,
+                "token": request.instance_id,
                 "cloud_id": f"local-{secrets.token_hex(6)}",
                 "type": itype.name,
                 "launched_at": self.clock(),
@@ -133,7 +133,7 @@ class LocalCloud:
                     self._write(record)
                     continue
                 out.append(self._view(record))
-            return sorted(out, key=lambda i: i.instance_id)
+            return sorted(out, key=lambda i: i.cloud_id)
 
     def unavailable(self) -> list[UnavailableOffering]:
         return self.availability.offerings(self.clock())
@@ -181,8 +181,7 @@ class LocalCloud:
         command = [
             self.python,
             "-m",
-            "autoscaler",
-            "worker",
+            "executor",
             "--daemon",
             self.daemon_address,
             "--ca",

@@ -15,13 +15,13 @@ from typing import Any
 from autoscaler.catalog import Catalog
 from autoscaler.control import ControlLoop, ControlOptions, Planner
 from autoscaler.jobs import JobSpec
-from autoscaler.memory_store import InMemoryStore
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
 from simulator.engine import ARRIVAL, ROUND, EventLoop
 from simulator.world import SimulatedCloud, SimulatedExecutor, World
+from state.memory import InMemoryStore
 
 #: What `autoscaler replay` compares by default: Eva, its ablations, and the
 #: baselines of Eva §6.1.

@@ -124,12 +124,12 @@ class World:
     # -- instances ------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> SimInstance:
-        existing = self.instances.get(request.launch_token)
+        existing = self.instances.get(request.instance_id)
         if existing is not None:
             return existing  # idempotent by token
         itype = self.catalog[request.instance_type]
         self._ids += 1
-        inst = SimInstance(f"i-{self._ids:05d}", request.launch_token, itype, self.engine.now())
+        inst = SimInstance(f"i-{self._ids:05d}", request.instance_id, itype, self.engine.now())
         self.instances[inst.token] = inst
         self.live[inst.token] = inst
         self.by_cloud_id[inst.cloud_id] = inst

@@ -1,1 +1,5 @@
-"""Persistent state: SQLAlchemy schema, Alembic migrations and the SQL `Store` binding."""
+"""The `Store` bindings: `store.SqlStore` (SQLAlchemy; SQLite or PostgreSQL, with its
+schema in `schema` and Alembic migrations) and `memory.InMemoryStore` (replays, tests).
+
+Importing this package loads no SQLAlchemy: `memory` is light, `store` is not.
+"""

@@ -1,6 +1,6 @@
 """`SqlStore`: the `Store` interface in SQLite or PostgreSQL.
 
-It mirrors `autoscaler.memory_store.InMemoryStore` transition for transition; what SQL
+It mirrors `state.memory.InMemoryStore` transition for transition; what SQL
 adds is that state survives the process and that several processes (the
 daemon's round, a submission API, the CLI) can use it at once:
 

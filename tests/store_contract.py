@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from autoscaler.bundled import bundled
-from autoscaler.files import load_jobs
+from app.bundled import bundled
+from app.files import load_jobs
 from autoscaler.jobs import TraceFacts, jobs_from_eva
 from autoscaler.store import (
     ActionRecord,

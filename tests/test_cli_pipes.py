@@ -8,7 +8,7 @@ import sys
 
 def test_a_closed_pipe_ends_the_command_without_a_traceback():
     process = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler", "plan", "--limit", "0"],
+        [sys.executable, "-m", "app", "plan", "--limit", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.bundled import bundled
-from autoscaler.cli import main
+from app.bundled import bundled
+from app.cli import main
 
 
 def write(tmp_path: Path, name: str, content: object) -> Path:
@@ -102,7 +102,7 @@ def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(t
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "autoscaler", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -259,7 +259,7 @@ def test_an_unwritable_json_output_is_refused_before_planning(tmp_path):
 @pytest.mark.parametrize("columns", ["100", "70"])
 def test_the_plan_report_fits_the_width_and_wraps_values_under_their_value(columns):
     result = subprocess.run(
-        [sys.executable, "-m", "autoscaler", "plan"],
+        [sys.executable, "-m", "app", "plan"],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": columns},
@@ -275,7 +275,7 @@ def test_the_plan_report_fits_the_width_and_wraps_values_under_their_value(colum
 
 def test_no_saving_reads_zero_not_minus_zero():
     # Σ of RPs and Σ of instance prices, added in another order, differ in the last bit.
-    from autoscaler.cli import _saved
+    from app.commands.plan import _saved
 
     assert 0.3 - (0.1 + 0.2) < 0
     assert f"{_saved(0.3, 0.1 + 0.2):.4f}" == "0.0000"

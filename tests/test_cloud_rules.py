@@ -25,28 +25,28 @@ def catalog():
 
 def test_a_listing_is_matched_by_cloud_id_then_by_launch_token():
     listed = [
-        CloudInstance("i-known", "cpu.small", "running", launch_token="tok-1"),
-        CloudInstance("i-unrecorded", "cpu.small", "pending", launch_token="tok-2"),
+        CloudInstance("i-known", "cpu.small", "running", instance_id="tok-1"),
+        CloudInstance("i-unrecorded", "cpu.small", "pending", instance_id="tok-2"),
         CloudInstance("i-orphan", "cpu.small", "pending"),
-        CloudInstance("i-dead", "cpu.small", "terminated", launch_token="tok-3"),
+        CloudInstance("i-dead", "cpu.small", "terminated", instance_id="tok-3"),
     ]
     known = [("tok-1", "i-known"), ("tok-2", None), ("tok-3", "i-dead"), ("tok-4", "i-lost")]
     result = match_listing(known, listed)
-    assert {k: v.instance_id for k, v in result.by_instance.items()} == {
+    assert {k: v.cloud_id for k, v in result.by_instance.items()} == {
         "tok-1": "i-known",
         "tok-2": "i-unrecorded",  # a launch whose answer was never recorded: adopted
     }
-    assert [o.instance_id for o in result.orphans] == ["i-orphan"]
+    assert [o.cloud_id for o in result.orphans] == ["i-orphan"]
 
 
 def test_a_token_listed_twice_stands_for_its_first_launch_and_the_other_is_an_orphan():
     listed = [
-        CloudInstance("i-second", "cpu.small", "running", launch_token="tok-1", launched_at_s=20),
-        CloudInstance("i-first", "cpu.small", "running", launch_token="tok-1", launched_at_s=10),
+        CloudInstance("i-second", "cpu.small", "running", instance_id="tok-1", launched_at_s=20),
+        CloudInstance("i-first", "cpu.small", "running", instance_id="tok-1", launched_at_s=10),
     ]
     result = match_listing([("tok-1", None)], listed)
-    assert result.by_instance["tok-1"].instance_id == "i-first"
-    assert [o.instance_id for o in result.orphans] == ["i-second"]
+    assert result.by_instance["tok-1"].cloud_id == "i-first"
+    assert [o.cloud_id for o in result.orphans] == ["i-second"]
 
 
 def test_orphan_policy_reports_or_terminates_after_its_grace_period():

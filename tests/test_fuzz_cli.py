@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoscaler.cli import main
+from app.cli import main
 
 #: A tiny input that runs longer than this is a hang (generous: the machine may be busy).
 TIME_BOUND_S = 60

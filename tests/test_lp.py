@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog, load_jobs
 from autoscaler.catalog import Catalog
-from autoscaler.files import load_catalog, load_jobs
 from autoscaler.lp import LPClass, ShadowPricer, solve_lp
 from autoscaler.planner import planner_by_name
 from autoscaler.resources import EPSILON

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog
 from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
-from autoscaler.files import load_catalog
 from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
 from autoscaler.reference import algorithm1

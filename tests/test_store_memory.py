@@ -2,7 +2,7 @@
 
 import pytest
 
-from autoscaler.memory_store import InMemoryStore
+from state.memory import InMemoryStore
 from tests.store_contract import *  # noqa: F403
 
 

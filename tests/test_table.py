@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoscaler.table import format_table
+from app.table import format_table
 
 
 def widest(text: str) -> int:

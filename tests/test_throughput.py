@@ -2,9 +2,9 @@
 
 import pytest
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_contention_matrix
 from autoscaler.errors import InputError
-from autoscaler.files import load_contention_matrix
 from autoscaler.throughput import ThroughputTable, contention_matrix_from_csv
 
 

@@ -10,11 +10,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ("executor/protos/worker.proto",)
 
 
-def generate(out: Path) -> None:
-    """Write `*_pb2.py`, `*_pb2.pyi` and `*_pb2_grpc.py` for every proto under `out`."""
+def generate(out: Path, protos: tuple[str, ...] = PROTOS) -> None:
+    """Write `*_pb2.py`, `*_pb2.pyi` and `*_pb2_grpc.py` for each proto (paths relative to
+    the repository root) under `out`."""
     from grpc_tools import protoc
 
-    for proto in PROTOS:
+    for proto in protos:
         code = protoc.main(
             [
                 "grpc_tools.protoc",

@@ -125,7 +125,7 @@ step "installing the worker agent"
 "$PYTHON" -m venv "$ROOT$VENV"
 retry "$ROOT$VENV/bin/pip" install --quiet --no-input --disable-pip-version-check \
   "$DOWNLOAD/$WHEEL_FILE"
-"$ROOT$VENV/bin/autoscaler" worker --help >/dev/null
+"$ROOT$VENV/bin/autoscaler-worker" --help >/dev/null
 rm -rf "$DOWNLOAD"
 
 step "creating the unprivileged user ${WORKER_USER} (group docker)"
@@ -169,7 +169,7 @@ Group=${WORKER_USER}
 SupplementaryGroups=docker
 EnvironmentFile=${CONFIG_DIR}/env
 WorkingDirectory=${STATE_DIR}
-ExecStart=${VENV}/bin/autoscaler worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE}
+ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE}
 Restart=always
 RestartSec=5
 NoNewPrivileges=true

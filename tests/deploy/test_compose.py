@@ -18,9 +18,9 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from autoscaler.cli import build_parser
-from autoscaler.service.config import ClusterConfig, load_cluster_config
-from autoscaler.service.init import config_template
+from app.cli import build_parser
+from app.config import ClusterConfig, load_cluster_config
+from app.init import config_template
 from provisioners.aws import make_client
 from tests.deploy.test_image import AGENT_WHEEL, VERSION
 

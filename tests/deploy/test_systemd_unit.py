@@ -13,9 +13,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from autoscaler.cli import build_parser
-from autoscaler.service.config import parse_cluster_config
-from autoscaler.service.init import config_template
+from app.cli import build_parser
+from app.config import parse_cluster_config
+from app.init import config_template
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "autoscaler.service"
@@ -71,7 +71,7 @@ def test_the_service_runs_unprivileged_and_hardened(unit):
 
 def test_it_restarts_on_failure_and_stops_by_sigterm(unit):
     assert one(unit, "Service", "Restart") == "on-failure"
-    # The daemon's own handler: SIGTERM finishes the round or step (autoscaler.service.cli).
+    # The daemon's own handler: SIGTERM finishes the round or step (app.commands.cluster).
     assert one(unit, "Service", "KillSignal") == "SIGTERM"
     assert float(one(unit, "Service", "TimeoutStopSec")) >= 30
 

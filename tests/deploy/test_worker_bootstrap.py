@@ -1,5 +1,5 @@
 """The worker bootstrap as the daemon renders it for a cluster `autoscaler init` made:
-what `autoscaler.service.wiring.worker_bootstrap` publishes (token to SSM, agent wheel to
+what `app.wiring.worker_bootstrap` publishes (token to SSM, agent wheel to
 S3, against moto) and the user data of one launch — valid bash, carrying the daemon's
 advertised address and the cluster's CA, and no secret of the cluster."""
 
@@ -15,10 +15,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from app.config import load_cluster_config
+from app.init import init_cluster
+from app.wiring import worker_bootstrap
 from autoscaler.errors import InputError
-from autoscaler.service.config import load_cluster_config
-from autoscaler.service.init import init_cluster
-from autoscaler.service.wiring import worker_bootstrap
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"

@@ -25,7 +25,7 @@ from typing import Any
 
 import boto3
 
-from autoscaler.service.config import ClusterConfig, load_cluster_config
+from app.config import ClusterConfig, load_cluster_config
 from executor.runtime import LABEL_INSTANCE
 from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
 from tests.e2e.harness import cli, free_port, set_options
@@ -178,7 +178,7 @@ class BootedInstances:
         ca = work / "ca.pem"
         ca.write_text(values["CA_PEM"] + "\n")
         command = [
-            sys.executable, "-m", "autoscaler", "worker",
+            sys.executable, "-m", "executor",
             "--daemon", values["DAEMON_ADDRESS"],
             "--ca", str(ca),
             "--token-ssm", values["TOKEN_PARAMETER"],
@@ -221,7 +221,7 @@ class BootedInstances:
         for ec2_id in list(self.workers):
             self._halt(ec2_id)
 
-    def launch_tokens(self) -> list[str]:
+    def instance_ids(self) -> list[str]:
         """The launch-token tag of every instance EC2 ever started for the cluster."""
         return [
             tag["Value"]

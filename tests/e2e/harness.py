@@ -22,9 +22,9 @@ from io import StringIO
 from pathlib import Path
 from typing import Any, TypeVar
 
-from autoscaler.cli import main
-from autoscaler.service.config import ClusterConfig, load_cluster_config
-from autoscaler.service.wiring import open_state
+from app.cli import main
+from app.config import ClusterConfig, load_cluster_config
+from app.wiring import open_state
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -104,7 +104,7 @@ class Daemon:
     def _start(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "autoscaler", "daemon", "--config", str(self.config_path)],
+                [sys.executable, "-m", "app", "daemon", "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.service.wiring import offline_catalog
+from app.wiring import offline_catalog
 from tests.e2e.ec2 import BootedInstances, aws_env, client, ec2_cluster
 from tests.e2e.harness import (
     Daemon,
@@ -154,7 +154,7 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
     # Everything EC2 started for the cluster is known to the state and is shutting down.
     assert {i["InstanceId"] for i in listing} <= known
     assert all(i["State"]["Name"] in ("shutting-down", "terminated") for i in listing)
-    assert len(instances.launch_tokens()) == len(set(instances.launch_tokens()))
+    assert len(instances.instance_ids()) == len(set(instances.instance_ids()))
 
 
 KILL_POINTS = ("launched", "synced", "decided", "recorded", "acted", "stepped")
@@ -184,7 +184,7 @@ def test_a_daemon_killed_at_each_point_of_a_round_loses_nothing_and_launches_not
                 tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
                 token = tags.get("autoscaler:launch-token")
                 assert token in known, f"after {after}: {inst['InstanceId']} unknown ({token})"
-        tokens = instances.launch_tokens()
+        tokens = instances.instance_ids()
         assert len(tokens) == len(set(tokens)), f"after {after}: a launch doubled: {tokens}"
         assert set(submitted) <= set(jobs), f"after {after}: jobs lost"
         assert not [j for j in submitted if jobs[j].status in ("failed", "cancelled")], after

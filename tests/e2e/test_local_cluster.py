@@ -135,6 +135,6 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
 
 
 def _catalog(config):
-    from autoscaler.service.wiring import offline_catalog
+    from app.wiring import offline_catalog
 
     return offline_catalog(config)

@@ -9,7 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from autoscaler.cli import build_parser
+from app.cli import build_parser
 from autoscaler.resources import Resources
 from executor.cli import detect_machine, read_ssm_token
 from executor.security import SecretError, write_secret
@@ -17,7 +17,7 @@ from executor.security import SecretError, write_secret
 
 def worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "autoscaler", "worker", *args],
+        [sys.executable, "-m", "executor", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -19,11 +19,11 @@ from autoscaler.catalog import Catalog, InstanceType, LaunchDelays
 from autoscaler.cloud import CloudInstance, LaunchRequest, UnavailableOffering
 from autoscaler.control import ControlLoop, ControlOptions
 from autoscaler.jobs import JobSpec, TaskRun, TaskSpec
-from autoscaler.memory_store import InMemoryStore
 from autoscaler.planner import planner_by_name
 from autoscaler.resources import Resources
 from executor.agent import Agent
 from executor.simulated import SimulatedRuntime
+from state.memory import InMemoryStore
 from tests.executor.conftest import PATIENCE_S, Daemon, job_context
 
 CATALOG = Catalog([InstanceType("box", "f", Resources(0, 2, 4), 1.0, LaunchDelays(19.0, 190.0))])
@@ -41,12 +41,12 @@ class AgentsCloud:
         return CATALOG
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
-        if request.launch_token not in self.agents:
+        if request.instance_id not in self.agents:
             capacity = CATALOG[request.instance_type].capacity
-            self.agents[request.launch_token] = self.daemon.agent(
-                request.launch_token, capacity=capacity, runtime=SimulatedRuntime()
+            self.agents[request.instance_id] = self.daemon.agent(
+                request.instance_id, capacity=capacity, runtime=SimulatedRuntime()
             )
-        return self._view(request.launch_token)
+        return self._view(request.instance_id)
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         for cloud_id in instance_ids:

@@ -54,7 +54,7 @@ def _worker_process(daemon, instance_id: str, moto_endpoint: str, tmp_path) -> s
     )
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "autoscaler", "worker",
+            sys.executable, "-m", "executor",
             "--daemon", daemon.address,
             "--ca", str(ca),
             "--token-ssm", parameter,

@@ -157,9 +157,7 @@ def test_each_instance_gets_user_data_with_its_own_id_and_no_token(
     second = cloud.launch(LaunchRequest("r7i.large", "inst-2"))
 
     for launched, our_id in ((first, "inst-1"), (second, "inst-2")):
-        sent = ec2.describe_instance_attribute(
-            InstanceId=launched.instance_id, Attribute="userData"
-        )
+        sent = ec2.describe_instance_attribute(InstanceId=launched.cloud_id, Attribute="userData")
         user_data = base64.b64decode(sent["UserData"]["Value"]).decode()
         assert f"INSTANCE_ID={our_id}\n" in user_data
         assert f"TOKEN_PARAMETER={parameter}\n" in user_data
@@ -266,10 +264,10 @@ BEHAVIOUR = {
         '  *) while [ $# -gt 0 ]; do [ "$1" = -o ] && cp "$WHEEL_SOURCE" "$2"; shift; done ;;\n'
         "esac"
     ),
-    # python3.x -m venv DIR makes a virtualenv whose pip and autoscaler are stubs too.
+    # python3.x -m venv DIR makes a virtualenv whose pip and autoscaler-worker are stubs too.
     "python": (
         'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"\n'
-        '  for tool in pip autoscaler; do cp "$STUBS/.stub" "$3/bin/$tool"; done\n'
+        '  for tool in pip autoscaler-worker; do cp "$STUBS/.stub" "$3/bin/$tool"; done\n'
         "fi"
     ),
 }
@@ -430,7 +428,17 @@ def test_ubuntu_24_04_uses_its_own_python(tmp_path):
 @needs_bash
 @pytest.mark.parametrize(
     "command",
-    ["dnf", "systemctl", "docker", "curl", "python3.11", "pip", "autoscaler", "useradd", "usermod"],
+    [
+        "dnf",
+        "systemctl",
+        "docker",
+        "curl",
+        "python3.11",
+        "pip",
+        "autoscaler-worker",
+        "useradd",
+        "usermod",
+    ],
 )
 def test_any_failing_step_shuts_the_instance_down(tmp_path, command):
     result = boot(tmp_path, "al2023", FAIL_COMMAND=command)

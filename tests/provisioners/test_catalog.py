@@ -12,10 +12,10 @@ import pytest
 from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog
 from autoscaler.cloud import CloudRequestError, CloudUnavailable
 from autoscaler.errors import InputError
-from autoscaler.files import load_catalog
 from autoscaler.resources import Resources
 from provisioners.aws import AwsCaller
 from provisioners.catalog import (

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoscaler.cli import main
+from app.cli import main
 from provisioners.aws import AwsCaller
 from provisioners.catalog import (
     bundled_price_table_path,
@@ -32,7 +32,7 @@ def write_config(tmp_path: Path, body: str = "") -> Path:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "autoscaler", *args],
+        [sys.executable, "-m", "app", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from app.config import load_provisioner_config
 from autoscaler.cloud import Guardrails
 from autoscaler.errors import InputError
 from provisioners.config import (
     DEFAULT_FAMILIES,
     EC2Config,
     ec2_config_template,
-    load_config,
     parse_config,
 )
 from provisioners.images import (
@@ -71,7 +71,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_full_configuration_is_parsed_into_frozen_dataclasses(tmp_path):
-    config = load_config(write(tmp_path, FULL))
+    config = load_provisioner_config(write(tmp_path, FULL))
 
     assert config.ec2 == EC2Config(
         region="us-west-2",
@@ -110,7 +110,7 @@ def test_full_configuration_is_parsed_into_frozen_dataclasses(tmp_path):
 
 
 def test_allowed_types_are_the_union_of_families_and_types(tmp_path):
-    ec2 = load_config(write(tmp_path, FULL)).ec2
+    ec2 = load_provisioner_config(write(tmp_path, FULL)).ec2
     assert ec2.allows("c7i.large") and ec2.allows("g5.xlarge")
     assert not ec2.allows("g5.2xlarge") and not ec2.allows("p3.2xlarge")
     assert ec2.spot_for("c7i.8xlarge") and ec2.spot_for("g5.xlarge")
@@ -119,7 +119,7 @@ def test_allowed_types_are_the_union_of_families_and_types(tmp_path):
 
 def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    config = load_config(None)
+    config = load_provisioner_config(None)
     assert config.ec2.region == "us-east-1"
     assert config.ec2.families == DEFAULT_FAMILIES
     assert config.ec2.orphan_policy == "report" and not config.ec2.dry_run
@@ -145,7 +145,7 @@ def test_a_file_without_a_cluster_id_is_refused_naming_the_field_and_the_fix(tmp
     terminate each other's instances."""
     path = write(tmp_path, '[ec2]\nregion = "us-east-1"\n')
     with pytest.raises(InputError) as error:
-        load_config(path)
+        load_provisioner_config(path)
     line = str(error.value)
     assert line.startswith(f"{path}: [ec2]: field 'cluster_id': missing")
     assert "run `autoscaler init` or set cluster_id" in line and "\n" not in line
@@ -214,7 +214,7 @@ def test_a_file_without_a_cluster_id_is_refused_naming_the_field_and_the_fix(tmp
 def test_bad_ec2_settings_are_one_line_naming_the_field_and_value(tmp_path, text, message):
     path = write(tmp_path, f'[ec2]\ncluster_id = "t"\n{text}\n')
     with pytest.raises(InputError) as error:
-        load_config(path)
+        load_provisioner_config(path)
     line = str(error.value)
     assert "\n" not in line
     assert line.startswith(f"{path}: ")
@@ -240,14 +240,14 @@ def test_bad_files_and_guardrails_are_one_line_naming_the_field_and_value(tmp_pa
     body = text if text.startswith(("ec2", "[ec2\n")) else f'[ec2]\ncluster_id = "t"\n{text}'
     path = write(tmp_path, body)
     with pytest.raises(InputError) as error:
-        load_config(path)
+        load_provisioner_config(path)
     line = str(error.value)
     assert "\n" not in line and line.startswith(f"{path}: ") and message in line
 
 
 def test_missing_configuration_file_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="configuration file not found"):
-        load_config(tmp_path / "nope.toml")
+        load_provisioner_config(tmp_path / "nope.toml")
 
 
 # --- images by kind ---------------------------------------------------------------------------

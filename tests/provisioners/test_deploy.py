@@ -11,7 +11,6 @@ from typing import Any
 
 from autoscaler.cloud import LaunchRequest, OrphanPolicy
 from autoscaler.control import ControlLoop, ControlOptions
-from autoscaler.memory_store import InMemoryStore
 from provisioners.aws import make_client
 from provisioners.bootstrap import (
     publish_agent_wheel,
@@ -20,6 +19,7 @@ from provisioners.bootstrap import (
     wheel_presigner,
 )
 from provisioners.ec2 import TAG_CLUSTER, TAG_MANAGED_BY
+from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, make_cloud
 from tests.provisioners.test_bootstrap import WHEEL_NAME, worker_bootstrap
@@ -89,10 +89,10 @@ def test_iam_policy_grants_exactly_the_calls_the_daemon_makes(
     cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
     launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     cloud.list()
-    cloud.terminate([launched.instance_id])
+    cloud.terminate([launched.cloud_id])
     dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
     dry.launch(LaunchRequest("r7i.large", "tok-2"))
-    dry.terminate([launched.instance_id])
+    dry.terminate([launched.cloud_id])
 
     implied = {
         "pricing:GetProducts",  # `catalog refresh` (tested against a Stubber: moto has no Pricing)

@@ -17,7 +17,7 @@ from botocore.exceptions import ReadTimeoutError
 from autoscaler.cloud import LaunchRequest
 from autoscaler.control import ControlLoop, ControlOptions, launch_instance
 from autoscaler.execution import ExecutorReport
-from autoscaler.memory_store import InMemoryStore
+from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
 from tests.provisioners.test_bootstrap import WHEEL_URL, worker_bootstrap

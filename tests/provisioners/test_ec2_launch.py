@@ -49,7 +49,7 @@ ZONE_A, ZONE_B, ZONE_C = f"{REGION}a", f"{REGION}b", f"{REGION}c"
 
 
 def request(token: str, instance_type: str = "c7i.large", **kwargs: Any) -> LaunchRequest:
-    return LaunchRequest(instance_type=instance_type, launch_token=token, **kwargs)
+    return LaunchRequest(instance_type=instance_type, instance_id=token, **kwargs)
 
 
 def test_ec2_cloud_implements_the_cloud_interface(config, ec2, clock, sleeps):
@@ -68,7 +68,7 @@ def test_launch_tags_and_configures_the_instance_from_the_config(
     launched = cloud.launch(request("tok-1", tags={"team": "ml"}))
 
     [raw] = live_instances(ec2)
-    assert raw["InstanceId"] == launched.instance_id
+    assert raw["InstanceId"] == launched.cloud_id
     tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
     assert tags[TAG_CLUSTER] == "test-cluster"
     assert tags[TAG_LAUNCH_TOKEN] == "tok-1"
@@ -85,7 +85,7 @@ def test_launch_tags_and_configures_the_instance_from_the_config(
     assert raw["InstanceType"] == "c7i.large"
     sent = ec2.describe_instance_attribute(InstanceId=raw["InstanceId"], Attribute="userData")
     assert base64.b64decode(sent["UserData"]["Value"]).decode() == bootstrap.render("tok-1")
-    assert launched.launch_token == "tok-1" and not launched.spot and not launched.dry_run
+    assert launched.instance_id == "tok-1" and not launched.spot and not launched.dry_run
 
 
 def test_launch_sets_what_a_real_account_needs_explicitly(config, ec2, clock, sleeps, faults):
@@ -110,12 +110,12 @@ def test_launch_sets_what_a_real_account_needs_explicitly(config, ec2, clock, sl
     [root] = sent["BlockDeviceMappings"]
     assert root["DeviceName"] == "/dev/xvda"  # the image's root device
     [volume] = ec2.describe_volumes(
-        Filters=[{"Name": "attachment.instance-id", "Values": [launched.instance_id]}]
+        Filters=[{"Name": "attachment.instance-id", "Values": [launched.cloud_id]}]
     )["Volumes"]
     assert (volume["Size"], volume["VolumeType"], volume["Encrypted"]) == (100, "gp3", True)
     assert volume["KmsKeyId"] == "alias/autoscaler-ebs"
     behavior = ec2.describe_instance_attribute(
-        InstanceId=launched.instance_id, Attribute="instanceInitiatedShutdownBehavior"
+        InstanceId=launched.cloud_id, Attribute="instanceInitiatedShutdownBehavior"
     )
     assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
 
@@ -208,7 +208,7 @@ def test_a_new_instance_profile_is_retried_while_it_propagates(config, ec2, cloc
 
     launched = cloud.launch(request("tok-1"))
 
-    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.instance_id]
+    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.cloud_id]
     assert sleeps == list(PROFILE_PROPAGATION_DELAYS_S[:2])
     tokens = {c["ClientToken"] for c in faults.calls["RunInstances"]}
     assert len(faults.calls["RunInstances"]) == 3 and len(tokens) == 1  # the same request
@@ -247,7 +247,7 @@ def test_launch_twice_with_one_token_starts_one_instance(config, ec2, clock, sle
     cloud = make_cloud(config, ec2, clock, sleeps)
     first = cloud.launch(request("tok-1"))
     again = cloud.launch(request("tok-1"))
-    assert again.instance_id == first.instance_id
+    assert again.cloud_id == first.cloud_id
     assert len(live_instances(ec2)) == 1
     assert len(faults.calls["RunInstances"]) == 1
 
@@ -271,7 +271,7 @@ def test_crash_between_run_instances_and_recording_does_not_launch_twice(
     restarted = make_cloud(config, ec2, clock, sleeps)  # a new process, no memory
     found = restarted.launch(request("tok-1"))
 
-    assert found.instance_id == started["InstanceId"]
+    assert found.cloud_id == started["InstanceId"]
     assert len(live_instances(ec2)) == 1
     assert len(faults.calls["RunInstances"]) == 1
 
@@ -416,7 +416,7 @@ def test_throttling_is_retried_with_a_bounded_backoff(config, ec2, clock, sleeps
 
     launched = cloud.launch(request("tok-1"))
 
-    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.instance_id]
+    assert [i["InstanceId"] for i in live_instances(ec2)] == [launched.cloud_id]
     assert sleeps == [1.0, 1.0, 2.0]  # one throttled lookup, two throttled launches
 
 
@@ -434,7 +434,7 @@ def test_throttling_past_the_bound_is_cloud_unavailable_and_retryable(
     assert live_instances(ec2) == []
     assert cloud.unavailable() == []  # throttling says nothing about capacity
     # Once AWS stops throttling, the same request goes through.
-    assert cloud.launch(request("tok-1")).instance_id == live_instances(ec2)[0]["InstanceId"]
+    assert cloud.launch(request("tok-1")).cloud_id == live_instances(ec2)[0]["InstanceId"]
 
 
 class _Body:
@@ -527,7 +527,7 @@ def test_dry_run_launch_checks_with_ec2_and_launches_nothing(config, ec2, clock,
 
     planned = cloud.launch(request("tok-1"))
 
-    assert planned.dry_run and planned.instance_id.startswith("dry-run-")
+    assert planned.dry_run and planned.cloud_id.startswith("dry-run-")
     assert [p.get("DryRun") for p in faults.calls["RunInstances"]] == [True]
     assert live_instances(ec2) == []
     assert cloud.launch(request("tok-1")) == planned  # idempotent within the run
@@ -551,7 +551,7 @@ def test_spot_is_per_type_and_off_by_default(config, ec2, clock, sleeps, faults)
     assert first["InstanceMarketOptions"]["MarketType"] == "spot"
     assert "InstanceMarketOptions" not in second
     lifecycle = {i["InstanceId"]: i.get("InstanceLifecycle") for i in live_instances(ec2)}
-    assert lifecycle == {spot.instance_id: "spot", on_demand.instance_id: None}
+    assert lifecycle == {spot.cloud_id: "spot", on_demand.cloud_id: None}
     assert spot.spot and not on_demand.spot
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from autoscaler.cloud import DEFAULT_ORPHAN_GRACE_S, LaunchRequest, OrphanPolicy
 from autoscaler.control import ControlLoop, ControlOptions
-from autoscaler.memory_store import InMemoryStore
 from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
+from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import live_instances, make_cloud
 
@@ -47,11 +47,11 @@ def test_list_returns_only_this_clusters_live_instances_with_their_state(
     start_instance(ec2, ami, **{TAG_CLUSTER: "other-cluster"})
     start_instance(ec2, ami)  # untagged
 
-    listed = {i.instance_id: i for i in cloud.list()}
+    listed = {i.cloud_id: i for i in cloud.list()}
 
-    assert set(listed) == {mine.instance_id, stopped}
-    assert listed[mine.instance_id].launch_token == "tok-1"
-    assert listed[mine.instance_id].instance_type == "c7i.large"
+    assert set(listed) == {mine.cloud_id, stopped}
+    assert listed[mine.cloud_id].instance_id == "tok-1"
+    assert listed[mine.cloud_id].instance_type == "c7i.large"
     assert listed[stopped].state in ("stopping", "stopped")
 
 
@@ -64,9 +64,9 @@ def round_over(cloud, store, clock, action="terminate"):
 
 def known_to(store, cloud_instance, at):
     """The state records an instance the cloud has (as a round would have)."""
-    token = cloud_instance.launch_token
+    token = cloud_instance.instance_id
     store.request_instance(token, cloud_instance.instance_type, 0.1, at)
-    store.transition_instance(token, "pending", at, cloud_id=cloud_instance.instance_id)
+    store.transition_instance(token, "pending", at, cloud_id=cloud_instance.cloud_id)
 
 
 def orphan_actions(record):
@@ -94,7 +94,7 @@ def test_orphan_is_found_and_terminated_by_the_round_per_policy(config, ec2, ami
     assert orphan_actions(record) == [("terminate", orphan, "done")]
     assert "unknown to the state" in next(a.reason for a in record.actions if a.target == orphan)
     assert state_of(ec2, orphan) in ("shutting-down", "terminated")
-    assert state_of(ec2, known.instance_id) in ("pending", "running")
+    assert state_of(ec2, known.cloud_id) in ("pending", "running")
     assert state_of(ec2, neighbour) in ("pending", "running")
     assert orphan_actions(round_over(cloud, store, clock)) == []
 
@@ -133,12 +133,12 @@ def test_instance_with_a_known_launch_token_is_adopted_not_orphaned(
     store = InMemoryStore()
     store.request_instance("tok-1", "c7i.large", 0.1, clock())  # recorded before the call
     unrecorded = cloud.launch(LaunchRequest("c7i.large", "tok-1"))  # answer lost in a crash
-    past_grace(clock, ec2, unrecorded.instance_id)
+    past_grace(clock, ec2, unrecorded.cloud_id)
 
     record = round_over(cloud, store, clock)
 
     assert orphan_actions(record) == []
-    assert store.instance("tok-1").cloud_id == unrecorded.instance_id
+    assert store.instance("tok-1").cloud_id == unrecorded.cloud_id
     assert len(live_instances(ec2)) == 1
 
 
@@ -153,7 +153,7 @@ def test_a_second_instance_with_a_recorded_token_is_an_orphan(config, ec2, ami, 
     record = round_over(cloud, store, clock)
 
     assert orphan_actions(record) == [("terminate", duplicate, "done")]
-    assert state_of(ec2, recorded.instance_id) in ("pending", "running")
+    assert state_of(ec2, recorded.cloud_id) in ("pending", "running")
 
 
 def test_terminate_ignores_unknown_and_refuses_foreign_ids(config, ec2, ami, clock, sleeps, faults):
@@ -163,16 +163,16 @@ def test_terminate_ignores_unknown_and_refuses_foreign_ids(config, ec2, ami, clo
     untagged = start_instance(ec2, ami)
     faults.watch("TerminateInstances")
 
-    cloud.terminate([mine.instance_id, foreign, untagged, "i-00000000000000000"])
+    cloud.terminate([mine.cloud_id, foreign, untagged, "i-00000000000000000"])
 
-    assert state_of(ec2, mine.instance_id) in ("shutting-down", "terminated")
+    assert state_of(ec2, mine.cloud_id) in ("shutting-down", "terminated")
     assert state_of(ec2, foreign) in ("pending", "running")
     assert state_of(ec2, untagged) in ("pending", "running")
     asked = [i for c in faults.calls["TerminateInstances"] for i in c["InstanceIds"]]
     assert foreign not in asked and untagged not in asked
     assert cloud.list() == []
     calls = len(faults.calls["TerminateInstances"])
-    cloud.terminate([mine.instance_id])  # already terminated: not an error, not asked again
+    cloud.terminate([mine.cloud_id])  # already terminated: not an error, not asked again
     cloud.terminate([])
     assert len(faults.calls["TerminateInstances"]) == calls
 
@@ -184,10 +184,10 @@ def test_terminate_reaches_an_instance_describe_does_not_list_yet(config, ec2, c
     fresh = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     assert cloud.list() == []  # not listed yet
 
-    cloud.terminate([fresh.instance_id])
+    cloud.terminate([fresh.cloud_id])
 
     lag.reveal()
-    assert state_of(ec2, fresh.instance_id) in ("shutting-down", "terminated")
+    assert state_of(ec2, fresh.cloud_id) in ("shutting-down", "terminated")
 
 
 def test_dry_run_terminate_stays_dry_when_an_id_is_unknown(config, ec2, ami, clock, sleeps, faults):
@@ -225,7 +225,7 @@ def test_instance_vanishing_between_lookup_and_terminate_does_not_block_the_othe
     second = cloud.launch(LaunchRequest("c7i.large", "tok-2"))
     faults.plan("TerminateInstances", ["InvalidInstanceID.NotFound"])
 
-    cloud.terminate([first.instance_id, second.instance_id])
+    cloud.terminate([first.cloud_id, second.cloud_id])
 
-    assert state_of(ec2, first.instance_id) in ("shutting-down", "terminated")
-    assert state_of(ec2, second.instance_id) in ("shutting-down", "terminated")
+    assert state_of(ec2, first.cloud_id) in ("shutting-down", "terminated")
+    assert state_of(ec2, second.cloud_id) in ("shutting-down", "terminated")

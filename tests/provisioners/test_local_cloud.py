@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog
 from autoscaler.cloud import CloudRequestError, LaunchRequest
-from autoscaler.files import load_catalog
 from provisioners.local import LocalCloud, _alive
 
 
@@ -64,10 +64,10 @@ def test_a_launch_starts_one_agent_advertising_the_types_capacity(tmp_path, fake
     try:
         first = cloud.launch(LaunchRequest("c7i.xlarge", "tok-1"))
         again = cloud.launch(LaunchRequest("c7i.xlarge", "tok-1"))  # idempotent by token
-        assert again.instance_id == first.instance_id and first.launch_token == "tok-1"
+        assert again.cloud_id == first.cloud_id and first.instance_id == "tok-1"
         [listed] = cloud.list()
-        assert (listed.instance_id, listed.state, listed.instance_type) == (
-            first.instance_id,
+        assert (listed.cloud_id, listed.state, listed.instance_type) == (
+            first.cloud_id,
             "running",
             "c7i.xlarge",
         )
@@ -86,12 +86,12 @@ def test_terminate_stops_the_agent_and_a_restarted_daemon_still_sees_the_rest(tm
     b = cloud.launch(LaunchRequest("c7i.large", "tok-b"))
     pid_a = cloud._read("tok-a")["pid"]
     try:
-        cloud.terminate([a.instance_id, "local-unknown"])
+        cloud.terminate([a.cloud_id, "local-unknown"])
         assert not _alive(pid_a, "tok-a")
         restarted = make(tmp_path, fake_agent)  # a new process, nothing in memory
-        assert [i.instance_id for i in restarted.list()] == [b.instance_id]
+        assert [i.cloud_id for i in restarted.list()] == [b.cloud_id]
         # launching a token again after a restart returns what it started
-        assert restarted.launch(LaunchRequest("c7i.large", "tok-b")).instance_id == b.instance_id
+        assert restarted.launch(LaunchRequest("c7i.large", "tok-b")).cloud_id == b.cloud_id
     finally:
         cloud.terminate_all()
     assert cloud.list() == []

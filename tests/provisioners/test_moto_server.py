@@ -22,12 +22,12 @@ from pathlib import Path
 import boto3
 import pytest
 
+from app.config import load_provisioner_config
 from autoscaler.cloud import LaunchRequest
-from autoscaler.memory_store import InMemoryStore
 from provisioners.aws import make_client
 from provisioners.bootstrap import publish_agent_wheel, wheel_presigner
-from provisioners.config import load_config
 from provisioners.ec2 import TAG_CLUSTER, EC2Cloud
+from state.memory import InMemoryStore
 from tests.provisioners.conftest import REGION, Clock, register_worker_image
 from tests.provisioners.test_ec2_reconcile import known_to, orphan_actions, past_grace, round_over
 
@@ -69,7 +69,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     # which botocore would otherwise retry with backoff; nothing else here fails.
     env["AWS_MAX_ATTEMPTS"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "autoscaler", *args],
+        [sys.executable, "-m", "app", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -103,16 +103,14 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     assert "Source: AWS (fetched" in refreshed.stdout
 
     # 2. A launch, then a new process (as after a crash before recording) retries it.
-    config = load_config(config_path)
+    config = load_provisioner_config(config_path)
     clock = Clock()
     cloud = EC2Cloud.from_config(config, endpoint_url=url, clock=clock)
     launched = cloud.launch(LaunchRequest("r7i.large", "e2e-1"))
     assert launched.zone == f"{REGION}b"
     after_crash = EC2Cloud.from_config(config, endpoint_url=url, clock=clock)
-    assert after_crash.launch(LaunchRequest("r7i.large", "e2e-1")).instance_id == (
-        launched.instance_id
-    )
-    assert [i.instance_id for i in after_crash.list()] == [launched.instance_id]
+    assert after_crash.launch(LaunchRequest("r7i.large", "e2e-1")).cloud_id == (launched.cloud_id)
+    assert [i.cloud_id for i in after_crash.list()] == [launched.cloud_id]
 
     # 3. An orphan: tagged with our cluster, unknown to the state.
     orphan = raw.run_instances(
@@ -128,12 +126,12 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     known_to(store, launched, clock())
     past_grace(clock, raw, orphan)  # the grace period runs from the orphan's own launch time
     assert orphan_actions(round_over(after_crash, store, clock)) == [("terminate", orphan, "done")]
-    assert [i.instance_id for i in after_crash.list() if i.state != "shutting-down"] == [
-        launched.instance_id
+    assert [i.cloud_id for i in after_crash.list() if i.state != "shutting-down"] == [
+        launched.cloud_id
     ]
 
     # 4. Terminate what we launched.
-    after_crash.terminate([launched.instance_id])
+    after_crash.terminate([launched.cloud_id])
     assert all(i.state in ("shutting-down", "terminated") for i in after_crash.list())
 
     # 5. AWS goes away: the refresh falls back to the cached catalog and says so.

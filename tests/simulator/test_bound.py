@@ -160,8 +160,8 @@ def test_no_scheduler_replays_a_trace_below_its_waiting_limit():
     # The limit claims to bound every schedule the simulator can run: each of our
     # schedulers, replayed under the same interference, must pay at least it (on
     # pai_200's first 40 jobs eva comes within 5% of it).
-    from autoscaler.bundled import bundled
-    from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+    from app.bundled import bundled
+    from app.files import load_catalog, load_contention_matrix, load_jobs
     from simulator.replay import SCHEDULERS, replay
     from simulator.traces import start_at_first_arrival
     from simulator.world import ground_truth

@@ -15,11 +15,11 @@ from autoscaler.cloud import Guardrails, LaunchRequest
 from autoscaler.control import ControlLoop, ControlOptions
 from autoscaler.decide import Timeouts
 from autoscaler.execution import ResourceLimits, TaskLaunch
-from autoscaler.memory_store import InMemoryStore
 from autoscaler.planner import planner_by_name
 from autoscaler.resources import Resources
 from simulator.engine import EventLoop
 from simulator.world import SimulatedCloud, SimulatedExecutor, World
+from state.memory import InMemoryStore
 from tests.simulator.test_hand_computed import NO_INTERFERENCE, catalog, job
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.commands import replay as cli
+from app.files import load_catalog, load_contention_matrix, load_jobs
 from autoscaler.errors import InputError
-from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
 from autoscaler.jobs import jobs_from_eva
-from simulator import cli
 from simulator.replay import MAX_SLOWDOWN, SCHEDULERS, replay
 from simulator.traces import start_at_first_arrival, synthesize
 from simulator.world import ground_truth
@@ -169,7 +169,7 @@ def run_replay(args: list[str], tmp_path, name: str, hash_seed: str) -> bytes:
     out = tmp_path / name
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     subprocess.run(
-        [sys.executable, "-m", "autoscaler", "replay", *args, "--json", str(out)],
+        [sys.executable, "-m", "app", "replay", *args, "--json", str(out)],
         check=True,
         capture_output=True,
         env=env,
@@ -184,7 +184,7 @@ def test_same_inputs_give_byte_identical_json_serial_or_parallel(tmp_path):
         [
             sys.executable,
             "-m",
-            "autoscaler",
+            "app",
             "trace",
             "synthesize",
             "--jobs",
@@ -230,7 +230,7 @@ def test_replay_command_prints_the_table_and_draws_the_plot(tmp_path):
         [
             sys.executable,
             "-m",
-            "autoscaler",
+            "app",
             "replay",
             "--trace",
             str(trace),
@@ -264,7 +264,7 @@ def long_trace(tmp_path_factory):
     """6,000 synthetic jobs: eva needs minutes on them, no-packing most of one."""
     trace = tmp_path_factory.mktemp("long") / "t.json"
     subprocess.run(
-        [sys.executable, "-m", "autoscaler", "trace", "synthesize", "--jobs", "6000",
+        [sys.executable, "-m", "app", "trace", "synthesize", "--jobs", "6000",
          "--seed", "2", "--out", str(trace)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
@@ -276,7 +276,7 @@ def parallel_replay(trace) -> Iterator[tuple[subprocess.Popen, list[int]]]:
     """`autoscaler replay` of eva and no-packing side by side, and its two workers
     once both are forked (at most 2 minutes); the command is killed on the way out."""
     command = subprocess.Popen(
-        [sys.executable, "-m", "autoscaler", "replay", "--trace", str(trace),
+        [sys.executable, "-m", "app", "replay", "--trace", str(trace),
          "--scheduler", "eva", "--workers", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -315,7 +315,7 @@ def test_ctrl_c_while_a_worker_is_forked_still_stops_the_command():
     # window is milliseconds wide, so a few tries: it hit three times in four).
     for _ in range(4):
         command = subprocess.Popen(
-            [sys.executable, "-m", "autoscaler", "replay", "--scheduler", "eva", "--workers", "2"],
+            [sys.executable, "-m", "app", "replay", "--scheduler", "eva", "--workers", "2"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -402,7 +402,7 @@ def test_replay_rejects_a_trace_without_durations(tmp_path):
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"7": {"tasks": {"0": {"demand": {"any": [1, 4, 8]}}}}}))
     result = subprocess.run(
-        [sys.executable, "-m", "autoscaler", "replay", "--trace", str(trace)],
+        [sys.executable, "-m", "app", "replay", "--trace", str(trace)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -427,7 +427,7 @@ def test_a_replay_where_packed_tasks_crawl_stops_and_says_so(pai):
 
 
 def test_replay_costs_below_100_dollars_keep_their_cents():
-    from autoscaler.table import dollars
+    from app.table import dollars
 
     assert dollars(0.15) == "0.15"  # a short replay read "$0"
     assert dollars(99.994) == "99.99"

@@ -8,10 +8,10 @@ import statistics
 
 import pytest
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog, load_jobs
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.errors import InputError
-from autoscaler.files import load_catalog, load_jobs
 from autoscaler.jobs import jobs_from_eva
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView

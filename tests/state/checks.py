@@ -7,7 +7,6 @@ from typing import Any
 
 from sqlalchemy import text
 
-from autoscaler.memory_store import InMemoryStore
 from autoscaler.store import (
     BILLED_STATUSES,
     FINAL_JOB_STATUSES,
@@ -16,6 +15,7 @@ from autoscaler.store import (
     Store,
 )
 from autoscaler.throughput import ThroughputEntry
+from state.memory import InMemoryStore
 from state.store import SqlStore
 from tests.builders import job
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.cli import main
-from autoscaler.errors import InputError
-from state.config import (
+from app.cli import main
+from app.state_config import (
     StateConfig,
     database_url_for,
     default_state_path,
     load_state_config,
     parse_state_config,
 )
+from autoscaler.errors import InputError
 from state.migrate import head_revision
 from state.store import SqlStore
 from tests.builders import job
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def autoscaler(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed `autoscaler` command (`python -m autoscaler` where no script exists)."""
     script = Path(sys.executable).with_name("autoscaler")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "autoscaler"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "app"]
     return subprocess.run(
         [*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )

@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
-from autoscaler.memory_store import InMemoryStore
 from autoscaler.store import Store
 from autoscaler.throughput import ThroughputEntry
 from state import store as sql_store_module
 from state.database import create_state_engine
+from state.memory import InMemoryStore
 from state.migrate import upgrade
 from state.store import TASKS, SqlStore
 from tests.builders import job

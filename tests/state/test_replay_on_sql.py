@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from autoscaler.memory_store import InMemoryStore
 from simulator.replay import replay
+from state.memory import InMemoryStore
 from tests.simulator.test_hand_computed import NO_INTERFERENCE, catalog, job
 
 
@@ -33,8 +33,8 @@ def test_a_replay_on_the_sql_store_matches_the_in_memory_one(sql_store):
 def test_a_loop_rebuilt_at_every_step_on_sqlite_replays_pai_200_byte_for_byte(tmp_path):
     # Issue [6]: the rebuild property on the SQL binding, on the whole bundled trace.
     # (SQLite only: PostgreSQL runs the same code and takes several times longer.)
-    from autoscaler.bundled import bundled
-    from autoscaler.files import load_catalog, load_contention_matrix, load_jobs
+    from app.bundled import bundled
+    from app.files import load_catalog, load_contention_matrix, load_jobs
     from simulator.world import ground_truth
     from state.database import create_state_engine
     from state.migrate import upgrade

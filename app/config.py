@@ -3,7 +3,7 @@
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
 `[storage]`, `[secrets]`, `[planner]`, `[timeouts]` and `[limits]` are read
 here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
-`state.config`. Relative paths are relative to the file. Every value is
+`app.state_config`. Relative paths are relative to the file. Every value is
 checked where it is read, and an unknown key is an error (a typo never falls
 back to a default silently).
 """
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from app.files import read_config_file
+from app.state_config import StateConfig, parse_state_config
+from app.validation import Identifier, Positive, Seconds, Strict, parse_model
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import ControlOptions, Timeouts
 from autoscaler.errors import InputError
-from autoscaler.files import read_config_file
-from autoscaler.validation import Identifier, Positive, Seconds, Strict, parse_model
 from provisioners.config import ProvisionerConfig, parse_config
-from state.config import StateConfig, parse_state_config
 
 if TYPE_CHECKING:
     from autoscaler.planner import EvaPlanner
@@ -238,6 +238,15 @@ def load_cluster_config(path: str | Path | None) -> ClusterConfig:
         )
     data = read_config_file(p)
     return parse_cluster_config(data, p)
+
+
+def load_provisioner_config(path: str | Path | None) -> ProvisionerConfig:
+    """The `[ec2]` and `[guardrails]` tables of a file alone (the defaults when `path` is None):
+    what the catalog commands need, from a file that may hold only those tables."""
+    if path is None:
+        return ProvisionerConfig()
+    p = Path(path)
+    return parse_config(read_config_file(p), source=str(p), base_dir=p.parent)
 
 
 def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:

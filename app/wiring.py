@@ -12,10 +12,12 @@ from typing import Any
 
 import grpc
 
+from app.config import ClusterConfig
+from app.daemon import Bindings
 from autoscaler.catalog import Catalog
+from autoscaler.cloud import Cloud
 from autoscaler.errors import InputError
-from autoscaler.service.config import ClusterConfig
-from autoscaler.service.daemon import Bindings
+from autoscaler.store import Store
 
 
 def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
@@ -85,7 +87,7 @@ def build_bindings(config: ClusterConfig) -> Bindings:
     )
 
 
-def bring_down(store: Any, cloud: Any, clock: Callable[[], float]) -> list[str]:
+def bring_down(store: Store, cloud: Cloud, clock: Callable[[], float]) -> list[str]:
     """Terminate every instance of the cluster and record it; tasks go back to pending
     (not counted as failures: the operator stopped them), jobs stay queued. Recorded
     before the terminate call, and ended in the ledger after it (never billed short)."""
@@ -112,15 +114,15 @@ def bring_down(store: Any, cloud: Any, clock: Callable[[], float]) -> list[str]:
             else "terminating"
         )
         store.transition_instance(inst.instance_id, status, now, reason="autoscaler down")
-    cloud.terminate([i.instance_id for i in listed])
-    remaining = {i.instance_id for i in cloud.list()}
+    cloud.terminate([i.cloud_id for i in listed])
+    remaining = {i.cloud_id for i in cloud.list()}
     done = clock()
     for inst in store.instances():
         if inst.status == "terminating" and inst.cloud_id not in remaining:
             store.transition_instance(
                 inst.instance_id, "terminated", done, reason="autoscaler down"
             )
-    return sorted(i.launch_token or i.instance_id for i in listed)
+    return sorted(i.instance_id or i.cloud_id for i in listed)
 
 
 def build_cloud(config: ClusterConfig) -> Any:

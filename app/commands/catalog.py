@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoscaler.table import format_table, output_width, wrap
-from provisioners.config import EC2Config, load_config
+from app.config import load_provisioner_config
+from app.table import format_table, output_width, wrap
+from provisioners.config import EC2Config
 
 if TYPE_CHECKING:
     from provisioners.catalog import EC2Catalog
@@ -83,7 +84,7 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
 def cmd_catalog_show(args: argparse.Namespace) -> int:
     from provisioners.catalog import cached_or_bundled_catalog, catalog_cache_path
 
-    config = load_config(args.config).ec2
+    config = load_provisioner_config(args.config).ec2
     catalog = cached_or_bundled_catalog(config)
     print(render_catalog(catalog, config, time.time(), catalog_cache_path(config)))
     return 0
@@ -104,7 +105,7 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
         save_price_table,
     )
 
-    config = load_config(args.config).ec2
+    config = load_provisioner_config(args.config).ec2
     now = time.time()
     failed = False
     if not args.no_prices:

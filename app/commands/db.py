@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from state.config import database_url_for, default_state_path
+from app.state_config import database_url_for, default_state_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

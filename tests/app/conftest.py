@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from autoscaler.bundled import bundled
-from autoscaler.files import load_catalog
-from autoscaler.service.api import USER_METHODS, SubmissionService, add_submission
-from autoscaler.service.config import ClusterConfig, load_cluster_config
-from autoscaler.service.init import init_cluster
-from autoscaler.service.wiring import daemon_security, open_state
+from app.api import USER_METHODS, SubmissionService, add_submission
+from app.bundled import bundled
+from app.config import ClusterConfig, load_cluster_config
+from app.files import load_catalog
+from app.init import init_cluster
+from app.wiring import daemon_security, open_state
 from executor.security import TokenAuth, server_options
 from tests.state.conftest import (  # noqa: F401 (fixtures: both database backends)
     backend,

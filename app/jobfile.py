@@ -38,9 +38,10 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from app.files import decode_text, read_input_file
+from app.validation import Delay, Identifier, NonNegative, Positive, Strict, parse_model
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
-from autoscaler.files import decode_text, read_input_file
 from autoscaler.jobs import (
     DEFAULT_BUILD_IMAGE_S,
     DEFAULT_FETCH_S,
@@ -54,7 +55,6 @@ from autoscaler.jobs import (
     workload_key,
 )
 from autoscaler.resources import Resources
-from autoscaler.validation import Delay, Identifier, NonNegative, Positive, Strict, parse_model
 
 Vector = tuple[NonNegative, NonNegative, NonNegative]
 

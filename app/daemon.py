@@ -27,16 +27,16 @@ from typing import Any
 
 import grpc
 
+from app.api import USER_METHODS, Storage, SubmissionService, add_submission
+from app.config import ClusterConfig
+from app.leader import LeaderLock
+from app.metrics import Metrics
+from app.reports import hourly_cost_now
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
 from autoscaler.execution import Executor
-from autoscaler.reports import hourly_cost_now
-from autoscaler.service.api import USER_METHODS, Storage, SubmissionService, add_submission
-from autoscaler.service.config import ClusterConfig
-from autoscaler.service.leader import LeaderLock
-from autoscaler.service.metrics import Metrics
 from autoscaler.store import RoundRecord
 
 log = logging.getLogger("autoscaler.daemon")

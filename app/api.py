@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 import grpc
 
+from app.reports import cluster_status, cost_report, job_detail, job_list
+from app.v1 import api_pb2, api_pb2_grpc
 from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
-from autoscaler.reports import cluster_status, cost_report, job_detail, job_list
-from autoscaler.service.v1 import api_pb2, api_pb2_grpc
 from autoscaler.store import DuplicateJob, Store, UnknownEntity
 
 #: Methods the "user" role may call (`executor.security.TokenAuth`).

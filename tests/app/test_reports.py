@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from autoscaler.cli import main
-from autoscaler.reports import attribute, timeline
-from autoscaler.service.cli import parse_since
-from autoscaler.service.config import load_cluster_config
-from autoscaler.service.wiring import open_state
+from app.cli import main
+from app.commands.cluster import parse_since
+from app.config import load_cluster_config
+from app.reports import attribute, timeline
+from app.wiring import open_state
 from autoscaler.store import Placement, TaskUpdate, UptimeInterval
+from tests.app.test_submit import GOOD, write_job
 from tests.builders import job
-from tests.service.test_submit import GOOD, write_job
 
 
 def test_a_shared_instance_is_split_by_weight_and_idle_time_is_nobodys():

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autoscaler.table import dollars, format_table
+from app.table import dollars, format_table
 from simulator.replay import ReplayResult
 
 

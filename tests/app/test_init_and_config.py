@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from autoscaler.cli import main
+from app.cli import main
+from app.config import load_cluster_config
 from autoscaler.errors import InputError
-from autoscaler.service.config import load_cluster_config
 from executor.security import Authority, certificate_names
 
 SECRETS = ("ca.pem", "ca.key", "server.pem", "server.key", "api.token", "worker.token")

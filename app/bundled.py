@@ -1,4 +1,5 @@
-"""Paths of the data bundled with the package (Eva's public artifact; see data/eva/README.md)."""
+"""Paths of the data bundled with the core package (Eva's public artifact; see
+autoscaler/data/eva/README.md): facts, not code, read here and by the catalog binding."""
 
 from __future__ import annotations
 

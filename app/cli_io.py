@@ -9,12 +9,12 @@ from typing import Any
 
 import orjson
 
-from autoscaler.bundled import bundled
+from app.bundled import bundled
+from app.files import load_catalog, load_jobs
+from app.validation import number_arg
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
-from autoscaler.files import load_catalog, load_jobs
 from autoscaler.jobs import JobSpec
-from autoscaler.validation import number_arg
 
 
 def load_inputs(

@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from autoscaler.cli import main
+from app.api import ApiRefused
+from app.cli import main
+from app.commands.cluster import connect
+from app.jobfile import pack_context
 from autoscaler.jobs import spec_from_document
-from autoscaler.service.api import ApiRefused
-from autoscaler.service.cli import connect
-from autoscaler.service.jobfile import pack_context
 from executor.security import secure_channel
 
 
@@ -237,7 +237,7 @@ def test_a_bad_job_file_is_reported_without_asking_a_daemon(cluster_dir, tmp_pat
     path = write_job(tmp_path, A + "demand = { any = [0, 0, 0] }")
     config = str(cluster_dir / "autoscaler.toml")
     run = subprocess.run(
-        [sys.executable, "-m", "autoscaler", "submit", str(path), "--config", config],
+        [sys.executable, "-m", "app", "submit", str(path), "--config", config],
         capture_output=True,
         text=True,
         timeout=60,
@@ -251,7 +251,7 @@ def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
         [
             sys.executable,
             "-m",
-            "autoscaler",
+            "app",
             "jobs",
             "--config",
             str(cluster_dir / "autoscaler.toml"),
@@ -321,7 +321,7 @@ def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
 ):
     """`jobs --wait` returns once every job finished (1 if one failed); `drain --job --wait`
     drains once the job's tasks run. Each poll's sleep moves the world one step on."""
-    import autoscaler.service.cli as cli_module
+    import app.commands.cluster as cli_module
 
     config = ["--config", str(api.config.path)]
     assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.files import read_config_file
 from autoscaler.errors import InputError
-from autoscaler.files import read_config_file
 
 KNOWN_KEYS = frozenset({"url", "path"})
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autoscaler.bundled import bundled
-from autoscaler.files import load_catalog
-from autoscaler.service.jobfile import load_job_file, pack_context
+from app.bundled import bundled
+from app.files import load_catalog
+from app.jobfile import load_job_file, pack_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.parent for p in (ROOT / "examples").glob("*/job.toml"))

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from autoscaler.service.v1 import api_pb2 as autoscaler_dot_service_dot_v1_dot_api__pb2
+from app.v1 import api_pb2 as app_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in autoscaler/service/v1/api_pb2_grpc.py depends on'
+        + ' but the generated code in app/v1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,58 +36,58 @@ class SubmissionStub:
         """
         self.MissingContexts = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/MissingContexts',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsResponse.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.MissingContextsRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.MissingContextsResponse.FromString,
                 _registered_method=True)
         self.UploadContext = channel.stream_unary(
                 '/autoscaler.api.v1.Submission/UploadContext',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ContextChunk.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.UploadContextResponse.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.ContextChunk.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.UploadContextResponse.FromString,
                 _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/SubmitJob',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobResponse.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/GetJob',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/ListJobs',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/CancelJob',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
         self.DrainInstance = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/DrainInstance',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
                 _registered_method=True)
         self.GetLogs = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/GetLogs',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetLogsRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.GetLogsRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/ClusterStatus',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ClusterStatusRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
         self.CostReport = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/CostReport',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CostReportRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.CostReportRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
         self.GetCatalog = channel.unary_unary(
                 '/autoscaler.api.v1.Submission/GetCatalog',
-                request_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
-                response_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+                request_serializer=app_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
 
 
@@ -170,58 +170,58 @@ def add_SubmissionServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'MissingContexts': grpc.unary_unary_rpc_method_handler(
                     servicer.MissingContexts,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsResponse.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.MissingContextsRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.MissingContextsResponse.SerializeToString,
             ),
             'UploadContext': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadContext,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ContextChunk.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.UploadContextResponse.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.ContextChunk.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.UploadContextResponse.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobResponse.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.SubmitJobRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.SubmitJobResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetJobRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.GetJobRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ListJobsRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.ListJobsRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.CancelJobRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.CancelJobResponse.SerializeToString,
             ),
             'DrainInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainInstance,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.DrainInstanceRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.DrainInstanceResponse.SerializeToString,
             ),
             'GetLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLogs,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetLogsRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.GetLogsRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.ClusterStatusRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
             'CostReport': grpc.unary_unary_rpc_method_handler(
                     servicer.CostReport,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.CostReportRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.CostReportRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
             'GetCatalog': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCatalog,
-                    request_deserializer=autoscaler_dot_service_dot_v1_dot_api__pb2.GetCatalogRequest.FromString,
-                    response_serializer=autoscaler_dot_service_dot_v1_dot_api__pb2.Document.SerializeToString,
+                    request_deserializer=app_dot_v1_dot_api__pb2.GetCatalogRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -249,8 +249,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/MissingContexts',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.MissingContextsResponse.FromString,
+            app_dot_v1_dot_api__pb2.MissingContextsRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.MissingContextsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -276,8 +276,8 @@ class Submission:
             request_iterator,
             target,
             '/autoscaler.api.v1.Submission/UploadContext',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.ContextChunk.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.UploadContextResponse.FromString,
+            app_dot_v1_dot_api__pb2.ContextChunk.SerializeToString,
+            app_dot_v1_dot_api__pb2.UploadContextResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -303,8 +303,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/SubmitJob',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.SubmitJobResponse.FromString,
+            app_dot_v1_dot_api__pb2.SubmitJobRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.SubmitJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -330,8 +330,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/GetJob',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.GetJobRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.GetJobRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,
@@ -357,8 +357,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/ListJobs',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.ListJobsRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.ListJobsRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,
@@ -384,8 +384,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/CancelJob',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
+            app_dot_v1_dot_api__pb2.CancelJobRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.CancelJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -411,8 +411,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/DrainInstance',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
+            app_dot_v1_dot_api__pb2.DrainInstanceRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.DrainInstanceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -438,8 +438,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/GetLogs',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.GetLogsRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.GetLogsRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,
@@ -465,8 +465,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/ClusterStatus',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.ClusterStatusRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.ClusterStatusRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,
@@ -492,8 +492,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/CostReport',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.CostReportRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.CostReportRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,
@@ -519,8 +519,8 @@ class Submission:
             request,
             target,
             '/autoscaler.api.v1.Submission/GetCatalog',
-            autoscaler_dot_service_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
-            autoscaler_dot_service_dot_v1_dot_api__pb2.Document.FromString,
+            app_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,
             insecure,

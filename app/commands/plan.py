@@ -1,55 +1,26 @@
-"""The `autoscaler` command line."""
+"""`autoscaler plan`: plan a set of jobs onto an empty cluster and show what packing saves."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from app.cli_io import add_min_throughput, load_inputs, progress, warn_unmatched, write_json
+from app.files import load_contention_matrix
+from app.table import format_table, money, shorten, wrap_hanging
+from app.validation import number_arg, output_path
 from autoscaler.catalog import Catalog
-from autoscaler.cli_io import (
-    add_min_throughput,
-    load_inputs,
-    progress,
-    silence_solver_banner,
-    warn_unmatched,
-    write_json,
-)
-from autoscaler.errors import InputError
-from autoscaler.files import load_contention_matrix
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import FLUID_MIN_CLASSES, PLANNER_NAMES, Plan, planner_by_name
-from autoscaler.service.cli import register as register_cluster_commands
-from autoscaler.table import format_table, money, shorten, wrap_hanging
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
-from autoscaler.validation import number_arg, output_path
 from autoscaler.view import ClusterView
-from executor.cli import register as register_worker_command
-from provisioners.cli import register as register_catalog_commands
-from simulator.cli import register as register_simulator_commands
-from state.cli import register as register_db_commands
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with a bad flag reported in one line (exit 2) like every other bad input."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"autoscaler: error: {message} (see `{self.prog} --help`)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="autoscaler",
-        description="Cost-optimizing cluster autoscaler for batch jobs on EC2.",
-    )
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=Parser
-    )
-
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `plan` command."""
     plan = sub.add_parser(
         "plan",
         help="plan jobs onto instance types and show what packing saves",
@@ -124,36 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="show at most N instances in the table (0 = all; default 30)",
     )
     plan.set_defaults(func=cmd_plan)
-    register_catalog_commands(sub)
-    register_simulator_commands(sub)
-    register_db_commands(sub)
-    register_cluster_commands(sub)
-    register_worker_command(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    silence_solver_banner()
-    from autoscaler.service.api import DaemonUnavailable
-
-    try:
-        return int(args.func(args) or 0)
-    except InputError as exc:
-        print(f"autoscaler: error: {exc}", file=sys.stderr)
-        return 2
-    except DaemonUnavailable as exc:
-        print(f"autoscaler: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("autoscaler: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`autoscaler … | head`): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -304,7 +245,3 @@ def render_plan(
     out.append(f"Planned in {seconds:.3f} s ({how}{split})")
     # the summary lines are "label  value": long values wrap under the value
     return "\n".join(out[:summary] + [wrap_hanging(line, 24) for line in out[summary:]])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

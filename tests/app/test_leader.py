@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from autoscaler.service.leader import LeaderLock
+from app.leader import LeaderLock
 from state.database import create_state_engine
 
 
@@ -38,7 +38,7 @@ def test_a_waiting_daemon_says_so_once_and_takes_over_when_the_leader_dies(db_ur
     script.write_text(
         "import sys, time\n"
         "from state.database import create_state_engine\n"
-        "from autoscaler.service.leader import LeaderLock\n"
+        "from app.leader import LeaderLock\n"
         f"lock = LeaderLock(create_state_engine({db_url!r}), 'c1')\n"
         "assert lock.try_acquire()\n"
         "print('leading', flush=True)\n"
@@ -73,9 +73,9 @@ def test_a_waiting_daemon_says_so_once_and_takes_over_when_the_leader_dies(db_ur
 
 
 def test_down_refuses_while_a_daemon_leads_and_runs_once_it_stopped(cluster_dir, capsys):
-    from autoscaler.cli import main
-    from autoscaler.service.config import load_cluster_config
-    from autoscaler.service.wiring import open_state
+    from app.cli import main
+    from app.config import load_cluster_config
+    from app.wiring import open_state
 
     config = load_cluster_config(cluster_dir / "autoscaler.toml")
     store = open_state(config, create=True)

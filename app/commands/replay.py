@@ -17,17 +17,17 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoscaler.bundled import bundled
-from autoscaler.cli_io import add_min_throughput, load_inputs, warn_unmatched, write_json
+from app.bundled import bundled
+from app.cli_io import add_min_throughput, load_inputs, warn_unmatched, write_json
+from app.files import load_contention_matrix, read_json
+from app.replay_report import comparison_table, document, plot
+from app.table import output_width, wrap
+from app.validation import PLOT_FORMATS, number_arg, output_path
 from autoscaler.errors import InputError
-from autoscaler.files import load_contention_matrix, read_json
 from autoscaler.jobs import jobs_from_eva
-from autoscaler.table import output_width, wrap
 from autoscaler.throughput import DEFAULT_THROUGHPUT
-from autoscaler.validation import PLOT_FORMATS, number_arg, output_path
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
-from simulator.report import comparison_table, document, plot
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 

@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.cli_io import progress, write_json
+from app.config import ClusterConfig, load_cluster_config
+from app.table import format_table, money, shorten
+from app.validation import PLOT_FORMATS, number_arg, output_path
 from autoscaler.catalog import catalog_from_eva
-from autoscaler.cli_io import progress, write_json
 from autoscaler.errors import InputError
-from autoscaler.service.config import ClusterConfig, load_cluster_config
-from autoscaler.table import format_table, money, shorten
-from autoscaler.validation import PLOT_FORMATS, number_arg, output_path
 
 FINAL = ("completed", "cancelled", "failed")
 
@@ -184,14 +184,14 @@ def _config(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from autoscaler.service.init import init_cluster
+    from app.init import init_cluster
 
     result = init_cluster(
         args.dir, name=args.name, local=args.local, region=args.region, bucket=args.bucket
     )
     config = load_cluster_config(result.config)
     if config.state.url.startswith("sqlite:"):
-        from autoscaler.service.wiring import open_state
+        from app.wiring import open_state
 
         open_state(config, create=True).close()  # a local database is ready to report from
     for path in result.written:
@@ -208,8 +208,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_daemon(args: argparse.Namespace) -> int:
     import signal
 
-    from autoscaler.service.daemon import Daemon, configure_logging
-    from autoscaler.service.wiring import build_bindings, daemon_security
+    from app.daemon import Daemon, configure_logging
+    from app.wiring import build_bindings, daemon_security
 
     configure_logging()
     config = load_cluster_config(args.config)
@@ -224,7 +224,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from autoscaler.service.wiring import bring_down, build_cloud, open_state
+    from app.wiring import bring_down, build_cloud, open_state
 
     config = load_cluster_config(args.config)
     cloud = build_cloud(config)
@@ -232,12 +232,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     if not args.yes:
         for inst in listed:
             print(
-                f"would terminate {inst.launch_token or '?'} ({inst.instance_id}, "
+                f"would terminate {inst.instance_id or '?'} ({inst.cloud_id}, "
                 f"{inst.instance_type}, {inst.state})"
             )
         print(f"{len(listed)} instance(s); run again with --yes to terminate them")
         return 0
-    from autoscaler.service.leader import LeaderLock
+    from app.leader import LeaderLock
 
     store = open_state(config)
     # Holding the daemon's lock: no daemon relaunches what this terminates.
@@ -263,8 +263,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def connect(config: ClusterConfig):
-    from autoscaler.service.api import ApiClient
-    from autoscaler.service.init import DAEMON_NAME
+    from app.api import ApiClient
+    from app.init import DAEMON_NAME
     from executor.security import read_token, secure_channel
 
     secrets = config.secrets
@@ -284,8 +284,8 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from app.jobfile import load_job_file, pack_context, with_contexts
     from autoscaler.jobs import validate_against_catalog
-    from autoscaler.service.jobfile import load_job_file, pack_context, with_contexts
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
@@ -549,9 +549,9 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def cmd_cost_report(args: argparse.Namespace) -> int:
-    from autoscaler.reports import cost_report
-    from autoscaler.service.jobfile import load_job_file
-    from autoscaler.service.wiring import offline_catalog, open_state
+    from app.jobfile import load_job_file
+    from app.reports import cost_report
+    from app.wiring import offline_catalog, open_state
 
     config = load_cluster_config(args.config)
     catalog = offline_catalog(config)
@@ -576,7 +576,7 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, report)
     if args.plot is not None:
-        from autoscaler.reports import timeline
+        from app.reports import timeline
 
         plot_costs(
             timeline(uptime, since or _first(uptime, now), now), args.plot, config.cluster.name

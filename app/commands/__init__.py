@@ -1,0 +1,1 @@
+"""The `autoscaler` subcommands, one module per group; each has a `register(subparsers)`."""

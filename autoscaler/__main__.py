@@ -1,7 +1,0 @@
-"""`python -m autoscaler` runs the command line."""
-
-import sys
-
-from autoscaler.cli import main
-
-sys.exit(main())
