@@ -20,17 +20,14 @@ Our format (TOML):
 
 Eva's `config.json` (a `tasks` list of `{name, dir, demand, shm_size,
 full_throughput}` and job-level delays) is read too. Build contexts are packed
-honouring `.dockerignore` into a reproducible `.tar.gz` whose sha256 is its
-name: the same directory is uploaded once.
+by `executor.packing.pack_context` (re-exported here), the cluster's one packer:
+`.dockerignore` honoured, a reproducible `.tar.gz` whose sha256 is its name, so
+the same directory is uploaded once whoever packs it.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import secrets
-import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,6 +52,7 @@ from autoscaler.jobs import (
     workload_key,
 )
 from autoscaler.resources import Resources
+from executor.packing import pack_context as pack_context  # what `submit` uploads
 
 Vector = tuple[NonNegative, NonNegative, NonNegative]
 
@@ -273,44 +271,3 @@ def with_contexts(job: JobSpec, refs: Mapping[str, str]) -> JobSpec:
         for t in job.tasks
     )
     return replace(job, tasks=tasks)
-
-
-# -- packing build contexts ---------------------------------------------------------------------
-
-
-def pack_context(directory: Path) -> tuple[bytes, str]:
-    """The directory as a reproducible `.tar.gz` honouring `.dockerignore`, and its sha256.
-
-    Reproducible: entries sorted, owners and times zeroed, so the same files
-    give the same bytes (and the same digest) on every machine, and a context
-    already stored is not uploaded again. `.dockerignore` is read the way
-    Docker reads it (the docker SDK's own matcher).
-    """
-    from docker.utils.build import exclude_paths
-
-    patterns: list[str] = []
-    ignore = directory / ".dockerignore"
-    if ignore.is_file():
-        patterns = [
-            line.strip()
-            for line in ignore.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.strip().startswith("#")
-        ]
-    included = sorted(exclude_paths(str(directory), patterns, dockerfile="Dockerfile"))
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for relative in included:
-            path = directory / relative
-            if path.is_symlink() or not (path.is_file() or path.is_dir()):
-                continue
-            info = tar.gettarinfo(str(path), arcname=relative)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            if path.is_file():
-                with path.open("rb") as handle:
-                    tar.addfile(info, handle)
-            else:
-                tar.addfile(info)
-    packed = gzip.compress(raw.getvalue(), mtime=0)
-    return packed, hashlib.sha256(packed).hexdigest()

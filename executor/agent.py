@@ -51,6 +51,7 @@ from autoscaler.jobs import TaskRun
 from autoscaler.resources import Resources
 from executor import reporter
 from executor.messages import BadMessage, launch_from_pb, state_to_pb
+from executor.packing import file_digest, pack_directory, unpack_checkpoint
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
 from executor.runtime import (
@@ -77,10 +78,8 @@ from executor.storage import (
     StorageError,
     checkpoint_key,
     context_digest,
-    file_digest,
     log_key,
     open_storage,
-    pack_directory,
 )
 
 log = logging.getLogger(__name__)
@@ -645,7 +644,7 @@ class Agent:
             began = time.monotonic()
             archive = attempt.directory / "restore.tar.gz"
             storage.get_file(ref, archive)
-            _extract(archive, attempt.checkpoint_dir)
+            unpack_checkpoint(archive, attempt.checkpoint_dir)
             archive.unlink()
             attempt.phases["fetch"] = attempt.phases.get("fetch", 0.0) + time.monotonic() - began
         attempt.restored = _manifest(attempt.checkpoint_dir)
@@ -1020,28 +1019,6 @@ def _manifest(directory: Path) -> tuple:
                 continue
             entries.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns))
     return tuple(sorted(entries))
-
-
-def _extract(archive: Path, target: Path) -> None:
-    """Unpack a checkpoint: regular files and directories only, nothing outside `target`."""
-    with tarfile.open(archive, "r:gz") as tar:
-        members = []
-        for member in tar.getmembers():
-            parts = Path(member.name).parts
-            if (
-                member.name.startswith("/")
-                or ".." in parts
-                or not (member.isfile() or member.isdir())
-            ):
-                raise tarfile.TarError(f"checkpoint member {member.name!r} is not allowed")
-            members.append(member)
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(target, members=members, filter="data")
-        else:  # pragma: no cover - Python before 3.11.4
-            tar.extractall(target, members=members)
-    for root, dirs, files in os.walk(target):
-        for name in dirs + files:
-            os.chmod(Path(root) / name, 0o777 if name in dirs else 0o666)
 
 
 def _signal_note(code: int) -> str:

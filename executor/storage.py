@@ -8,11 +8,15 @@ cluster have access to a global storage"), named by a URL:
 - `file:///abs/dir` — a directory, the default for running everything on
   one machine without AWS.
 
-Layout (keys, relative to the URL):
+Layout (keys, relative to the URL), named here and nowhere else (the
+daemon's submission API and the worker agent both call `context_key`,
+`checkpoint_key`, `log_key`, `job_prefix`):
 
     contexts/<sha256>.tar.gz                  build contexts, content-addressed
     jobs/<job>/<task>/<attempt>.tar.gz        checkpoints
     jobs/<job>/<task>/<attempt>.log           container logs
+
+Archives are `executor.packing`'s one reproducible `.tar.gz` format.
 
 A reference (`ref`) is the full URL of a key; it is what travels in task
 reports and the state. Writes are atomic: an object is visible under its key
@@ -24,13 +28,10 @@ never referenced.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import io
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -38,8 +39,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
+from executor.packing import pack_context
+
 CONTEXTS = "contexts"
 JOBS = "jobs"
+ARCHIVE = ".tar.gz"  # `executor.packing`'s format: contexts and checkpoints
+LOG = ".log"
+CONTEXTS_PREFIX = f"{CONTEXTS}/"  # what every build context's key starts with
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*")
@@ -116,19 +122,38 @@ def check_key(key: str) -> str:
     return key
 
 
+def is_digest(text: str) -> bool:
+    """Whether `text` is a sha256 hex digest: what names a build context."""
+    return bool(_SHA256.fullmatch(text))
+
+
 def context_key(digest: str) -> str:
-    if not _SHA256.fullmatch(digest):
+    """`contexts/<sha256>.tar.gz`: a build context under its content address."""
+    if not is_digest(digest):
         raise StorageError(f"{digest!r} is not a sha256 hex digest")
-    return f"{CONTEXTS}/{digest}.tar.gz"
+    return f"{CONTEXTS}/{digest}{ARCHIVE}"
 
 
 def context_digest(ref_or_key: str) -> str:
     """The sha256 a build context's reference names (its content address)."""
     name = ref_or_key.rstrip("/").rsplit("/", 1)[-1]
-    digest = name.removesuffix(".tar.gz")
-    if name == digest or not _SHA256.fullmatch(digest):
+    digest = name.removesuffix(ARCHIVE)
+    if name == digest or not is_digest(digest):
         raise StorageError(f"{ref_or_key!r} is not a build context (contexts/<sha256>.tar.gz)")
     return digest
+
+
+def context_key_of(ref_or_key: str) -> str:
+    """The key of a build context's reference (`s3://b/p/contexts/<sha256>.tar.gz` ->
+    `contexts/<sha256>.tar.gz`), whichever storage it names."""
+    return context_key(context_digest(ref_or_key))
+
+
+def job_prefix(job_id: str, task: str = "") -> str:
+    """`jobs/<job>/` (or `jobs/<job>/<task>/`, `task` the task's key in its job): what
+    the keys of a job's (a task's) checkpoints and logs start with."""
+    prefix = f"{JOBS}/{job_id}/"
+    return f"{prefix}{task}/" if task else prefix
 
 
 def _attempt_prefix(job_id: str, task_id: str) -> str:
@@ -136,69 +161,35 @@ def _attempt_prefix(job_id: str, task_id: str) -> str:
     for part in (job_id, *task.split("/")):
         if not _SAFE_PART.fullmatch(part):
             raise StorageError(f"{part!r} cannot be part of a storage key")
-    return f"{JOBS}/{job_id}/{task}"
+    return job_prefix(job_id, task)
 
 
 def checkpoint_key(job_id: str, task_id: str, attempt: int) -> str:
     """`jobs/<job>/<task>/<attempt>.tar.gz`; `task_id` may be `<job>/<task>`."""
-    return f"{_attempt_prefix(job_id, task_id)}/{int(attempt)}.tar.gz"
+    return f"{_attempt_prefix(job_id, task_id)}{int(attempt)}{ARCHIVE}"
 
 
 def log_key(job_id: str, task_id: str, attempt: int) -> str:
-    return f"{_attempt_prefix(job_id, task_id)}/{int(attempt)}.log"
+    """`jobs/<job>/<task>/<attempt>.log`; `task_id` may be `<job>/<task>`."""
+    return f"{_attempt_prefix(job_id, task_id)}{int(attempt)}{LOG}"
+
+
+def is_log_key(key: str) -> bool:
+    """Whether `key` names a container's log."""
+    return key.startswith(f"{JOBS}/") and key.endswith(LOG)
 
 
 # -- build contexts ----------------------------------------------------------------------------
 
 
-def pack_directory(directory: str | Path, out: str | Path) -> str:
-    """Pack a directory into a gzipped tar at `out`, reproducibly (sorted names, no
-    timestamps or owners), so equal contents give equal digests; returns the sha256.
-    Compression is light: checkpoints (model weights) are large and barely compress."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise StorageError(f"{root}: not a directory")
-    with (
-        open(out, "wb") as raw,
-        gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=1, mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for path in _walk(root):
-            info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            if info.isreg():
-                with open(path, "rb") as handle:
-                    tar.addfile(info, handle)
-            else:
-                tar.addfile(info)
-    return file_digest(out)
-
-
-def _walk(root: Path) -> Iterator[Path]:
-    for here, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(dirs) + sorted(files):
-            yield Path(here) / name
-
-
-def file_digest(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def upload_context(storage: Storage, directory: str | Path) -> str:
-    """Pack `directory` and store it under its digest unless it is already there;
-    returns the reference a `TaskRun.build_context` holds."""
-    with tempfile.TemporaryDirectory(prefix="autoscaler-context-") as scratch:
-        packed = Path(scratch) / "context.tar.gz"
-        key = context_key(pack_directory(directory, packed))
-        if not storage.exists(key):
-            storage.put_file(key, packed)
+    """Pack `directory` (`executor.packing`, honouring its `.dockerignore`) and store it
+    under its digest unless it is already there; returns the reference a
+    `TaskRun.build_context` holds."""
+    data, digest = pack_context(directory)
+    key = context_key(digest)
+    if not storage.exists(key):
+        storage.put_bytes(key, data)
     return storage.ref(key)
 
 
@@ -278,6 +269,13 @@ class FileStorage:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            yield Path(here) / name
 
 
 def _copy_from(source: Path, sink: io.BufferedWriter) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import grpc
@@ -18,6 +19,7 @@ from app.commands.cluster import connect
 from app.jobfile import pack_context
 from autoscaler.jobs import spec_from_document
 from executor.security import secure_channel
+from executor.storage import open_storage, upload_context
 
 
 def write_job(directory: Path, body: str, name: str = "job.toml") -> Path:
@@ -62,6 +64,24 @@ def test_a_job_is_checked_packed_uploaded_once_and_queued(api, tmp_path, capsys)
     assert submit(api, path) == 0
     assert api.storage.list("contexts/") == [f"contexts/{digest}.tar.gz"]
     assert len(api.store.jobs()) == 2
+
+
+def test_submit_and_the_storage_pack_a_directory_into_one_object(api, tmp_path, capsys):
+    path = write_job(tmp_path, GOOD)
+    context = tmp_path / "train"
+    (context / ".dockerignore").write_text("*.ckpt\n")
+    (context / "old.ckpt").write_text("a stale checkpoint, not for the image")
+    assert submit(api, path, extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    [ref] = {t.run.build_context for t in api.store.job(job_id).spec.tasks}
+    # The other packing path (`upload_context`, what tests and benchmarks upload with)
+    # names the very same object, and finds it stored.
+    storage = open_storage(f"file://{api.storage.root}")
+    assert upload_context(storage, context) == ref
+    assert api.storage.list("contexts/") == [storage.key(ref)]
+    with tarfile.open(api.storage.root / storage.key(ref)) as tar:
+        names = set(tar.getnames())
+    assert {"Dockerfile", ".dockerignore", "train.py"} <= names and "old.ckpt" not in names
 
 
 def test_a_job_id_given_twice_is_refused_and_the_first_kept(api, tmp_path, capsys):

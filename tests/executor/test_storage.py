@@ -11,6 +11,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from executor.packing import pack_directory
 from executor.storage import (
     NotFound,
     StorageError,
@@ -19,7 +20,6 @@ from executor.storage import (
     context_key,
     log_key,
     open_storage,
-    pack_directory,
     upload_context,
 )
 from tests.executor.conftest import MOTO_CREDENTIALS, s3_options
