@@ -28,6 +28,15 @@ from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
 from autoscaler.store import DuplicateJob, Store, UnknownEntity
+from executor.storage import (
+    CONTEXTS_PREFIX,
+    StorageError,
+    context_key,
+    context_key_of,
+    is_digest,
+    is_log_key,
+    job_prefix,
+)
 
 #: Methods the "user" role may call (`executor.security.TokenAuth`).
 USER_METHODS = ("/autoscaler.api.v1.Submission/",)
@@ -38,7 +47,6 @@ ORPHAN_CONTEXT_AGE_S = 24 * 3600.0
 #: Deadline of every call the client makes (uploads get one per MiB on top).
 CALL_TIMEOUT_S = 30.0
 
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1024 * 1024
 
 
@@ -58,10 +66,6 @@ class Storage(Protocol):
     def ref(self, key: str) -> str: ...
 
     def modified_at(self, key: str) -> float | None: ...
-
-
-def context_key(digest: str) -> str:
-    return f"contexts/{digest}.tar.gz"
 
 
 class SubmissionService(api_pb2_grpc.SubmissionServicer):
@@ -89,7 +93,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     # -- contexts -----------------------------------------------------------------------------
 
     def MissingContexts(self, request, context):
-        bad = [d for d in request.digests if not _DIGEST.match(d)]
+        bad = [d for d in request.digests if not is_digest(d)]
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a sha256 digest: {bad[0]!r}")
         missing = [d for d in request.digests if not self.storage.exists(context_key(d))]
@@ -98,7 +102,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
 
     def UploadContext(self, request_iterator, context):
         first = next(request_iterator, None)
-        if first is None or not _DIGEST.match(first.digest):
+        if first is None or not is_digest(first.digest):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first chunk must name a digest")
         if first.size > self.max_context_bytes:
             context.abort(
@@ -134,7 +138,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
             validate_against_catalog((job,), self.catalog(), source=f"job {job.job_id!r}")
             for task in job.tasks:
                 ref = task.run.build_context
-                if ref and not self.storage.exists(_key_of(ref)):
+                if ref and not self.storage.exists(_context_key_of(ref, task.task_id)):
                     raise InputError(
                         "is not in the cluster's storage: upload it first",
                         where=f"task {task.task_id!r}",
@@ -186,19 +190,17 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     def GetLogs(self, request, context):
         if self.store.job(request.job_id) is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
-        prefix = f"jobs/{request.job_id}/"
-        if request.task:
-            prefix += f"{request.task}/"
+        prefix = job_prefix(request.job_id, request.task)
         logs: dict[str, str] = {}
         for key in sorted(self.storage.list(prefix)):
-            if not key.endswith(".log"):
+            if not is_log_key(key):
                 continue
             with tempfile.NamedTemporaryFile() as tmp:
                 self.storage.get_file(key, Path(tmp.name))
                 text = Path(tmp.name).read_text(encoding="utf-8", errors="replace")
             if request.tail:
                 text = "\n".join(text.splitlines()[-request.tail :])
-            logs[key.removeprefix(f"jobs/{request.job_id}/")] = text
+            logs[key.removeprefix(job_prefix(request.job_id))] = text
         return _document({"job": request.job_id, "logs": logs})
 
     # -- the cluster ---------------------------------------------------------------------------
@@ -236,13 +238,13 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         """Delete uploaded contexts no job refers to and older than `older_than_s`:
         what a submission that failed after its upload left behind."""
         used = {
-            _key_of(t.run.build_context)
+            context_key_of(t.run.build_context)
             for j in self.store.jobs()
             for t in j.spec.tasks
             if t.run.build_context
         }
         deleted = []
-        for key in self.storage.list("contexts/"):
+        for key in self.storage.list(CONTEXTS_PREFIX):
             if key in used:
                 continue
             age = _age_s(self.storage, key, self.now())
@@ -298,10 +300,18 @@ def catalog_document(catalog: Catalog) -> dict[str, Any]:
     }
 
 
-def _key_of(ref: str) -> str:
-    """The storage key of a ref (`s3://bucket/prefix/contexts/x.tar.gz` -> `contexts/x.tar.gz`)."""
-    index = ref.find("contexts/")
-    return ref[index:] if index >= 0 else ref
+def _context_key_of(ref: str, task_id: str) -> str:
+    """The storage key of a task's build context; InputError when the ref names none."""
+    try:
+        return context_key_of(ref)
+    except StorageError:
+        raise InputError(
+            "is not a build context (contexts/<sha256>.tar.gz): upload it with `autoscaler submit`",
+            where=f"task {task_id!r}",
+            field="build_context",
+            value=ref,
+            has_value=True,
+        ) from None
 
 
 def _age_s(storage: Storage, key: str, now: float) -> float | None:
