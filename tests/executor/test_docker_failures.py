@@ -134,7 +134,7 @@ def test_an_upload_that_fails_keeps_the_previous_checkpoint(docker_daemon, tmp_p
                 {"Error": {"Code": "ServiceUnavailable", "Message": "S3 is down"}}, "PutObject"
             )
 
-    client = agent._storage.client
+    client = agent.storage.client
     for operation in ("PutObject", "CreateMultipartUpload"):
         client.meta.events.register(f"provide-client-params.s3.{operation}", refuse)
     daemon.executor.stop(task, 2)

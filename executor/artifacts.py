@@ -1,0 +1,158 @@
+"""What an attempt takes from the cluster's storage and leaves in it (Eva §5: "all
+instances in the cluster have access to a global storage").
+
+- **The image**: built from the task's build context, which is content-addressed
+  (`contexts/<sha256>.tar.gz`): a context already built on this worker is neither
+  fetched nor built again, and one build runs per context however many tasks start
+  from it at once. A fetched context must hash to its address.
+- **The checkpoint**: restored into the attempt's checkpoint directory before the
+  container starts; packed and uploaded when the attempt ends having saved something
+  new (the upload is atomic, so a half-uploaded checkpoint is never referenced).
+- **The log**: the container's output (or the failed build's) kept per attempt,
+  and its last lines for the report.
+
+Each step records how long it took in the attempt's phases (fetch, build, upload),
+reported with the attempt's status: the launch and checkpoint delays of Eva's
+Table 1, measured (`benchmarks/migration.py` prints them beside it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from autoscaler.execution import TaskLaunch
+from autoscaler.jobs import TaskRun
+from executor.packing import file_digest, pack_directory, unpack_checkpoint
+from executor.runtime import ContainerRuntime
+from executor.storage import (
+    Storage,
+    StorageError,
+    checkpoint_key,
+    context_digest,
+    log_key,
+)
+
+log = logging.getLogger(__name__)
+
+#: What a directory holds (relative path, size, modification time), to see if it changed.
+Manifest = tuple[tuple[str, int, int], ...]
+
+
+class Artifacts:
+    """The worker's side of the storage: images from contexts, checkpoints, logs.
+
+    The storage is the one the daemon names when the agent registers (`use`);
+    until then nothing can be fetched, and `ready` is unset."""
+
+    def __init__(self, runtime: ContainerRuntime, work_dir: Path, log_tail_lines: int) -> None:
+        self.runtime = runtime
+        self.work_dir = work_dir
+        self.log_tail_lines = log_tail_lines
+        self.ready = threading.Event()
+        self._storage: Storage | None = None
+        self._lock = threading.Lock()
+        self._build_locks: dict[str, threading.Lock] = {}
+
+    @property
+    def storage(self) -> Storage | None:
+        """The cluster's storage, once the daemon has named it."""
+        return self._storage
+
+    def use(self, storage: Storage) -> None:
+        self._storage = storage
+        self.ready.set()
+
+    def _require(self) -> Storage:
+        storage = self._storage
+        if storage is None:
+            raise StorageError("not registered with the daemon yet")
+        return storage
+
+    def image(self, run: TaskRun, phases: dict[str, float]) -> str:
+        """The image an attempt runs: pulled by name, or built from its build context."""
+        if not run.build_context:
+            began = time.monotonic()
+            assert run.image is not None
+            self.runtime.pull(run.image)
+            phases["fetch"] = time.monotonic() - began
+            return run.image
+        storage = self._require()
+        digest = context_digest(run.build_context)
+        tag = f"autoscaler/context:{digest}"
+        with self._lock:
+            lock = self._build_locks.setdefault(digest, threading.Lock())
+        with lock:  # one build per context, however many tasks start from it at once
+            if self.runtime.has_image(tag):
+                return tag
+            began = time.monotonic()
+            # Named per download: agents sharing a work directory never share a file.
+            archive = self.work_dir / "contexts" / f"{digest}.{uuid.uuid4().hex}.tar.gz"
+            storage.get_file(run.build_context, archive)
+            try:
+                if file_digest(archive) != digest:
+                    raise StorageError(
+                        f"{run.build_context}: the content does not match its sha256 address"
+                    )
+                phases["fetch"] = time.monotonic() - began
+                began = time.monotonic()
+                try:
+                    self.runtime.build(archive, tag)
+                finally:
+                    phases["build"] = time.monotonic() - began
+            finally:
+                archive.unlink(missing_ok=True)
+        return tag
+
+    def restore(
+        self, ref: str | None, checkpoint_dir: Path, scratch: Path, phases: dict[str, float]
+    ) -> Manifest:
+        """Unpack the checkpoint `ref` (if any) into `checkpoint_dir`; returns what the
+        directory then holds, so the end of the attempt can tell whether it saved anew."""
+        if ref:
+            began = time.monotonic()
+            archive = scratch / "restore.tar.gz"
+            self._require().get_file(ref, archive)
+            unpack_checkpoint(archive, checkpoint_dir)
+            archive.unlink()
+            phases["fetch"] = phases.get("fetch", 0.0) + time.monotonic() - began
+        return manifest(checkpoint_dir)
+
+    def upload_checkpoint(self, launch: TaskLaunch, checkpoint_dir: Path, scratch: Path) -> str:
+        """Pack and upload the checkpoint directory; returns its reference."""
+        storage = self._require()
+        archive = scratch / "checkpoint.tar.gz"
+        pack_directory(checkpoint_dir, archive)
+        return storage.put_file(
+            checkpoint_key(launch.job_id, launch.task_id, launch.attempt), archive
+        )
+
+    def save_log(self, launch: TaskLaunch, data: bytes) -> tuple[str, ...]:
+        """Keep an attempt's log in the storage; returns its last lines (for the report)."""
+        lines = data.decode("utf-8", "replace").splitlines()
+        tail = tuple(line[:500] for line in lines[-self.log_tail_lines :])
+        try:
+            self._require().put_bytes(log_key(launch.job_id, launch.task_id, launch.attempt), data)
+        except StorageError as exc:
+            log.warning("log of %s/%d not saved: %s", launch.task_id, launch.attempt, exc)
+        return tail
+
+
+def manifest(directory: Path) -> Manifest:
+    """What a directory holds (names, sizes, modification times), to see if it changed."""
+    if not directory.is_dir():
+        return ()
+    entries = []
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            path = Path(root) / name
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(entries))

@@ -1,0 +1,672 @@
+"""The attempt runner: each task attempt on this worker, from its start to how it ended.
+
+- **Start** (Eva §5): refuse what does not fit beside the attempts already here;
+  then, in the background, the image (`artifacts`), the checkpoint restored, and
+  the container run unprivileged with the task's limits, the checkpoint
+  directory and the report socket bind-mounted, and its environment.
+- **Watch**: each running job is asked over its report socket how far it got;
+  its count, throughput and first iteration go into the attempt's status.
+- **Stop**: a checkpoint request on the report socket, SIGTERM after a short
+  wait, SIGKILL after a grace period (Eva §5: checkpoint, then stop).
+- **End**: the final state and its reason from how the container exited; a
+  checkpoint saved since the restore is uploaded, whether asked for or not
+  (nothing checkpointed is lost); the log is kept.
+- **Adopt**: containers outlive the agent process. Each attempt's directory
+  holds its launch (`launch.pb`: the worker protocol's own `StartTaskRequest`,
+  encoded by `executor.messages` and nothing else) and what its restore left,
+  so a restarted agent takes over the containers labelled with its instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.message import DecodeError
+
+from autoscaler.execution import TERMINAL_TASK_STATES, ResourceLimits, TaskLaunch
+from executor import reporter
+from executor.artifacts import Artifacts, Manifest, manifest
+from executor.messages import BadMessage, launch_from_pb, launch_to_pb, state_to_pb
+from executor.protos import worker_pb2 as pb
+from executor.runtime import (
+    GIB,
+    LABEL_ATTEMPT,
+    LABEL_INSTANCE,
+    LABEL_JOB,
+    LABEL_TASK,
+    BuildFailed,
+    ContainerExit,
+    ContainerRuntime,
+    ContainerSpec,
+    RuntimeFailure,
+)
+from executor.storage import StorageError
+
+if TYPE_CHECKING:
+    from executor.agent import AgentConfig
+
+log = logging.getLogger(__name__)
+
+#: Where the job finds its checkpoint directory and report socket inside the container.
+CHECKPOINT_MOUNT = "/checkpoint"
+REPORT_MOUNT = "/run/autoscaler"
+REPORT_SOCKET = f"{REPORT_MOUNT}/report.sock"
+
+#: What an attempt's directory keeps for an agent that adopts its container.
+LAUNCH_FILE = "launch.pb"
+RESTORED_FILE = "restored.json"
+
+_SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class Rejected(Exception):
+    """A start the worker refuses outright (another instance's, or an older attempt)."""
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One attempt of a task on this worker, as it stands."""
+
+    launch: TaskLaunch
+    directory: Path
+    window_s: float
+    state: str = "starting"
+    reason: str = ""
+    exit_code: int | None = None
+    checkpoint: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    log_tail: tuple[str, ...] = ()
+    iterations: float = 0.0
+    throughput: float | None = None
+    container: str | None = None
+    started_wall: float | None = None  # Unix time the container started
+    stop_requested_at: float | None = None  # monotonic
+    abandoned: str | None = None  # why it is being killed without a checkpoint
+    asked: bool = False  # the checkpoint request reached the job
+    acknowledged: bool = False  # the job said its checkpoint is saved
+    sigterm_sent: bool = False
+    restored: Manifest = ()  # what the checkpoint directory held after the restore
+    exited: threading.Event = field(default_factory=threading.Event)
+    stopper: threading.Thread | None = None  # carrying out the stop, once it began
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.launch.task_id, self.launch.attempt)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_TASK_STATES
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.directory / "checkpoint"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.directory / "report"
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.report_dir / "report.sock")
+
+    def status(self) -> pb.TaskStatus:
+        status = pb.TaskStatus(
+            task_id=self.launch.task_id,
+            attempt=self.launch.attempt,
+            job_id=self.launch.job_id,
+            state=state_to_pb(self.state),  # type: ignore[arg-type]
+            iterations=self.iterations,
+            window_s=self.window_s,
+            checkpoint=self.checkpoint or "",
+            reason=self.reason,
+            phases=self.phases,
+            log_tail=self.log_tail,
+        )
+        if self.throughput is not None and self.state == "running":
+            status.throughput = self.throughput
+        if self.exit_code is not None:
+            status.exit_code = self.exit_code
+        return status
+
+
+class AttemptRunner:
+    """The attempts of one worker: started, watched, stopped, ended, adopted.
+
+    `changed` is called whenever an attempt's state changes (the agent then
+    heart-beats at once); while `closing` is set, an attempt whose container
+    exits is left for the next agent process to finish."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        runtime: ContainerRuntime,
+        artifacts: Artifacts,
+        *,
+        changed: Callable[[], None],
+        closing: threading.Event,
+    ) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.artifacts = artifacts
+        self._changed = changed
+        self._closing = closing
+        self._lock = threading.RLock()
+        self._attempts: dict[tuple[str, int], Attempt] = {}
+
+    # -- the attempts held ------------------------------------------------------------------
+
+    def statuses(self) -> list[pb.TaskStatus]:
+        with self._lock:
+            return [a.status() for a in self._attempts.values()]
+
+    def forget(self, refs: Iterable[Any]) -> None:
+        """Drop the ended attempts the daemon acknowledged (`AttemptRef`s)."""
+        with self._lock:
+            for ref in refs:
+                attempt = self._attempts.get((ref.task_id, ref.attempt))
+                if attempt is not None and attempt.terminal:
+                    del self._attempts[attempt.key]
+
+    def abandon_all(self, reason: str) -> None:
+        """Kill every live attempt without a checkpoint (their tasks run elsewhere now)."""
+        with self._lock:
+            live = [a for a in self._attempts.values() if not a.terminal]
+        for attempt in live:
+            self._abandon(attempt, reason)
+
+    def poll(self) -> bool:
+        """Ask each running job how far it got (the report socket); True when one has just
+        done its first iteration (worth telling the daemon at once: it is running now)."""
+        with self._lock:
+            running = [
+                a
+                for a in self._attempts.values()
+                if a.state in ("running", "checkpointing") and a.container is not None
+            ]
+        news = False
+        for attempt in running:
+            try:
+                answer = reporter.ask(
+                    attempt.socket_path, {"op": "status"}, timeout=self.config.poll_timeout_s
+                )
+            except (OSError, ValueError):
+                continue  # no reporter (yet): nothing to say
+            initialized = "init" in attempt.phases
+            self._absorb_answer(attempt, answer)
+            news = news or (not initialized and "init" in attempt.phases)
+        return news
+
+    def _absorb_answer(self, attempt: Attempt, answer: Mapping[str, Any]) -> None:
+        if not answer.get("ok"):
+            return
+        with self._lock:
+            iterations = answer.get("iterations")
+            if isinstance(iterations, (int, float)):
+                attempt.iterations = float(iterations)
+            rate = answer.get("throughput")
+            attempt.throughput = float(rate) if isinstance(rate, (int, float)) else None
+            window = answer.get("window_s")
+            if isinstance(window, (int, float)):
+                attempt.window_s = float(window)
+            first = answer.get("first_iteration_at")
+            if (
+                "init" not in attempt.phases
+                and isinstance(first, (int, float))
+                and attempt.started_wall is not None
+            ):
+                attempt.phases["init"] = max(0.0, float(first) - attempt.started_wall)
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self, launch: TaskLaunch) -> pb.TaskStatus:
+        """Accept an attempt (idempotent) and start it in the background."""
+        if launch.instance_id and launch.instance_id != self.config.instance_id:
+            raise Rejected(
+                f"this worker runs instance {self.config.instance_id}, not {launch.instance_id}"
+            )
+        with self._lock:
+            existing = self._attempts.get((launch.task_id, launch.attempt))
+            if existing is not None:
+                return existing.status()
+            others = [a for a in self._attempts.values() if a.launch.task_id == launch.task_id]
+            newer = [a.launch.attempt for a in others if a.launch.attempt > launch.attempt]
+            if newer:
+                raise Rejected(
+                    f"attempt {max(newer)} of {launch.task_id} is newer than {launch.attempt}"
+                )
+            attempt = Attempt(
+                launch,
+                self._directory(launch.task_id, launch.attempt),
+                self.config.throughput_window_s,
+                checkpoint=launch.checkpoint,
+            )
+            misfit = self._misfit(launch)
+            self._attempts[attempt.key] = attempt
+            if misfit:
+                attempt.state, attempt.reason = "failed", misfit
+                attempt.exited.set()
+            status = attempt.status()
+        for older in others:
+            self._request_stop(older)  # superseded: one attempt of a task runs at a time
+        if not misfit:
+            threading.Thread(
+                target=self._run, args=(attempt,), name=f"attempt-{launch.task_id}", daemon=True
+            ).start()
+        self._changed()
+        return status
+
+    def _misfit(self, launch: TaskLaunch) -> str:
+        """Why the attempt does not fit next to the others (empty: it fits)."""
+        capacity = self.config.capacity
+        used_cpu = sum(a.launch.limits.cpus for a in self._attempts.values() if not a.terminal)
+        used_ram = sum(a.launch.limits.memory_gb for a in self._attempts.values() if not a.terminal)
+        limits = launch.limits
+        if used_cpu + limits.cpus > capacity.cpu + 1e-6:
+            return (
+                f"does not fit on {self.config.instance_id}: {limits.cpus:g} cores asked, "
+                f"{max(capacity.cpu - used_cpu, 0):g} of {capacity.cpu:g} free"
+            )
+        if used_ram + limits.memory_gb > capacity.ram_gb + 1e-6:
+            return (
+                f"does not fit on {self.config.instance_id}: {limits.memory_gb:g} GiB asked, "
+                f"{max(capacity.ram_gb - used_ram, 0):g} of {capacity.ram_gb:g} free"
+            )
+        bad = [g for g in limits.gpus if not 0 <= g < capacity.gpu]
+        if bad:
+            return f"no GPU {bad[0]} on {self.config.instance_id} ({capacity.gpu:g} GPUs)"
+        return ""
+
+    def _directory(self, task_id: str, number: int) -> Path:
+        return self.config.work_dir / "attempts" / f"{_slug(task_id)}.{number}"
+
+    def _run(self, attempt: Attempt) -> None:
+        """One attempt, start to end: image, restore, run, wait, finish."""
+        launch = attempt.launch
+        phase = "fetch"
+        try:
+            if self.artifacts.storage is None:
+                raise StorageError("not registered with the daemon yet")
+            attempt.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            attempt.report_dir.mkdir(parents=True, exist_ok=True)
+            # The job may run as any user: its own two directories are open to it (they sit
+            # in the agent's 0700 work directory; only the container sees them).
+            os.chmod(attempt.checkpoint_dir, 0o777)
+            os.chmod(attempt.report_dir, 0o777)
+            save_launch(attempt.directory, launch)
+            image = self.artifacts.image(launch.run, attempt.phases)
+            phase = "restore"
+            if not self._stop_before_start(attempt):
+                attempt.restored = self.artifacts.restore(
+                    launch.checkpoint, attempt.checkpoint_dir, attempt.directory, attempt.phases
+                )
+                _write_json(attempt.directory / RESTORED_FILE, attempt.restored)
+            if self._stop_before_start(attempt):
+                if attempt.abandoned:
+                    self._end(attempt, "failed", attempt.abandoned, launch.checkpoint)
+                else:
+                    self._end(attempt, "stopped", "stopped before it started", launch.checkpoint)
+                self._cleanup(attempt)
+                return
+            phase = "start"
+            began = time.monotonic()
+            container = self.runtime.run(self._container_spec(attempt, image))
+            attempt.phases["start"] = time.monotonic() - began
+            attempt.started_wall = time.time()
+            with self._lock:
+                attempt.container = container
+                stop_now = attempt.stop_requested_at is not None or attempt.abandoned
+                if attempt.state == "starting":
+                    attempt.state = "running"
+            self._changed()
+            if stop_now:
+                self._begin_stop(attempt)
+            self._watch(attempt)
+        except BuildFailed as exc:
+            self._save_log(attempt, exc.log.encode())  # the build's output
+            self._end(attempt, "failed", f"build failed: {exc}", launch.checkpoint)
+            self._cleanup(attempt)
+        except (StorageError, OSError, RuntimeFailure, tarfile.TarError) as exc:
+            self._end(attempt, "failed", f"{phase} failed: {exc}", launch.checkpoint)
+            self._cleanup(attempt)
+        except Exception as exc:  # a bug of ours must still end the attempt, with its reason
+            log.exception("attempt %s/%d", launch.task_id, launch.attempt)
+            self._end(
+                attempt, "failed", f"worker error: {type(exc).__name__}: {exc}", launch.checkpoint
+            )
+            self._cleanup(attempt)
+
+    def _stop_before_start(self, attempt: Attempt) -> bool:
+        with self._lock:
+            return attempt.stop_requested_at is not None or attempt.abandoned is not None
+
+    def _container_spec(self, attempt: Attempt, image: str) -> ContainerSpec:
+        launch, config = attempt.launch, self.config
+        limits: ResourceLimits = launch.limits
+        shm = limits.shm_size_gb if limits.shm_size_gb is not None else launch.run.shm_size_gb
+        env = dict(launch.run.env)
+        env.update(
+            {
+                "AUTOSCALER_JOB_ID": launch.job_id,
+                "AUTOSCALER_TASK_ID": launch.task_id,
+                "AUTOSCALER_ATTEMPT": str(launch.attempt),
+                "AUTOSCALER_INSTANCE_ID": config.instance_id,
+                "AUTOSCALER_WORKLOAD": launch.workload,
+                "AUTOSCALER_CHECKPOINT_DIR": CHECKPOINT_MOUNT,
+                "AUTOSCALER_RESUMED": "1" if launch.checkpoint else "0",
+                "AUTOSCALER_REPORT_SOCKET": REPORT_SOCKET,
+                "AUTOSCALER_THROUGHPUT_WINDOW_S": f"{config.throughput_window_s:g}",
+                "AUTOSCALER_GPUS": ",".join(str(g) for g in limits.gpus),
+            }
+        )
+        return ContainerSpec(
+            # Several agents may share an engine (the local cloud): names carry the instance.
+            name=f"autoscaler-{_SLUG.sub('_', config.instance_id)}-"
+            f"{_slug(launch.task_id)}-{launch.attempt}",
+            image=image,
+            command=launch.run.command,
+            env=env,
+            labels={
+                LABEL_INSTANCE: config.instance_id,
+                LABEL_TASK: launch.task_id,
+                LABEL_JOB: launch.job_id,
+                LABEL_ATTEMPT: str(launch.attempt),
+            },
+            cpus=min(limits.cpus * config.threads_per_core, float(config.host_cpus)),
+            memory_bytes=int(limits.memory_gb * GIB),
+            shm_bytes=int(shm * GIB) if shm else None,
+            gpus=limits.gpus if config.gpu_devices else (),
+            network=launch.run.network,
+            mounts={
+                str(attempt.checkpoint_dir): CHECKPOINT_MOUNT,
+                str(attempt.report_dir): REPORT_MOUNT,
+            },
+        )
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def stop(self, task_id: str, attempt_number: int) -> pb.TaskStatus | None:
+        """Ask an attempt to checkpoint and stop; None when this worker never saw it."""
+        with self._lock:
+            attempt = self._attempts.get((task_id, attempt_number))
+        if attempt is None:
+            return None
+        self._request_stop(attempt)
+        with self._lock:
+            return attempt.status()
+
+    def _request_stop(self, attempt: Attempt) -> None:
+        with self._lock:
+            if attempt.terminal or attempt.stop_requested_at is not None:
+                return
+            attempt.stop_requested_at = time.monotonic()
+            attempt.state = "checkpointing"
+            attempt.throughput = None
+            begin = attempt.container is not None
+        self._changed()
+        if begin:
+            self._begin_stop(attempt)
+
+    def _begin_stop(self, attempt: Attempt) -> None:
+        thread = threading.Thread(
+            target=self._stop_container, args=(attempt,), name="stop", daemon=True
+        )
+        attempt.stopper = thread
+        thread.start()
+
+    def _stop_container(self, attempt: Attempt) -> None:
+        """Checkpoint request on the report socket, a short wait, SIGTERM, the grace, SIGKILL."""
+        config = self.config
+        container = attempt.container
+        assert container is not None
+        if attempt.abandoned is None:
+            deadline = time.monotonic() + config.checkpoint_wait_s
+            # The job may not listen yet (it is starting): ask until the deadline. A job
+            # without a reporter gets SIGTERM as its request once the wait is over.
+            while not attempt.exited.is_set() and time.monotonic() < deadline:
+                try:
+                    reporter.ask(attempt.socket_path, {"op": "checkpoint"}, config.poll_timeout_s)
+                    attempt.asked = True
+                    break
+                except TimeoutError:
+                    # Connected and sent, but no answer in time (a busy job): the request
+                    # may well have reached it. Count it as asked; the status polls tell.
+                    attempt.asked = True
+                    break
+                except (OSError, ValueError):
+                    attempt.exited.wait(0.2)  # nobody listening (yet)
+            while attempt.asked and not attempt.exited.is_set() and time.monotonic() < deadline:
+                try:
+                    answer = reporter.ask(
+                        attempt.socket_path, {"op": "status"}, config.poll_timeout_s
+                    )
+                except (OSError, ValueError):
+                    attempt.exited.wait(0.1)  # the job is closing its socket: exiting
+                    continue
+                self._absorb_answer(attempt, answer)
+                if answer.get("checkpoint_done"):
+                    attempt.acknowledged = True
+                    break
+                attempt.exited.wait(0.1)
+            # A job that saved its checkpoint usually exits by itself; give it a moment.
+            if attempt.acknowledged:
+                attempt.exited.wait(min(config.checkpoint_wait_s, 2.0))
+        if attempt.exited.is_set():
+            return
+        attempt.sigterm_sent = True
+        try:
+            grace = 0.0 if attempt.abandoned else config.stop_grace_s
+            if grace:
+                self.runtime.stop(container, grace)
+            else:
+                self.runtime.kill(container)
+        except RuntimeFailure as exc:
+            log.warning("stopping %s: %s; killing it", attempt.launch.task_id, exc)
+            self.runtime.kill(container)
+
+    def _abandon(self, attempt: Attempt, reason: str) -> None:
+        with self._lock:
+            if attempt.terminal or attempt.abandoned:
+                return
+            attempt.abandoned = reason
+            container = attempt.container
+        if container is not None:
+            self.runtime.kill(container)
+
+    # -- the end of an attempt ------------------------------------------------------------
+
+    def _watch(self, attempt: Attempt) -> None:
+        assert attempt.container is not None
+        exit_ = self.runtime.wait(attempt.container)
+        if self._closing.is_set():
+            return  # this agent is gone: the next one adopts the container and finishes it
+        attempt.exited.set()
+        self._finish(attempt, exit_)
+
+    def _finish(self, attempt: Attempt, exit_: ContainerExit) -> None:
+        """Decide how the attempt ended, keep its checkpoint and its log, report it."""
+        launch, config = attempt.launch, self.config
+        self.artifacts.ready.wait()  # an adopted container may end before the storage is known
+        with self._lock:
+            stop_at = attempt.stop_requested_at
+        if stop_at is not None:
+            attempt.phases["checkpoint"] = time.monotonic() - stop_at
+        if attempt.stopper is not None:
+            # The job may exit before the stopping thread has heard its answer: wait for
+            # it (it returns at once now that the container has exited) to know how it went.
+            attempt.stopper.join(timeout=config.checkpoint_wait_s + config.stop_grace_s + 30)
+        self._read_final_count(attempt)
+        checkpoint = launch.checkpoint
+        if attempt.abandoned:
+            state, reason = "failed", attempt.abandoned
+        elif stop_at is not None and not (
+            exit_.code == 0 and not attempt.asked and not attempt.sigterm_sent
+        ):
+            state, reason = "stopped", self._how_it_stopped(attempt, exit_)
+        elif exit_.oom_killed:
+            state, reason = "failed", f"out of memory (limit {launch.limits.memory_gb:g} GiB)"
+        elif exit_.code == 0:  # (also when a stop came too late to reach it: it finished)
+            state, reason = "completed", ""
+        elif exit_.error:
+            state, reason = "failed", f"exit code {exit_.code}: {exit_.error}"
+        else:
+            state, reason = "failed", f"exit code {exit_.code}" + _signal_note(exit_.code)
+        # Whatever the job saved is kept, on request or not: nothing checkpointed is lost.
+        if (
+            state != "completed"
+            and not attempt.abandoned
+            and manifest(attempt.checkpoint_dir) != attempt.restored
+        ):
+            began = time.monotonic()
+            try:
+                checkpoint = self.artifacts.upload_checkpoint(
+                    launch, attempt.checkpoint_dir, attempt.directory
+                )
+                attempt.phases["upload"] = time.monotonic() - began
+            except (StorageError, OSError, tarfile.TarError) as exc:
+                note = f" ({reason})" if reason else ""
+                state, reason = "failed", f"checkpoint upload failed: {exc}{note}"
+        self._save_log(attempt)
+        self._end(attempt, state, reason, checkpoint, exit_.code)
+        self._cleanup(attempt)
+
+    def _read_final_count(self, attempt: Attempt) -> None:
+        """The count the job's reporter left when it exited (polls miss the last seconds)."""
+        try:
+            final = json.loads((attempt.report_dir / reporter.FINAL_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        iterations = final.get("iterations") if isinstance(final, dict) else None
+        if isinstance(iterations, (int, float)) and iterations >= 0:
+            with self._lock:
+                attempt.iterations = max(attempt.iterations, float(iterations))
+
+    def _how_it_stopped(self, attempt: Attempt, exit_: ContainerExit) -> str:
+        wait, grace = self.config.checkpoint_wait_s, self.config.stop_grace_s
+        if attempt.acknowledged or (attempt.asked and exit_.code == 0):
+            return "checkpointed on request"
+        if not attempt.sigterm_sent:
+            return f"exited with code {exit_.code} before acknowledging the checkpoint request"
+        if not attempt.asked:
+            how = "no report socket answered; stopped with SIGTERM"
+        else:
+            how = f"did not acknowledge the checkpoint request within {wait:g} s; sent SIGTERM"
+        if exit_.code == 137 and not exit_.oom_killed:
+            return f"{how}; killed after a {grace:g} s grace period"
+        return f"{how} (exit code {exit_.code})"
+
+    def _save_log(self, attempt: Attempt, data: bytes | None = None) -> None:
+        """Keep the container's log (or `data`) in the storage, and its last lines."""
+        container, launch = attempt.container, attempt.launch
+        if self.artifacts.storage is None or (container is None and data is None):
+            return
+        if data is None:
+            assert container is not None
+            try:
+                data = self.runtime.logs(container)
+            except RuntimeFailure as exc:
+                log.warning("log of %s/%d: %s", launch.task_id, launch.attempt, exc)
+                return
+        attempt.log_tail = self.artifacts.save_log(launch, data)
+
+    def _end(
+        self,
+        attempt: Attempt,
+        state: str,
+        reason: str,
+        checkpoint: str | None,
+        exit_code: int | None = None,
+    ) -> None:
+        """Publish how the attempt ended, once its container is gone (its resources free)."""
+        if attempt.container is not None:
+            try:
+                self.runtime.remove(attempt.container)
+            except RuntimeFailure as exc:
+                log.warning("removing the container of %s: %s", attempt.launch.task_id, exc)
+        with self._lock:
+            attempt.state, attempt.reason = state, reason
+            attempt.checkpoint, attempt.exit_code = checkpoint, exit_code
+            attempt.throughput = None
+        attempt.exited.set()
+        log.info(
+            "attempt %d of %s %s%s",
+            attempt.launch.attempt,
+            attempt.launch.task_id,
+            state,
+            f": {reason}" if reason else "",
+        )
+        self._changed()
+
+    def _cleanup(self, attempt: Attempt) -> None:
+        shutil.rmtree(attempt.directory, ignore_errors=True)
+
+    # -- adoption after a restart ---------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Take over the containers a previous agent process of this instance started."""
+        found = self.runtime.containers({LABEL_INSTANCE: self.config.instance_id})
+        for info in found:
+            labels = info.labels
+            try:
+                number = int(labels.get(LABEL_ATTEMPT, ""))
+                task_id = labels[LABEL_TASK]
+            except (KeyError, ValueError):
+                continue
+            directory = self._directory(task_id, number)
+            try:
+                launch = load_launch(directory)
+            except (OSError, DecodeError, BadMessage):
+                log.warning("container %s has no saved launch: removing it", info.container_id)
+                self.runtime.remove(info.container_id)
+                continue
+            attempt = Attempt(
+                launch,
+                directory,
+                self.config.throughput_window_s,
+                state="running",
+                checkpoint=launch.checkpoint,
+                container=info.container_id,
+            )
+            restored = directory / RESTORED_FILE
+            if restored.exists():
+                attempt.restored = tuple(tuple(x) for x in json.loads(restored.read_text()))  # type: ignore[misc]
+            with self._lock:
+                self._attempts[attempt.key] = attempt
+            log.info("adopted attempt %d of %s (%s)", number, task_id, info.container_id[:12])
+            threading.Thread(target=self._watch, args=(attempt,), daemon=True).start()
+
+
+def save_launch(directory: Path, launch: TaskLaunch) -> None:
+    """Keep an attempt's launch beside it, in the worker protocol's own encoding."""
+    (directory / LAUNCH_FILE).write_bytes(launch_to_pb(launch).SerializeToString())
+
+
+def load_launch(directory: Path) -> TaskLaunch:
+    """The launch `save_launch` kept (OSError, DecodeError or BadMessage if there is none)."""
+    return launch_from_pb(pb.StartTaskRequest.FromString((directory / LAUNCH_FILE).read_bytes()))
+
+
+def _slug(task_id: str) -> str:
+    """A name for files and containers: readable, and unique by a short hash."""
+    digest = hashlib.sha256(task_id.encode()).hexdigest()[:8]
+    return f"{_SLUG.sub('_', task_id)[:60]}-{digest}"
+
+
+def _signal_note(code: int) -> str:
+    names = {137: "SIGKILL", 143: "SIGTERM", 139: "SIGSEGV", 134: "SIGABRT"}
+    return f" (killed by {names[code]})" if code in names else ""
+
+
+def _write_json(path: Path, document: Any) -> None:
+    path.write_text(json.dumps(document))
