@@ -47,6 +47,7 @@ from autoscaler.execution import (
     ExecutorReport,
     TaskLaunch,
     TaskReport,
+    TaskState,
 )
 from executor.agent import RECONNECT_OPTIONS
 from executor.messages import INSTANCE_ID, launch_to_pb, report_from_pb
@@ -274,7 +275,7 @@ class GrpcExecutor:
                 checkpoint=request.checkpoint,
                 reason=reason,
             )
-        state = "starting" if request.kind == "start" else "checkpointing"
+        state: TaskState = "starting" if request.kind == "start" else "checkpointing"
         return TaskReport(
             task_id,
             state,

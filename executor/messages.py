@@ -13,7 +13,7 @@ from autoscaler.execution import ResourceLimits, TaskLaunch, TaskReport, TaskSta
 from autoscaler.jobs import TaskRun
 from executor.protos import worker_pb2 as pb
 
-_STATE_TO_PB = {
+_STATE_TO_PB: dict[str, int] = {
     "starting": pb.TASK_STATE_STARTING,
     "running": pb.TASK_STATE_RUNNING,
     "checkpointing": pb.TASK_STATE_CHECKPOINTING,
@@ -21,7 +21,7 @@ _STATE_TO_PB = {
     "completed": pb.TASK_STATE_COMPLETED,
     "failed": pb.TASK_STATE_FAILED,
 }
-_STATE_FROM_PB = {number: name for name, number in _STATE_TO_PB.items()}
+_STATE_FROM_PB: dict[int, str] = {number: name for name, number in _STATE_TO_PB.items()}
 
 #: Agent and daemon refuse task ids and attempts they could not name files or keys after.
 MAX_ID = 200
