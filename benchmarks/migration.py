@@ -15,6 +15,13 @@ images pulled and data loaded — the yardstick, not a like-for-like figure.
 Part 2 starts 100 agents with simulated containers (threads speaking the
 real report-socket protocol) against one daemon and times registration, 200
 starts, a `report()`, and 200 checkpoint-and-stops.
+
+Part 0 (`--imports-only` runs it alone) is what a worker pays before it starts:
+the import time of the worker's entry point (`executor.cli`, `executor.agent`)
+beside the full command line's (`app.cli`), both measured in this run with
+`python -X importtime` (the cumulative times of the top-level imports summed,
+the median of several interleaved runs), and which of the planner's and the
+daemon's heavy packages each one loads.
 """
 
 from __future__ import annotations
@@ -58,10 +65,74 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cycles", type=int, default=4, help="migrations in part 1")
     parser.add_argument("--agents", type=int, default=100, help="simulated agents in part 2")
     parser.add_argument("--tasks-per-agent", type=int, default=2)
+    parser.add_argument("--imports-only", action="store_true", help="part 0 alone")
+    parser.add_argument("--import-runs", type=int, default=7, help="runs of each in part 0")
     args = parser.parse_args(argv)
+    import_times(args.import_runs)
+    if args.imports_only:
+        return
     with tempfile.TemporaryDirectory(prefix="bench-migration-") as scratch:
         migration_cycle(Path(scratch), args.cycles)
         report_round(Path(scratch), args.agents, args.tasks_per_agent)
+
+
+# -- part 0 ----------------------------------------------------------------------------------
+
+#: What `autoscaler-worker` imports before it parses its flags; what `autoscaler` does.
+WORKER_IMPORTS = "import executor.cli, executor.agent"
+FULL_IMPORTS = "import app.cli"
+#: The planner's and the daemon's packages, which an instance should never load.
+HEAVY = ("numpy", "highspy", "scipy", "sqlalchemy", "alembic", "pydantic", "rich", "matplotlib")
+
+
+def import_times(runs: int) -> None:
+    """Print the worker's import time beside the full command line's, and their ratio."""
+    print("part 0: import time (python -X importtime)", flush=True)
+    samples: dict[str, list[float]] = {WORKER_IMPORTS: [], FULL_IMPORTS: []}
+    loaded: dict[str, set[str]] = {}
+    for _ in range(max(runs, 1) + 1):  # the first round warms the caches and is dropped
+        for code in samples:
+            seconds, loaded[code] = _import_seconds(code)
+            samples[code].append(seconds)
+    worker, full = (statistics.median(samples[code][1:]) for code in samples)
+    rows = [
+        [
+            f"worker: {WORKER_IMPORTS}",
+            f"{worker:.3f}",
+            ", ".join(sorted(loaded[WORKER_IMPORTS] & set(HEAVY))) or "none",
+        ],
+        [
+            f"command line: {FULL_IMPORTS}",
+            f"{full:.3f}",
+            ", ".join(sorted(loaded[FULL_IMPORTS] & set(HEAVY))) or "none",
+        ],
+        ["worker ÷ command line", f"{worker / full:.2f}", ""],
+    ]
+    print(format_table(["imports", "seconds (median)", "heavy packages loaded"], rows,
+                       [False, True, False]))  # fmt: skip
+    print(f"  median of {max(runs, 1)} interleaved runs each, after one warm-up.\n")
+
+
+def _import_seconds(code: str) -> tuple[float, set[str]]:
+    """The summed cumulative time of a process's top-level imports, and the top-level
+    packages it loaded (`python -X importtime` writes one line per import to stderr,
+    children indented under their parent)."""
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
+    total_us, packages = 0, set()
+    for line in run.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line.split("|")
+        packages.add(name.strip().split(".")[0])
+        if name.startswith(" ") and not name.startswith("  "):  # a top-level import
+            total_us += int(cumulative)
+    return total_us / 1e6, packages
 
 
 # -- wiring ----------------------------------------------------------------------------------
