@@ -27,7 +27,7 @@ import re
 import sys
 import tomllib
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -128,19 +128,16 @@ def module_closure(root: Path, start: Iterable[str]) -> set[str]:
     """`start` and every first-party module their import statements reach, transitively
     (imports inside functions too; those under `if TYPE_CHECKING:` are types, not run)."""
     first_party = {PACKAGE, CORE, *FORBIDDEN}
-    seen: set[str] = set()
-    pending = list(start)
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
+
+    def imported_by(name: str) -> Iterator[str]:
         parts = name.split(".")
         # Importing a module runs its packages' __init__ first.
-        pending += [".".join(parts[:i]) for i in range(1, len(parts))]
+        yield from (".".join(parts[:i]) for i in range(1, len(parts)))
         for target in _imports(root, name):
             if target.split(".")[0] in first_party:
-                pending += [t for t in _expand(root, target) if t not in seen]
+                yield from _expand(root, target)
+
+    seen = _reachable(start, imported_by)
     reached = sorted(m for m in seen if m.split(".")[0] in FORBIDDEN)
     if reached:
         raise DistributionError(
@@ -255,7 +252,8 @@ def project_metadata(root: Path) -> ProjectMetadata:
             "nothing says the version and requirements"
         ) from None
     requires = tuple(r for r in (metadata.requires(PROJECT) or ()) if "extra ==" not in r)
-    return ProjectMetadata(installed["Version"], installed.get("Requires-Python", ""), requires)
+    python = (installed.get_all("Requires-Python") or [""])[0]
+    return ProjectMetadata(installed["Version"], python, requires)
 
 
 def requirements_for(imported: Iterable[str], project_requires: Sequence[str]) -> list[str]:
@@ -291,22 +289,27 @@ def requirements_for(imported: Iterable[str], project_requires: Sequence[str]) -
 
 def _dependencies_of(chosen: dict[str, str]) -> set[str]:
     """The installed distributions `chosen` pulls in, transitively (their run-time ones)."""
-    seen: set[str] = set()
-    pending = list(chosen)
-    while pending:
-        dist = pending.pop()
-        if dist in seen:
-            continue
-        seen.add(dist)
+
+    def required_by(dist: str) -> list[str]:
         try:
             requires = metadata.requires(dist) or []
         except metadata.PackageNotFoundError:
-            continue
-        pending += [
-            _normalize(_requirement_name(r))
-            for r in requires
-            if "extra ==" not in r and _requirement_name(r)
-        ]
+            return []
+        names = (_requirement_name(r) for r in requires if "extra ==" not in r)
+        return [_normalize(name) for name in names if name]
+
+    return _reachable(chosen, required_by)
+
+
+def _reachable(start: Iterable[str], neighbours: Callable[[str], Iterable[str]]) -> set[str]:
+    """`start` and every node reachable from it through `neighbours`."""
+    seen: set[str] = set()
+    pending = list(start)
+    while pending:
+        node = pending.pop()
+        if node not in seen:
+            seen.add(node)
+            pending += [n for n in neighbours(node) if n not in seen]
     return seen
 
 
