@@ -193,25 +193,36 @@ def upload_context(storage: Storage, directory: str | Path) -> str:
     return storage.ref(key)
 
 
-# -- a directory -------------------------------------------------------------------------------
+# -- references --------------------------------------------------------------------------------
 
 
-class FileStorage:
-    """Objects as files under a directory (one machine, or a shared file system)."""
+class _References:
+    """A reference is the store's URL, a slash, and the key: one rule for every store."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.url = "file://" + str(root).rstrip("/")
+    url: str
 
     def ref(self, key: str) -> str:
+        """The full URL of `key`."""
         return f"{self.url}/{check_key(key)}"
 
     def key(self, ref_or_key: str) -> str:
+        """The key of a reference into this store (a bare key is returned checked)."""
         if ref_or_key.startswith(self.url + "/"):
             return check_key(ref_or_key[len(self.url) + 1 :])
         if "://" in ref_or_key:
             raise StorageError(f"{ref_or_key!r} is not in this storage ({self.url})")
         return check_key(ref_or_key)
+
+
+# -- a directory -------------------------------------------------------------------------------
+
+
+class FileStorage(_References):
+    """Objects as files under a directory (one machine, or a shared file system)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = "file://" + str(root).rstrip("/")
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
@@ -297,7 +308,7 @@ def _atomic_copy(write: Any, target: Path) -> None:
 # -- S3 ----------------------------------------------------------------------------------------
 
 
-class S3Storage:
+class S3Storage(_References):
     """Objects in an S3 bucket, under an optional prefix."""
 
     def __init__(self, bucket: str, prefix: str = "", **aws_kwargs: Any) -> None:
@@ -313,16 +324,6 @@ class S3Storage:
     def _object(self, key: str) -> str:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
-
-    def ref(self, key: str) -> str:
-        return f"{self.url}/{check_key(key)}"
-
-    def key(self, ref_or_key: str) -> str:
-        if ref_or_key.startswith(self.url + "/"):
-            return check_key(ref_or_key[len(self.url) + 1 :])
-        if "://" in ref_or_key:
-            raise StorageError(f"{ref_or_key!r} is not in this storage ({self.url})")
-        return check_key(ref_or_key)
 
     def put_file(self, key: str, path: str | Path) -> str:
         from boto3.exceptions import S3UploadFailedError
