@@ -228,6 +228,7 @@ class InMemoryStore:
         cloud_id: str | None = None,
         zone: str | None = None,
         reason: str = "",
+        private_address: str | None = None,
     ) -> bool:
         inst = self._instances.get(instance_id)
         if inst is None:
@@ -241,6 +242,7 @@ class InMemoryStore:
             status=status,
             cloud_id=cloud_id or inst.cloud_id,
             zone=zone or inst.zone,
+            private_address=private_address or inst.private_address,
             history=(*inst.history, (status, at)),
             reason=reason,
         )
@@ -264,7 +266,9 @@ class InMemoryStore:
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
         with self._lock:
             for c in changes:
-                self._transition(c.instance_id, c.status, at, c.cloud_id, c.zone, c.reason)
+                self._transition(
+                    c.instance_id, c.status, at, c.cloud_id, c.zone, c.reason, c.private_address
+                )
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""

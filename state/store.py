@@ -505,6 +505,7 @@ class SqlStore:
                     "b_status": c.status,
                     "b_cloud": c.cloud_id or row.cloud_id,
                     "b_zone": c.zone or row.zone,
+                    "b_address": c.private_address or row.private_address,
                     "b_reason": c.reason,
                 }
             )
@@ -543,6 +544,7 @@ class SqlStore:
                     status=bindparam("b_status"),
                     cloud_id=bindparam("b_cloud"),
                     zone=bindparam("b_zone"),
+                    private_address=bindparam("b_address"),
                     reason=bindparam("b_reason"),
                 ),
                 updates,
@@ -975,6 +977,7 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.ready_at,
         row.lost_at,
         row.reason,
+        row.private_address,
     )
 
 
