@@ -89,7 +89,7 @@ class ImdsServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_PUT(self) -> None:
                 owner.requests.append(f"PUT {self.path}")
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
                 if self.path != "/latest/api/token" or not ttl:
@@ -97,7 +97,7 @@ class ImdsServer:
                     return
                 self._answer(200, owner.token.encode())
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 owner.requests.append(f"GET {self.path}")
                 if self.headers.get("X-aws-ec2-metadata-token") != owner.token:
                     self._answer(401, b"")

@@ -190,6 +190,7 @@ class Daemon:
     secrets: OneTimeSecrets = field(default_factory=OneTimeSecrets)
     verifier: Any = None  # how workers prove their instance (default: `secrets`)
     certificate_lifetime_s: float = 3600.0
+    enroll_burst: int = 5
     heartbeat_timeout_s: float = 45.0
     port: int = 0
     worker_port: int = 0
@@ -215,6 +216,7 @@ class Daemon:
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             heartbeat_interval_s=0.3,
             certificate_lifetime_s=self.certificate_lifetime_s,
+            enroll_burst=self.enroll_burst,
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=64),
