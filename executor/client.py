@@ -466,10 +466,19 @@ class GrpcExecutor:
         """A certificate for the instance the request proves it is, or Refused. Nothing is
         kept in memory either way: the worker exists for the daemon from its first
         heartbeat, which it can only make with this certificate."""
-        if not self._limiter.allow(_peer_host(peer), time.monotonic()):
+        host = _peer_host(peer)
+        if not self._limiter.allowed(host, time.monotonic()):
             raise Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, "too many enrollments from this address"
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many refused enrollments from this address; wait and try again",
             )
+        try:
+            return self._enroll(request, peer)
+        except Refused:
+            self._limiter.spend(host, time.monotonic())  # refusals count, not enrollments
+            raise
+
+    def _enroll(self, request: pb.EnrollRequest, peer: str) -> pb.EnrollResponse:
         instance_id = request.instance_id
         if not INSTANCE_ID.fullmatch(instance_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"bad instance id {instance_id!r}")
@@ -761,23 +770,33 @@ def _peer_host(peer: str) -> str:
 
 
 class _RateLimiter:
-    """A token bucket per peer address, for enrollments: `burst` at once, then one every
-    `every_s`. Bounded: the least recently seen addresses are forgotten first."""
+    """A token bucket per peer address for refused enrollments (guesses): `burst` of them,
+    then one every `every_s`; an address out of tokens is refused before its proof is even
+    checked. Workers enrolling rightly spend nothing, however many share an address (the
+    local cloud's). Bounded: the least recently seen addresses are forgotten first."""
 
     def __init__(self, burst: int, every_s: float, kept: int = 4096) -> None:
         self.burst, self.every_s, self.kept = burst, every_s, kept
         self._lock = threading.Lock()
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
-    def allow(self, peer: str, now: float) -> bool:
+    def _tokens(self, peer: str, now: float) -> float:
+        tokens, at = self._buckets.pop(peer, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) / self.every_s)
+
+    def allowed(self, peer: str, now: float) -> bool:
         with self._lock:
-            tokens, at = self._buckets.pop(peer, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - at) / self.every_s)
-            allowed = tokens >= 1.0
-            self._buckets[peer] = (tokens - 1.0 if allowed else tokens, now)
+            if peer not in self._buckets:
+                return True
+            tokens = self._tokens(peer, now)
+            self._buckets[peer] = (tokens, now)
+            return tokens >= 1.0
+
+    def spend(self, peer: str, now: float) -> None:
+        with self._lock:
+            self._buckets[peer] = (max(0.0, self._tokens(peer, now) - 1.0), now)
             while len(self._buckets) > self.kept:
                 self._buckets.popitem(last=False)
-            return allowed
 
 
 # -- the gRPC services ---------------------------------------------------------------------------

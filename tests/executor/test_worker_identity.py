@@ -165,12 +165,19 @@ def test_enrolling_as_another_instance_or_twice_or_as_no_launch_is_refused(daemo
     assert _state(daemon) == before
 
 
-def test_enrollment_is_rate_limited_per_address(daemon):
+def test_refused_enrollments_are_rate_limited_per_address(daemon):
+    for instance_id in ("inst-1", "inst-2", "inst-3", "inst-4", "inst-5", "inst-6"):
+        daemon.agent(instance_id)  # rightful enrollments from one address spend nothing
+    secret = read_secret(daemon.launch("inst-7")).decode()
     csr, _ = signing_request()
-    request = pb.EnrollRequest(instance_id="inst-x", local_secret="guess", csr_pem=csr)
-    codes = [_refused(lambda: _enroll(daemon, request)).code() for _ in range(8)]
+    guess = pb.EnrollRequest(instance_id="inst-x", local_secret="guess", csr_pem=csr)
+    codes = [_refused(lambda: _enroll(daemon, guess)).code() for _ in range(8)]
     assert codes[:5] == [grpc.StatusCode.PERMISSION_DENIED] * 5
     assert set(codes[5:]) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    # Out of tokens, the address is refused before its proof is checked: even a right one
+    # waits (and the secret is not consumed).
+    right = pb.EnrollRequest(instance_id="inst-7", local_secret=secret, csr_pem=csr)
+    assert _refused(lambda: _enroll(daemon, right)).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_the_workers_port_admits_only_worker_certificates(daemon):
