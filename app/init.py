@@ -75,15 +75,15 @@ def init_cluster(
     label = name or "autoscaler"
     authorities = {}
     for purpose in ("server", "worker"):
-        cert, key = secrets_dir / f"{purpose}-ca.pem", secrets_dir / f"{purpose}-ca.key"
-        if cert.exists() and key.exists():
-            authorities[purpose] = Authority.load(cert, key)
-            kept += [cert, key]
+        ca_cert, ca_key = secrets_dir / f"{purpose}-ca.pem", secrets_dir / f"{purpose}-ca.key"
+        if ca_cert.exists() and ca_key.exists():
+            authorities[purpose] = Authority.load(ca_cert, ca_key)
+            kept += [ca_cert, ca_key]
         else:
             authorities[purpose] = Authority.create(f"{label} {purpose}")
             for path, data in (
-                (key, authorities[purpose].key_pem),
-                (cert, authorities[purpose].cert_pem),
+                (ca_key, authorities[purpose].key_pem),
+                (ca_cert, authorities[purpose].cert_pem),
             ):
                 write_secret(path, data, overwrite=True)
                 written.append(path)

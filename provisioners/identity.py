@@ -48,7 +48,11 @@ KINDS = {"rsa2048": ".rsa2048.pem", "pkcs7": ".dsa.pem"}
 #: A document and its signature are a few kilobytes; anything larger is refused unread.
 MAX_PROOF_BYTES = 16 * 1024
 
-_HASHES = {"sha1": hashes.SHA1, "sha256": hashes.SHA256, "sha384": hashes.SHA384}
+_HASHES: dict[str, hashes.HashAlgorithm] = {
+    "sha1": hashes.SHA1(),
+    "sha256": hashes.SHA256(),
+    "sha384": hashes.SHA384(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,11 +191,11 @@ def verify_pkcs7(signature: str | bytes, certificate: x509.Certificate) -> bytes
     key = certificate.public_key()
     try:
         if isinstance(key, rsa.RSAPublicKey):
-            key.verify(value, signed_bytes, padding.PKCS1v15(), algorithm())
+            key.verify(value, signed_bytes, padding.PKCS1v15(), algorithm)
         elif isinstance(key, dsa.DSAPublicKey):
-            key.verify(value, signed_bytes, algorithm())
+            key.verify(value, signed_bytes, algorithm)
         elif isinstance(key, ec.EllipticCurvePublicKey):
-            key.verify(value, signed_bytes, ec.ECDSA(algorithm()))
+            key.verify(value, signed_bytes, ec.ECDSA(algorithm))
         else:
             raise EnrollmentRefused("unsupported certificate key")
     except (InvalidSignature, UnsupportedAlgorithm, ValueError):

@@ -119,7 +119,7 @@ class LocalCloud:
             record["enrollment_sha256"] = secret_digest(secret)
             record["enrolled"] = False
             self._write(record)  # recorded before the process exists: a crash leaves a trace
-            work = self._dir(record["token"]) / "work"
+            work = self._dir(request.instance_id) / "work"
             work.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_secret(work / SECRET_FILE, secret + "\n", overwrite=True)
             record["pid"] = self._start_agent(record)
