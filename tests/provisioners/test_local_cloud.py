@@ -76,7 +76,7 @@ def test_a_launch_starts_one_agent_advertising_the_types_capacity(tmp_path, fake
             "c7i.xlarge",
         )
         argv = tmp_path / "cloud" / "instances" / "tok-1" / "work" / "argv"
-        wait_for(argv.exists)
+        wait_for(lambda: argv.exists() and argv.read_text())  # written, not just created
         args = argv.read_text()
         assert "--instance-id tok-1" in args and "--capacity 0,2,8" in args
         assert "--daemon 127.0.0.1:7443" in args
