@@ -26,6 +26,7 @@ import secrets as _random
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.errors import InputError
 from executor.security import (
     DAEMON_NAME,
     Authority,
@@ -73,31 +74,38 @@ def init_cluster(
         written.append(config)
     secrets_dir = directory / "secrets"
     label = name or "autoscaler"
-    authorities = {}
+    authorities: dict[str, Authority | None] = {}
     for purpose in ("server", "worker"):
         ca_cert, ca_key = secrets_dir / f"{purpose}-ca.pem", secrets_dir / f"{purpose}-ca.key"
-        if ca_cert.exists() and ca_key.exists():
-            authorities[purpose] = Authority.load(ca_cert, ca_key)
-            kept += [ca_cert, ca_key]
+        if ca_cert.exists() and (ca_key.exists() or purpose == "server"):
+            # The server CA's key may be kept offline: its certificate is what clients pin.
+            loaded = Authority.load(ca_cert, ca_key) if ca_key.exists() else None
+            authorities[purpose] = loaded
+            kept += [ca_cert, ca_key] if loaded else [ca_cert]
         else:
-            authorities[purpose] = Authority.create(f"{label} {purpose}")
-            for path, data in (
-                (ca_key, authorities[purpose].key_pem),
-                (ca_cert, authorities[purpose].cert_pem),
-            ):
+            created = authorities[purpose] = Authority.create(f"{label} {purpose}")
+            for path, data in ((ca_key, created.key_pem), (ca_cert, created.cert_pem)):
                 write_secret(path, data, overwrite=True)
                 written.append(path)
-    server_ca = authorities["server"]
+    server_ca_pem = (secrets_dir / "server-ca.pem").read_bytes()
     names = [DAEMON_NAME, *_advertised_host(config)]
     server_cert, server_key = secrets_dir / "server.pem", secrets_dir / "server.key"
     if (
         server_cert.exists()
         and server_key.exists()
-        and issued_by(server_cert.read_bytes(), server_ca.cert_pem)
+        and issued_by(server_cert.read_bytes(), server_ca_pem)
         and set(names) <= set(certificate_names(server_cert.read_bytes()))
     ):
         kept += [server_cert, server_key]
     else:
+        server_ca = authorities["server"]
+        if server_ca is None:
+            raise InputError(
+                "the daemon's certificate must be issued again (for "
+                f"{', '.join(names)}), which needs the server CA's key: put it back as "
+                f"{secrets_dir / 'server-ca.key'} and run `autoscaler init` again",
+                source=str(config),
+            )
         cert, key = server_ca.issue(names)
         write_secret(server_key, key, overwrite=True)
         write_secret(server_cert, cert, overwrite=True)

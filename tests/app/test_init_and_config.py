@@ -10,6 +10,7 @@ from cryptography import x509
 
 from app.cli import main
 from app.config import load_cluster_config
+from app.init import init_cluster
 from autoscaler.errors import InputError
 from executor.security import Authority, certificate_names, issued_by
 
@@ -63,6 +64,16 @@ def test_init_again_reissues_the_server_certificate_for_a_new_advertised_host(tm
     main(["init", "--dir", str(tmp_path)])
     assert certificate_names(secrets.server_cert.read_bytes()) == ["autoscaler-daemon", "10.0.7.5"]
     assert {p: p.read_bytes() for p in kept} == kept  # the CAs and the token stay
+    # With the server CA's key kept offline, init keeps what matches and says what it needs
+    # to change the rest (never a new CA, which every client would have to be given again).
+    key = secrets.ca_key.read_bytes()
+    secrets.ca_key.unlink()
+    main(["init", "--dir", str(tmp_path)])
+    assert not secrets.ca_key.exists() and secrets.ca_cert.read_bytes() == kept[secrets.ca_cert]
+    path.write_text(path.read_text().replace("10.0.7.5:7443", "10.0.7.6:7443"))
+    with pytest.raises(InputError, match="needs the server CA's key: put it back as"):
+        init_cluster(tmp_path)
+    secrets.ca_key.write_bytes(key)
 
 
 def test_init_twice_never_overwrites_a_secret_or_the_configuration(tmp_path):
