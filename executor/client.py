@@ -198,9 +198,13 @@ class _Worker:
     tasks: dict[tuple[str, int], pb.TaskStatus] = field(default_factory=dict)
     lost: str | None = None
     gone: bool = False  # released or replaced: its command streams end
-    # Commands not yet confirmed by a heartbeat, in order: (sequence number, command).
-    outbox: list[tuple[int, pb.Command]] = field(default_factory=list)
+    # Commands not yet confirmed by a heartbeat, in order: (sequence number, command, the
+    # launch of a start, whose grants are made as it is sent).
+    outbox: list[tuple[int, pb.Command, TaskLaunch | None]] = field(default_factory=list)
     streams: int = 0  # command streams open now
+    # Wakes this worker's command streams only (one condition per worker, on the
+    # executor's lock: a start for one worker does not wake a hundred streams).
+    wakeup: threading.Condition | None = None
 
 
 @dataclass
@@ -266,7 +270,6 @@ class GrpcExecutor:
         self.grant_expiry_s = grant_expiry_s
         self._limiter = _RateLimiter(enroll_burst, enroll_every_s)
         self._lock = threading.RLock()
-        self._wakeup = threading.Condition(self._lock)
         self._workers: dict[str, _Worker] = {}
         self._requests: dict[str, _Request] = {}
         self._acked: set[tuple[str, int]] = set()
@@ -278,7 +281,6 @@ class GrpcExecutor:
     # -- the Executor contract -------------------------------------------------------------
 
     def start(self, launch: TaskLaunch) -> None:
-        grants, refused = self._read_grants(launch)
         with self._lock:
             key = (launch.task_id, launch.attempt)
             current = self._requests.get(launch.task_id)
@@ -300,14 +302,12 @@ class GrpcExecutor:
             if worker.lost is not None:
                 request.refused = worker.lost
                 return
-            if refused is not None:
-                request.refused = refused
-                return
-            self._queue(worker, pb.Command(start=launch_to_pb(launch, **grants)))
+            self._queue(worker, pb.Command(start=launch_to_pb(launch)), launch)
 
-    def _read_grants(self, launch: TaskLaunch) -> tuple[dict[str, str], str | None]:
-        """Presigned GETs of the attempt's build context and checkpoint (made before taking
-        the lock: presigning may look up the daemon's credentials)."""
+    def _with_grants(self, command: pb.Command, launch: TaskLaunch) -> pb.Command | None:
+        """A start with fresh presigned GETs of its build context and checkpoint, made as it
+        is sent (each resend gets its own; `start` stays a memory operation); None, and the
+        request failed with the reason, when they cannot be made."""
         grants = {}
         try:
             if launch.run.build_context:
@@ -317,8 +317,12 @@ class GrpcExecutor:
                 key = self.storage.key(launch.checkpoint)
                 grants["checkpoint_url"] = self.storage.grant_get(key, self.grant_expiry_s)
         except StorageError as exc:
-            return {}, f"cannot grant the attempt its inputs: {exc}"
-        return grants, None
+            with self._lock:
+                request = self._requests.get(launch.task_id)
+                if request is not None and request.attempt == launch.attempt:
+                    request.refused = f"cannot grant the attempt its inputs: {exc}"
+            return None
+        return pb.Command(start=launch_to_pb(launch, **grants))
 
     def stop(self, task_id: str, attempt: int) -> None:
         with self._lock:
@@ -436,7 +440,8 @@ class GrpcExecutor:
             for task_id, request in list(self._requests.items()):
                 if request.instance_id == instance_id:
                     del self._requests[task_id]
-            self._wakeup.notify_all()
+            if worker is not None:
+                _wake(worker)
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -458,7 +463,8 @@ class GrpcExecutor:
         """End every command stream (the daemon is shutting down)."""
         with self._lock:
             self._closed = True
-            self._wakeup.notify_all()
+            for worker in self._workers.values():
+                _wake(worker)
 
     # -- enrollment (the API port: no certificate yet) -------------------------------------------
 
@@ -593,7 +599,12 @@ class GrpcExecutor:
         if worker is None:
             now = self._now()
             worker = _Worker(
-                instance_id, pb.Capacity(), request.agent_version, registered_at=now, last_seen=now
+                instance_id,
+                pb.Capacity(),
+                request.agent_version,
+                registered_at=now,
+                last_seen=now,
+                wakeup=threading.Condition(self._lock),
             )
             self._workers[instance_id] = worker
             log.info(
@@ -667,7 +678,7 @@ class GrpcExecutor:
     def _confirm(self, worker: _Worker) -> None:
         """Drop the commands a heartbeat shows were carried out."""
         kept = []
-        for sequence, command in worker.outbox:
+        for sequence, command, launch in worker.outbox:
             which = command.WhichOneof("command")
             order = command.start if which == "start" else command.stop
             status = worker.tasks.get((order.task_id, order.attempt))
@@ -677,7 +688,7 @@ class GrpcExecutor:
                 or status.state == pb.TASK_STATE_CHECKPOINTING
             )
             if not done:
-                kept.append((sequence, command))
+                kept.append((sequence, command, launch))
         worker.outbox = kept
 
     def commands(self, instance_id: str, is_active: Callable[[], bool]) -> Iterator[pb.Command]:
@@ -693,7 +704,7 @@ class GrpcExecutor:
         try:
             while True:
                 with self._lock:
-                    pending = [(s, c) for s, c in worker.outbox if s > sent]
+                    pending = [entry for entry in worker.outbox if entry[0] > sent]
                     while (
                         not pending
                         and not self._closed
@@ -701,21 +712,29 @@ class GrpcExecutor:
                         and worker.lost is None
                         and is_active()
                     ):
-                        self._wakeup.wait(timeout=1.0)
-                        pending = [(s, c) for s, c in worker.outbox if s > sent]
+                        assert worker.wakeup is not None
+                        worker.wakeup.wait(timeout=1.0)
+                        pending = [entry for entry in worker.outbox if entry[0] > sent]
                     if self._closed or worker.gone or worker.lost is not None or not is_active():
                         return
-                for sequence, command in pending:
-                    yield command
+                for sequence, command, launch in pending:
+                    ready = command if launch is None else self._with_grants(command, launch)
+                    if ready is None:  # failed with its reason: nothing to send, ever
+                        with self._lock:
+                            worker.outbox = [e for e in worker.outbox if e[0] != sequence]
+                    else:
+                        yield ready
                     sent = sequence
         finally:
             with self._lock:
                 worker.streams -= 1
 
-    def _queue(self, worker: _Worker, command: pb.Command) -> None:
+    def _queue(
+        self, worker: _Worker, command: pb.Command, launch: TaskLaunch | None = None
+    ) -> None:
         self._sequence += 1
-        worker.outbox.append((self._sequence, command))
-        self._wakeup.notify_all()
+        worker.outbox.append((self._sequence, command, launch))
+        _wake(worker)
 
     def grant_upload(self, instance_id: str, request: pb.GrantUploadRequest) -> pb.Grant:
         """A presigned PUT for one object of an attempt placed on `instance_id`; refused for
@@ -753,8 +772,14 @@ class GrpcExecutor:
         worker.lost = reason
         if isinstance(self.ledger, MemoryLedger):
             self.ledger.give_up(worker.instance_id, reason)
-        self._wakeup.notify_all()
+        _wake(worker)
         log.warning("worker %s: %s", worker.instance_id, reason)
+
+
+def _wake(worker: _Worker) -> None:
+    """Wake the worker's command streams (the executor's lock is held)."""
+    if worker.wakeup is not None:
+        worker.wakeup.notify_all()
 
 
 def _copy(status: pb.TaskStatus) -> pb.TaskStatus:
