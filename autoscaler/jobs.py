@@ -21,9 +21,9 @@ is ours: `max_tasks_per_instance` (anti-affinity).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType
 from autoscaler.errors import InputError, check_number
@@ -104,6 +104,11 @@ class TaskSpec:
             if key == ANY_FAMILY:
                 fallback = demand
         return fallback
+
+    def fits_alone(self, itype: InstanceType) -> bool:
+        """True when the task may run on `itype`'s family and fits an empty instance of it."""
+        demand = self.demand_on(itype.family)
+        return demand is not None and demand.fits_in(itype.capacity)
 
     @property
     def checkpoint_s(self) -> float:
@@ -344,27 +349,48 @@ def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resou
             check_number(v, field=f"{fname}[{i}]", where=where, source=source)
             for i, v in enumerate(vector)
         ]
-        if values[0] != int(values[0]):
+        problem = demand_problem(values)
+        if problem is not None:
+            at = problem.component
             raise InputError(
-                "must be a whole number of GPUs: a container is given whole devices",
+                problem.message,
                 source=source,
                 where=where,
-                field=f"{fname}[0]",
-                value=vector[0],
-                has_value=True,
-            )
-        if not any(values):
-            raise InputError(
-                "asks for nothing: a task needs some CPU or memory (a zero vector would let "
-                "any number of copies share one instance)",
-                source=source,
-                where=where,
-                field=fname,
-                value=vector,
+                field=fname if at is None else f"{fname}[{at}]",
+                value=vector if at is None else vector[at],
                 has_value=True,
             )
         demands.append((str(family), Resources.of(values)))
     return tuple(sorted(demands))
+
+
+class DemandProblem(NamedTuple):
+    """Why a demand vector cannot be scheduled: the message, and the index of the
+    component at fault (None: the vector as a whole)."""
+
+    message: str
+    component: int | None = None
+
+
+def demand_problem(vector: Sequence[float]) -> DemandProblem | None:
+    """Why a demand `[gpu, cpu, ram_gb]` cannot be scheduled as given (None: it can).
+
+    The demand rules, for every way a job is submitted (a trace, a job file): a
+    container is given whole GPU devices, so a GPU demand is a whole number; and
+    a task asks for something, since a zero vector would let any number of copies
+    share one instance.
+    """
+    if vector[0] != int(vector[0]):
+        return DemandProblem(
+            f"asks for {vector[0]:g} GPUs, not a whole number: a container is given whole devices",
+            0,
+        )
+    if not any(vector):
+        return DemandProblem(
+            "asks for nothing: a task needs some CPU or memory (a zero vector would let "
+            "any number of copies share one instance)"
+        )
+    return None
 
 
 def validate_against_catalog(
@@ -387,10 +413,7 @@ def validate_against_catalog(
                         where=where,
                         field=f"demand.{family}",
                     )
-            if not any(
-                (d := task.demand_on(t.family)) is not None and d.fits_in(t.capacity)
-                for t in catalog
-            ):
+            if not any(task.fits_alone(t) for t in catalog):
                 shown = ", ".join(f"{f}: {d}" for f, d in task.demands)
                 raise InputError(
                     f"fits no instance type in the catalog (demand {shown}; "

@@ -30,7 +30,7 @@ import highspy
 import numpy as np
 
 from autoscaler.catalog import Catalog
-from autoscaler.resources import EPSILON, RESOURCE_NAMES
+from autoscaler.resources import RESOURCE_NAMES, fits
 from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
@@ -114,9 +114,7 @@ def _build(catalog: Catalog, classes: Sequence[LPClass]) -> tuple[highspy.Highs,
     for c, cls in enumerate(classes):
         for k, itype in enumerate(types):
             d = cls.demands[k]
-            if d is not None and all(
-                d[r] <= cap + EPSILON for r, cap in enumerate(itype.capacity.as_tuple())
-            ):
+            if d is not None and fits(d, itype.capacity):
                 x_cols.append((c, k))
     z0 = len(x_cols)
     # Rows: assignment (n_c), capacity (k, r) where the type has some, anti-affinity (g, k).

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from autoscaler.resources import EPSILON, fits
 from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +240,6 @@ def covering_model(counts: Sequence[float]) -> highspy.Highs:
     return highs
 
 
-def _fits(demand: Demand, capacity: Demand) -> bool:
-    return all(d <= c + _EPS for d, c in zip(demand, capacity, strict=True))
-
-
 def _within_groups(
     composition: tuple[tuple[int, int], ...], classes: Sequence[PatternClass]
 ) -> bool:
@@ -263,14 +259,14 @@ def _fitting(k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> list[
     return [
         c
         for c, cls in enumerate(classes)
-        if cls.count > 0 and cls.demands[k] is not None and _fits(cls.demands[k], shape.capacity)
+        if cls.count > 0 and cls.demands[k] is not None and fits(cls.demands[k], shape.capacity)
     ]
 
 
 def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
     """Index of the cheapest type a task of `cls` fits alone."""
     return min(
-        (k for k, d in enumerate(cls.demands) if d is not None and _fits(d, types[k].capacity)),
+        (k for k, d in enumerate(cls.demands) if d is not None and fits(d, types[k].capacity)),
         key=lambda k: (types[k].cost, k),
     )
 
@@ -289,7 +285,7 @@ def _root_bound(
         best = 0.0
         for c in items:
             d = demands[c][r]  # type: ignore[index]
-            if d <= _EPS:
+            if d <= EPSILON:
                 break
             best = max(best, values[c] / d)
         else:
@@ -334,8 +330,8 @@ def best_composition_by_cardinality(
     most = sum(classes[c].count for c in fitting)
     for r in range(3):
         smallest = min(demands[c][r] for c in fitting)  # type: ignore[index]
-        if smallest > _EPS:
-            most = min(most, int((capacity[r] + _EPS) // smallest))
+        if smallest > EPSILON:
+            most = min(most, int((capacity[r] + EPSILON) // smallest))
     best: tuple[tuple[int, int], ...] | None = None
     best_value, complete, nodes = 0.0, True, 0
     for m in range(1, most + 1):
@@ -428,7 +424,7 @@ def best_composition(
         for r in range(3):
             after = per_unit[r]
             if after is not None:
-                per_unit[r] = None if d[r] <= _EPS else max(after, v / d[r])
+                per_unit[r] = None if d[r] <= EPSILON else max(after, v / d[r])
         rates[i] = [(r, x) for r, x in enumerate(per_unit) if x is not None]
         if v > top:
             top = v
@@ -461,8 +457,8 @@ def best_composition(
         d = demand[i]
         most = count_of[i]
         for r in range(3):
-            if d[r] > _EPS:  # type: ignore[index]
-                fit = int((free[r] + _EPS) // d[r])  # type: ignore[index]
+            if d[r] > EPSILON:  # type: ignore[index]
+                fit = int((free[r] + EPSILON) // d[r])  # type: ignore[index]
                 if fit < most:
                     most = fit
         if has_groups:

@@ -39,7 +39,7 @@ from autoscaler.pricing import (
     slowdown_charge,
     tnrp,
 )
-from autoscaler.resources import EPSILON
+from autoscaler.resources import EPSILON, fits
 from autoscaler.view import ClusterView
 
 #: Two TNRP values closer than this ($/h) are a tie.
@@ -180,16 +180,7 @@ class Packer:
                 row.append(None if d is None else d.as_tuple())
             self.demand.append(row)
             cap = itype.capacity
-            self.candidates.append(
-                [
-                    c
-                    for c, d in enumerate(row)
-                    if d is not None
-                    and d[0] <= cap.gpu + EPSILON
-                    and d[1] <= cap.cpu + EPSILON
-                    and d[2] <= cap.ram_gb + EPSILON
-                ]
-            )
+            self.candidates.append([c for c, d in enumerate(row) if d is not None and fits(d, cap)])
         self.candidate_set = [set(cands) for cands in self.candidates]
         self._value_cache: dict[tuple[int, ...], float] = {}
         self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = {}
@@ -267,7 +258,7 @@ class Packer:
                     continue
                 d = demand[c]
                 assert d is not None
-                if d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON:
+                if not fits(d, free):
                     continue
                 g = group[c]
                 if g is not None and in_group[g] >= limit[c]:
@@ -320,12 +311,7 @@ class Packer:
                     break
                 g, cpu, ram = g + d[0], cpu + d[1], ram + d[2]
             else:
-                cap = itype.capacity
-                if (
-                    g <= cap.gpu + EPSILON
-                    and cpu <= cap.cpu + EPSILON
-                    and ram <= cap.ram_gb + EPSILON
-                ):
+                if fits((g, cpu, ram), itype.capacity):
                     best = j
                     break
         self._downsize_cache[key] = best
@@ -438,12 +424,13 @@ class Packer:
     def pattern_classes(self, counts: list[int]) -> tuple[list[int], list[PatternClass]]:
         """The classes with tasks left, as the pattern LP sees them (and their indices)."""
         live = [c for c, n in enumerate(counts) if n > 0]
-        fits = self.candidate_set
+        candidates = self.candidate_set
         classes = [
             PatternClass(
                 count=counts[c],
                 demands=tuple(
-                    self.demand[k][c] if c in fits[k] else None for k in range(len(self.types))
+                    self.demand[k][c] if c in candidates[k] else None
+                    for k in range(len(self.types))
                 ),
                 rp=self.rp[c],
                 group=self.group[c],
@@ -620,9 +607,7 @@ class Packer:
         for entry in kept:
             d = self.demand[entry.k][c]
             free = entry.free
-            if d is None or (
-                d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON
-            ):
+            if d is None or not fits(d, free):
                 continue
             g = self.group[c]
             if (

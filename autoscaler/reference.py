@@ -13,7 +13,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec
 from autoscaler.pricing import JobSlowdown, PriceBook, identical_tasks, slowdown_charge, tnrp
 from autoscaler.reconfiguration import VALUE_TOLERANCE, alignment, class_key
-from autoscaler.resources import EPSILON
+from autoscaler.resources import fits
 from autoscaler.throughput import ThroughputTable
 
 
@@ -68,7 +68,7 @@ def algorithm1(
                     if d is None:
                         continue
                     dv = d.as_tuple()
-                    if any(dv[r] > free[r] + EPSILON for r in range(3)):
+                    if not fits(dv, free):
                         continue
                     v = value([*members, i])
                     key = (
@@ -110,6 +110,6 @@ def _cheapest_fitting(members, tasks, types, k):
                 break
             sums = [s + x for s, x in zip(sums, d.as_tuple(), strict=True)]
         else:
-            if all(sums[r] <= itype.capacity.as_tuple()[r] + EPSILON for r in range(3)):
+            if fits(sums, itype.capacity):
                 return itype
     return types[k]
