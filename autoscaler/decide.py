@@ -40,7 +40,7 @@ from autoscaler.cloud import (
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type
 from autoscaler.resources import Resources
@@ -524,7 +524,7 @@ def _infeasible(
     """
     live_ids = {i.instance_id for i in live}
     infeasible: dict[str, str] = {}
-    fits_cache: dict[tuple[tuple[str, Resources], ...], bool] = {}
+    fits_cache: dict[Demands, bool] = {}
     for job in snapshot.jobs:
         for task in job.spec.tasks:
             record = snapshot.tasks[task.task_id]

@@ -80,6 +80,10 @@ class TraceFacts:
     total_iters: float | None = None
 
 
+#: A task's demand per instance family it may run on: `(family or "any", demand)`, sorted.
+Demands = tuple[tuple[str, Resources], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One task: a demand vector per instance family it may run on, its delays, what it runs."""
@@ -88,7 +92,7 @@ class TaskSpec:
     job_id: str
     name: str
     workload: str
-    demands: tuple[tuple[str, Resources], ...]  # (family or "any", demand), sorted
+    demands: Demands
     kill_s: float = DEFAULT_KILL_S
     upload_s: float = DEFAULT_UPLOAD_S
     fetch_s: float = DEFAULT_FETCH_S
@@ -143,6 +147,10 @@ class JobSpec:
         return limit if limit is not None and limit < len(self.tasks) else None
 
 
+#: Parsed demand blocks by their raw form (`jobs_from_eva` validates each block once).
+_DemandCache = dict[tuple[Any, ...], Demands]
+
+
 def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
     """Parse and validate the Eva trace structure into jobs (in file order)."""
     if not isinstance(data, Mapping):
@@ -151,12 +159,12 @@ def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
         raise InputError("contains no jobs", source=source)
     # Traces repeat a few dozen demand blocks over many tasks: each distinct
     # block is validated once and its parsed form shared.
-    demand_cache: dict[tuple, tuple[tuple[str, Resources], ...]] = {}
+    demand_cache: _DemandCache = {}
     return tuple(_job(str(job_id), spec, source, demand_cache) for job_id, spec in data.items())
 
 
 def _number(
-    spec: Mapping,
+    spec: Mapping[str, Any],
     key: str,
     default: float | None,
     where: str,
@@ -180,7 +188,7 @@ def _number(
     )
 
 
-def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
+def _job(job_id: str, spec: Any, source: str, demand_cache: _DemandCache) -> JobSpec:
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InputError("must be an object", source=source, where=f"job {job_id!r}")
     _check_id(job_id, "job id", source, f"job {job_id!r}")
@@ -188,6 +196,7 @@ def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
     raw_tasks = spec.get("tasks")
     if type(name) is not str or not name or type(raw_tasks) is not dict or not raw_tasks:
         _reject_job(job_id, name, raw_tasks, source)
+    assert isinstance(raw_tasks, Mapping)  # else _reject_job raised
     where = f"job {job_id!r}"
     tasks = tuple(
         _task(job_id, name, str(task_key), task_spec, source, demand_cache)
@@ -269,7 +278,7 @@ _DELAY_FIELDS = (
 
 
 def _task(
-    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: dict
+    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: _DemandCache
 ) -> TaskSpec:
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InputError(
@@ -286,7 +295,7 @@ def _task(
             value=name,
             has_value=True,
         )
-    raw_demand = spec.get("demand")
+    raw_demand: Any = spec.get("demand")
     try:
         cache_key = tuple([(f, *v) for f, v in raw_demand.items()])
         demands = demand_cache.get(cache_key)
@@ -323,7 +332,7 @@ def _task(
     )
 
 
-def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resources], ...]:
+def _demands(raw_demand: Any, where: str, source: str) -> Demands:
     if not isinstance(raw_demand, Mapping) or not raw_demand:
         raise InputError(
             "must be an object mapping an instance family (or 'any') to [gpu, cpu, ram_gb]",
@@ -398,7 +407,7 @@ def validate_against_catalog(
 ) -> None:
     """Reject tasks that name a family no type has, or that fit no instance type."""
     families = catalog.families
-    valid: set[tuple] = set()  # demand blocks already checked
+    valid: set[Demands] = set()  # demand blocks already checked
     for job in jobs:
         for task in job.tasks:
             if task.demands in valid:

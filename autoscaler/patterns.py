@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -56,7 +57,7 @@ class PatternClass:
     count: int
     demands: tuple[Demand | None, ...]  # per type index; None: cannot run there
     rp: float
-    group: Hashable | None = None  # anti-affinity group
+    group: str | None = None  # anti-affinity group (a job)
     group_limit: int | None = None
 
 
@@ -259,7 +260,7 @@ def _fitting(k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> list[
     return [
         c
         for c, cls in enumerate(classes)
-        if cls.count > 0 and cls.demands[k] is not None and fits(cls.demands[k], shape.capacity)
+        if cls.count > 0 and (d := cls.demands[k]) is not None and fits(d, shape.capacity)
     ]
 
 
@@ -333,6 +334,7 @@ def best_composition_by_cardinality(
         if smallest > EPSILON:
             most = min(most, int((capacity[r] + EPSILON) // smallest))
     best: tuple[tuple[int, int], ...] | None = None
+    comp: tuple[tuple[int, int], ...] | None
     best_value, complete, nodes = 0.0, True, 0
     for m in range(1, most + 1):
         penalty = 1.0 - default ** (m - 1)
@@ -479,7 +481,7 @@ def best_composition(
     nodes = 1
     if nodes > node_limit:
         return None, 0.0, False, nodes
-    stack: list[list] = []  # frames: [item, free room, raw value, next count to try]
+    stack: list[list[Any]] = []  # frames: [item, free room, raw value, next count to try]
     b = slots * best_after[0] if bounded_slots else math.inf  # items is not empty
     for r, x in rates[0]:
         if free[r] * x < b:
@@ -503,7 +505,7 @@ def best_composition(
         count += a - chosen[i]
         chosen[i] = a
         d = demand[i]
-        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]  # type: ignore[index]
+        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]
         child_raw = raw + a * value[i]
         # Visit the child node (i + 1, child, child_raw).
         nodes += 1

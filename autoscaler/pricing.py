@@ -13,7 +13,7 @@ from typing import Literal
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 
 
 def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
@@ -117,7 +117,7 @@ class PriceBook:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self._by_demands: dict[tuple, InstanceType] = {}
+        self._by_demands: dict[Demands, InstanceType] = {}
 
     def cheapest_type(self, task: TaskSpec) -> InstanceType:
         itype = self._by_demands.get(task.demands)
