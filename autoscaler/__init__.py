@@ -12,7 +12,8 @@
   name), `decide` (a round and a step as pure functions of a snapshot).
 - The round and its interfaces: `cloud` (`Cloud`), `execution` (`Executor`,
   `Clock`), `store` (`Store` and the records it holds), `control` (sync →
-  snapshot → decide → record → act, against those interfaces only).
+  snapshot → decide → record → act, against those interfaces only), `period`
+  (how often a round runs, and the throughput window that follows it).
 
 The bindings (`provisioners`, `executor`, `state`, `simulator`) import this
 package; it imports none of them, and the application (`app`) none either

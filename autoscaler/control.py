@@ -520,9 +520,12 @@ def ask_cloud(
         # EC2 checked the call (permissions and parameters) and started nothing.
         message = f"dry run: the cloud accepted the launch of {instance_type} and started nothing"
         return "skipped", message, InstanceChange(instance_id, "failed", reason=message)
-    status = "running" if got.state == "running" else "pending"
     change = InstanceChange(
-        instance_id, status, got.cloud_id, got.zone, f"launched as {got.cloud_id}"
+        instance_id,
+        "running" if got.state == "running" else "pending",
+        got.cloud_id,
+        got.zone,
+        f"launched as {got.cloud_id}",
     )
     return "done", got.cloud_id, change
 
@@ -558,7 +561,7 @@ def act_step(
     doomed += list(step.reterminate)
     for instance_id in doomed:
         executor.release(instance_id)
-    ids = [cloud_ids[i] for i in doomed if cloud_ids.get(i)]
+    ids = [cloud_id for i in doomed if (cloud_id := cloud_ids.get(i))]
     if ids:
         try:
             cloud.terminate(ids)

@@ -25,6 +25,7 @@ from app.table import output_width, wrap
 from app.validation import PLOT_FORMATS, number_arg, output_path
 from autoscaler.errors import InputError
 from autoscaler.jobs import jobs_from_eva
+from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
@@ -78,9 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument(
         "--interval",
         type=number_arg(1.0, 86400.0),
-        default=300.0,
+        default=ROUND_INTERVAL_S,
         metavar="S",
-        help="seconds between scheduling rounds, 1 to 86400 (default 300)",
+        help=f"seconds between scheduling rounds, 1 to 86400 (default {ROUND_INTERVAL_S:g})",
     )
     rp.add_argument(
         "--seed",

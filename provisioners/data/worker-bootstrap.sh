@@ -15,6 +15,7 @@
 #   WHEEL_FILE       the wheel's file name
 #   WHEEL_SHA256     the wheel's sha256: nothing is installed unless it matches
 #   ACCELERATOR      "nvidia" for NVIDIA GPU types (driver and toolkit checked), else ""
+#   THROUGHPUT_WINDOW seconds jobs report throughput over: one round of the cluster
 #
 # Supported images: Amazon Linux 2023 (dnf) and Ubuntu 22.04 / 24.04 (apt); the NVIDIA
 # Deep Learning Base AMI is Amazon Linux 2023 with the driver and container toolkit.
@@ -34,6 +35,7 @@ WHEEL_URL={{WHEEL_URL}}
 WHEEL_FILE={{WHEEL_FILE}}
 WHEEL_SHA256={{WHEEL_SHA256}}
 ACCELERATOR={{ACCELERATOR}}
+THROUGHPUT_WINDOW={{THROUGHPUT_WINDOW}}
 
 # Tests run the script against a scratch directory; on an instance this is empty.
 ROOT=${AUTOSCALER_BOOTSTRAP_ROOT:-}
@@ -169,7 +171,7 @@ Group=${WORKER_USER}
 SupplementaryGroups=docker
 EnvironmentFile=${CONFIG_DIR}/env
 WorkingDirectory=${STATE_DIR}
-ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE}
+ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE} --throughput-window ${THROUGHPUT_WINDOW}
 Restart=always
 RestartSec=5
 NoNewPrivileges=true
