@@ -52,7 +52,7 @@ class Reporting(NullExecutor):
 
     def report_tasks(self, *tasks: TaskReport) -> None:
         self._report = ExecutorReport(
-            {t.task_id: t for t in tasks}, frozenset(t.instance_id for t in tasks)
+            {t.task_id: t for t in tasks}, frozenset(t.instance_id or "" for t in tasks)
         )
 
 
