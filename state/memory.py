@@ -162,6 +162,19 @@ class InMemoryStore(Store):
         self._instances[instance_id] = record
         self._live[instance_id] = None
 
+    def instance_worker(
+        self, instance_id: str, at: float, *, ready: bool, reason: str = ""
+    ) -> bool:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise UnknownEntity(f"no instance {instance_id!r}")
+            seen = transitions.instance_worker(inst, at, ready=ready, reason=reason)
+            if seen is None:
+                return False
+            self._instances[instance_id] = seen
+            return True
+
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
         with self._lock:
             return self._transition(list(changes), at)
@@ -191,19 +204,6 @@ class InMemoryStore(Store):
                 index = self._open.pop(instance_id)
                 self._uptime[index] = replace(self._uptime[index], end=at)
         return set(instances)
-
-    def instance_worker(
-        self, instance_id: str, at: float, *, ready: bool, reason: str = ""
-    ) -> bool:
-        with self._lock:
-            inst = self._instances.get(instance_id)
-            if inst is None:
-                raise UnknownEntity(f"no instance {instance_id!r}")
-            seen = transitions.instance_worker(inst, at, ready=ready, reason=reason)
-            if seen is None:
-                return False
-            self._instances[instance_id] = seen
-            return True
 
     # -- learning ---------------------------------------------------------
     def record_throughput(
