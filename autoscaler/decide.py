@@ -310,6 +310,7 @@ def decide(
         now,
         progress,
         _probed(snapshot, learned, current),
+        delays=snapshot.delays,
     )
     alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)

@@ -285,7 +285,10 @@ def _evaluate(view: ClusterView, packer: Packer, prices: PriceBook, mode: Mode) 
     def outcome(name: Literal["full", "partial"], placement: Placement) -> _Outcome:
         config = Configuration(tuple(placement.instances))
         return _Outcome(
-            name, config, placement.saving, migration_cost(view.current, config, jobs, prices)
+            name,
+            config,
+            placement.saving,
+            migration_cost(view.current, config, jobs, prices, view.delays),
         )
 
     outcomes: list[_Outcome] = []
@@ -465,7 +468,8 @@ def _fluid_candidates(
 
     def outcome(name: Literal["full", "partial"], instances: list[Instance], s: float) -> _Outcome:
         config = Configuration(tuple(instances))
-        return _Outcome(name, config, s, migration_cost(view.current, config, jobs, prices))
+        cost = migration_cost(view.current, config, jobs, prices, view.delays)
+        return _Outcome(name, config, s, cost)
 
     if mode in ("ensemble", "full"):
         outcomes.append(outcome("full", full_instances, full_saving))
@@ -515,6 +519,7 @@ def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
             history=view.history,
             now_s=view.now_s,
             provisional=view.provisional,
+            delays=view.delays,
         )
         for p in range(parts)
     ]
