@@ -69,6 +69,7 @@ from autoscaler.store import (
     TaskStatus,
     TaskUpdate,
 )
+from autoscaler.throughput import Colocated, ThroughputEntry
 from autoscaler.view import PhaseSample
 
 __all__ = [
@@ -452,7 +453,8 @@ def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float
     table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
     # Bounded in memory and in the store: old exact sets are forgotten (see `bounded`).
     table, forgotten = table.bounded()
-    changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
+    # the latest entry for each key updated this round
+    changed: dict[tuple[str, Colocated], tuple[str, Colocated, ThroughputEntry]] = {}
     for (placements, _), index in zip(observations, chosen, strict=True):
         if index is not None:
             w, colocated = placements[index]
