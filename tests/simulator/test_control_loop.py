@@ -1,7 +1,7 @@
 """The round as a reconciler, against the simulated world: guardrails, failures, crashes,
 dry runs, timeouts, and nothing the loop needs kept only in its memory.
 
-Each test named after a bullet of issue [6] failed on the round logic before it.
+Each test names a defect the round logic once had, and failed on it.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_launch_tokens_continue_the_stores_numbering_after_a_restart():
 
 
 def test_dry_run_records_the_decision_and_changes_nothing_in_the_world():
-    # Issue [6]: a dry run used to terminate an orphan and retry an unconfirmed launch.
+    # A dry run used to terminate an orphan and retry an unconfirmed launch.
     c = Cluster([job("a", 0, 100)], ControlOptions(dry_run=True))
     orphan = c.world.launch(LaunchRequest("small", "not-in-the-state"))
     request(c.store, "inst-1", "small", 3.0, at=0.0)  # recorded, never launched
@@ -174,7 +174,7 @@ def test_dry_run_records_the_decision_and_changes_nothing_in_the_world():
 
 
 def test_an_instance_that_vanished_is_not_planned_on():
-    # Issue [6]: the round used to read its snapshot before marking a vanished
+    # The round used to read its snapshot before marking a vanished
     # instance terminated, and placed the task on the dead instance again.
     c = Cluster([job("a", 0, 5000)])
     c.loop().schedule()  # a -> inst-1 (ready at 100)
@@ -194,7 +194,7 @@ def test_an_instance_that_vanished_is_not_planned_on():
 
 
 def test_a_task_nothing_available_can_host_waits_and_the_round_goes_on():
-    # Issue [6]: after a capacity error on the only type that fits g, the next round
+    # After a capacity error on the only type that fits g, the next round
     # raised "fits no instance type" and planned nobody.
     g = job("g", 0, 5000, demand=(2, 8, 32))  # only "big" fits it
     c = Cluster([g, job("a", 0, 5000)])
