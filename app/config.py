@@ -24,6 +24,7 @@ from app.validation import Identifier, Positive, Seconds, Strict, parse_model
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import ControlOptions, Timeouts
 from autoscaler.errors import InputError
+from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import ProvisionerConfig, parse_config
 
 if TYPE_CHECKING:
@@ -51,12 +52,19 @@ _TABLES = frozenset(
 )
 
 
+#: The round's own defaults (`autoscaler.decide`): the tables below default to them, so
+#: each default lives once.
+_DEFAULTS = ControlOptions()
+
+
 class ClusterTable(Strict):
     name: Identifier
     region: str = "us-east-1"
     # Between scheduling rounds, and between the steps that carry a round's plan
     # out; each reads the state, so faster than these only loads the database.
-    interval_s: Annotated[float, Field(ge=1.0, le=30 * 86400, allow_inf_nan=False)] = 300.0
+    interval_s: Annotated[float, Field(ge=1.0, le=30 * 86400, allow_inf_nan=False)] = (
+        ROUND_INTERVAL_S
+    )
     step_s: Annotated[float, Field(ge=0.5, le=30 * 86400, allow_inf_nan=False)] = 5.0
 
 
@@ -127,7 +135,7 @@ class SecretsTable(Strict):
 
 class PlannerTable(Strict):
     name: Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"] = "eva"
-    default_throughput: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)
+    default_throughput: float = Field(_DEFAULTS.default_throughput, gt=0, le=1, allow_inf_nan=False)
     # No task is co-located where it is expected below this share of its full speed.
     min_throughput: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
 
@@ -139,17 +147,17 @@ class PlannerTable(Strict):
 
 
 class TimeoutsTable(Strict):
-    boot_s: Seconds = 900.0
-    register_s: Seconds = 900.0
-    start_s: Seconds = 1800.0
-    checkpoint_s: Seconds = 900.0
+    boot_s: Seconds = _DEFAULTS.timeouts.boot_s
+    register_s: Seconds = _DEFAULTS.timeouts.register_s
+    start_s: Seconds = _DEFAULTS.timeouts.start_s
+    checkpoint_s: Seconds = _DEFAULTS.timeouts.checkpoint_s
     heartbeat_s: Seconds = 60.0  # a worker silent this long is lost
 
 
 class LimitsTable(Strict):
-    max_attempts: int = Field(3, ge=1, le=100)
+    max_attempts: int = Field(_DEFAULTS.max_attempts, ge=1, le=100)
     max_context_mb: Positive = Field(256.0, le=16_384.0)  # a build context, not a data set
-    orphan_grace_s: Seconds = 300.0
+    orphan_grace_s: Seconds = _DEFAULTS.orphans.grace_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ import secrets as _random
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoscaler.decide import ControlOptions
 from autoscaler.errors import InputError
+from autoscaler.period import ROUND_INTERVAL_S
 from executor.security import (
     DAEMON_NAME,
     Authority,
@@ -135,7 +137,13 @@ def config_template(
     provider = "local" if local else "ec2"
     ec2 = _LOCAL_EC2 if local else _ec2_tables(name, region)
     # On one machine jobs are short demos: rounds every 30 s show packing and moves soon.
-    interval, step = (30, 2) if local else (300, 5)
+    interval, step = (30.0, 2.0) if local else (ROUND_INTERVAL_S, 5.0)
+    # The defaults of the round itself, so the file says what leaving a key out means.
+    defaults = ControlOptions()
+    timeouts = defaults.timeouts
+    eva_interval = f"Eva uses {ROUND_INTERVAL_S:g}"
+    throughput = f"default_throughput = {defaults.default_throughput:g}"
+    grace = f"orphan_grace_s = {defaults.orphans.grace_s:g}"
     if local:
         storage = f'url = "file://{directory.resolve()}/storage"'
         state = 'path = "state.db"                  # a SQLite file beside this one'
@@ -152,8 +160,8 @@ def config_template(
 [cluster]
 {f'name = "{name}"':<34} # required, unique per account: tags, tokens and keys use it
 {f'region = "{region}"':<34} # EC2 region (the catalog's prices are per region)
-{f"interval_s = {interval}":<34} # seconds between scheduling rounds (Eva uses 300)
-{f"step_s = {step}":<34} # seconds between the steps that carry a round's plan out
+{f"interval_s = {interval:g}":<34} # seconds between scheduling rounds ({eva_interval})
+{f"step_s = {step:g}":<34} # seconds between the steps that carry a round's plan out
 
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
@@ -182,20 +190,20 @@ dir = "secrets"                    # the two CAs, certificates, the API token (0
 
 [planner]
 name = "eva"                       # eva, eva-plain, eva-full-only, eva-partial-only
-default_throughput = 0.95          # assumed for a pair of workloads never seen together
+{throughput:<34} # assumed for a pair of workloads never seen together
 min_throughput = 0.0               # never co-locate a task expected below this share of its speed
 
 [timeouts]
-boot_s = 900                       # launch request -> running, else the instance is given up
-register_s = 900                   # running -> its worker registered
-start_s = 1800                     # a task's fetch, build and start
-checkpoint_s = 900                 # a task's checkpoint and upload
+{f"boot_s = {timeouts.boot_s:g}":<34} # launch request -> running, else the instance is given up
+{f"register_s = {timeouts.register_s:g}":<34} # running -> its worker registered
+{f"start_s = {timeouts.start_s:g}":<34} # a task's fetch, build and start
+{f"checkpoint_s = {timeouts.checkpoint_s:g}":<34} # a task's checkpoint and upload
 heartbeat_s = 60                   # a worker silent this long is lost: its tasks move
 
 [limits]
-max_attempts = 3                   # a task failing this often fails its job
+{f"max_attempts = {defaults.max_attempts}":<34} # a task failing this often fails its job
 max_context_mb = 256               # the largest build context a submission may upload
-orphan_grace_s = 300               # an unknown instance of ours is left alone this long
+{grace:<34} # an unknown instance of ours is left alone this long
 
 {ec2}"""
 

@@ -48,6 +48,7 @@ from autoscaler.jobs import (
     JobSpec,
     TaskRun,
     TaskSpec,
+    demand_problem,
     validate_against_catalog,
     workload_key,
 )
@@ -79,14 +80,9 @@ class TaskFile(Strict):
         for family, vector in value.items():
             if not family or not family.replace("-", "").isalnum():
                 raise ValueError(f"{family!r} is not an instance family (or 'any')")
-            if not any(vector):
-                raise ValueError(
-                    f"{family} = [0, 0, 0] asks for nothing: a task needs some CPU or memory"
-                )
-            if vector[0] != int(vector[0]):
-                raise ValueError(
-                    f"{family} asks for {vector[0]:g} GPUs: a container is given whole GPUs"
-                )
+            problem = demand_problem(vector)
+            if problem is not None:
+                raise ValueError(f"{family} {problem.message}")
         return value
 
     @field_validator("env")

@@ -19,6 +19,7 @@ from app.daemon import Bindings
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.errors import InputError
+from autoscaler.period import throughput_window_s
 from autoscaler.store import Store
 
 
@@ -256,6 +257,7 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
         region,
         wheel_presigner(s3, url),
         sha256,
+        throughput_window_s=throughput_window_s(config.cluster.interval_s),
     )
 
 
@@ -291,6 +293,5 @@ def local_cloud(config: ClusterConfig) -> Any:
         daemon_address=config.api_address,
         ca_path=config.secrets.ca_cert,
         emulate_delays=config.cloud.emulate_delays,
-        # Throughput is measured over a window: one round long, so each round learns.
-        throughput_window_s=min(300.0, config.cluster.interval_s),
+        throughput_window_s=throughput_window_s(config.cluster.interval_s),
     )

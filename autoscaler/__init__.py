@@ -11,8 +11,11 @@
   `criterion` (the migration criterion S·D̂ − M), `planner` (the planners by
   name), `decide` (a round and a step as pure functions of a snapshot).
 - The round and its interfaces: `cloud` (`Cloud`), `execution` (`Executor`,
-  `Clock`), `store` (`Store` and the records it holds), `control` (sync →
-  snapshot → decide → record → act, against those interfaces only).
+  `Clock`), `store` (`Store` and the records it holds), `transitions` (the
+  state's status machine and ledger rules, which every `Store` binding calls),
+  `control` (sync → snapshot → decide → record → act, against those interfaces
+  only), `period` (how often a round runs, and the throughput window that
+  follows it).
 
 The bindings (`provisioners`, `executor`, `state`, `simulator`) import this
 package; it imports none of them, and the application (`app`) none either

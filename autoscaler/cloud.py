@@ -20,6 +20,7 @@ whether a launch stays within the guardrails — are pure functions here.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -196,7 +197,7 @@ class Cloud(Protocol):
         """This cluster's instances that are not yet terminated."""
         ...
 
-    def unavailable(self) -> list[UnavailableOffering]:
+    def unavailable(self) -> builtins.list[UnavailableOffering]:
         """Offerings currently cooling down after capacity errors, from the binding's
         `AvailabilityCache`; a type none of whose zones can be tried has an entry
         with zone None."""

@@ -66,8 +66,11 @@ from autoscaler.store import (
     StateSnapshot,
     Store,
     TaskRecord,
+    TaskStatus,
     TaskUpdate,
 )
+from autoscaler.throughput import Colocated, ThroughputEntry
+from autoscaler.view import PhaseSample
 
 __all__ = [
     "ControlLoop",
@@ -84,7 +87,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: How the executor's task states map onto task statuses in the state.
-_STATUS_OF = {
+_STATUS_OF: dict[str, TaskStatus] = {
     "starting": "starting",
     "running": "running",
     "checkpointing": "checkpointing",
@@ -252,6 +255,7 @@ def _sync_tasks(
     """Record task states; returns (strays to stop, terminal attempts to acknowledge,
     whether anything was written)."""
     live = {i.instance_id for i in snap.instances} - gone
+    types = {i.instance_id: i.instance_type for i in snap.instances}
     updates: list[TaskUpdate] = []
     acknowledged: list[tuple[str, int]] = []
     strays: list[tuple[str, int]] = []
@@ -271,9 +275,9 @@ def _sync_tasks(
                 elif seen.attempt < task.attempt:
                     strays.append((spec.task_id, seen.attempt))
                 seen = None
-            change, status = _task_change(task, seen, live, report, with_progress)
+            change, status = _task_change(task, seen, live, types, report, with_progress)
             failures = change.failures if change is not None else None
-            if failures is not None and failures >= options.max_attempts:
+            if change is not None and failures is not None and failures >= options.max_attempts:
                 failed_jobs.setdefault(
                     job.job_id,
                     f"task {spec.task_id} failed {failures} times; last: {change.reason}",
@@ -309,6 +313,7 @@ def _task_change(
     task: TaskRecord,
     seen: TaskReport | None,
     live: set[str],
+    types: Mapping[str, str],
     report: ExecutorReport,
     with_progress: bool,
 ) -> tuple[TaskUpdate | None, str]:
@@ -318,8 +323,8 @@ def _task_change(
             return None, task.status
         where = task.instance_id
         if where not in live or where in report.lost_instances:
-            reason = report.lost_instances.get(where or "", "its instance is gone")
-            return _lost(task, f"lost with its instance {where}: {reason}"), "pending"
+            why = report.lost_instances.get(where or "", "its instance is gone")
+            return _lost(task, f"lost with its instance {where}: {why}"), "pending"
         if where in report.ready_instances:
             # The worker is reachable but does not know this attempt: it never started
             # (the process stopped between recording the start and asking for it).
@@ -346,7 +351,7 @@ def _task_change(
         changed = changed or (seen.progress, seen.throughput) != (task.progress, task.throughput)
     if not changed:
         return None, status
-    reason = None
+    reason: str | None = None
     if status != task.status:
         reason = {
             "running": "running",
@@ -364,9 +369,39 @@ def _task_change(
             reason=reason,
             throughput=seen.throughput if with_progress else "keep",
             gpus=() if instance_id is None else None,
+            phases=_measured_phases(task, seen, status, types),
         ),
         status,
     )
+
+
+#: Phases an attempt has measured once its container runs: recorded with the update
+#: that takes it out of `starting` (Eva Table 1's fetch and build; the container's start).
+LAUNCH_PHASES = ("fetch", "build", "start")
+#: Phases measured later: recorded with the update that ends the attempt, stopped or completed.
+END_PHASES = ("init", "checkpoint", "upload")
+
+
+def _measured_phases(
+    task: TaskRecord, seen: TaskReport, status: str, types: Mapping[str, str]
+) -> tuple[PhaseSample, ...]:
+    """The phases of the attempt to measure with this update, on the type it ran on.
+
+    Each phase counts once per attempt: the update that records its attempt past
+    `starting`, or ending, is written once (a report seen again after a restart
+    changes nothing, so it carries nothing). A failed attempt's phases are not
+    measured: its build may have failed half way.
+    """
+    instance_type = types.get(seen.instance_id or task.instance_id or "")
+    if instance_type is None or not seen.phases:
+        return ()
+    names: tuple[str, ...] = ()
+    if task.status == "starting" and status != "starting":
+        names += LAUNCH_PHASES
+    if task.status in ON_INSTANCE and seen.state in ("stopped", "completed"):
+        names += END_PHASES
+    measured = [name for name in names if name in seen.phases]
+    return tuple((instance_type, name, float(seen.phases[name])) for name in measured)
 
 
 def _lost(task: TaskRecord, reason: str, checkpoint: str | None = None) -> TaskUpdate:
@@ -400,10 +435,11 @@ def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float
     wrote = False
     for job in snap.jobs:
         task_ids = [t.task_id for t in job.spec.tasks]
-        rates = [report.tasks[t].throughput if t in on else None for t in task_ids]
-        if any(r is None for r in rates):
+        reported = [report.tasks[t].throughput if t in on else None for t in task_ids]
+        rates = [r for r in reported if r is not None]
+        if len(rates) < len(reported):
             continue
-        rate = min(rates)  # type: ignore[type-var]
+        rate = min(rates)
         solo = job.spec.full_throughput or job.solo_throughput
         alone = all(len(placed[on[t]]) == 1 for t in task_ids)
         if solo is None:
@@ -418,7 +454,8 @@ def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float
     table, chosen = snap.throughput.observe_jobs(observations, at_s=now)
     # Bounded in memory and in the store: old exact sets are forgotten (see `bounded`).
     table, forgotten = table.bounded()
-    changed: dict[tuple, tuple] = {}  # the latest entry for each key updated this round
+    # the latest entry for each key updated this round
+    changed: dict[tuple[str, Colocated], tuple[str, Colocated, ThroughputEntry]] = {}
     for (placements, _), index in zip(observations, chosen, strict=True):
         if index is not None:
             w, colocated = placements[index]
@@ -521,10 +558,9 @@ def ask_cloud(
         # EC2 checked the call (permissions and parameters) and started nothing.
         message = f"dry run: the cloud accepted the launch of {instance_type} and started nothing"
         return "skipped", message, InstanceChange(instance_id, "failed", reason=message)
-    status = "running" if got.state == "running" else "pending"
     change = InstanceChange(
         instance_id,
-        status,
+        "running" if got.state == "running" else "pending",
         got.cloud_id,
         got.zone,
         f"launched as {got.cloud_id}",
@@ -564,7 +600,7 @@ def act_step(
     doomed += list(step.reterminate)
     for instance_id in doomed:
         executor.release(instance_id)
-    ids = [cloud_ids[i] for i in doomed if cloud_ids.get(i)]
+    ids = [cloud_id for i in doomed if (cloud_id := cloud_ids.get(i))]
     if ids:
         try:
             cloud.terminate(ids)

@@ -25,9 +25,9 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from autoscaler.catalog import Catalog, InstanceType
+from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     CloudInstance,
     Guardrails,
@@ -40,7 +40,7 @@ from autoscaler.cloud import (
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type
 from autoscaler.resources import Resources
@@ -155,7 +155,7 @@ class RoundDecision:
 
     at: float
     planner: str
-    chosen: str  # "full", "partial" or "none"
+    chosen: Literal["full", "partial", "none"]
     reason: str
     had_event: bool
     job_events: int
@@ -263,7 +263,7 @@ def decide(
     judged = tuple(
         OrphanDecision(orphan, *options.orphans.judge(orphan, now)) for orphan in orphans
     )
-    terminations = tuple(instance_timeouts(snapshot, now, options.timeouts))
+    terminations = instance_timeouts(snapshot, now, options.timeouts)
     leaving = {t.instance_id for t in terminations}
     blocked = unavailable_types(unavailable, now)
     live = [
@@ -271,12 +271,7 @@ def decide(
         for i in snapshot.instances
         if i.status in PLANNABLE and i.instance_id not in leaving and i.instance_type in catalog
     ]
-    # Types of instances that exist stay plannable even while the type cools down:
-    # a plan may keep an instance it cannot launch another of.
-    kept_types = {i.instance_type for i in live}
-    usable = catalog.restricted_to(
-        {t.name for t in catalog if t.name not in blocked or t.name in kept_types}
-    )
+    usable = _usable(catalog, blocked, live)
     infeasible = _infeasible(snapshot, usable, blocked, live)
     # A job's tasks end one by one: those done are neither planned nor given room.
     jobs = tuple(
@@ -287,18 +282,19 @@ def decide(
     )
     planned_tasks = {t.task_id for j in jobs for t in j.tasks}
     current = current_configuration(snapshot, catalog, live, planned_tasks)
-    common = {
-        "at": now,
-        "planner": planner.name,
-        "had_event": had_event,
-        "job_events": snapshot.job_events,
-        "terminations": terminations,
-        "infeasible": infeasible,
-        "orphans": judged,
-    }
     if not jobs and not current.instances:
-        targets = {tid: None for tid in snapshot.tasks}
-        return RoundDecision(chosen="none", reason="no jobs", targets=targets, **common)
+        return RoundDecision(
+            at=now,
+            planner=planner.name,
+            chosen="none",
+            reason="no jobs",
+            had_event=had_event,
+            job_events=snapshot.job_events,
+            terminations=terminations,
+            targets={tid: None for tid in snapshot.tasks},
+            infeasible=infeasible,
+            orphans=judged,
+        )
 
     progress = {
         j.job_id: max((snapshot.tasks[t.task_id].progress for t in j.spec.tasks), default=0.0)
@@ -314,33 +310,56 @@ def decide(
         now,
         progress,
         _probed(snapshot, learned, current),
+        delays=snapshot.delays,
     )
     alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)
-    launches, refused, targets, moves = _diff(
-        snapshot, plan.configuration, current, catalog, options
+    diff = _diff(snapshot, plan.configuration, current, catalog, options)
+    return RoundDecision(
+        at=now,
+        planner=planner.name,
+        chosen=plan.chosen,
+        reason=plan.reason,
+        had_event=had_event,
+        job_events=snapshot.job_events,
+        plan=plan,
+        launches=diff.launches,
+        refused=diff.refused,
+        drains=_drains(current, plan.configuration, diff.targets),
+        terminations=terminations,
+        targets=diff.targets,
+        moves=diff.moves,
+        infeasible=infeasible,
+        orphans=judged,
+        numbers=plan_numbers(plan, len(usable)),
     )
-    # Drained: what the plan does not keep, unless a refused launch left tasks on it.
-    kept = {i.instance_id for i in plan.configuration if i.instance_id is not None}
-    kept |= {target for target in targets.values() if target is not None}
-    drains = tuple(
+
+
+def _usable(
+    catalog: Catalog, blocked: Mapping[str, str], live: Sequence[InstanceRecord]
+) -> Catalog:
+    """The types a plan may use: those not cooling down after capacity errors, and the
+    types of instances that exist even while they cool down (a plan may keep an
+    instance it cannot launch another of)."""
+    kept_types = {i.instance_type for i in live}
+    return catalog.restricted_to(
+        {t.name for t in catalog if t.name not in blocked or t.name in kept_types}
+    )
+
+
+def _drains(
+    current: Configuration, target: Configuration, targets: Mapping[str, str | None]
+) -> tuple[InstanceAction, ...]:
+    """Instances to drain: those the plan does not keep, unless a refused launch left
+    tasks on them."""
+    kept = {i.instance_id for i in target if i.instance_id is not None}
+    kept |= {where for where in targets.values() if where is not None}
+    return tuple(
         InstanceAction(
             i.instance_id, "the plan no longer uses it: drain, then terminate", "draining"
         )
         for i in current
-        if i.instance_id not in kept
-    )
-    return RoundDecision(
-        chosen=plan.chosen,
-        reason=plan.reason,
-        plan=plan,
-        launches=launches,
-        refused=refused,
-        drains=drains,
-        targets=targets,
-        moves=moves,
-        numbers=plan_numbers(plan, len(usable)),
-        **common,
+        if i.instance_id is not None and i.instance_id not in kept
     )
 
 
@@ -479,8 +498,8 @@ def current_configuration(
         where = task.target_instance_id
         if where not in live_ids and task.status in ON_INSTANCE:
             where = task.instance_id
-        if where in live_ids:
-            assigned.setdefault(where, []).append(task.task_id)  # type: ignore[arg-type]
+        if where is not None and where in live_ids:
+            assigned.setdefault(where, []).append(task.task_id)
     return Configuration(
         tuple(
             Instance(
@@ -506,7 +525,7 @@ def _infeasible(
     """
     live_ids = {i.instance_id for i in live}
     infeasible: dict[str, str] = {}
-    fits_cache: dict[tuple, bool] = {}
+    fits_cache: dict[Demands, bool] = {}
     for job in snapshot.jobs:
         for task in job.spec.tasks:
             record = snapshot.tasks[task.task_id]
@@ -516,10 +535,7 @@ def _infeasible(
                 continue
             fits = fits_cache.get(task.demands)
             if fits is None:
-                fits = fits_cache[task.demands] = any(
-                    (d := task.demand_on(t.family)) is not None and d.fits_in(t.capacity)
-                    for t in usable
-                )
+                fits = fits_cache[task.demands] = any(task.fits_alone(t) for t in usable)
             if not fits:
                 waiting = sorted(blocked)
                 infeasible[task.task_id] = (
@@ -530,16 +546,25 @@ def _infeasible(
     return infeasible
 
 
+@dataclass(frozen=True, slots=True)
+class _Diff:
+    """A plan against the current configuration: what to launch (each launch checked
+    against the guardrails), what the guardrails refused, every task's target, moves."""
+
+    launches: tuple[Launch, ...]
+    refused: tuple[RefusedLaunch, ...]
+    targets: Mapping[str, str | None]
+    moves: tuple[ActionRecord, ...]
+
+
 def _diff(
     snapshot: StateSnapshot,
     target: Configuration,
     current: Configuration,
     catalog: Catalog,
     options: ControlOptions,
-) -> tuple[
-    tuple[Launch, ...], tuple[RefusedLaunch, ...], dict[str, str | None], tuple[ActionRecord, ...]
-]:
-    """Launches (each checked against the guardrails), refusals, every task's target, moves."""
+) -> _Diff:
+    """The launches, refusals, targets and moves that turn `current` into `target`."""
     targets: dict[str, str | None] = {tid: None for tid in snapshot.tasks}
     live_types = [i.instance_type for i in snapshot.instances]
     current_ids = {i.instance_id for i in current}
@@ -570,7 +595,7 @@ def _diff(
         launches.append(Launch(token, inst.type.name, inst.type.hourly_cost, tasks, reason))
         for task_id in tasks:
             targets[task_id] = token
-    moves = []
+    moves: list[ActionRecord] = []
     for task_id, new in targets.items():
         old = snapshot.tasks[task_id].target_instance_id
         if new == old or new is None:
@@ -583,7 +608,7 @@ def _diff(
                     "migrate", task_id, "the adopted plan moves it", detail={"from": old, "to": new}
                 )
             )
-    return tuple(launches), tuple(refused), targets, tuple(moves)
+    return _Diff(tuple(launches), tuple(refused), targets, tuple(moves))
 
 
 def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
@@ -603,10 +628,10 @@ def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
 
 def instance_timeouts(
     snapshot: StateSnapshot, now: float, timeouts: Timeouts
-) -> list[InstanceAction]:
+) -> tuple[InstanceAction, ...]:
     """Instances to terminate now: lost workers, launches that never boot, workers that
     never register (Ray autoscaler v2's stuck-instance handling)."""
-    found = []
+    found: list[InstanceAction] = []
     for inst in snapshot.instances:
         if inst.status not in ("requested", "pending", "running", "draining"):
             continue
@@ -631,7 +656,7 @@ def instance_timeouts(
                         "of the instance running",
                     )
                 )
-    return found
+    return tuple(found)
 
 
 # -- a step between rounds ----------------------------------------------------------------------
@@ -688,139 +713,270 @@ def advance(
     ever registered); `strays` are (task, attempt) the executor runs that
     belong to no active job (a cancelled job's), stopped here; `listed` maps
     our instance ids to the cloud's state of them.
+
+    The step is these rules, each a function of the snapshot: instances given up
+    (`instance_timeouts`), what occupies each instance (`occupancy_of`), stuck
+    tasks given up (`given_up_tasks`), tasks leaving for a ready destination
+    (`moves_out`, make before break), starts on ready instances with room
+    (`starts_on_ready`), drained instances terminated once empty
+    (`drained_instances`), launches and terminations asked for again
+    (`unconfirmed_launches`, `unfinished_terminations`).
     """
-    instances = {i.instance_id: i for i in snapshot.instances}
-    specs = {t.task_id: t for j in snapshot.jobs for t in j.spec.tasks}
-    terminations = instance_timeouts(snapshot, now, options.timeouts)
-    leaving = {t.instance_id for t in terminations}
-    ready_now = {
+    timed_out = instance_timeouts(snapshot, now, options.timeouts)
+    leaving = frozenset(t.instance_id for t in timed_out)
+    ready_now = ready_instances(snapshot, ready, leaving)
+    given_up = given_up_tasks(snapshot, now, options.timeouts, options.max_attempts)
+    leaving_tasks = moves_out(snapshot, ready_now, leaving, given_up.task_ids)
+    started = starts_on_ready(
+        snapshot, catalog, ready_now, occupancy_of(snapshot, catalog), set(given_up.failed_jobs)
+    )
+    stray_stops = tuple(
+        Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
+    )
+    # A task changes at most once a step; the changes keep the snapshot's task order.
+    order = {task_id: position for position, task_id in enumerate(snapshot.tasks)}
+    return StepDecision(
+        at=now,
+        starts=started.launches,
+        stops=stray_stops + _in_task_order(given_up.stops + leaving_tasks.stops, order),
+        updates=_in_task_order(given_up.updates + leaving_tasks.updates + started.updates, order),
+        failed_jobs=tuple(sorted(given_up.failed_jobs.items())),
+        terminations=timed_out + drained_instances(snapshot, started.occupied, leaving),
+        relaunch=unconfirmed_launches(snapshot),
+        reterminate=unfinished_terminations(snapshot, listed or {}),
+        replan=bool(leaving),
+    )
+
+
+_Ordered = TypeVar("_Ordered", Stop, TaskUpdate)
+
+
+def _in_task_order(changes: Sequence[_Ordered], order: Mapping[str, int]) -> tuple[_Ordered, ...]:
+    return tuple(sorted(changes, key=lambda change: order[change.task_id]))
+
+
+def ready_instances(
+    snapshot: StateSnapshot, ready: frozenset[str] | None, leaving: frozenset[str]
+) -> frozenset[str]:
+    """Instances that can take a task now: running or draining, their worker registered
+    and reachable (`ready`; None: every registered one), and not being given up."""
+    return frozenset(
         i.instance_id
         for i in snapshot.instances
         if i.status in ("running", "draining")
         and i.ready_at is not None
         and i.instance_id not in leaving
         and (ready is None or i.instance_id in ready)
-    }
+    )
 
-    used: dict[str, list[float]] = {}  # what occupies each instance (leaving tasks too)
-    gpu_load: dict[str, dict[int, float]] = {}  # instance -> GPU index -> share in use
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """What the tasks on each instance use: the resources (`used`) and each GPU's
+    share in use (`gpu_load`: instance -> device index -> share)."""
+
+    used: Mapping[str, Resources] = field(default_factory=dict)
+    gpu_load: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+
+
+def occupancy_of(snapshot: StateSnapshot, catalog: Catalog) -> Occupancy:
+    """What occupies each instance now, the tasks leaving it included: their room is
+    free only once they are gone."""
+    instances = {i.instance_id: i for i in snapshot.instances}
+    specs = _specs(snapshot)
+    used: dict[str, Resources] = {}
+    gpu_load: dict[str, dict[int, float]] = {}
     for task in snapshot.tasks.values():
         if task.status in ON_INSTANCE and task.instance_id is not None:
-            inst = instances.get(task.instance_id)
-            demand = _demand(specs[task.task_id], inst, catalog)
+            demand = _demand(specs[task.task_id], instances.get(task.instance_id), catalog)
             if demand is not None:
-                _occupy(used, task.instance_id, demand)
+                used[task.instance_id] = used.get(task.instance_id, _NOTHING).plus(demand)
                 _load_gpus(gpu_load.setdefault(task.instance_id, {}), task.gpus, demand.gpu)
+    return Occupancy(used, gpu_load)
 
-    starts: list[TaskLaunch] = []
-    stops: list[Stop] = [
-        Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
-    ]
+
+@dataclass(frozen=True, slots=True)
+class TaskChanges:
+    """What a rule of the step does to tasks: their recorded changes and the attempts
+    to stop."""
+
+    updates: tuple[TaskUpdate, ...] = ()
+    stops: tuple[Stop, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GivenUp(TaskChanges):
+    """Tasks stuck starting or checkpointing, each counted a failed attempt and sent
+    back to pending; `failed_jobs` (job -> reason) reached `max_attempts`."""
+
+    task_ids: frozenset[str] = frozenset()
+    failed_jobs: Mapping[str, str] = field(default_factory=dict)
+
+
+def given_up_tasks(
+    snapshot: StateSnapshot, now: float, timeouts: Timeouts, max_attempts: int
+) -> GivenUp:
+    """A step that takes too long is given up, counted as a failed attempt; a task
+    failing `max_attempts` times fails its job, with its last reason."""
     updates: list[TaskUpdate] = []
+    stops: list[Stop] = []
     failed: dict[str, str] = {}
-    timeouts = options.timeouts
+    for task in snapshot.tasks.values():
+        stuck = _stuck(task, now, timeouts)
+        if not stuck:
+            continue
+        count = task.failures + 1
+        updates.append(
+            TaskUpdate(
+                task.task_id,
+                status="pending",
+                instance_id=None,
+                failures=count,
+                reason=stuck,
+                throughput=None,
+                gpus=(),
+            )
+        )
+        stops.append(Stop(task.task_id, task.attempt, stuck))
+        if count >= max_attempts:
+            failed.setdefault(
+                task.job_id, f"task {task.task_id} failed {count} times; last: {stuck}"
+            )
+    return GivenUp(tuple(updates), tuple(stops), frozenset(u.task_id for u in updates), failed)
+
+
+def moves_out(
+    snapshot: StateSnapshot,
+    ready_now: frozenset[str],
+    leaving: frozenset[str],
+    given_up: frozenset[str],
+) -> TaskChanges:
+    """Tasks the plan moves elsewhere (or no longer places) are checkpointed and stopped —
+    make before break: each leaves only once its destination is ready, and keeps
+    running where it is until then. A task already checkpointing is not asked
+    twice; one on an instance being given up is left to `sync`."""
+    updates: list[TaskUpdate] = []
+    stops: list[Stop] = []
     for task in snapshot.tasks.values():
         where, target = task.instance_id, task.target_instance_id
-        on_instance = task.status in ON_INSTANCE
-        # A step that takes too long is given up, counted as a failed attempt.
-        stuck = _stuck(task, now, timeouts)
-        if stuck:
-            count = task.failures + 1
-            updates.append(
-                TaskUpdate(
-                    task.task_id,
-                    status="pending",
-                    instance_id=None,
-                    failures=count,
-                    reason=stuck,
-                    throughput=None,
-                    gpus=(),
-                )
-            )
-            stops.append(Stop(task.task_id, task.attempt, stuck))
-            if count >= options.max_attempts:
-                failed.setdefault(
-                    task.job_id, f"task {task.task_id} failed {count} times; last: {stuck}"
-                )
-            continue
-        if on_instance and where in leaving:
-            continue  # its worker is lost or its instance is being given up: sync reports it
-        if on_instance and where != target:
-            if task.status == "checkpointing":
-                continue  # already leaving
-            # Make before break: leave only once the destination can take it.
-            if target is None or target in ready_now:
-                reason = "no longer planned" if target is None else f"moving to {target}"
-                updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
-                stops.append(Stop(task.task_id, task.attempt, reason))
-        elif task.status == "pending" and target is not None and target in ready_now:
-            if task.job_id in failed:
-                continue
-            inst = instances[target]
-            spec = specs[task.task_id]
-            demand = _demand(spec, inst, catalog)
-            if demand is None:
-                continue
-            itype = catalog[inst.instance_type]
-            if not _room(used, target, demand, itype):
-                continue  # wait until the tasks leaving the destination are gone
-            load = gpu_load.setdefault(target, {})
-            gpus = pick_gpus(load, int(itype.capacity.gpu), demand.gpu)
-            attempt = task.attempt + 1
-            starts.append(
-                TaskLaunch(
-                    task.task_id,
-                    task.job_id,
-                    attempt,
-                    target,
-                    spec.workload,
-                    spec.run,
-                    ResourceLimits(demand.cpu, demand.ram_gb, gpus, spec.run.shm_size_gb),
-                    task.checkpoint,
-                )
-            )
-            updates.append(
-                TaskUpdate(
-                    task.task_id,
-                    status="starting",
-                    instance_id=target,
-                    attempt=attempt,
-                    reason=f"attempt {attempt} on {target}"
-                    + (" from its checkpoint" if task.checkpoint else ""),
-                    gpus=gpus,
-                )
-            )
-            _occupy(used, target, demand)
-            _load_gpus(load, gpus, demand.gpu)
-    # Drained instances terminate once no task occupies them.
-    for inst in snapshot.instances:
         if (
-            inst.status == "draining"
-            and inst.instance_id not in used
-            and inst.instance_id not in leaving
+            task.task_id in given_up
+            or task.status not in ON_INSTANCE
+            or task.status == "checkpointing"
+            or where == target
+            or where in leaving
         ):
-            terminations.append(InstanceAction(inst.instance_id, "drained: no task left on it"))
-    # Launches recorded but never confirmed (a crash between recording and asking) are
-    # asked again with the same token; terminations the cloud has not carried out yet too.
-    relaunch = tuple(
+            continue
+        if target is None or target in ready_now:
+            reason = "no longer planned" if target is None else f"moving to {target}"
+            updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
+            stops.append(Stop(task.task_id, task.attempt, reason))
+    return TaskChanges(tuple(updates), tuple(stops))
+
+
+@dataclass(frozen=True, slots=True)
+class Starts:
+    """Attempts to start (`launches`, with their recorded `updates`) and what each
+    instance is occupied by once they run (`occupied`)."""
+
+    launches: tuple[TaskLaunch, ...]
+    updates: tuple[TaskUpdate, ...]
+    occupied: frozenset[str]
+
+
+def starts_on_ready(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    ready_now: frozenset[str],
+    occupied: Occupancy,
+    failed_jobs: set[str],
+) -> Starts:
+    """Pending tasks start on their target once it is ready and has room for them
+    (the tasks leaving it still count until gone), in the snapshot's task order,
+    on the least-loaded GPUs; tasks of a job failing this step do not start."""
+    instances = {i.instance_id: i for i in snapshot.instances}
+    specs = _specs(snapshot)
+    used = dict(occupied.used)
+    gpu_load = {instance_id: dict(load) for instance_id, load in occupied.gpu_load.items()}
+    launches: list[TaskLaunch] = []
+    updates: list[TaskUpdate] = []
+    for task in snapshot.tasks.values():
+        target = task.target_instance_id
+        if (
+            task.status != "pending"
+            or target is None
+            or target not in ready_now
+            or task.job_id in failed_jobs
+        ):
+            continue
+        inst = instances[target]
+        spec = specs[task.task_id]
+        demand = _demand(spec, inst, catalog)
+        if demand is None:
+            continue
+        itype = catalog[inst.instance_type]
+        after = used.get(target, _NOTHING).plus(demand)
+        if not after.fits_in(itype.capacity):
+            continue  # wait until the tasks leaving the destination are gone
+        load = gpu_load.setdefault(target, {})
+        gpus = pick_gpus(load, int(itype.capacity.gpu), demand.gpu)
+        attempt = task.attempt + 1
+        launches.append(
+            TaskLaunch(
+                task.task_id,
+                task.job_id,
+                attempt,
+                target,
+                spec.workload,
+                spec.run,
+                ResourceLimits(demand.cpu, demand.ram_gb, gpus, spec.run.shm_size_gb),
+                task.checkpoint,
+            )
+        )
+        updates.append(
+            TaskUpdate(
+                task.task_id,
+                status="starting",
+                instance_id=target,
+                attempt=attempt,
+                reason=f"attempt {attempt} on {target}"
+                + (" from its checkpoint" if task.checkpoint else ""),
+                gpus=gpus,
+            )
+        )
+        used[target] = after
+        _load_gpus(load, gpus, demand.gpu)
+    return Starts(tuple(launches), tuple(updates), frozenset(used))
+
+
+def drained_instances(
+    snapshot: StateSnapshot, occupied: frozenset[str], leaving: frozenset[str]
+) -> tuple[InstanceAction, ...]:
+    """Draining instances no task occupies any more are terminated."""
+    return tuple(
+        InstanceAction(inst.instance_id, "drained: no task left on it")
+        for inst in snapshot.instances
+        if inst.status == "draining"
+        and inst.instance_id not in occupied
+        and inst.instance_id not in leaving
+    )
+
+
+def unconfirmed_launches(snapshot: StateSnapshot) -> tuple[str, ...]:
+    """Launches recorded but never confirmed (a crash between recording and asking):
+    asked again with the same token, so the cloud starts at most one."""
+    return tuple(
         i.instance_id for i in snapshot.instances if i.status == "requested" and not i.cloud_id
     )
-    listed = listed or {}
-    reterminate = tuple(
+
+
+def unfinished_terminations(snapshot: StateSnapshot, listed: Mapping[str, str]) -> tuple[str, ...]:
+    """Instances recorded terminating that the cloud still lists as pending or running:
+    asked to terminate again."""
+    return tuple(
         i.instance_id
         for i in snapshot.instances
         if i.status == "terminating" and listed.get(i.instance_id) in ("pending", "running")
-    )
-    return StepDecision(
-        now,
-        tuple(starts),
-        tuple(stops),
-        tuple(updates),
-        tuple(sorted(failed.items())),
-        tuple(terminations),
-        relaunch,
-        reterminate,
-        replan=bool(leaving),
     )
 
 
@@ -841,23 +997,17 @@ def _stuck(task: TaskRecord, now: float, timeouts: Timeouts) -> str:
     return ""
 
 
+def _specs(snapshot: StateSnapshot) -> dict[str, TaskSpec]:
+    return {t.task_id: t for j in snapshot.jobs for t in j.spec.tasks}
+
+
 def _demand(spec: TaskSpec, inst: InstanceRecord | None, catalog: Catalog) -> Resources | None:
     if inst is None or inst.instance_type not in catalog:
         return None
     return spec.demand_on(catalog[inst.instance_type].family)
 
 
-def _occupy(used: dict[str, list[float]], instance_id: str, demand: Resources) -> None:
-    total = used.setdefault(instance_id, [0.0, 0.0, 0.0])
-    for r in range(3):
-        total[r] += demand[r]
-
-
-def _room(
-    used: dict[str, list[float]], instance_id: str, demand: Resources, itype: InstanceType
-) -> bool:
-    total = used.get(instance_id, [0.0, 0.0, 0.0])
-    return all(total[r] + demand[r] <= itype.capacity[r] + 1e-9 for r in range(3))
+_NOTHING = Resources()
 
 
 def pick_gpus(load: Mapping[int, float], count: int, demand: float) -> tuple[int, ...]:

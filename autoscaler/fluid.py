@@ -259,7 +259,7 @@ class _Shapes:
         self.caps, self.costs, self.family_of_type = caps, costs, family_of_type
         scale = np.array([c[c > 0][0] if np.any(c > 0) else 1.0 for c in caps])
         unit = costs / scale
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple[int, tuple[float, ...]], list[int]] = {}
         for k, c in enumerate(caps):
             shape = tuple(float(x) for x in np.round(c / scale[k], 9))
             groups.setdefault((int(family_of_type[k]), shape), []).append(k)

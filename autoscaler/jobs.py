@@ -21,9 +21,9 @@ is ours: `max_tasks_per_instance` (anti-affinity).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType
 from autoscaler.errors import InputError, check_number
@@ -80,6 +80,10 @@ class TraceFacts:
     total_iters: float | None = None
 
 
+#: A task's demand per instance family it may run on: `(family or "any", demand)`, sorted.
+Demands = tuple[tuple[str, Resources], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One task: a demand vector per instance family it may run on, its delays, what it runs."""
@@ -88,7 +92,7 @@ class TaskSpec:
     job_id: str
     name: str
     workload: str
-    demands: tuple[tuple[str, Resources], ...]  # (family or "any", demand), sorted
+    demands: Demands
     kill_s: float = DEFAULT_KILL_S
     upload_s: float = DEFAULT_UPLOAD_S
     fetch_s: float = DEFAULT_FETCH_S
@@ -104,6 +108,11 @@ class TaskSpec:
             if key == ANY_FAMILY:
                 fallback = demand
         return fallback
+
+    def fits_alone(self, itype: InstanceType) -> bool:
+        """True when the task may run on `itype`'s family and fits an empty instance of it."""
+        demand = self.demand_on(itype.family)
+        return demand is not None and demand.fits_in(itype.capacity)
 
     @property
     def checkpoint_s(self) -> float:
@@ -138,6 +147,10 @@ class JobSpec:
         return limit if limit is not None and limit < len(self.tasks) else None
 
 
+#: Parsed demand blocks by their raw form (`jobs_from_eva` validates each block once).
+_DemandCache = dict[tuple[Any, ...], Demands]
+
+
 def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
     """Parse and validate the Eva trace structure into jobs (in file order)."""
     if not isinstance(data, Mapping):
@@ -146,12 +159,12 @@ def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
         raise InputError("contains no jobs", source=source)
     # Traces repeat a few dozen demand blocks over many tasks: each distinct
     # block is validated once and its parsed form shared.
-    demand_cache: dict[tuple, tuple[tuple[str, Resources], ...]] = {}
+    demand_cache: _DemandCache = {}
     return tuple(_job(str(job_id), spec, source, demand_cache) for job_id, spec in data.items())
 
 
 def _number(
-    spec: Mapping,
+    spec: Mapping[str, Any],
     key: str,
     default: float | None,
     where: str,
@@ -175,7 +188,7 @@ def _number(
     )
 
 
-def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
+def _job(job_id: str, spec: Any, source: str, demand_cache: _DemandCache) -> JobSpec:
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InputError("must be an object", source=source, where=f"job {job_id!r}")
     _check_id(job_id, "job id", source, f"job {job_id!r}")
@@ -183,6 +196,7 @@ def _job(job_id: str, spec: Any, source: str, demand_cache: dict) -> JobSpec:
     raw_tasks = spec.get("tasks")
     if type(name) is not str or not name or type(raw_tasks) is not dict or not raw_tasks:
         _reject_job(job_id, name, raw_tasks, source)
+    assert isinstance(raw_tasks, Mapping)  # else _reject_job raised
     where = f"job {job_id!r}"
     tasks = tuple(
         _task(job_id, name, str(task_key), task_spec, source, demand_cache)
@@ -264,7 +278,7 @@ _DELAY_FIELDS = (
 
 
 def _task(
-    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: dict
+    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: _DemandCache
 ) -> TaskSpec:
     if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InputError(
@@ -281,7 +295,7 @@ def _task(
             value=name,
             has_value=True,
         )
-    raw_demand = spec.get("demand")
+    raw_demand: Any = spec.get("demand")
     try:
         cache_key = tuple([(f, *v) for f, v in raw_demand.items()])
         demands = demand_cache.get(cache_key)
@@ -318,7 +332,7 @@ def _task(
     )
 
 
-def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resources], ...]:
+def _demands(raw_demand: Any, where: str, source: str) -> Demands:
     if not isinstance(raw_demand, Mapping) or not raw_demand:
         raise InputError(
             "must be an object mapping an instance family (or 'any') to [gpu, cpu, ram_gb]",
@@ -344,27 +358,48 @@ def _demands(raw_demand: Any, where: str, source: str) -> tuple[tuple[str, Resou
             check_number(v, field=f"{fname}[{i}]", where=where, source=source)
             for i, v in enumerate(vector)
         ]
-        if values[0] != int(values[0]):
+        problem = demand_problem(values)
+        if problem is not None:
+            at = problem.component
             raise InputError(
-                "must be a whole number of GPUs: a container is given whole devices",
+                problem.message,
                 source=source,
                 where=where,
-                field=f"{fname}[0]",
-                value=vector[0],
-                has_value=True,
-            )
-        if not any(values):
-            raise InputError(
-                "asks for nothing: a task needs some CPU or memory (a zero vector would let "
-                "any number of copies share one instance)",
-                source=source,
-                where=where,
-                field=fname,
-                value=vector,
+                field=fname if at is None else f"{fname}[{at}]",
+                value=vector if at is None else vector[at],
                 has_value=True,
             )
         demands.append((str(family), Resources.of(values)))
     return tuple(sorted(demands))
+
+
+class DemandProblem(NamedTuple):
+    """Why a demand vector cannot be scheduled: the message, and the index of the
+    component at fault (None: the vector as a whole)."""
+
+    message: str
+    component: int | None = None
+
+
+def demand_problem(vector: Sequence[float]) -> DemandProblem | None:
+    """Why a demand `[gpu, cpu, ram_gb]` cannot be scheduled as given (None: it can).
+
+    The demand rules, for every way a job is submitted (a trace, a job file): a
+    container is given whole GPU devices, so a GPU demand is a whole number; and
+    a task asks for something, since a zero vector would let any number of copies
+    share one instance.
+    """
+    if vector[0] != int(vector[0]):
+        return DemandProblem(
+            f"asks for {vector[0]:g} GPUs, not a whole number: a container is given whole devices",
+            0,
+        )
+    if not any(vector):
+        return DemandProblem(
+            "asks for nothing: a task needs some CPU or memory (a zero vector would let "
+            "any number of copies share one instance)"
+        )
+    return None
 
 
 def validate_against_catalog(
@@ -372,7 +407,7 @@ def validate_against_catalog(
 ) -> None:
     """Reject tasks that name a family no type has, or that fit no instance type."""
     families = catalog.families
-    valid: set[tuple] = set()  # demand blocks already checked
+    valid: set[Demands] = set()  # demand blocks already checked
     for job in jobs:
         for task in job.tasks:
             if task.demands in valid:
@@ -387,10 +422,7 @@ def validate_against_catalog(
                         where=where,
                         field=f"demand.{family}",
                     )
-            if not any(
-                (d := task.demand_on(t.family)) is not None and d.fits_in(t.capacity)
-                for t in catalog
-            ):
+            if not any(task.fits_alone(t) for t in catalog):
                 shown = ", ".join(f"{f}: {d}" for f, d in task.demands)
                 raise InputError(
                     f"fits no instance type in the catalog (demand {shown}; "

@@ -30,7 +30,7 @@ import highspy
 import numpy as np
 
 from autoscaler.catalog import Catalog
-from autoscaler.resources import EPSILON, RESOURCE_NAMES
+from autoscaler.resources import RESOURCE_NAMES, fits
 from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
@@ -64,7 +64,7 @@ class ShadowPricer:
 
     def __init__(self) -> None:
         self._highs: highspy.Highs | None = None
-        self._structure: tuple | None = None
+        self._structure: tuple[object, ...] | None = None
         self._layout: _Layout | None = None
 
     def solve(self, catalog: Catalog, classes: Sequence[LPClass]) -> PriceSolution:
@@ -79,7 +79,7 @@ class ShadowPricer:
             assert self._highs is not None and self._layout is not None
             highs, layout = self._highs, self._layout
             counts = np.array([float(c.count) for c in classes])
-            highs.changeRowsBounds(
+            highs.changeRowsBounds(  # type: ignore[attr-defined]  # bound, not in the stubs
                 len(classes), np.arange(len(classes), dtype=np.int32), counts, counts
             )
         else:
@@ -114,9 +114,7 @@ def _build(catalog: Catalog, classes: Sequence[LPClass]) -> tuple[highspy.Highs,
     for c, cls in enumerate(classes):
         for k, itype in enumerate(types):
             d = cls.demands[k]
-            if d is not None and all(
-                d[r] <= cap + EPSILON for r, cap in enumerate(itype.capacity.as_tuple())
-            ):
+            if d is not None and fits(d, itype.capacity):
                 x_cols.append((c, k))
     z0 = len(x_cols)
     # Rows: assignment (n_c), capacity (k, r) where the type has some, anti-affinity (g, k).
@@ -128,7 +126,10 @@ def _build(catalog: Catalog, classes: Sequence[LPClass]) -> tuple[highspy.Highs,
     ]
     cap_index = {kr: n_cls + i for i, kr in enumerate(cap_rows)}
     groups = sorted({c.group for c in classes if c.group is not None and c.group_limit})
-    group_limit = {c.group: c.group_limit for c in classes if c.group in groups}
+    group_limit: dict[str, int] = {}
+    for cls in classes:
+        if cls.group is not None and cls.group in groups and cls.group_limit is not None:
+            group_limit[cls.group] = cls.group_limit
     aa0 = n_cls + len(cap_rows)
     aa_index = {
         (g, k): aa0 + i * len(types) + k for i, g in enumerate(groups) for k in range(len(types))
@@ -141,8 +142,9 @@ def _build(catalog: Catalog, classes: Sequence[LPClass]) -> tuple[highspy.Highs,
         assert d is not None
         entries = [(c, 1.0)]
         entries += [(cap_index[(k, r)], d[r]) for r in range(3) if d[r] and (k, r) in cap_index]
-        if classes[c].group in groups:
-            entries.append((aa_index[(classes[c].group, k)], 1.0))
+        group = classes[c].group
+        if group is not None and group in groups:
+            entries.append((aa_index[(group, k)], 1.0))
         columns.append(entries)
     for k, itype in enumerate(types):
         cap = itype.capacity.as_tuple()

@@ -30,14 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
 
+from autoscaler.resources import EPSILON, fits
 from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class PatternClass:
     count: int
     demands: tuple[Demand | None, ...]  # per type index; None: cannot run there
     rp: float
-    group: Hashable | None = None  # anti-affinity group
+    group: str | None = None  # anti-affinity group (a job)
     group_limit: int | None = None
 
 
@@ -240,10 +241,6 @@ def covering_model(counts: Sequence[float]) -> highspy.Highs:
     return highs
 
 
-def _fits(demand: Demand, capacity: Demand) -> bool:
-    return all(d <= c + _EPS for d, c in zip(demand, capacity, strict=True))
-
-
 def _within_groups(
     composition: tuple[tuple[int, int], ...], classes: Sequence[PatternClass]
 ) -> bool:
@@ -263,14 +260,14 @@ def _fitting(k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> list[
     return [
         c
         for c, cls in enumerate(classes)
-        if cls.count > 0 and cls.demands[k] is not None and _fits(cls.demands[k], shape.capacity)
+        if cls.count > 0 and (d := cls.demands[k]) is not None and fits(d, shape.capacity)
     ]
 
 
 def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
     """Index of the cheapest type a task of `cls` fits alone."""
     return min(
-        (k for k, d in enumerate(cls.demands) if d is not None and _fits(d, types[k].capacity)),
+        (k for k, d in enumerate(cls.demands) if d is not None and fits(d, types[k].capacity)),
         key=lambda k: (types[k].cost, k),
     )
 
@@ -289,7 +286,7 @@ def _root_bound(
         best = 0.0
         for c in items:
             d = demands[c][r]  # type: ignore[index]
-            if d <= _EPS:
+            if d <= EPSILON:
                 break
             best = max(best, values[c] / d)
         else:
@@ -334,9 +331,10 @@ def best_composition_by_cardinality(
     most = sum(classes[c].count for c in fitting)
     for r in range(3):
         smallest = min(demands[c][r] for c in fitting)  # type: ignore[index]
-        if smallest > _EPS:
-            most = min(most, int((capacity[r] + _EPS) // smallest))
+        if smallest > EPSILON:
+            most = min(most, int((capacity[r] + EPSILON) // smallest))
     best: tuple[tuple[int, int], ...] | None = None
+    comp: tuple[tuple[int, int], ...] | None
     best_value, complete, nodes = 0.0, True, 0
     for m in range(1, most + 1):
         penalty = 1.0 - default ** (m - 1)
@@ -428,7 +426,7 @@ def best_composition(
         for r in range(3):
             after = per_unit[r]
             if after is not None:
-                per_unit[r] = None if d[r] <= _EPS else max(after, v / d[r])
+                per_unit[r] = None if d[r] <= EPSILON else max(after, v / d[r])
         rates[i] = [(r, x) for r, x in enumerate(per_unit) if x is not None]
         if v > top:
             top = v
@@ -461,8 +459,8 @@ def best_composition(
         d = demand[i]
         most = count_of[i]
         for r in range(3):
-            if d[r] > _EPS:  # type: ignore[index]
-                fit = int((free[r] + _EPS) // d[r])  # type: ignore[index]
+            if d[r] > EPSILON:  # type: ignore[index]
+                fit = int((free[r] + EPSILON) // d[r])  # type: ignore[index]
                 if fit < most:
                     most = fit
         if has_groups:
@@ -483,7 +481,7 @@ def best_composition(
     nodes = 1
     if nodes > node_limit:
         return None, 0.0, False, nodes
-    stack: list[list] = []  # frames: [item, free room, raw value, next count to try]
+    stack: list[list[Any]] = []  # frames: [item, free room, raw value, next count to try]
     b = slots * best_after[0] if bounded_slots else math.inf  # items is not empty
     for r, x in rates[0]:
         if free[r] * x < b:
@@ -507,7 +505,7 @@ def best_composition(
         count += a - chosen[i]
         chosen[i] = a
         d = demand[i]
-        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]  # type: ignore[index]
+        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]
         child_raw = raw + a * value[i]
         # Visit the child node (i + 1, child, child_raw).
         nodes += 1

@@ -40,7 +40,8 @@ import numpy as np
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import MigrationCost, expected_duration_h, migration_cost
 from autoscaler.fluid import fluid_pack
-from autoscaler.lp import LPClass, PriceSolution, ShadowPricer
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
+from autoscaler.lp import Demand, LPClass, PriceSolution, ShadowPricer
 from autoscaler.patterns import PatternPricer
 from autoscaler.pricing import (
     JobSlowdown,
@@ -163,7 +164,10 @@ class EvaPlanner:
         self._pricer = PatternPricer() if packing == "priced" else None
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
-        self._memo: tuple | None = None  # last round's candidates, and what they depended on
+        # Last round's candidates, and what they depended on.
+        self._memo: tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int] | None = (
+            None
+        )
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
@@ -233,7 +237,7 @@ class EvaPlanner:
         }
 
 
-def _memo_key(view: ClusterView) -> tuple:
+def _memo_key(view: ClusterView) -> tuple[object, ...]:
     """What the candidates depend on: everything but the history, which only moves D̂.
 
     The learned throughputs enter as an unordered mapping: comparing it with last
@@ -249,7 +253,7 @@ def _memo_key(view: ClusterView) -> tuple:
     )
 
 
-def planner_by_name(name: str, **options) -> EvaPlanner:
+def planner_by_name(name: str, **options: Any) -> EvaPlanner:
     """A planner by its user-facing name (see `PLANNER_NAMES`)."""
     table: dict[str, tuple[Mode, Packing]] = {
         "eva": ("ensemble", "priced"),
@@ -281,7 +285,10 @@ def _evaluate(view: ClusterView, packer: Packer, prices: PriceBook, mode: Mode) 
     def outcome(name: Literal["full", "partial"], placement: Placement) -> _Outcome:
         config = Configuration(tuple(placement.instances))
         return _Outcome(
-            name, config, placement.saving, migration_cost(view.current, config, jobs, prices)
+            name,
+            config,
+            placement.saving,
+            migration_cost(view.current, config, jobs, prices, view.delays),
         )
 
     outcomes: list[_Outcome] = []
@@ -346,7 +353,7 @@ def _lp_classes(packer: Packer) -> list[LPClass]:
 
 def _merge_lp_classes(classes: Iterable[LPClass]) -> list[LPClass]:
     """Merge classes the LP cannot tell apart (equal demands and group)."""
-    merged: dict[tuple, int] = {}
+    merged: dict[tuple[tuple[Demand | None, ...], str | None, int | None], int] = {}
     for cls in classes:
         key = (cls.demands, cls.group, cls.group_limit)
         merged[key] = merged.get(key, 0) + cls.count
@@ -359,7 +366,7 @@ def _merge_lp_classes(classes: Iterable[LPClass]) -> list[LPClass]:
 def _distinct_demands(view: ClusterView) -> int:
     """Distinct demand vectors among the view's tasks, which decide whether the fluid
     path packs; 0 where a job limits its tasks per instance (that path cannot)."""
-    distinct: set = set()
+    distinct: set[Demands] = set()
     for job in view.jobs:
         if job.anti_affinity is not None:
             return 0
@@ -415,7 +422,7 @@ def _fluid_candidates(
             total += tnrp(rp[t], tput, charge[job.job_id])
         return total
 
-    def pack(subset: list) -> tuple[list[Instance], float, PriceSolution | None]:
+    def pack(subset: list[TaskSpec]) -> tuple[list[Instance], float, PriceSolution | None]:
         if not subset:
             return [], 0.0, None
         nan = (np.nan, np.nan, np.nan)
@@ -459,9 +466,10 @@ def _fluid_candidates(
     outcomes: list[_Outcome] = []
     full_instances, full_saving, bound = pack(tasks)
 
-    def outcome(name: Literal["full", "partial"], instances: list[Instance], s: float):
+    def outcome(name: Literal["full", "partial"], instances: list[Instance], s: float) -> _Outcome:
         config = Configuration(tuple(instances))
-        return _Outcome(name, config, s, migration_cost(view.current, config, jobs, prices))
+        cost = migration_cost(view.current, config, jobs, prices, view.delays)
+        return _Outcome(name, config, s, cost)
 
     if mode in ("ensemble", "full"):
         outcomes.append(outcome("full", full_instances, full_saving))
@@ -496,7 +504,7 @@ def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
     rng = random.Random(seed)
     instance_part = {inst.instance_id: rng.randrange(parts) for inst in view.current}
     where = {t: instance_part[inst.instance_id] for inst in view.current for t in inst.tasks}
-    job_parts: list[list] = [[] for _ in range(parts)]
+    job_parts: list[list[JobSpec]] = [[] for _ in range(parts)]
     for job in view.jobs:
         placed = [where[t.task_id] for t in job.tasks if t.task_id in where]
         job_parts[placed[0] if placed else rng.randrange(parts)].append(job)
@@ -511,17 +519,24 @@ def _pop_split(view: ClusterView, parts: int, seed: int) -> list[ClusterView]:
             history=view.history,
             now_s=view.now_s,
             provisional=view.provisional,
+            delays=view.delays,
         )
         for p in range(parts)
     ]
 
+
+#: A candidate as a worker sends it back: its name, (type index, instance id, tasks) of
+#: each instance, S and M.
+_CompactOutcome = tuple[
+    Literal["full", "partial"], list[tuple[int, str | None, tuple[str, ...]]], float, MigrationCost
+]
 
 _PARTS: list[ClusterView] = []  # inherited by forked workers, so views are not pickled
 
 
 def _solve_part(
     args: tuple[int, Mode, Packing, dict[str, Any]],
-) -> tuple[list[tuple], list[LPClass]]:
+) -> tuple[list[_CompactOutcome], list[LPClass]]:
     """Plan one part in a worker; results travel back as plain tuples (cheap to pickle)."""
     index, mode, packing, options = args
     view = _PARTS[index]
@@ -559,7 +574,12 @@ def _solve_parts(
         _PARTS = []
     types = parts[0].catalog.types
 
-    def outcome(name, rows, saving, migration) -> _Outcome:
+    def outcome(
+        name: Literal["full", "partial"],
+        rows: list[tuple[int, str | None, tuple[str, ...]]],
+        saving: float,
+        migration: MigrationCost,
+    ) -> _Outcome:
         instances = tuple(Instance(iid, types[k], tasks) for k, iid, tasks in rows)
         return _Outcome(name, Configuration(instances), saving, migration)
 

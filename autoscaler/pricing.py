@@ -13,7 +13,7 @@ from typing import Literal
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 
 
 def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
@@ -23,17 +23,11 @@ def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
     return PriceBook(catalog)
 
 
-def fits_alone(task: TaskSpec, itype: InstanceType) -> bool:
-    """True when `task` may run on `itype`'s family and fits an empty instance of it."""
-    demand = task.demand_on(itype.family)
-    return demand is not None and demand.fits_in(itype.capacity)
-
-
 def cheapest_type(task: TaskSpec, catalog: Catalog) -> InstanceType:
     """The cheapest instance type that can host `task` alone (ties: by name)."""
     best = None
     for itype in catalog:
-        if fits_alone(task, itype) and (
+        if task.fits_alone(itype) and (
             best is None or (itype.hourly_cost, itype.name) < (best.hourly_cost, best.name)
         ):
             best = itype
@@ -123,7 +117,7 @@ class PriceBook:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self._by_demands: dict[tuple, InstanceType] = {}
+        self._by_demands: dict[Demands, InstanceType] = {}
 
     def cheapest_type(self, task: TaskSpec) -> InstanceType:
         itype = self._by_demands.get(task.demands)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autoscaler.configuration import Configuration, Instance
-from autoscaler.jobs import JobSpec, TaskSpec
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.patterns import Pattern, PatternClass, PatternPricer, TypeShape
 from autoscaler.pricing import (
@@ -39,7 +39,7 @@ from autoscaler.pricing import (
     slowdown_charge,
     tnrp,
 )
-from autoscaler.resources import EPSILON
+from autoscaler.resources import EPSILON, fits
 from autoscaler.view import ClusterView
 
 #: Two TNRP values closer than this ($/h) are a tie.
@@ -72,9 +72,21 @@ def alignment(d: Sequence[float], free: Sequence[float], cap: Sequence[float]) -
     return round(total / ALIGNMENT_GRID)
 
 
+#: What makes tasks interchangeable for packing (`class_key`): their demand per family,
+#: their workload ("" when interference is not modelled), their job's RP and whether its
+#: tasks are identical ((-1, True) for a single-task job), and their job with its
+#: anti-affinity limit (("", 0) when it cannot bind).
+ClassKey = tuple[
+    tuple[tuple[str, tuple[float, float, float]], ...],
+    str,
+    tuple[float, bool],
+    tuple[str, int],
+]
+
+
 def class_key(
     task: TaskSpec, job: JobSpec, job_rp: float, with_workload: bool, identical: bool | None = None
-) -> tuple:
+) -> ClassKey:
     """Tasks with equal keys are interchangeable for packing; the key also orders classes.
 
     Beyond demands: the workload (when interference is modelled), the job's
@@ -133,10 +145,10 @@ class Packer:
         self.price_interference = price_interference
         self.min_throughput = min_throughput
 
-        keyed: dict[tuple, list[str]] = {}
-        sample: dict[tuple, tuple[TaskSpec, JobSpec]] = {}
+        keyed: dict[ClassKey, list[str]] = {}
+        sample: dict[ClassKey, tuple[TaskSpec, JobSpec]] = {}
         with_workload = not self.neutral
-        memo: dict[tuple, tuple] = {}  # many tasks share demands and workload
+        memo: dict[tuple[Demands, str], ClassKey] = {}  # many share demands and workload
         for job in view.jobs:
             plain = len(job.tasks) == 1 and job.max_tasks_per_instance is None
             same = None
@@ -180,16 +192,7 @@ class Packer:
                 row.append(None if d is None else d.as_tuple())
             self.demand.append(row)
             cap = itype.capacity
-            self.candidates.append(
-                [
-                    c
-                    for c, d in enumerate(row)
-                    if d is not None
-                    and d[0] <= cap.gpu + EPSILON
-                    and d[1] <= cap.cpu + EPSILON
-                    and d[2] <= cap.ram_gb + EPSILON
-                ]
-            )
+            self.candidates.append([c for c, d in enumerate(row) if d is not None and fits(d, cap)])
         self.candidate_set = [set(cands) for cands in self.candidates]
         self._value_cache: dict[tuple[int, ...], float] = {}
         self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = {}
@@ -267,7 +270,7 @@ class Packer:
                     continue
                 d = demand[c]
                 assert d is not None
-                if d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON:
+                if not fits(d, free):
                     continue
                 g = group[c]
                 if g is not None and in_group[g] >= limit[c]:
@@ -320,12 +323,7 @@ class Packer:
                     break
                 g, cpu, ram = g + d[0], cpu + d[1], ram + d[2]
             else:
-                cap = itype.capacity
-                if (
-                    g <= cap.gpu + EPSILON
-                    and cpu <= cap.cpu + EPSILON
-                    and ram <= cap.ram_gb + EPSILON
-                ):
+                if fits((g, cpu, ram), itype.capacity):
                     best = j
                     break
         self._downsize_cache[key] = best
@@ -438,12 +436,13 @@ class Packer:
     def pattern_classes(self, counts: list[int]) -> tuple[list[int], list[PatternClass]]:
         """The classes with tasks left, as the pattern LP sees them (and their indices)."""
         live = [c for c, n in enumerate(counts) if n > 0]
-        fits = self.candidate_set
+        candidates = self.candidate_set
         classes = [
             PatternClass(
                 count=counts[c],
                 demands=tuple(
-                    self.demand[k][c] if c in fits[k] else None for k in range(len(self.types))
+                    self.demand[k][c] if c in candidates[k] else None
+                    for k in range(len(self.types))
                 ),
                 rp=self.rp[c],
                 group=self.group[c],
@@ -483,9 +482,9 @@ class Packer:
         columns = []
         for inst in seeds:
             k = self.type_index.get(inst.type.name)
-            comp = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
-            if k is not None and comp:
-                columns.append(Pattern(k, tuple(sorted(comp.items()))))
+            hosted = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
+            if k is not None and hosted:
+                columns.append(Pattern(k, tuple(sorted(hosted.items()))))
 
         def loss(comp: tuple[int, ...], k: int) -> float:
             real = tuple(live[i] for i in comp)
@@ -494,13 +493,13 @@ class Packer:
         if self.neutral:
             solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
         else:
-            at_stake = [self.jrp[c] if self.jrp[c] is not None else self.rp[c] for c in live]
+            at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
             solution = self.pricer.solve(
                 self.shapes(), classes, loss, (self.table.default, at_stake), columns
             )
         # Round down: whole copies of each pattern while its tasks last. A
         # pattern that would not be cost-efficient (TNRP < cost) is never used.
-        chosen: list[list] = []  # [type index, composition (class, n), copies, saving each]
+        chosen: list[_Copies] = []
         for pattern, y in sorted(solution.patterns, key=lambda py: (-py[1], py[0].type_index)):
             comp = [(live[i], n) for i, n in pattern.composition]
             copies = min([int(y + 1e-9)] + [counts[c] // n for c, n in comp])
@@ -512,7 +511,7 @@ class Packer:
                 continue
             for c, n in comp:
                 counts[c] -= copies * n
-            chosen.append([pattern.type_index, comp, copies, margin])
+            chosen.append(_Copies(pattern.type_index, comp, copies, margin))
 
         # Existing instances first take a copy of the pattern of their type that
         # keeps most of their tasks where they are.
@@ -524,25 +523,27 @@ class Packer:
             residents = pools.resident_counts(inst.instance_id)
             best, best_overlap = None, 0
             for entry in chosen:
-                if entry[0] != k or entry[2] <= 0:
+                if entry.type_index != k or entry.copies <= 0:
                     continue
-                overlap = sum(min(residents[c], n) for c, n in entry[1])
+                overlap = sum(min(residents[c], n) for c, n in entry.composition)
                 if overlap > best_overlap:
                     best, best_overlap = entry, overlap
             if best is None:
                 unmatched.append(inst)
                 continue
-            best[2] -= 1
-            saving += best[3]
-            flat = [c for c, n in best[1] for _ in range(n)]
+            best.copies -= 1
+            saving += best.margin
+            members = [c for c, n in best.composition for _ in range(n)]
             result.append(
-                Instance(inst.instance_id, inst.type, pools.take_all(flat, prefer=inst.instance_id))
+                Instance(
+                    inst.instance_id, inst.type, pools.take_all(members, prefer=inst.instance_id)
+                )
             )
             pools.orphan(inst.instance_id)
-        for k, comp, copies, margin in chosen:
-            for tasks in pools.take_copies(comp, copies):
-                result.append(Instance(None, self.types[k], tasks))
-            saving += copies * margin
+        for entry in chosen:
+            for tasks in pools.take_copies(entry.composition, entry.copies):
+                result.append(Instance(None, self.types[entry.type_index], tasks))
+            saving += entry.copies * entry.margin
         return Placement(result, saving).extend(self.algorithm1(pools, unmatched))
 
     # -- the two reconfigurations ------------------------------------------------
@@ -620,9 +621,7 @@ class Packer:
         for entry in kept:
             d = self.demand[entry.k][c]
             free = entry.free
-            if d is None or (
-                d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON
-            ):
+            if d is None or not fits(d, free):
                 continue
             g = self.group[c]
             if (
@@ -709,6 +708,17 @@ class Placement:
 
     def extend(self, other: Placement) -> Placement:
         return Placement(self.instances + other.instances, self.saving + other.saving)
+
+
+@dataclass(slots=True)
+class _Copies:
+    """Whole copies of one pattern of the configuration LP, rounded down: those left to
+    place, and what each saves (TNRP − cost)."""
+
+    type_index: int
+    composition: list[tuple[int, int]]  # (class, tasks of it)
+    copies: int
+    margin: float
 
 
 @dataclass(slots=True)

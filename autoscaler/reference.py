@@ -8,13 +8,18 @@ speed-ups against. Planners never call it.
 
 from __future__ import annotations
 
-from autoscaler.catalog import Catalog
+from collections.abc import Sequence
+
+from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.configuration import Configuration, Instance
-from autoscaler.jobs import JobSpec
+from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.pricing import JobSlowdown, PriceBook, identical_tasks, slowdown_charge, tnrp
-from autoscaler.reconfiguration import VALUE_TOLERANCE, alignment, class_key
-from autoscaler.resources import EPSILON
+from autoscaler.reconfiguration import VALUE_TOLERANCE, ClassKey, alignment, class_key
+from autoscaler.resources import fits
 from autoscaler.throughput import ThroughputTable
+
+#: A task, its reservation price, the slowdown charge of its job and its class key.
+_Task = tuple[TaskSpec, float, float | None, ClassKey]
 
 
 def algorithm1(
@@ -25,14 +30,15 @@ def algorithm1(
 ) -> Configuration:
     """Full Reconfiguration of `jobs` onto an empty cluster, one task at a time."""
     prices = PriceBook(catalog)
-    tasks = []
+    tasks: list[_Task] = []
     for job in jobs:
         jrp = prices.job_rp(job)
         charge = slowdown_charge(job, jrp, job_slowdown)
         same = identical_tasks(job)
         for t in job.tasks:
-            key = class_key(t, job, jrp, not table.is_neutral, same)
-            tasks.append((t, prices.task_rp(t), charge, key))
+            tasks.append(
+                (t, prices.task_rp(t), charge, class_key(t, job, jrp, not table.is_neutral, same))
+            )
     limit = {j.job_id: j.anti_affinity for j in jobs}
     rank = {k: i for i, k in enumerate(sorted({k for *_, k in tasks}))}
     types = catalog.types
@@ -59,16 +65,17 @@ def algorithm1(
                     if i in members:
                         continue
                     job_id = tasks[i][0].job_id
+                    most = limit[job_id]
                     if (
-                        limit[job_id] is not None
-                        and sum(tasks[j][0].job_id == job_id for j in members) >= limit[job_id]
+                        most is not None
+                        and sum(tasks[j][0].job_id == job_id for j in members) >= most
                     ):
                         continue
                     d = tasks[i][0].demand_on(itype.family)
                     if d is None:
                         continue
                     dv = d.as_tuple()
-                    if any(dv[r] > free[r] + EPSILON for r in range(3)):
+                    if not fits(dv, free):
                         continue
                     v = value([*members, i])
                     key = (
@@ -98,7 +105,10 @@ def algorithm1(
     return Configuration(tuple(result))
 
 
-def _cheapest_fitting(members, tasks, types, k):
+def _cheapest_fitting(
+    members: Sequence[int], tasks: Sequence[_Task], types: Sequence[InstanceType], k: int
+) -> InstanceType:
+    """The cheapest type below type k that holds all of `members` (type k if none)."""
     for j in range(len(types) - 1, k, -1):
         itype = types[j]
         if itype.hourly_cost >= types[k].hourly_cost:
@@ -110,6 +120,6 @@ def _cheapest_fitting(members, tasks, types, k):
                 break
             sums = [s + x for s, x in zip(sums, d.as_tuple(), strict=True)]
         else:
-            if all(sums[r] <= itype.capacity.as_tuple()[r] + EPSILON for r in range(3)):
+            if fits(sums, itype.capacity):
                 return itype
     return types[k]

@@ -9,9 +9,24 @@ from typing import NamedTuple
 #: physical cores, as in Eva's data (an EC2 vCPU is half a core).
 RESOURCE_NAMES: tuple[str, ...] = ("gpu", "cpu", "ram_gb")
 
-#: Tolerance for capacity comparisons, so that demands summing to exactly the
-#: capacity in floating point still fit.
+#: The one tolerance of every capacity comparison, so that demands summing to exactly
+#: the capacity in floating point still fit. `fits` is the comparison; the planner's
+#: innermost loops (reconfiguration, the LP's columns, the fluid packing's arrays)
+#: inline the same test with this same tolerance, for speed.
 EPSILON = 1e-9
+
+
+def fits(demand: Sequence[float], capacity: Sequence[float]) -> bool:
+    """True when `demand` fits `capacity` in every dimension (`[gpu, cpu, ram_gb]`).
+
+    The one fit test: a job's validation, the round's infeasible tasks, the
+    step's room on an instance and the planner's patterns all ask it.
+    """
+    return (
+        demand[0] <= capacity[0] + EPSILON
+        and demand[1] <= capacity[1] + EPSILON
+        and demand[2] <= capacity[2] + EPSILON
+    )
 
 
 class Resources(NamedTuple):
@@ -35,12 +50,8 @@ class Resources(NamedTuple):
         return (self.gpu, self.cpu, self.ram_gb)
 
     def fits_in(self, capacity: Resources) -> bool:
-        """True when this demand fits `capacity` in every dimension."""
-        return (
-            self.gpu <= capacity.gpu + EPSILON
-            and self.cpu <= capacity.cpu + EPSILON
-            and self.ram_gb <= capacity.ram_gb + EPSILON
-        )
+        """True when this demand fits `capacity` in every dimension (`fits`)."""
+        return fits(self, capacity)
 
     def plus(self, other: Resources) -> Resources:
         return Resources(self.gpu + other.gpu, self.cpu + other.cpu, self.ram_gb + other.ram_gb)

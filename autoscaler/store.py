@@ -1,7 +1,9 @@
 """The `Store` interface: what the control loop persists, as named state transitions.
 
 Bindings: `state` (SQLAlchemy; SQLite by default, PostgreSQL in production)
-and `state.memory.InMemoryStore` (replay and unit tests).
+and `state.memory.InMemoryStore` (replay and unit tests). Both call the pure
+rules of `autoscaler.transitions` and only persist what they return: one owner
+per transition, storage only stores (as in Ray autoscaler v2's instance manager).
 
 The contract every binding honours (checked by `tests/store_contract.py`):
 
@@ -27,8 +29,15 @@ The contract every binding honours (checked by `tests/store_contract.py`):
   between the two leaves a decision the next step carries out.
 - **Placements are written by task updates**: a task's instance changing closes
   its open placement and opens the next, so reports know what ran where, when.
+- **Measured delays are written by task updates**: the phase durations an
+  update carries (`TaskUpdate.phases`) fold into a bounded running mean per
+  instance type and phase, in the same transaction, so an attempt's phases
+  count once; the snapshot carries them to the migration criterion (Eva §4.5).
 - **Transitions carry their reasons** (an instance terminated because its
   worker went silent; a task back to pending because its start timed out).
+
+The protocol holds what production calls, nothing more: tests set a state up
+through the same methods the control loop and the API use.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from autoscaler.jobs import JobSpec
 from autoscaler.throughput import Colocated, ThroughputEntry, ThroughputTable
-from autoscaler.view import ReconfigurationHistory
+from autoscaler.view import MeasuredDelays, PhaseSample, ReconfigurationHistory
 
 JobStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
 TaskStatus = Literal[
@@ -148,6 +157,9 @@ class TaskUpdate:
     reason: str | None = None
     throughput: float | Literal["keep"] | None = "keep"
     gpus: tuple[int, ...] | None = None
+    # Phases of the attempt this update starts or ends, measured by its worker, to fold
+    # into the measured delays of the instance type it ran on (`MeasuredDelays`).
+    phases: tuple[PhaseSample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +281,11 @@ class RoundIntents:
     drains: tuple[tuple[str, str], ...] = ()
     terminations: tuple[tuple[str, InstanceStatus, str], ...] = ()
 
+    def instance_changes(self) -> list[InstanceChange]:
+        """The instance transitions the round asks for: its drains, then its terminations."""
+        drains = [InstanceChange(i, "draining", reason=why) for i, why in self.drains]
+        return drains + [InstanceChange(i, s, reason=why) for i, s, why in self.terminations]
+
 
 @dataclass(frozen=True, slots=True)
 class StateSnapshot:
@@ -284,6 +301,7 @@ class StateSnapshot:
     instances_requested: int = 0  # every instance ever requested (numbers new launch tokens)
     job_events: int = 0  # arrivals plus completions so far
     last_round_job_events: int | None = None  # what the latest round saw (None: no round yet)
+    delays: MeasuredDelays = field(default_factory=MeasuredDelays)  # phases measured per type
 
     def history(self, now: float) -> ReconfigurationHistory:
         """What the migration criterion needs, as of `now`."""
@@ -319,35 +337,17 @@ class Store(Protocol):
         ...
 
     # -- tasks ------------------------------------------------------------
-    def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        """Adopt a plan: set each task's target instance. Returns the tasks whose
-        target is now as asked (tasks of finished jobs are left alone)."""
-        ...
-
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         """Record what the executor reports, or what a step starts, in one transaction.
         Returns the tasks updated (tasks of finished jobs are left alone); a change of
         status resets `status_since`. UnknownEntity for an unknown task."""
         ...
 
-    def update_task(
-        self,
-        task_id: str,
-        at: float,
-        *,
-        status: TaskStatus | None = None,
-        instance_id: str | Literal["keep"] | None = "keep",
-        progress: float | None = None,
-        checkpoint: str | None = None,
-    ) -> bool:
-        """`update_tasks` for one task; False if its job has finished."""
-        ...
-
     # -- instances --------------------------------------------------------
-    def request_instance(
-        self, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> InstanceRecord:
-        """Record an instance before asking the cloud for it (its id is the launch token)."""
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
+        """Move instances along the status machine, in one transaction, all or none
+        (IllegalTransition if one move is not allowed). Each opens or closes its uptime
+        interval; returns the instances that changed (one already in its status did not)."""
         ...
 
     def transition_instance(
@@ -360,13 +360,10 @@ class Store(Protocol):
         zone: str | None = None,
         reason: str = "",
     ) -> bool:
-        """Move an instance along the status machine (IllegalTransition if not allowed;
-        False if it is already in that status). Opens/closes its uptime interval."""
-        ...
-
-    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
-        """Several `transition_instance`s in one transaction (a round's launch answers)."""
-        ...
+        """`transition_instances` of one change: False if it is already in that status.
+        (Defined here once: bindings subclass `Store` and inherit it.)"""
+        change = InstanceChange(instance_id, status, cloud_id, zone, reason)
+        return instance_id in self.transition_instances([change], at)
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
@@ -390,16 +387,11 @@ class Store(Protocol):
         dry run), in one transaction; returns its id."""
         ...
 
-    def record_action_outcome(
-        self, round_id: int, index: int, outcome: str, message: str = ""
-    ) -> None:
-        """Record what came of a round's action (UnknownEntity if it has no such action)."""
-        ...
-
     def record_action_outcomes(
         self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
     ) -> None:
-        """Several (index, outcome, message) of one round, in one transaction."""
+        """What came of a round's actions, each (index, outcome, message), in one
+        transaction (UnknownEntity, and nothing recorded, if the round has no such action)."""
         ...
 
     # -- reads ------------------------------------------------------------
@@ -433,24 +425,3 @@ class Store(Protocol):
     def cost_between(self, t0: float, t1: float) -> float:
         """Dollars billed within [t0, t1], from the ledger."""
         ...
-
-
-def updated_task(task: TaskRecord, change: TaskUpdate, at: float) -> TaskRecord:
-    """`task` with `change` applied at `at` (the rule both bindings follow)."""
-    status = task.status if change.status is None else change.status
-    return TaskRecord(
-        task.task_id,
-        task.job_id,
-        status,
-        task.instance_id if change.instance_id == "keep" else change.instance_id,
-        task.target_instance_id,
-        task.progress if change.progress is None else change.progress,
-        task.checkpoint if change.checkpoint is None else change.checkpoint,
-        at,
-        task.attempt if change.attempt is None else change.attempt,
-        task.failures if change.failures is None else change.failures,
-        at if status != task.status or task.status_since is None else task.status_since,
-        task.reason if change.reason is None else change.reason,
-        task.throughput if change.throughput == "keep" else change.throughput,
-        task.gpus if change.gpus is None else change.gpus,
-    )

@@ -137,7 +137,7 @@ class ThroughputTable:
             return self, []
         keep = limit - limit // 8
 
-        def age(item: tuple[Key, ThroughputEntry]) -> tuple:
+        def age(item: tuple[Key, ThroughputEntry]) -> tuple[bool, float, int, int, str, Colocated]:
             (workload, colocated), entry = item
             at = -math.inf if entry.updated_at_s is None else entry.updated_at_s
             return (

@@ -1,12 +1,12 @@
 """Replay speed: pai_200 with all seven schedulers, and a synthetic 6,000-job trace.
 
-Targets (issue [3]): the seven schedulers on pai_200 together in under 60 s
+Targets: the seven schedulers on pai_200 together in under 60 s
 (Eva's reference simulator takes about 8.5 minutes for its five, stepping
 one simulated second at a time); a 6,000-job synthetic trace with `eva` in
-under 2 minutes. Pricing under interference (issue [10]) buys a cheaper plan
+under 2 minutes. Pricing under interference buys a cheaper plan
 with more planning time, so the synthetic trace is replayed with `eva` as it
-plans by default (target: under 5 minutes, issue [10]) and with that pricing
-off (`price_interference=False`, held to [3]'s 2 minutes). The baseline
+plans by default (target: under 5 minutes) and with that pricing
+off (`price_interference=False`, held to the 2 minutes set before it). The baseline
 measured in the same run is `no-packing`, which plans trivially: each
 scheduler's time is also shown as a ratio to it, which is the cost of its
 decisions on top of the simulation itself.
@@ -18,7 +18,7 @@ multi-task job (for these replicas: each task's share) and under Eva §4.4's
 
 Then the full Alibaba trace (6,274 jobs, the Eva paper's Table 14, bundled as
 `pai_full.json.gz` with its vCPU catalog): `eva` cost and average JCT ÷
-no-packing's, and wall time (issue [10]: cost below the paper's 0.58, the
+no-packing's, and wall time (targets: cost below the paper's 0.58, the
 6,000-job replay under 5 minutes). Beside each trace, the clairvoyant fluid
 bound (`simulator.bound`): what no scheduler can undercut.
 """
@@ -167,9 +167,9 @@ def _pai_and_synthetic(synthetic_jobs: int) -> None:
     plain_s = results["eva, interference not priced"][0]
     print(
         f"\n{len(trace):,}-job synthetic trace with eva: {eva_s:.1f} s "
-        f"[{'ok' if eva_s < 300 else 'MISSED'}: target under 5 min, issue [10]]\n"
+        f"[{'ok' if eva_s < 300 else 'MISSED'}: target under 5 min]\n"
         f"with interference not priced: {plain_s:.1f} s "
-        f"[{'ok' if plain_s < 120 else 'MISSED'}: issue [3]'s 120 s, set before that pricing]"
+        f"[{'ok' if plain_s < 120 else 'MISSED'}: 120 s, the target set before that pricing]"
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.resources import Resources
 from executor.artifacts import CHECKPOINT, Artifacts, Fenced
 from executor.attempts import AttemptRunner, Rejected
@@ -109,7 +110,7 @@ class AgentConfig:
     gpu_devices: int = 0  # physical GPU devices (0: GPU indices are not passed to Docker)
     checkpoint_wait_s: float = 10.0  # for the job to acknowledge a checkpoint request
     stop_grace_s: float = 30.0  # after SIGTERM, before SIGKILL
-    throughput_window_s: float = 300.0
+    throughput_window_s: float = ROUND_INTERVAL_S
     rpc_timeout_s: float = 10.0
     poll_timeout_s: float = 2.0  # per report-socket request
     poll_interval_s: float = 1.0  # how often running jobs are asked how far they got

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.resources import Resources
 
 INSTANCE_ENV = "AUTOSCALER_INSTANCE_ID"
@@ -155,9 +156,9 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument(
         "--throughput-window",
         type=_seconds,
-        default=300.0,
+        default=ROUND_INTERVAL_S,
         metavar="SECONDS",
-        help="jobs report throughput over this window (default: 300)",
+        help=f"jobs report throughput over this window (default: {ROUND_INTERVAL_S:g})",
     )
     worker.set_defaults(func=cmd_worker)
 

@@ -33,6 +33,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from math import inf
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +41,7 @@ from urllib.parse import urlsplit
 from botocore.exceptions import ClientError
 
 from autoscaler.errors import InputError
+from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.aws import AwsCaller
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ PLACEHOLDERS: tuple[str, ...] = (
     "WHEEL_FILE",
     "WHEEL_SHA256",
     "ACCELERATOR",
+    "THROUGHPUT_WINDOW",
 )
 
 #: How long a presigned wheel URL stays valid: the instance fetches it within minutes.
@@ -85,8 +88,11 @@ class WorkerBootstrap:
     """What every worker's user data says, and how to render it for one launch.
 
     `wheel_url` is a URL, or a function returning one (a fresh presigned URL
-    per launch: `wheel_presigner`). Everything is validated when built, so a
-    bad value stops the daemon at start-up rather than at its first launch.
+    per launch: `wheel_presigner`). `throughput_window_s` is the window jobs
+    report throughput over: one round of the cluster
+    (`autoscaler.period.throughput_window_s`), as the local cloud's workers get.
+    Everything is validated when built, so a bad value stops the daemon at
+    start-up rather than at its first launch.
     """
 
     daemon_address: str  # host:port
@@ -96,6 +102,7 @@ class WorkerBootstrap:
     wheel_url: str | Callable[[], str] = field(repr=False)
     wheel_sha256: str
     template: Path = DEFAULT_TEMPLATE
+    throughput_window_s: float = ROUND_INTERVAL_S
 
     def __post_init__(self) -> None:
         _check("daemon_address", self.daemon_address, _HOST_PORT, "host:port")
@@ -107,6 +114,9 @@ class WorkerBootstrap:
         _check("cluster_id", self.cluster_id, _CLUSTER_ID, "a cluster id")
         _check("region", self.region, _REGION, "an AWS region")
         _check("wheel_sha256", self.wheel_sha256, _SHA256, "64 lowercase hex digits")
+        window = self.throughput_window_s
+        if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window < inf:
+            raise _invalid("throughput_window_s", window, "a positive number of seconds")
         if not isinstance(self.wheel_url, str) and not callable(self.wheel_url):
             raise _invalid("wheel_url", self.wheel_url, "a URL or a function returning one")
         self.template_text()  # readable, with only known placeholders
@@ -150,6 +160,7 @@ class WorkerBootstrap:
             "WHEEL_FILE": wheel_file,
             "WHEEL_SHA256": self.wheel_sha256,
             "ACCELERATOR": accelerator or "",
+            "THROUGHPUT_WINDOW": f"{self.throughput_window_s:g}",
         }
         text = fill_template(self.template_text(), values)
         size = len(text.encode("utf-8"))

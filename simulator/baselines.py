@@ -105,7 +105,7 @@ class _Baseline:
     ) -> Plan:
         config = Configuration(tuple(h.instance() for h in hosts if h.tasks))
         jobs = {j.job_id: j for j in view.jobs}
-        cost = migration_cost(view.current, config, jobs, prices)
+        cost = migration_cost(view.current, config, jobs, prices, view.delays)
         value = _tnrp_total(config, jobs, prices, view.throughput)
         saving = value - config.hourly_cost
         candidate = Candidate("partial", config, config.hourly_cost, saving, cost, -cost.dollars)

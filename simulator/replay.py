@@ -15,6 +15,7 @@ from typing import Any
 from autoscaler.catalog import Catalog
 from autoscaler.control import ControlLoop, ControlOptions, Planner
 from autoscaler.jobs import JobSpec
+from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
@@ -118,7 +119,7 @@ def replay(
     catalog: Catalog,
     truth: ThroughputTable,
     scheduler: str,
-    interval_s: float = 300.0,
+    interval_s: float = ROUND_INTERVAL_S,
     default_throughput: float = DEFAULT_THROUGHPUT,
     on_round: Callable[[float, int, int], None] | None = None,
     store: Store | None = None,

@@ -100,12 +100,12 @@ def database_url(text: str | URL) -> URL:
 
 def shown(url: str | URL) -> str:
     """The URL as it may be printed: any password replaced by ***."""
-    if isinstance(url, str):
-        try:
-            url = make_url(url)
-        except ArgumentError:
-            return url
-    return url.render_as_string(hide_password=True)
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def is_sqlite_file(url: URL) -> bool:

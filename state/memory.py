@@ -1,45 +1,40 @@
 """`InMemoryStore`: the `Store` interface in process memory, for replays and tests.
 
-It follows `autoscaler.store`'s contract transition for transition (the same
-tests hold both bindings to it); `state.store.SqlStore` is the one that
-survives a process.
+It persists what the rules of `autoscaler.transitions` return, as `state.store.SqlStore`
+does (the same tests hold both bindings to `autoscaler.store`'s contract); the SQL
+store is the one that survives a process.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Literal
 
+from autoscaler import transitions
 from autoscaler.jobs import JobSpec
 from autoscaler.store import (
-    BILLED_STATUSES,
     FINAL_INSTANCE_STATUSES,
-    FINAL_JOB_STATUSES,
-    TRANSITIONS,
     DuplicateJob,
-    IllegalTransition,
     InstanceChange,
     InstanceRecord,
-    InstanceStatus,
     JobRecord,
     JobStatus,
     Placement,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
+    Store,
     TaskRecord,
-    TaskStatus,
     TaskUpdate,
     UnknownEntity,
     UptimeInterval,
-    updated_task,
 )
 from autoscaler.throughput import Colocated, ThroughputEntry, ThroughputTable
+from autoscaler.view import MeasuredDelays
 
 
-class InMemoryStore:
+class InMemoryStore(Store):
     """`Store` in process memory: for replays and tests. Thread-safe; snapshots are copies."""
 
     def __init__(self) -> None:
@@ -60,89 +55,76 @@ class InMemoryStore:
         self._job_events = 0
         self._placements: list[Placement] = []
         self._placed: dict[str, int] = {}  # task -> index of its open placement
+        self._delays = MeasuredDelays()
 
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
         with self._lock:
             if job.job_id in self._jobs:
                 raise DuplicateJob(job.job_id)
-            record = JobRecord(job, "queued", owner, at)
+            record, tasks = transitions.submitted_job(job, owner, at)
             self._jobs[job.job_id] = record
             self._active[job.job_id] = None
-            self._tasks_of[job.job_id] = [t.task_id for t in job.tasks]
-            for t in job.tasks:
-                self._tasks[t.task_id] = TaskRecord(
-                    t.task_id, job.job_id, updated_at=at, status_since=at
-                )
+            self._tasks_of[job.job_id] = [t.task_id for t in tasks]
+            self._tasks.update((t.task_id, t) for t in tasks)
             self._job_events += 1
             return record
 
     def cancel_job(self, job_id: str, at: float) -> bool:
-        return self._finish(job_id, at, "cancelled", "cancelled", "cancelled by the user")
+        return self._finish(job_id, at, "cancelled", "cancelled by the user")
 
     def job_started(self, job_id: str, at: float) -> bool:
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is None or job.status in FINAL_JOB_STATUSES:
+            started = None if job is None else transitions.start_job(job, at)
+            if started is None:
                 return False
-            if job.started_at is not None:
-                return False
-            self._jobs[job_id] = replace(job, status="running", started_at=at)
+            self._jobs[job_id] = started
             return True
 
     def job_finished(
         self, job_id: str, at: float, status: JobStatus = "completed", reason: str = ""
     ) -> bool:
-        task_status = "completed" if status == "completed" else "failed"
-        return self._finish(job_id, at, status, task_status, reason)
+        return self._finish(job_id, at, status, reason)
 
-    def _finish(self, job_id: str, at: float, status: str, task_status: str, reason: str) -> bool:
+    def _finish(self, job_id: str, at: float, status: JobStatus, reason: str) -> bool:
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                raise UnknownEntity(f"no job {job_id!r}")
-            if job.status in FINAL_JOB_STATUSES:
+            job = self._job(job_id)
+            tasks = tuple(self._tasks[t] for t in self._tasks_of[job_id])
+            end = transitions.finish_job(job, tasks, status, reason, at)
+            if end is None:
                 return False
-            self._jobs[job_id] = replace(job, status=status, finished_at=at, reason=reason)  # type: ignore[arg-type]
+            self._jobs[job_id] = end.job
             self._active.pop(job_id, None)
             self._job_events += 1
-            for tid in self._tasks_of[job_id]:
-                self._leave(tid, at)
-                task = self._tasks[tid]
-                self._tasks[tid] = replace(
-                    task,
-                    status=task_status,  # type: ignore[arg-type]
-                    target_instance_id=None,
-                    updated_at=at,
-                    status_since=at,
-                )
+            self._tasks.update((t.task_id, t) for t in end.tasks)
+            for task_id in end.leaves:
+                self._leave(task_id, at)
             return True
 
     def learn_solo_throughput(self, job_id: str, throughput: float) -> bool:
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                raise UnknownEntity(f"no job {job_id!r}")
-            if job.solo_throughput is not None:
+            learned = transitions.learn_solo_throughput(self._job(job_id), throughput)
+            if learned is None:
                 return False
-            self._jobs[job_id] = replace(job, solo_throughput=throughput)
+            self._jobs[job_id] = learned
             return True
 
-    # -- tasks ------------------------------------------------------------
-    def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        with self._lock:
-            return self._assign(targets, at)
+    def _job(self, job_id: str) -> JobRecord:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownEntity(f"no job {job_id!r}")
+        return job
 
-    def _assign(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        done = set()
-        for tid, target in targets.items():
-            task = self._tasks.get(tid)
-            if task is None or self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
+    # -- tasks ------------------------------------------------------------
+    def _assign(self, targets: Mapping[str, str | None], at: float) -> None:
+        for task_id, target in targets.items():
+            task = self._tasks.get(task_id)
+            if task is None:
                 continue
-            if task.target_instance_id != target:
-                self._tasks[tid] = replace(task, target_instance_id=target, updated_at=at)
-            done.add(tid)
-        return done
+            new = transitions.retarget_task(self._jobs[task.job_id].status, task, target, at)
+            if new is not None:
+                self._tasks[task_id] = new
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         with self._lock:
@@ -151,16 +133,17 @@ class InMemoryStore:
                 task = self._tasks.get(change.task_id)
                 if task is None:
                     raise UnknownEntity(f"no task {change.task_id!r}")
-                if self._jobs[task.job_id].status in FINAL_JOB_STATUSES:
+                step = transitions.update_task(self._jobs[task.job_id].status, task, change, at)
+                if step is None:
                     continue
-                new = self._tasks[change.task_id] = updated_task(task, change, at)
-                if new.instance_id != task.instance_id:
-                    self._leave(task.task_id, at)
-                    if new.instance_id is not None:
-                        self._placed[task.task_id] = len(self._placements)
-                        self._placements.append(
-                            Placement(task.task_id, task.job_id, new.instance_id, new.attempt, at)
-                        )
+                self._tasks[change.task_id] = step.task
+                if step.leaves:
+                    self._leave(change.task_id, at)
+                if step.enters is not None:
+                    self._placed[change.task_id] = len(self._placements)
+                    self._placements.append(step.enters)
+                if step.measured:
+                    self._delays = self._delays.observed(step.measured)
                 done.add(change.task_id)
             return done
 
@@ -169,106 +152,15 @@ class InMemoryStore:
         if index is not None:
             self._placements[index] = replace(self._placements[index], end=at)
 
-    def update_task(
-        self,
-        task_id: str,
-        at: float,
-        *,
-        status: TaskStatus | None = None,
-        instance_id: str | Literal["keep"] | None = "keep",
-        progress: float | None = None,
-        checkpoint: str | None = None,
-    ) -> bool:
-        change = TaskUpdate(task_id, status, instance_id, progress, checkpoint)
-        return bool(self.update_tasks([change], at))
-
     # -- instances --------------------------------------------------------
-    def request_instance(
-        self, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> InstanceRecord:
-        with self._lock:
-            return self._request(instance_id, instance_type, hourly_price, at)
-
     def _request(
         self, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> InstanceRecord:
-        existing = self._instances.get(instance_id)
-        if existing is not None:
-            return existing  # idempotent: the same launch token
-        record = InstanceRecord(
-            instance_id,
-            instance_type,
-            "requested",
-            hourly_price,
-            at,
-            history=(("requested", at),),
-        )
+    ) -> None:
+        if instance_id in self._instances:
+            return  # idempotent: the same launch token
+        record = transitions.request_instance(instance_id, instance_type, hourly_price, at)
         self._instances[instance_id] = record
         self._live[instance_id] = None
-        return record
-
-    def transition_instance(
-        self,
-        instance_id: str,
-        status: InstanceStatus,
-        at: float,
-        *,
-        cloud_id: str | None = None,
-        zone: str | None = None,
-        reason: str = "",
-    ) -> bool:
-        with self._lock:
-            return self._transition(instance_id, status, at, cloud_id, zone, reason)
-
-    def _transition(
-        self,
-        instance_id: str,
-        status: InstanceStatus,
-        at: float,
-        cloud_id: str | None = None,
-        zone: str | None = None,
-        reason: str = "",
-        private_address: str | None = None,
-    ) -> bool:
-        inst = self._instances.get(instance_id)
-        if inst is None:
-            raise UnknownEntity(f"no instance {instance_id!r}")
-        if inst.status == status:
-            return False
-        if status not in TRANSITIONS[inst.status]:
-            raise IllegalTransition(instance_id, inst.status, status)
-        self._instances[instance_id] = replace(
-            inst,
-            status=status,
-            cloud_id=cloud_id or inst.cloud_id,
-            zone=zone or inst.zone,
-            private_address=private_address or inst.private_address,
-            history=(*inst.history, (status, at)),
-            reason=reason,
-        )
-        if status in FINAL_INSTANCE_STATUSES:
-            self._live.pop(instance_id, None)
-        billed_before = inst.status in BILLED_STATUSES
-        billed_after = status in BILLED_STATUSES
-        if billed_after and not billed_before:
-            # Billing runs from the launch request (the cloud bills from then on).
-            self._open[instance_id] = len(self._uptime)
-            self._uptime.append(
-                UptimeInterval(
-                    instance_id, inst.instance_type, inst.hourly_price, inst.requested_at
-                )
-            )
-        elif billed_before and not billed_after:
-            index = self._open.pop(instance_id)
-            self._uptime[index] = replace(self._uptime[index], end=at)
-        return True
-
-    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
-        with self._lock:
-            for c in changes:
-                self._transition(
-                    c.instance_id, c.status, at, c.cloud_id, c.zone, c.reason, c.private_address
-                )
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
@@ -277,15 +169,41 @@ class InMemoryStore:
             inst = self._instances.get(instance_id)
             if inst is None:
                 raise UnknownEntity(f"no instance {instance_id!r}")
-            if ready:
-                if inst.ready_at is not None:
-                    return False
-                self._instances[instance_id] = replace(inst, ready_at=at)
-            else:
-                if inst.lost_at is not None:
-                    return False
-                self._instances[instance_id] = replace(inst, lost_at=at, reason=reason)
+            seen = transitions.instance_worker(inst, at, ready=ready, reason=reason)
+            if seen is None:
+                return False
+            self._instances[instance_id] = seen
             return True
+
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
+        with self._lock:
+            return self._transition(list(changes), at)
+
+    def _transition(self, changes: Sequence[InstanceChange], at: float) -> set[str]:
+        """Apply the changes in order (all or none: an illegal one raises before any
+        is stored); returns the instances that changed."""
+        instances: dict[str, InstanceRecord] = {}
+        steps: list[transitions.InstanceStep] = []
+        for change in changes:
+            inst = instances.get(change.instance_id) or self._instances.get(change.instance_id)
+            if inst is None:
+                raise UnknownEntity(f"no instance {change.instance_id!r}")
+            step = transitions.transition_instance(inst, change, at)
+            if step is not None:
+                instances[change.instance_id] = step.instance
+                steps.append(step)
+        for step in steps:
+            instance_id = step.instance.instance_id
+            self._instances[instance_id] = step.instance
+            if step.instance.status in FINAL_INSTANCE_STATUSES:
+                self._live.pop(instance_id, None)
+            if step.opens is not None:
+                self._open[instance_id] = len(self._uptime)
+                self._uptime.append(step.opens)
+            if step.closes:
+                index = self._open.pop(instance_id)
+                self._uptime[index] = replace(self._uptime[index], end=at)
+        return set(instances)
 
     # -- learning ---------------------------------------------------------
     def record_throughput(
@@ -314,30 +232,21 @@ class InMemoryStore:
                 for instance_id, instance_type, price in intents.requests:
                     self._request(instance_id, instance_type, price, at)
                 self._assign(intents.targets, at)
-                for instance_id, reason in intents.drains:
-                    self._transition(instance_id, "draining", at, reason=reason)
-                for instance_id, status, reason in intents.terminations:
-                    self._transition(instance_id, status, at, reason=reason)
+                self._transition(intents.instance_changes(), at)
             return round_id
 
     def record_action_outcomes(
         self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
     ) -> None:
         with self._lock:
-            for index, outcome, message in outcomes:
-                self.record_action_outcome(round_id, index, outcome, message)
-
-    def record_action_outcome(
-        self, round_id: int, index: int, outcome: str, message: str = ""
-    ) -> None:
-        with self._lock:
             if not 1 <= round_id <= len(self._rounds):
                 raise UnknownEntity(f"no round {round_id}")
             rnd = self._rounds[round_id - 1]
-            if not 0 <= index < len(rnd.actions):
-                raise UnknownEntity(f"no action {index} in round {round_id}")
             actions = list(rnd.actions)
-            actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+            for index, outcome, message in outcomes:
+                if not 0 <= index < len(actions):
+                    raise UnknownEntity(f"no action {index} in round {round_id}")
+                actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
             self._rounds[round_id - 1] = replace(rnd, actions=tuple(actions))
 
     # -- reads ------------------------------------------------------------
@@ -359,6 +268,7 @@ class InMemoryStore:
                 len(self._instances),
                 self._job_events,
                 self._rounds[-1].job_events if self._rounds else None,
+                self._delays,
             )
 
     def job(self, job_id: str) -> JobRecord | None:

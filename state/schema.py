@@ -19,6 +19,9 @@ One table per fact, in the problem's words:
   it, and each action with its reason and outcome.
 - `uptime_intervals`: the cost ledger — billed stretches of instance uptime at the
   price of the time, so reports stay right when catalog prices change.
+- `phase_delays`: how long each phase of a task's attempt (fetch, build, start,
+  init, checkpoint, upload) took on each instance type, as a bounded running mean:
+  the migration criterion's delays where measured (Eva §4.5).
 
 Times are seconds as floats (epoch in production, virtual in replay), stored as
 double precision so they round-trip exactly. Statuses are strings checked against
@@ -196,7 +199,7 @@ class Instance(Base):
     requested_at: Mapped[float] = mapped_column(Double)
     cloud_id: Mapped[str | None] = mapped_column(String)
     zone: Mapped[str | None] = mapped_column(String)
-    # The cloud's private address of it, once known: enrollment matches it (0004).
+    # The cloud's private address of it, once known: enrollment matches it (0005).
     private_address: Mapped[str | None] = mapped_column(String)
     ready_at: Mapped[float | None] = mapped_column(Double)  # its worker registered
     lost_at: Mapped[float | None] = mapped_column(Double)  # its worker fell silent
@@ -313,3 +316,14 @@ class Placement(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     start: Mapped[float] = mapped_column(Double)
     end: Mapped[float | None] = mapped_column(Double)
+
+
+class PhaseDelay(Base):
+    """The measured mean duration of one attempt phase on one instance type (Eva §4.5)."""
+
+    __tablename__ = "phase_delays"
+
+    instance_type: Mapped[str] = mapped_column(String, primary_key=True)
+    phase: Mapped[str] = mapped_column(String(16), primary_key=True)
+    mean_s: Mapped[float] = mapped_column(Double)
+    observations: Mapped[int] = mapped_column(Integer)  # at most MAX_DELAY_OBSERVATIONS

@@ -1,8 +1,9 @@
 """`SqlStore`: the `Store` interface in SQLite or PostgreSQL.
 
-It mirrors `state.memory.InMemoryStore` transition for transition; what SQL
-adds is that state survives the process and that several processes (the
-daemon's round, a submission API, the CLI) can use it at once:
+Like `state.memory.InMemoryStore`, it reads the records a transition needs,
+passes them through the pure rules of `autoscaler.transitions`, and writes what
+they return; what SQL adds is that state survives the process and that several
+processes (the daemon's round, a submission API, the CLI) can use it at once:
 
 - **One transition, one transaction.** Every method that changes state runs in
   one write transaction, so a process killed at any point leaves either all of
@@ -10,11 +11,11 @@ daemon's round, a submission API, the CLI) can use it at once:
 - **Finished is final, under concurrency too.** A transition that touches a job
   or its tasks first locks the job's row (`SELECT … FOR UPDATE` on PostgreSQL;
   on SQLite `BEGIN IMMEDIATE` holds the database's write lock for the whole
-  transaction) and only then reads its status. A cancellation committed while a
-  round was planning is therefore seen by the round's writes, which leave the job
-  alone; a cancellation still in flight makes them wait for it. Instance
-  transitions lock the instance's row the same way, so two processes cannot both
-  move it from the same status.
+  transaction) and only then reads its status and its tasks. A cancellation
+  committed while a round was planning is therefore seen by the round's writes,
+  which leave the job alone; a cancellation still in flight makes them wait for
+  it. Instance transitions lock the instance's row the same way, so two
+  processes cannot both move it from the same status.
 - **Snapshots are consistent**: `snapshot()` reads every table in one read
   transaction (REPEATABLE READ on PostgreSQL; on SQLite in WAL mode a read
   transaction sees the database as of its first read), without blocking writers.
@@ -26,7 +27,8 @@ Opening a database whose schema is missing or not at the head revision raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, cast
+from dataclasses import fields
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -46,38 +48,37 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
+from autoscaler import transitions
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document
 from autoscaler.store import (
-    BILLED_STATUSES,
     FINAL_INSTANCE_STATUSES,
     FINAL_JOB_STATUSES,
-    TRANSITIONS,
     ActionRecord,
     DuplicateJob,
-    IllegalTransition,
     InstanceChange,
     InstanceRecord,
-    InstanceStatus,
     JobRecord,
     JobStatus,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
+    Store,
     StoreError,
     TaskRecord,
-    TaskStatus,
     TaskUpdate,
     UnknownEntity,
 )
 from autoscaler.store import Placement as PlacementRecord
 from autoscaler.store import UptimeInterval as UptimeRecord
 from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry, ThroughputTable
+from autoscaler.view import MeasuredDelay, MeasuredDelays, PhaseSample
 from state.database import create_state_engine, read_transaction, write_transaction
 from state.migrate import check_schema
 from state.schema import (
     Instance,
     InstanceTransition,
     Job,
+    PhaseDelay,
     Placement,
     Round,
     RoundAction,
@@ -99,6 +100,27 @@ ROUNDS = cast(Table, Round.__table__)
 ACTIONS = cast(Table, RoundAction.__table__)
 LEDGER = cast(Table, UptimeInterval.__table__)
 PLACEMENTS = cast(Table, Placement.__table__)
+DELAYS = cast(Table, PhaseDelay.__table__)
+
+#: The columns transitions change, named as the fields of their records.
+JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
+TASK_COLUMNS = tuple(f.name for f in fields(TaskRecord) if f.name not in ("task_id", "job_id"))
+INSTANCE_COLUMNS = (
+    "status",
+    "cloud_id",
+    "zone",
+    "private_address",
+    "ready_at",
+    "lost_at",
+    "reason",
+)
+LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
+#: table -> (its key, the columns transitions change).
+WRITTEN = {
+    "jobs": ("job_id", JOB_COLUMNS),
+    "tasks": ("task_id", TASK_COLUMNS),
+    "instances": ("instance_id", INSTANCE_COLUMNS),
+}
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
@@ -109,7 +131,7 @@ def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
         yield items[start : start + CHUNK]
 
 
-class SqlStore:
+class SqlStore(Store):
     """`Store` in a SQL database: SQLite (a file) or PostgreSQL (psycopg 3).
 
     `database` is a URL (the store then owns its engine and `close()` disposes
@@ -151,6 +173,7 @@ class SqlStore:
 
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
+        record, tasks = transitions.submitted_job(job, owner, at)
         try:
             with write_transaction(self._engine) as conn:
                 taken = conn.execute(select(JOBS.c.id).where(JOBS.c.job_id == job.job_id))
@@ -161,14 +184,24 @@ class SqlStore:
                         job_id=job.job_id,
                         name=job.name,
                         owner=owner,
-                        status="queued",
                         submitted_at=at,
                         spec=spec_document(job),
+                        **_columns(record, JOB_COLUMNS),
                     )
                 )
-                if job.tasks:
+                if tasks:
                     conn.execute(
-                        insert(TASKS), [_task_row(job, i, at) for i in range(len(job.tasks))]
+                        insert(TASKS),
+                        [
+                            {
+                                "task_id": task.task_id,
+                                "job_id": job.job_id,
+                                "position": position,
+                                "workload": job.tasks[position].workload,
+                                **_columns(task, TASK_COLUMNS),
+                            }
+                            for position, task in enumerate(tasks)
+                        ],
                     )
         except IntegrityError as exc:
             # Two submissions of one job id raced (PostgreSQL: the second waits on the
@@ -176,75 +209,63 @@ class SqlStore:
             if self.job(job.job_id) is not None:
                 raise DuplicateJob(job.job_id) from None
             raise StoreError(f"job {job.job_id!r} conflicts with stored data: {exc.orig}") from None
-        return JobRecord(job, "queued", owner, at)
+        return record
 
     def cancel_job(self, job_id: str, at: float) -> bool:
-        return self._finish(job_id, at, "cancelled", "cancelled", "cancelled by the user")
+        return self._finish(job_id, at, "cancelled", "cancelled by the user")
 
     def job_started(self, job_id: str, at: float) -> bool:
         with write_transaction(self._engine) as conn:
-            result = conn.execute(
-                update(JOBS)
-                .where(
-                    JOBS.c.job_id == job_id,
-                    JOBS.c.status.not_in(FINAL_JOB_STATUSES),
-                    JOBS.c.started_at.is_(None),
-                )
-                .values(status="running", started_at=at)
-            )
-            return result.rowcount == 1
+            job = self._locked_job(conn, job_id)
+            started = None if job is None else transitions.start_job(job, at)
+            if started is None:
+                return False
+            _write(conn, JOBS, [started])
+            return True
 
     def job_finished(
         self, job_id: str, at: float, status: JobStatus = "completed", reason: str = ""
     ) -> bool:
-        task_status = "completed" if status == "completed" else "failed"
-        return self._finish(job_id, at, status, task_status, reason)
+        return self._finish(job_id, at, status, reason)
 
     def learn_solo_throughput(self, job_id: str, throughput: float) -> bool:
         with write_transaction(self._engine) as conn:
-            known = conn.execute(
-                select(JOBS.c.solo_throughput).where(JOBS.c.job_id == job_id).with_for_update()
-            ).first()
-            if known is None:
+            job = self._locked_job(conn, job_id)
+            if job is None:
                 raise UnknownEntity(f"no job {job_id!r}")
-            if known.solo_throughput is not None:
+            learned = transitions.learn_solo_throughput(job, throughput)
+            if learned is None:
                 return False
-            conn.execute(
-                update(JOBS).where(JOBS.c.job_id == job_id).values(solo_throughput=throughput)
-            )
+            _write(conn, JOBS, [learned])
             return True
 
-    def _finish(self, job_id: str, at: float, status: str, task_status: str, reason: str) -> bool:
+    def _finish(self, job_id: str, at: float, status: JobStatus, reason: str) -> bool:
         with write_transaction(self._engine) as conn:
-            current = conn.execute(
-                select(JOBS.c.status).where(JOBS.c.job_id == job_id).with_for_update()
-            ).scalar_one_or_none()
-            if current is None:
+            job = self._locked_job(conn, job_id)
+            if job is None:
                 raise UnknownEntity(f"no job {job_id!r}")
-            if current in FINAL_JOB_STATUSES:
+            tasks = tuple(self._tasks(conn, JOBS.c.job_id == job_id))
+            end = transitions.finish_job(job, tasks, status, reason, at)
+            if end is None:
                 return False
-            conn.execute(
-                update(JOBS)
-                .where(JOBS.c.job_id == job_id)
-                .values(status=status, finished_at=at, reason=reason)
-            )
-            conn.execute(
-                update(TASKS)
-                .where(TASKS.c.job_id == job_id)
-                .values(status=task_status, target_instance_id=None, updated_at=at, status_since=at)
-            )
-            conn.execute(
-                update(PLACEMENTS)
-                .where(PLACEMENTS.c.job_id == job_id, PLACEMENTS.c.end.is_(None))
-                .values(end=at)
-            )
+            _write(conn, JOBS, [end.job])
+            _write(conn, TASKS, end.tasks)
+            self._close_placements(conn, end.leaves, at)
             return True
+
+    def _locked_job(self, conn: Connection, job_id: str) -> JobRecord | None:
+        """The job's record, its row locked until the transaction ends (None: no such job)."""
+        row = conn.execute(select(JOBS).where(JOBS.c.job_id == job_id).with_for_update()).first()
+        if row is None:
+            return None
+        spec = self._specs.get(row.id) or spec_from_document(row.spec)
+        return _job(row, spec)
 
     @staticmethod
-    def _lock_active_jobs(conn: Connection, job_ids: Iterable[str]) -> set[str]:
-        """Lock these jobs' rows (in id order, so lockers never deadlock) and return
-        those not finished. Their tasks may then be written."""
-        active: set[str] = set()
+    def _lock_jobs(conn: Connection, job_ids: Iterable[str]) -> dict[str, str]:
+        """Lock these jobs' rows (in id order, so lockers never deadlock) and return their
+        statuses. Their tasks may then be read and written."""
+        statuses: dict[str, str] = {}
         for chunk in _chunks(sorted(set(job_ids))):
             rows = conn.execute(
                 select(JOBS.c.job_id, JOBS.c.status)
@@ -252,114 +273,79 @@ class SqlStore:
                 .order_by(JOBS.c.job_id)
                 .with_for_update()
             )
-            active.update(r.job_id for r in rows if r.status not in FINAL_JOB_STATUSES)
-        return active
+            statuses.update((r.job_id, r.status) for r in rows)
+        return statuses
 
     # -- tasks ------------------------------------------------------------
-    def assign_tasks(self, targets: Mapping[str, str | None], at: float) -> set[str]:
-        with write_transaction(self._engine) as conn:
-            return self._assign(conn, targets, at)
-
-    def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> set[str]:
-        task_ids = list(targets)
-        job_of: dict[str, str] = {}
-        unchanged: set[str] = set()
-        for chunk in _chunks(task_ids):
-            rows = conn.execute(
-                select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id).where(
-                    TASKS.c.task_id.in_(chunk)
-                )
-            )
-            for r in rows:
-                job_of[r.task_id] = r.job_id
-                if r.target_instance_id == targets[r.task_id]:
-                    unchanged.add(r.task_id)
-        active = self._lock_active_jobs(conn, {job_of[t] for t in job_of if t not in unchanged})
-        # A task whose target is already as asked needs no write (a round rewrites few).
-        updated = sorted(
-            tid for tid, jid in job_of.items() if jid in active and tid not in unchanged
-        )
-        if updated:
-            conn.execute(
-                update(TASKS)
-                .where(TASKS.c.task_id == bindparam("b_task"))
-                .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
-                [{"b_task": tid, "b_target": targets[tid], "b_at": at} for tid in updated],
-            )
-        done = set(updated)
-        if unchanged:
-            finished = {
-                r.job_id
-                for chunk in _chunks(sorted({job_of[t] for t in unchanged}))
-                for r in conn.execute(
-                    select(JOBS.c.job_id).where(
-                        JOBS.c.job_id.in_(chunk), JOBS.c.status.in_(FINAL_JOB_STATUSES)
-                    )
-                )
-            }
-            done |= {t for t in unchanged if job_of[t] not in finished}
-        return done
+    def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> None:
+        """Adopt a plan's targets. Most are as they were (a round rewrites few): those
+        are found without locking, and only the jobs of the others are locked."""
+        moved: dict[str, str] = {}  # task -> its job
+        for chunk in _chunks(list(targets)):
+            for row in conn.execute(
+                select(TASKS, JOBS.c.status.label("job_status"))
+                .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
+                .where(TASKS.c.task_id.in_(chunk))
+            ):
+                task = _task(row)
+                new = transitions.retarget_task(row.job_status, task, targets[task.task_id], at)
+                if new is not None and new != task:
+                    moved[task.task_id] = task.job_id
+        if not moved:
+            return
+        statuses = self._lock_jobs(conn, moved.values())
+        retargeted = []
+        for task in self._read_tasks(conn, sorted(moved)):  # as they are under the locks
+            new = transitions.retarget_task(statuses[task.job_id], task, targets[task.task_id], at)
+            if new is not None and new != task:
+                retargeted.append(new)
+        _write(conn, TASKS, retargeted)
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
         if not changes:
             return set()
         with write_transaction(self._engine) as conn:
-            current: dict[str, Row[Any]] = {}
-            for chunk in _chunks([c.task_id for c in changes]):
-                rows = conn.execute(
-                    select(
-                        TASKS.c.task_id,
-                        TASKS.c.job_id,
-                        TASKS.c.status,
-                        TASKS.c.instance_id,
-                        TASKS.c.attempt,
-                    ).where(TASKS.c.task_id.in_(chunk))
+            job_of: dict[str, str] = {}
+            for chunk in _chunks(sorted({c.task_id for c in changes})):
+                job_of.update(
+                    conn.execute(
+                        select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                    ).all()
                 )
-                current.update((r.task_id, r) for r in rows)
-            unknown = [c.task_id for c in changes if c.task_id not in current]
+            unknown = [c.task_id for c in changes if c.task_id not in job_of]
             if unknown:
                 raise UnknownEntity(f"no task {unknown[0]!r}")
-            active = self._lock_active_jobs(conn, {r.job_id for r in current.values()})
-            # One executemany per set of changed columns (a round changes the same few).
-            batches: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+            statuses = self._lock_jobs(conn, job_of.values())
+            tasks = {t.task_id: t for t in self._read_tasks(conn, sorted(job_of))}
             done: set[str] = set()
-            moved: list[tuple[Row[Any], TaskUpdate]] = []
+            written: dict[str, TaskRecord] = {}
+            placements = _PlacementWrites()
+            samples: list[PhaseSample] = []
             for change in changes:
-                row = current[change.task_id]
-                if row.job_id not in active:
+                task = tasks[change.task_id]
+                step = transitions.update_task(statuses[task.job_id], task, change, at)
+                if step is None:
                     continue
-                if change.instance_id != "keep" and change.instance_id != row.instance_id:
-                    moved.append((row, change))
-                values = _task_values(change, row.status, at)
-                batches.setdefault(tuple(sorted(values)), []).append(
-                    {"b_task": change.task_id, **{f"b_{k}": v for k, v in values.items()}}
-                )
-                done.add(change.task_id)
-            for columns, rows in batches.items():
-                conn.execute(
-                    update(TASKS)
-                    .where(TASKS.c.task_id == bindparam("b_task"))
-                    .values(**{column: bindparam(f"b_{column}") for column in columns}),
-                    rows,
-                )
-            if moved:
-                self._close_placements(conn, [row.task_id for row, _ in moved], at)
-                opened = [
-                    {
-                        "task_id": row.task_id,
-                        "job_id": row.job_id,
-                        "instance_id": change.instance_id,
-                        "attempt": change.attempt if change.attempt is not None else row.attempt,
-                        "start": at,
-                        "end": None,
-                    }
-                    for row, change in moved
-                    if change.instance_id is not None
-                ]
-                if opened:
-                    conn.execute(insert(PLACEMENTS), opened)
+                tasks[task.task_id] = written[task.task_id] = step.task
+                placements.add(step, at)
+                samples.extend(step.measured)
+                done.add(task.task_id)
+            _write(conn, TASKS, list(written.values()))
+            self._close_placements(conn, placements.closed, at)
+            if placements.opened:
+                conn.execute(insert(PLACEMENTS), placements.opened)
+            if samples:
+                self._observe_delays(conn, samples)
             return done
+
+    @staticmethod
+    def _read_tasks(conn: Connection, task_ids: Sequence[str]) -> list[TaskRecord]:
+        return [
+            _task(row)
+            for chunk in _chunks(task_ids)
+            for row in conn.execute(select(TASKS).where(TASKS.c.task_id.in_(chunk)))
+        ]
 
     @staticmethod
     def _close_placements(conn: Connection, task_ids: Sequence[str], at: float) -> None:
@@ -370,32 +356,43 @@ class SqlStore:
                 .values(end=at)
             )
 
-    def update_task(
-        self,
-        task_id: str,
-        at: float,
-        *,
-        status: TaskStatus | None = None,
-        instance_id: str | Literal["keep"] | None = "keep",
-        progress: float | None = None,
-        checkpoint: str | None = None,
-    ) -> bool:
-        change = TaskUpdate(task_id, status, instance_id, progress, checkpoint)
-        return bool(self.update_tasks([change], at))
+    def _observe_delays(self, conn: Connection, samples: Sequence[PhaseSample]) -> None:
+        """Fold measured phases into their (type, phase) running means."""
+        keys = {(instance_type, phase) for instance_type, phase, _ in samples}
+        types = sorted({instance_type for instance_type, _ in keys})
+        known = MeasuredDelays(
+            {
+                (r.instance_type, r.phase): MeasuredDelay(r.mean_s, r.observations)
+                for r in conn.execute(
+                    select(DELAYS)
+                    .where(DELAYS.c.instance_type.in_(types))
+                    .order_by(DELAYS.c.instance_type, DELAYS.c.phase)
+                    .with_for_update()
+                )
+            }
+        )
+        means = known.observed(samples).means
+        statement = self._insert(DELAYS)
+        conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["instance_type", "phase"],
+                set_={
+                    "mean_s": statement.excluded.mean_s,
+                    "observations": statement.excluded.observations,
+                },
+            ),
+            [
+                {
+                    "instance_type": instance_type,
+                    "phase": phase,
+                    "mean_s": means[(instance_type, phase)].mean_s,
+                    "observations": means[(instance_type, phase)].observations,
+                }
+                for instance_type, phase in sorted(keys)
+            ],
+        )
 
     # -- instances --------------------------------------------------------
-    def request_instance(
-        self, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> InstanceRecord:
-        with write_transaction(self._engine) as conn:
-            self._request(conn, instance_id, instance_type, hourly_price, at)
-            return self._instances(conn, INSTANCES.c.instance_id == instance_id)[0]
-
-    def _request(
-        self, conn: Connection, instance_id: str, instance_type: str, hourly_price: float, at: float
-    ) -> None:
-        self._request_many(conn, [(instance_id, instance_type, hourly_price)], at)
-
     def _request_many(
         self, conn: Connection, requests: Sequence[tuple[str, str, float]], at: float
     ) -> None:
@@ -410,64 +407,48 @@ class SqlStore:
                     select(INSTANCES.c.instance_id).where(INSTANCES.c.instance_id.in_(chunk))
                 ).scalars()
             )
-        new = [i for i in wanted if i not in taken]
+        new = [
+            transitions.request_instance(i, itype, price, at)
+            for i, (itype, price) in wanted.items()
+            if i not in taken
+        ]
         if not new:
             return
         conn.execute(
             insert(INSTANCES),
             [
                 {
-                    "instance_id": i,
-                    "instance_type": wanted[i][0],
-                    "status": "requested",
-                    "hourly_price": wanted[i][1],
-                    "requested_at": at,
+                    "instance_id": i.instance_id,
+                    "instance_type": i.instance_type,
+                    "hourly_price": i.hourly_price,
+                    "requested_at": i.requested_at,
+                    **_columns(i, INSTANCE_COLUMNS),
                 }
                 for i in new
             ],
         )
         conn.execute(
             insert(HISTORY),
-            [{"instance_id": i, "seq": 0, "status": "requested", "at": at} for i in new],
+            [
+                {"instance_id": i.instance_id, "seq": seq, "status": status, "at": when}
+                for i in new
+                for seq, (status, when) in enumerate(i.history)
+            ],
         )
-
-    def transition_instance(
-        self,
-        instance_id: str,
-        status: InstanceStatus,
-        at: float,
-        *,
-        cloud_id: str | None = None,
-        zone: str | None = None,
-        reason: str = "",
-    ) -> bool:
-        with write_transaction(self._engine) as conn:
-            return self._transition(conn, instance_id, status, at, cloud_id, zone, reason)
-
-    def _transition(
-        self,
-        conn: Connection,
-        instance_id: str,
-        status: InstanceStatus,
-        at: float,
-        cloud_id: str | None = None,
-        zone: str | None = None,
-        reason: str = "",
-    ) -> bool:
-        change = InstanceChange(instance_id, status, cloud_id, zone, reason)
-        return bool(self._transition_many(conn, [change], at))
 
     def _transition_many(
         self, conn: Connection, changes: Sequence[InstanceChange], at: float
     ) -> set[str]:
         """Instance transitions in one transaction, a few statements for any number:
-        rows locked in id order, each change checked against the status machine, then
-        the instances, their histories and the ledger written in bulk. Returns the
+        rows locked in id order, each change passed through the status machine's rule,
+        then the instances, their histories and the ledger written in bulk. Returns the
         instances that changed (one already in its status is left alone)."""
         if not changes:
             return set()
-        rows: dict[str, Row[Any]] = {}
         ids = sorted({c.instance_id for c in changes})
+        # Each record without its history: the rule appends to it, and only the new
+        # entries are written.
+        current: dict[str, InstanceRecord] = {}
         for chunk in _chunks(ids):
             for row in conn.execute(
                 select(INSTANCES)
@@ -475,7 +456,7 @@ class SqlStore:
                 .order_by(INSTANCES.c.instance_id)
                 .with_for_update()
             ):
-                rows[row.instance_id] = row
+                current[row.instance_id] = _instance(row, ())
         seqs: dict[str, int] = {}
         for chunk in _chunks(ids):
             seqs.update(
@@ -485,70 +466,34 @@ class SqlStore:
                     .group_by(HISTORY.c.instance_id)
                 ).all()
             )
-        status_now = {i: r.status for i, r in rows.items()}
-        updates, history, opened, closed = [], [], [], []
-        changed: set[str] = set()
+        written: dict[str, InstanceRecord] = {}
+        history, opened, closed = [], [], []
         for c in changes:
-            row = rows.get(c.instance_id)
-            if row is None:
+            inst = current.get(c.instance_id)
+            if inst is None:
                 raise UnknownEntity(f"no instance {c.instance_id!r}")
-            current = status_now[c.instance_id]
-            if current == c.status:
+            step = transitions.transition_instance(inst, c, at)
+            if step is None:
                 continue
-            if c.status not in TRANSITIONS[current]:
-                raise IllegalTransition(c.instance_id, current, c.status)
-            status_now[c.instance_id] = c.status
-            changed.add(c.instance_id)
-            updates.append(
-                {
-                    "b_id": c.instance_id,
-                    "b_status": c.status,
-                    "b_cloud": c.cloud_id or row.cloud_id,
-                    "b_zone": c.zone or row.zone,
-                    "b_address": c.private_address or row.private_address,
-                    "b_reason": c.reason,
-                }
-            )
+            current[c.instance_id] = written[c.instance_id] = step.instance
             seq = seqs.get(c.instance_id, 0)
             seqs[c.instance_id] = seq + 1
+            status, when = step.instance.history[-1]
             history.append(
                 {
                     "instance_id": c.instance_id,
                     "seq": seq,
-                    "status": c.status,
-                    "at": at,
-                    "reason": c.reason,
+                    "status": status,
+                    "at": when,
+                    "reason": step.instance.reason,
                 }
             )
-            billed_before = current in BILLED_STATUSES
-            billed_after = c.status in BILLED_STATUSES
-            if billed_after and not billed_before:
-                # Billing runs from the launch request (the cloud bills from then on),
-                # at the price recorded with the request.
-                opened.append(
-                    {
-                        "instance_id": c.instance_id,
-                        "instance_type": row.instance_type,
-                        "hourly_price": row.hourly_price,
-                        "start": row.requested_at,
-                        "end": None,
-                    }
-                )
-            elif billed_before and not billed_after:
+            if step.opens is not None:
+                opened.append(_columns(step.opens, LEDGER_COLUMNS))
+            if step.closes:
                 closed.append({"b_id": c.instance_id, "b_end": at})
-        if updates:
-            conn.execute(
-                update(INSTANCES)
-                .where(INSTANCES.c.instance_id == bindparam("b_id"))
-                .values(
-                    status=bindparam("b_status"),
-                    cloud_id=bindparam("b_cloud"),
-                    zone=bindparam("b_zone"),
-                    private_address=bindparam("b_address"),
-                    reason=bindparam("b_reason"),
-                ),
-                updates,
-            )
+        if written:
+            _write(conn, INSTANCES, list(written.values()))
             conn.execute(insert(HISTORY), history)
         if opened:
             conn.execute(insert(LEDGER), opened)
@@ -559,28 +504,25 @@ class SqlStore:
                 .values(end=bindparam("b_end")),
                 closed,
             )
-        return changed
+        return set(written)
 
-    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> None:
+    def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
         with write_transaction(self._engine) as conn:
-            self._transition_many(conn, list(changes), at)
+            return self._transition_many(conn, list(changes), at)
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
     ) -> bool:
-        column = INSTANCES.c.ready_at if ready else INSTANCES.c.lost_at
-        values: dict[str, Any] = {"ready_at": at} if ready else {"lost_at": at, "reason": reason}
         with write_transaction(self._engine) as conn:
-            found = conn.execute(
-                select(column).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+            row = conn.execute(
+                select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
             ).first()
-            if found is None:
+            if row is None:
                 raise UnknownEntity(f"no instance {instance_id!r}")
-            if found[0] is not None:
+            seen = transitions.instance_worker(_instance(row, ()), at, ready=ready, reason=reason)
+            if seen is None:
                 return False
-            conn.execute(
-                update(INSTANCES).where(INSTANCES.c.instance_id == instance_id).values(**values)
-            )
+            _write(conn, INSTANCES, [seen])
             return True
 
     # -- learning ---------------------------------------------------------
@@ -646,7 +588,9 @@ class SqlStore:
                     job_events=record.job_events,
                 )
             )
-            round_id = int(result.inserted_primary_key[0])
+            key = result.inserted_primary_key
+            assert key is not None  # an INSERT of one row
+            round_id = int(key[0])
             if record.actions:
                 conn.execute(
                     insert(ACTIONS),
@@ -669,24 +613,31 @@ class SqlStore:
                 self._request_many(conn, intents.requests, at)
                 if intents.targets:
                     self._assign(conn, intents.targets, at)
-                self._transition_many(
-                    conn,
-                    [InstanceChange(i, "draining", reason=why) for i, why in intents.drains]
-                    + [InstanceChange(i, s, reason=why) for i, s, why in intents.terminations],
-                    at,
-                )
+                self._transition_many(conn, intents.instance_changes(), at)
             return round_id
 
     def record_action_outcomes(
         self, round_id: int, outcomes: Iterable[tuple[int, str, str]]
     ) -> None:
+        outcomes = list(outcomes)
+        if not outcomes:
+            return
+        positions = sorted({i for i, _, _ in outcomes})
         rows = [
             {"b_round": round_id, "b_position": i, "b_outcome": o, "b_message": m}
             for i, o, m in outcomes
         ]
-        if not rows:
-            return
         with write_transaction(self._engine) as conn:
+            known = set(
+                conn.execute(
+                    select(ACTIONS.c.position).where(
+                        ACTIONS.c.round_id == round_id, ACTIONS.c.position.in_(positions)
+                    )
+                ).scalars()
+            )
+            missing = [p for p in positions if p not in known]
+            if missing:
+                raise UnknownEntity(f"no action {missing[0]} in round {round_id}")
             conn.execute(
                 update(ACTIONS)
                 .where(
@@ -696,18 +647,6 @@ class SqlStore:
                 .values(outcome=bindparam("b_outcome"), message=bindparam("b_message")),
                 rows,
             )
-
-    def record_action_outcome(
-        self, round_id: int, index: int, outcome: str, message: str = ""
-    ) -> None:
-        with write_transaction(self._engine) as conn:
-            result = conn.execute(
-                update(ACTIONS)
-                .where(ACTIONS.c.round_id == round_id, ACTIONS.c.position == index)
-                .values(outcome=outcome, message=message)
-            )
-            if result.rowcount != 1:
-                raise UnknownEntity(f"no action {index} in round {round_id}")
 
     # -- reads ------------------------------------------------------------
     def snapshot(
@@ -743,6 +682,12 @@ class SqlStore:
                 select(ROUNDS.c.job_events).order_by(ROUNDS.c.round_id.desc()).limit(1)
             ).scalar_one_or_none()
             requested = conn.execute(select(func.count()).select_from(INSTANCES)).scalar_one()
+            delays = MeasuredDelays(
+                {
+                    (r.instance_type, r.phase): MeasuredDelay(r.mean_s, r.observations)
+                    for r in conn.execute(select(DELAYS))
+                }
+            )
             submitted, finished = conn.execute(
                 select(func.count(), func.count(JOBS.c.finished_at)).select_from(JOBS)
             ).one()
@@ -757,6 +702,7 @@ class SqlStore:
             int(requested),
             int(submitted) + int(finished),
             last_round_job_events,
+            delays,
         )
 
     def job(self, job_id: str) -> JobRecord | None:
@@ -863,38 +809,14 @@ class SqlStore:
             for r in conn.execute(select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(chunk))):
                 cache[r.id] = spec_from_document(r.spec)
         self._specs = {r.id: cache[r.id] for r in rows}
-        return [
-            JobRecord(
-                self._specs[r.id],
-                r.status,
-                r.owner,
-                r.submitted_at,
-                r.started_at,
-                r.finished_at,
-                r.reason,
-                r.solo_throughput,
-            )
-            for r in rows
-        ]
+        return [_job(r, self._specs[r.id]) for r in rows]
 
     @staticmethod
     def _jobs(conn: Connection, where: ColumnElement[bool] | None) -> list[JobRecord]:
         query = select(JOBS).order_by(JOBS.c.id)
         if where is not None:
             query = query.where(where)
-        return [
-            JobRecord(
-                spec_from_document(r.spec),
-                r.status,
-                r.owner,
-                r.submitted_at,
-                r.started_at,
-                r.finished_at,
-                r.reason,
-                r.solo_throughput,
-            )
-            for r in conn.execute(query)
-        ]
+        return [_job(r, spec_from_document(r.spec)) for r in conn.execute(query)]
 
     @staticmethod
     def _tasks(conn: Connection, job_where: ColumnElement[bool]) -> list[TaskRecord]:
@@ -905,25 +827,7 @@ class SqlStore:
             .where(job_where)
             .order_by(JOBS.c.id, TASKS.c.position)
         )
-        return [
-            TaskRecord(
-                r.task_id,
-                r.job_id,
-                r.status,
-                r.instance_id,
-                r.target_instance_id,
-                r.progress,
-                r.checkpoint,
-                r.updated_at,
-                r.attempt,
-                r.failures,
-                r.status_since,
-                r.reason,
-                r.throughput,
-                tuple(r.gpus),
-            )
-            for r in conn.execute(query)
-        ]
+        return [_task(r) for r in conn.execute(query)]
 
     @staticmethod
     def _instances(conn: Connection, where: ColumnElement[bool] | None) -> list[InstanceRecord]:
@@ -942,26 +846,55 @@ class SqlStore:
         return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query)]
 
 
-def _task_row(job: JobSpec, position: int, at: float) -> dict[str, Any]:
-    task = job.tasks[position]
-    return {
-        "task_id": task.task_id,
-        "job_id": job.job_id,
-        "position": position,
-        "workload": task.workload,
-        "status": "pending",
-        "instance_id": None,
-        "target_instance_id": None,
-        "progress": 0.0,
-        "checkpoint": None,
-        "updated_at": at,
-        "attempt": 0,
-        "failures": 0,
-        "status_since": at,
-        "reason": "",
-        "throughput": None,
-        "gpus": [],
-    }
+def _job(row: Row[Any], spec: JobSpec) -> JobRecord:
+    return JobRecord(
+        spec,
+        row.status,
+        row.owner,
+        row.submitted_at,
+        row.started_at,
+        row.finished_at,
+        row.reason,
+        row.solo_throughput,
+    )
+
+
+def _columns(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A record's values of these columns (named as its fields)."""
+    return {name: getattr(record, name) for name in names}
+
+
+def _write(conn: Connection, table: Table, records: Sequence[Any]) -> None:
+    """Store what transitions made of these records (jobs, tasks or instances), in
+    one statement: the columns transitions change, by the record's key."""
+    if not records:
+        return
+    key, names = WRITTEN[table.name]
+    conn.execute(
+        update(table)
+        .where(table.c[key] == bindparam(f"b_{key}"))
+        .values(**{name: bindparam(f"b_{name}") for name in names}),
+        [{f"b_{name}": getattr(r, name) for name in (key, *names)} for r in records],
+    )
+
+
+def _task(row: Row[Any]) -> TaskRecord:
+    return TaskRecord(
+        row.task_id,
+        row.job_id,
+        row.status,
+        row.instance_id,
+        row.target_instance_id,
+        row.progress,
+        row.checkpoint,
+        row.updated_at,
+        row.attempt,
+        row.failures,
+        row.status_since,
+        row.reason,
+        row.throughput,
+        tuple(row.gpus),
+    )
 
 
 def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRecord:
@@ -985,21 +918,33 @@ def _interval(row: Row[Any]) -> UptimeRecord:
     return UptimeRecord(row.instance_id, row.instance_type, row.hourly_price, row.start, row.end)
 
 
-def _task_values(change: TaskUpdate, status: str, at: float) -> dict[str, Any]:
-    """The columns a TaskUpdate sets (the rule of `autoscaler.store.updated_task`)."""
-    values: dict[str, Any] = {"updated_at": at}
-    if change.status is not None:
-        values["status"] = change.status
-        if change.status != status:
-            values["status_since"] = at
-    if change.instance_id != "keep":
-        values["instance_id"] = change.instance_id
-    for name in ("progress", "checkpoint", "attempt", "failures", "reason"):
-        value = getattr(change, name)
-        if value is not None:
-            values[name] = value
-    if change.throughput != "keep":
-        values["throughput"] = change.throughput
-    if change.gpus is not None:
-        values["gpus"] = list(change.gpus)
-    return values
+class _PlacementWrites:
+    """The placement ledger's writes of a batch of task steps: the placements open
+    before the batch that close, and the rows to insert (closed already when a task
+    entered and left within the batch)."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+        self.opened: list[dict[str, Any]] = []
+        self._open: dict[str, dict[str, Any]] = {}  # task -> its row opened in this batch
+
+    def add(self, step: transitions.TaskStep, at: float) -> None:
+        task_id = step.task.task_id
+        if step.leaves:
+            row = self._open.pop(task_id, None)
+            if row is None:
+                self.closed.append(task_id)
+            else:
+                row["end"] = at
+        if step.enters is not None:
+            p = step.enters
+            row = {
+                "task_id": p.task_id,
+                "job_id": p.job_id,
+                "instance_id": p.instance_id,
+                "attempt": p.attempt,
+                "start": p.start,
+                "end": p.end,
+            }
+            self.opened.append(row)
+            self._open[task_id] = row

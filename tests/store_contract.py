@@ -24,6 +24,7 @@ from autoscaler.store import (
 )
 from autoscaler.throughput import ThroughputEntry
 from tests.builders import job
+from tests.store_writes import adopted_round, request
 
 HOUR = 3600.0
 
@@ -80,8 +81,10 @@ def test_cancelled_job_is_final(store):
     assert not store.cancel_job("j1", 8.0)
     assert not store.job_started("j1", 9.0)
     assert not store.job_finished("j1", 9.0)
-    assert store.assign_tasks({"j1/0": "i-1"}, 9.0) == set()
-    assert not store.update_task("j1/0", 9.0, status="running", instance_id="i-1")
+    adopted_round(store, 9.0, targets={"j1/0": "i-1"})
+    assert (
+        store.update_tasks([TaskUpdate("j1/0", status="running", instance_id="i-1")], 9.0) == set()
+    )
     record = store.job("j1")
     assert (record.status, record.finished_at) == ("cancelled", 7.0)
     assert {(t.status, t.instance_id, t.target_instance_id) for t in store.tasks_of("j1")} == {
@@ -91,14 +94,13 @@ def test_cancelled_job_is_final(store):
 
 def test_tasks_record_targets_placement_progress_and_checkpoints(store):
     submit(store, "j1")
-    store.request_instance("i-1", "p3.8xlarge", 12.24, at=0.0)
-    assert store.assign_tasks({"j1/0": "i-1", "j1/1": "i-1", "nope/0": "i-1"}, 1.0) == {
-        "j1/0",
-        "j1/1",
-    }
-    assert store.update_task(
-        "j1/0", 2.0, status="running", instance_id="i-1", progress=50.0, checkpoint="s3://b/j1/0/50"
+    targets = {"j1/0": "i-1", "j1/1": "i-1", "nope/0": "i-1"}  # an unknown task is ignored
+    adopted_round(store, 1.0, requests=[("i-1", "p3.8xlarge", 12.24)], targets=targets)
+    assert [t.target_instance_id for t in store.tasks_of("j1")] == ["i-1", "i-1"]
+    running = TaskUpdate(
+        "j1/0", status="running", instance_id="i-1", progress=50.0, checkpoint="s3://b/j1/0/50"
     )
+    assert store.update_tasks([running], 2.0) == {"j1/0"}
     task = store.tasks_of("j1")[0]
     assert (
         task.status,
@@ -109,7 +111,7 @@ def test_tasks_record_targets_placement_progress_and_checkpoints(store):
         task.updated_at,
     ) == ("running", "i-1", "i-1", 50.0, "s3://b/j1/0/50", 2.0)
     # unspecified fields are kept; instance_id=None clears
-    store.update_task("j1/0", 3.0, status="pending", instance_id=None)
+    store.update_tasks([TaskUpdate("j1/0", status="pending", instance_id=None)], 3.0)
     task = store.tasks_of("j1")[0]
     assert (task.status, task.instance_id, task.progress, task.checkpoint) == (
         "pending",
@@ -120,7 +122,7 @@ def test_tasks_record_targets_placement_progress_and_checkpoints(store):
 
 
 def test_instance_status_machine_keeps_its_history(store):
-    store.request_instance("i-1", "c7i.large", 0.08925, at=10.0)
+    request(store, "i-1", "c7i.large", 0.08925, at=10.0)
     assert store.transition_instance("i-1", "pending", 11.0, cloud_id="i-0abc", zone="us-east-1a")
     assert not store.transition_instance("i-1", "pending", 12.0)  # already there
     store.transition_instance("i-1", "running", 30.0)
@@ -144,13 +146,15 @@ def test_instance_status_machine_keeps_its_history(store):
 
 
 def test_request_is_idempotent_by_launch_token(store):
-    first = store.request_instance("tok-1", "c7i.large", 0.08925, at=1.0)
-    second = store.request_instance("tok-1", "c7i.large", 0.08925, at=2.0)
-    assert first == second and len(store.instances()) == 1
+    request(store, "tok-1", "c7i.large", 0.08925, at=1.0)
+    first = store.instance("tok-1")
+    request(store, "tok-1", "c7i.large", 0.08925, at=2.0)  # a round recorded again
+    assert store.instance("tok-1") == first and first.requested_at == 1.0
+    assert len(store.instances()) == 1
 
 
 def test_ledger_bills_from_request_to_termination_at_the_request_price(store):
-    store.request_instance("i-1", "p3.2xlarge", 3.06, at=HOUR)
+    request(store, "i-1", "p3.2xlarge", 3.06, at=HOUR)
     store.transition_instance("i-1", "pending", HOUR + 20)
     store.transition_instance("i-1", "running", HOUR + 200)
     assert store.cost_between(0, 2 * HOUR) == pytest.approx(3.06)  # still running: billed to t1
@@ -160,16 +164,16 @@ def test_ledger_bills_from_request_to_termination_at_the_request_price(store):
     assert store.cost_between(0, 10 * HOUR) == pytest.approx(2 * 3.06)
     assert store.cost_between(2 * HOUR, 2.5 * HOUR) == pytest.approx(0.5 * 3.06)
     # a launch the cloud refused was never billed
-    store.request_instance("i-2", "p3.2xlarge", 3.06, at=HOUR)
+    request(store, "i-2", "p3.2xlarge", 3.06, at=HOUR)
     store.transition_instance("i-2", "failed", HOUR + 1)
     assert store.cost_between(0, 10 * HOUR) == pytest.approx(2 * 3.06)
 
 
 def test_reports_keep_the_price_of_the_time(store):
-    store.request_instance("old", "c7i.large", 0.10, at=0.0)
+    request(store, "old", "c7i.large", 0.10, at=0.0)
     store.transition_instance("old", "pending", 1.0)
     store.transition_instance("old", "terminated", HOUR)
-    store.request_instance("new", "c7i.large", 0.20, at=HOUR)  # the catalog price changed
+    request(store, "new", "c7i.large", 0.20, at=HOUR)  # the catalog price changed
     store.transition_instance("new", "pending", HOUR + 1)
     store.transition_instance("new", "terminated", 2 * HOUR)
     assert store.cost_between(0, 2 * HOUR) == pytest.approx(0.30)
@@ -231,7 +235,7 @@ def test_rounds_and_their_actions_are_recorded_with_reasons(store):
             actions,
         )
     )
-    store.record_action_outcome(rid, 1, "failed", "throttled")
+    store.record_action_outcomes(rid, [(1, "failed", "throttled")])
     [rnd] = store.rounds()
     assert (rnd.round_id, rnd.at, rnd.planner, rnd.chosen, rnd.had_event) == (
         rid,
@@ -254,10 +258,9 @@ def test_snapshot_holds_active_jobs_live_instances_and_history(store):
     submit(store, "c")
     store.job_finished("b", 5.0)
     store.cancel_job("c", 5.0)
-    store.request_instance("i-1", "c7i.large", 0.1, at=0.0)
-    store.request_instance("i-2", "c7i.large", 0.1, at=0.0)
-    store.transition_instance("i-2", "failed", 1.0)
-    store.record_round(RoundRecord(300.0, "eva", "full", True, ""))
+    requests = (("i-1", "c7i.large", 0.1), ("i-2", "c7i.large", 0.1))
+    store.record_round(RoundRecord(300.0, "eva", "full", True, ""), RoundIntents(requests))
+    store.transition_instance("i-2", "failed", 301.0)
     store.record_round(RoundRecord(600.0, "eva", "full", False, ""))
     store.record_round(RoundRecord(900.0, "eva", "partial", True, ""))
     snap = store.snapshot()
@@ -315,9 +318,9 @@ def test_times_and_prices_round_trip_exactly(store):
     t = 1732262400.1234567  # epoch seconds below a microsecond
     submit(store, "j1", at=t)
     store.job_started("j1", t + 1e-6)
-    store.request_instance("i-1", "c7i.large", 0.08925, at=t + 0.1)
+    request(store, "i-1", "c7i.large", 0.08925, at=t + 0.1)
     store.transition_instance("i-1", "pending", t + 0.3)
-    store.update_task("j1/0", t + 0.7, progress=1 / 3)
+    store.update_tasks([TaskUpdate("j1/0", progress=1 / 3)], t + 0.7)
     record = store.job("j1")
     assert (record.submitted_at, record.started_at) == (t, t + 1e-6)
     assert store.tasks_of("j1")[0].progress == 1 / 3
@@ -331,8 +334,7 @@ def test_times_and_prices_round_trip_exactly(store):
 def test_jobs_and_instances_keep_submission_order(store):
     for job_id, at in (("b", 30.0), ("a", 10.0), ("c", 20.0)):
         submit(store, job_id, at=at)
-    for instance_id in ("z", "x", "y"):
-        store.request_instance(instance_id, "c7i.large", 0.1, at=0.0)
+    adopted_round(store, 0.0, requests=[(i, "c7i.large", 0.1) for i in ("z", "x", "y")])
     assert [j.job_id for j in store.jobs()] == ["b", "a", "c"]
     snap = store.snapshot()
     assert [j.job_id for j in snap.jobs] == ["b", "a", "c"]
@@ -346,7 +348,7 @@ def test_unknown_entities_are_reported(store):
     with pytest.raises(UnknownEntity):
         store.job_finished("nope", 1.0)
     with pytest.raises(UnknownEntity):
-        store.update_task("nope/0", 1.0, status="running")
+        store.update_tasks([TaskUpdate("nope/0", status="running")], 1.0)
     with pytest.raises(UnknownEntity):
         store.transition_instance("nope", "pending", 1.0)
     assert not store.job_started("nope", 1.0)
@@ -356,8 +358,8 @@ def test_unknown_entities_are_reported(store):
 
 def test_a_failed_job_fails_its_tasks_and_clears_their_targets(store):
     submit(store, "j1")
-    store.assign_tasks({"j1/0": "i-1", "j1/1": "i-2"}, 1.0)
-    store.update_task("j1/0", 2.0, status="running", instance_id="i-1")
+    adopted_round(store, 1.0, targets={"j1/0": "i-1", "j1/1": "i-2"})
+    store.update_tasks([TaskUpdate("j1/0", status="running", instance_id="i-1")], 2.0)
     assert store.job_finished("j1", 3.0, status="failed")
     assert store.job("j1").status == "failed"
     assert [(t.status, t.instance_id, t.target_instance_id) for t in store.tasks_of("j1")] == [
@@ -367,7 +369,7 @@ def test_a_failed_job_fails_its_tasks_and_clears_their_targets(store):
 
 
 def test_draining_and_back_keeps_one_open_interval(store):
-    store.request_instance("i-1", "c7i.large", 0.5, at=0.0)
+    request(store, "i-1", "c7i.large", 0.5, at=0.0)
     store.transition_instance("i-1", "running", 10.0)
     store.transition_instance("i-1", "draining", 20.0)
     store.transition_instance("i-1", "running", 30.0)
@@ -401,10 +403,11 @@ def test_an_outcome_for_an_unknown_action_is_refused(store):
         RoundRecord(1.0, "eva", "full", True, "", actions=(ActionRecord("launch", "t", "r"),))
     )
     with pytest.raises(UnknownEntity):
-        store.record_action_outcome(rid, 1, "done")
+        store.record_action_outcomes(rid, [(0, "done", "ok"), (1, "done", "")])
     with pytest.raises(UnknownEntity):
-        store.record_action_outcome(rid + 1, 0, "done")
-    store.record_action_outcome(rid, 0, "done", "ok")
+        store.record_action_outcomes(rid + 1, [(0, "done", "")])
+    assert store.rounds()[0].actions[0].outcome == "planned"  # all or nothing
+    store.record_action_outcomes(rid, [(0, "done", "ok")])
     assert store.rounds()[0].actions[0].outcome == "done"
 
 
@@ -440,7 +443,7 @@ def test_a_batch_of_task_updates_is_applied_at_once_and_skips_finished_jobs(stor
 
 
 def test_workers_register_and_are_lost_once_each_with_the_reason(store):
-    store.request_instance("i-1", "small", 1.0, at=0.0)
+    request(store, "i-1", "small", 1.0, at=0.0)
     assert store.instance_worker("i-1", 5.0, ready=True)
     assert not store.instance_worker("i-1", 6.0, ready=True)
     assert store.instance_worker("i-1", 9.0, ready=False, reason="silent for 60 s")
@@ -452,7 +455,7 @@ def test_workers_register_and_are_lost_once_each_with_the_reason(store):
 
 
 def test_transitions_carry_their_reason(store):
-    store.request_instance("i-1", "small", 1.0, at=0.0)
+    request(store, "i-1", "small", 1.0, at=0.0)
     store.transition_instance("i-1", "pending", 1.0, cloud_id="c-1", reason="launched as c-1")
     assert store.instance("i-1").reason == "launched as c-1"
     assert store.instance("i-1").entered("pending") == 1.0
@@ -461,9 +464,8 @@ def test_transitions_carry_their_reason(store):
 
 def test_a_round_and_its_intents_are_recorded_together(store):
     submit(store, "j1", n_tasks=2, at=0.0)
-    store.request_instance("i-old", "small", 1.0, at=0.0)
+    adopted_round(store, 0.0, requests=[("i-old", "small", 1.0), ("i-never", "small", 1.0)])
     store.transition_instance("i-old", "running", 1.0, cloud_id="c-old")
-    store.request_instance("i-never", "small", 1.0, at=0.0)
     intents = RoundIntents(
         requests=(("i-new", "big", 5.0),),
         targets={"j1/0": "i-new", "j1/1": None},
@@ -495,8 +497,10 @@ def test_the_snapshot_counts_requests_and_job_events_for_the_next_round(store):
     )
     submit(store, "j1", n_tasks=1, at=0.0)
     submit(store, "j2", n_tasks=1, at=0.0)
-    store.request_instance("i-1", "small", 1.0, at=0.0)
-    store.record_round(RoundRecord(1.0, "eva", "full", True, "", job_events=2))
+    store.record_round(
+        RoundRecord(1.0, "eva", "full", True, "", job_events=2),
+        RoundIntents(requests=(("i-1", "small", 1.0),)),
+    )
     store.job_finished("j1", 2.0)
     snap = store.snapshot()
     assert (snap.instances_requested, snap.job_events, snap.last_round_job_events) == (1, 3, 2)
@@ -533,3 +537,48 @@ def test_placements_follow_each_task_from_instance_to_instance(store):
     store.job_finished("j1", 90.0)  # finishing closes what is still open
     assert store.placements()[-1].end == 90.0
     assert [p.instance_id for p in store.placements(since=55.0)] == ["i-2"]
+
+
+def test_measured_phases_fold_into_a_running_mean_per_type_and_phase(store):
+    submit(store, "j1", n_tasks=2, at=0.0)
+    assert store.snapshot().delays.means == {}
+    store.update_tasks(
+        [
+            TaskUpdate("j1/0", status="running", phases=(("big", "fetch", 10.0),)),
+            TaskUpdate("j1/1", status="running", phases=(("small", "build", 4.0),)),
+        ],
+        1.0,
+    )
+    store.update_tasks(
+        [TaskUpdate("j1/0", status="pending", phases=(("big", "fetch", 20.0),))], 2.0
+    )
+    delays = store.snapshot().delays
+    assert delays.seconds("big", "fetch") == 15.0  # (10 + 20) / 2
+    assert delays.means[("big", "fetch")].observations == 2
+    assert delays.seconds("small", "build") == 4.0
+    assert delays.seconds("small", "fetch") is None
+
+
+def test_the_phases_of_a_finished_jobs_update_are_not_measured(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    store.cancel_job("j1", 1.0)
+    late = TaskUpdate("j1/0", status="pending", phases=(("big", "upload", 30.0),))
+    assert store.update_tasks([late], 2.0) == set()
+    assert store.snapshot().delays.means == {}
+
+
+def test_a_task_moved_twice_in_one_batch_leaves_each_placement_closed(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    store.update_tasks([TaskUpdate("j1/0", status="starting", instance_id="i-1", attempt=1)], 1.0)
+    store.update_tasks(
+        [
+            TaskUpdate("j1/0", instance_id="i-2", attempt=2),
+            TaskUpdate("j1/0", status="pending", instance_id=None),
+        ],
+        5.0,
+    )
+    assert [(p.instance_id, p.start, p.end) for p in store.placements()] == [
+        ("i-1", 1.0, 5.0),
+        ("i-2", 5.0, 5.0),
+    ]
+    assert store.tasks_of("j1")[0].instance_id is None

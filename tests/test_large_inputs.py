@@ -1,5 +1,5 @@
 """No input crashes the planner: thousands of distinct demand vectors, family-only
-demands, catalogs with many instance types (issue [10])."""
+demands, catalogs with many instance types."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import pickle
@@ -25,6 +26,7 @@ from app.table import output_width, wrap
 from app.validation import PLOT_FORMATS, number_arg, output_path
 from autoscaler.errors import InputError
 from autoscaler.jobs import jobs_from_eva
+from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
@@ -78,9 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument(
         "--interval",
         type=number_arg(1.0, 86400.0),
-        default=300.0,
+        default=ROUND_INTERVAL_S,
         metavar="S",
-        help="seconds between scheduling rounds, 1 to 86400 (default 300)",
+        help=f"seconds between scheduling rounds, 1 to 86400 (default {ROUND_INTERVAL_S:g})",
     )
     rp.add_argument(
         "--seed",
@@ -412,11 +414,30 @@ class _WorkerDied(RuntimeError):
         )
 
 
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when the command dies (Linux's parent-death
+    signal): a command killed outright cannot stop its workers, and a worker deep in
+    a long round would otherwise notice only at its next round. Elsewhere, the
+    worker's check at every round is what remains."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the command died before the signal was set
+        os._exit(1)
+
+
+#: prctl(2)'s option that sets the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
 def _worker(name: str, messages, inputs: tuple, progress: bool) -> None:
     """A replay's process: `_run_one`, its progress and result sent back on `messages`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held during the fork
     parent = os.getppid()
+    _die_with_parent(parent)
     last = [0.0]
 
     def on_round(now: float, done: int, total: int) -> None:

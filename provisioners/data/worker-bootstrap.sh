@@ -13,6 +13,7 @@
 #   WHEEL_FILE       the wheel's file name
 #   WHEEL_SHA256     the wheel's sha256: nothing is installed unless it matches
 #   ACCELERATOR      "nvidia" for NVIDIA GPU types (driver and toolkit checked), else ""
+#   THROUGHPUT_WINDOW seconds jobs report throughput over: one round of the cluster
 #
 # No secret is in user data (anything reaching the metadata service, or
 # DescribeInstanceAttribute, can read it), and none is needed: the agent proves this
@@ -36,6 +37,7 @@ WHEEL_URL={{WHEEL_URL}}
 WHEEL_FILE={{WHEEL_FILE}}
 WHEEL_SHA256={{WHEEL_SHA256}}
 ACCELERATOR={{ACCELERATOR}}
+THROUGHPUT_WINDOW={{THROUGHPUT_WINDOW}}
 
 # Tests run the script against a scratch directory; on an instance this is empty.
 ROOT=${AUTOSCALER_BOOTSTRAP_ROOT:-}
@@ -163,7 +165,7 @@ Group=${WORKER_USER}
 SupplementaryGroups=docker
 EnvironmentFile=${CONFIG_DIR}/env
 WorkingDirectory=${STATE_DIR}
-ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --imds --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR}
+ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --imds --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --throughput-window ${THROUGHPUT_WINDOW}
 Restart=always
 RestartSec=5
 NoNewPrivileges=true

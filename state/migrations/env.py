@@ -24,7 +24,10 @@ def run_migrations() -> None:
         )
     engine = config.attributes.get("engine")
     if engine is None:  # the alembic command line, for writing new revisions
-        engine = create_state_engine(config.get_main_option("sqlalchemy.url"))
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:
+            raise SystemExit("set sqlalchemy.url to the database to migrate")
+        engine = create_state_engine(url)
     with engine.connect() as connection:
         context.configure(
             connection=connection,

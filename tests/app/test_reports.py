@@ -16,6 +16,7 @@ from app.wiring import open_state
 from autoscaler.store import Placement, TaskUpdate, UptimeInterval
 from tests.app.test_submit import GOOD, write_job
 from tests.builders import job
+from tests.store_writes import request
 
 
 def test_a_shared_instance_is_split_by_weight_and_idle_time_is_nobodys():
@@ -55,11 +56,11 @@ def history(cluster_dir):
     t0 = time.time() - 10 * 3600  # a history of the last ten hours
     store.submit_job(job("a", (0, 2, 8)), owner="ana", at=t0)
     store.submit_job(job("b", (0, 2, 8)), owner="bo", at=t0)
-    store.request_instance("i-1", "c7i.2xlarge", 0.357, t0)
+    request(store, "i-1", "c7i.2xlarge", 0.357, t0)
     store.transition_instance("i-1", "running", t0 + 10, cloud_id="c-1")
     both = [TaskUpdate(t, status="running", instance_id="i-1", attempt=1) for t in ("a/0", "b/0")]
     store.update_tasks(both, t0 + 100)
-    store.request_instance("i-2", "c7i.large", 0.08925, t0 + 3600)
+    request(store, "i-2", "c7i.large", 0.08925, t0 + 3600)
     store.transition_instance("i-2", "running", t0 + 3610, cloud_id="c-2")
     store.update_tasks([TaskUpdate("b/0", instance_id="i-2", attempt=2)], t0 + 3700)
     store.job_finished("a", t0 + 7200)

@@ -18,8 +18,10 @@ from app.cli import main
 from app.commands.cluster import connect
 from app.jobfile import pack_context
 from autoscaler.jobs import spec_from_document
+from autoscaler.store import TaskUpdate
 from executor.security import secure_channel
 from executor.storage import open_storage, upload_context
+from tests.store_writes import request
 
 
 def write_job(directory: Path, body: str, name: str = "job.toml") -> Path:
@@ -285,7 +287,7 @@ def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
 
 
 def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, capsys):
-    api.store.request_instance("i-1", "c7i.xlarge", 0.1785, api.clock[0])
+    request(api.store, "i-1", "c7i.xlarge", 0.1785, api.clock[0])
     api.store.transition_instance("i-1", "running", api.clock[0] + 10, cloud_id="c-1")
     config = ["--config", str(api.config.path)]
     assert main(["drain", "i-1", *config]) == 0
@@ -304,12 +306,13 @@ def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(api,
     assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
     now = api.clock[0]
     for instance in ("i-1", "i-2", "i-3"):
-        api.store.request_instance(instance, "c7i.xlarge", 0.1785, now)
+        request(api.store, instance, "c7i.xlarge", 0.1785, now)
         api.store.transition_instance(instance, "running", now + 10, cloud_id=f"c-{instance}")
     [a, b] = [t.task_id for t in api.store.tasks_of("j1")]
     [c, _] = [t.task_id for t in api.store.tasks_of("j2")]
     for task, instance in ((a, "i-1"), (b, "i-2"), (c, "i-3")):
-        api.store.update_task(task, now + 20, status="running", instance_id=instance)
+        running = TaskUpdate(task, status="running", instance_id=instance)
+        api.store.update_tasks([running], now + 20)
     capsys.readouterr()
 
     assert main(["drain", "--job", "resnet18", *config]) == 0  # by name: j1's two instances
@@ -347,17 +350,23 @@ def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
     assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
     assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
     now = api.clock[0]
-    api.store.request_instance("i-1", "c7i.xlarge", 0.1785, now)
+    request(api.store, "i-1", "c7i.xlarge", 0.1785, now)
     api.store.transition_instance("i-1", "running", now + 10, cloud_id="c-1")
     world = [
-        lambda: [
-            api.store.update_task(t.task_id, now + 20, status="running", instance_id="i-1")
-            for t in api.store.tasks_of("j1")[:1]
-        ],
-        lambda: [
-            api.store.update_task(t.task_id, now + 30, status="running", instance_id="i-1")
-            for t in api.store.tasks_of("j1")[1:]
-        ],
+        lambda: api.store.update_tasks(
+            [
+                TaskUpdate(t.task_id, status="running", instance_id="i-1")
+                for t in api.store.tasks_of("j1")[:1]
+            ],
+            now + 20,
+        ),
+        lambda: api.store.update_tasks(
+            [
+                TaskUpdate(t.task_id, status="running", instance_id="i-1")
+                for t in api.store.tasks_of("j1")[1:]
+            ],
+            now + 30,
+        ),
     ]
     sleeps = []
 

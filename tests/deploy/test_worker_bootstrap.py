@@ -104,6 +104,25 @@ def test_user_data_carries_the_advertised_address_and_ca_and_no_secret(tmp_path)
     assert f"WHEEL_URL={shlex.quote(bootstrap.wheel_url())}".split("?")[0] in user_data
 
 
+@pytest.mark.parametrize(("interval", "window"), [(None, "300"), ("60", "60"), ("900", "300")])
+def test_workers_measure_throughput_over_one_round_of_the_cluster(tmp_path, interval, window):
+    # As the local cloud's workers do: rounds every minute learn from one-minute windows;
+    # long rounds still hear within the default period.
+    path = cluster(tmp_path, advertise="10.0.7.5:7443")
+    if interval is not None:
+        text = path.read_text()
+        assert "\ninterval_s = " in text
+        path.write_text(
+            "\n".join(
+                f"interval_s = {interval}" if line.startswith("interval_s = ") else line
+                for line in text.splitlines()
+            )
+        )
+    user_data = worker_bootstrap(load_cluster_config(path)).render("research-batch-1")
+    assert f"\nTHROUGHPUT_WINDOW={window}\n" in user_data
+    assert "--throughput-window ${THROUGHPUT_WINDOW}" in user_data
+
+
 def test_a_daemon_listening_everywhere_must_say_where_workers_reach_it(tmp_path):
     config = load_cluster_config(cluster(tmp_path, advertise=None))
     with pytest.raises(InputError, match=r"\[api\]: field 'listen' = '0.0.0.0:7443'.*advertise"):

@@ -122,8 +122,15 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
 def user_data_values(script: str) -> dict[str, str]:
     """The values the rendered bootstrap assigns at its top, evaluated by bash itself."""
     start = script.index("\nDAEMON_ADDRESS=")
-    end = script.index("\n", script.index("\nACCELERATOR=") + 1)
-    names = ("DAEMON_ADDRESS", "CA_PEM", "CLUSTER_ID", "REGION", "INSTANCE_ID")
+    end = script.index("\n", script.index("\nTHROUGHPUT_WINDOW=") + 1)
+    names = (
+        "DAEMON_ADDRESS",
+        "CA_PEM",
+        "CLUSTER_ID",
+        "REGION",
+        "INSTANCE_ID",
+        "THROUGHPUT_WINDOW",
+    )
     quoted = " ".join(f'"${name}"' for name in names)
     shell = f'eval "$1"; printf "%s\\0" {quoted}'
     printed = subprocess.run(
@@ -204,7 +211,7 @@ class BootedInstances:
             "--work-dir", str(work),
             "--checkpoint-wait", "5",
             "--stop-grace", "5",
-            "--throughput-window", "6",
+            "--throughput-window", values["THROUGHPUT_WINDOW"],  # the cluster's interval_s
         ]  # fmt: skip
         with (work / "agent.log").open("ab") as log:
             self.workers[ec2_id] = subprocess.Popen(

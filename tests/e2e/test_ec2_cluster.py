@@ -1,4 +1,4 @@
-"""The daemon against EC2 and S3 on `moto_server` (issue [8]): a subprocess, as users run it.
+"""The daemon against EC2 and S3 on `moto_server`: a subprocess, as users run it.
 
 Its instances are booted by `BootedInstances` from their own user data (see `ec2.py`); its
 tasks are real containers built from the examples, their contexts and checkpoints in S3.

@@ -1,4 +1,4 @@
-"""The whole system on this machine (issue [9]): the daemon with `provider = "local"`, its
+"""The whole system on this machine: the daemon with `provider = "local"`, its
 instances real worker agents, its tasks real containers built from the examples.
 
 One scenario, as a user would run it: submit the three examples, see them packed, drain the

@@ -91,7 +91,7 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         'X={{CA_PEM}}\nprintf %s "$X"\n',
         {name: "x" for name in ("DAEMON_ADDRESS", "CLUSTER_ID", "REGION")}
         | {name: "x" for name in ("INSTANCE_ID", "WHEEL_URL", "WHEEL_FILE", "WHEEL_SHA256")}
-        | {"ACCELERATOR": "", "CA_PEM": hostile},
+        | {"ACCELERATOR": "", "THROUGHPUT_WINDOW": "300", "CA_PEM": hostile},
     )
     ran = subprocess.run([bash, "-c", rendered], capture_output=True, text=True, cwd=tmp_path)
     assert ran.stdout == hostile
@@ -107,6 +107,9 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         ({"ca_pem": "not a certificate"}, "ca_pem"),
         ({"wheel_sha256": "abc"}, "wheel_sha256"),
         ({"region": "Moon-1"}, "region"),
+        ({"throughput_window_s": 0}, "throughput_window_s"),
+        ({"throughput_window_s": float("inf")}, "throughput_window_s"),
+        ({"throughput_window_s": "60"}, "throughput_window_s"),
     ],
 )
 def test_a_bad_bootstrap_value_is_one_line_naming_the_field(changes, field):
@@ -292,6 +295,7 @@ def boot(
     accelerator: str | None = None,
     missing: tuple[str, ...] = (),
     wheel: bytes = WHEEL_BYTES,
+    bootstrap: WorkerBootstrap | None = None,
     **env: str,
 ) -> Boot:
     """Render the bootstrap and run it under bash with every system command stubbed.
@@ -318,7 +322,7 @@ def boot(
     source = tmp_path / "downloaded.whl"
     source.write_bytes(wheel)
     script = tmp_path / "user-data.sh"
-    script.write_text(worker_bootstrap().render("inst-7", accelerator=accelerator))
+    script.write_text((bootstrap or worker_bootstrap()).render("inst-7", accelerator=accelerator))
     calls = tmp_path / "calls"
     calls.touch()
     environment = {
@@ -361,6 +365,16 @@ def assert_worker_installed(result: Boot, python: str) -> None:
     assert "AUTOSCALER_DAEMON=10.0.0.5:50051\n" in env
     assert "TOKEN" not in env and "ADVERTISE" not in env and f"AWS_REGION={REGION}\n" in env
     assert (root / "etc/autoscaler-worker/ca.pem").read_text().strip() == ca_pem().strip()
+
+
+@needs_bash
+def test_the_worker_reports_throughput_over_the_window_its_user_data_names(tmp_path):
+    # The cluster's rounds run every minute: jobs report over one minute, not five.
+    result = boot(tmp_path, "al2023", bootstrap=worker_bootstrap(throughput_window_s=60))
+    assert result.status == 0, result.output
+    unit = (result.root / "etc/systemd/system/autoscaler-worker.service").read_text()
+    [command] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert command.endswith(" --throughput-window 60")
 
 
 @needs_bash

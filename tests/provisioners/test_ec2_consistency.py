@@ -21,6 +21,7 @@ from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
 from tests.provisioners.test_bootstrap import WHEEL_URL, worker_bootstrap
+from tests.store_writes import request
 
 ZONE_A, ZONE_B = f"{REGION}a", f"{REGION}b"
 GRACE_S = ControlOptions().unlisted_grace_s
@@ -33,7 +34,7 @@ def loop_over(cloud: Any, store: InMemoryStore, clock: Any, executor: Any = None
 
 def launched_and_recorded(cloud: Any, store: InMemoryStore, clock: Any, token: str) -> str:
     """Record a request and launch it as a round does; returns the cloud's id."""
-    store.request_instance(token, "c7i.large", 0.1, clock())
+    request(store, token, "c7i.large", 0.1, clock())
     outcome, cloud_id = launch_instance(cloud, store, token, clock())
     assert outcome == "done"
     return cloud_id
@@ -150,7 +151,7 @@ def test_a_lost_answer_is_retried_in_its_zone_with_its_token_not_launched_twice(
     lag.hide_new = True
     faults.watch("RunInstances")
     lose_the_first_answer(ec2)
-    store.request_instance("inst-1", "c7i.large", 0.1, clock())
+    request(store, "inst-1", "c7i.large", 0.1, clock())
 
     assert launch_instance(cloud, store, "inst-1", clock())[0] == "planned"  # CloudUnavailable
     assert store.instance("inst-1").status == "requested"
@@ -184,7 +185,7 @@ def test_a_retry_with_other_parameters_waits_for_the_listing_instead_of_failing(
     store = InMemoryStore()
     lag.hide_new = True
     lose_the_first_answer(ec2)
-    store.request_instance("inst-1", "c7i.large", 0.1, clock())
+    request(store, "inst-1", "c7i.large", 0.1, clock())
     before = make_cloud(config, ec2, clock, sleeps, bootstrap=worker_bootstrap(config))
     assert launch_instance(before, store, "inst-1", clock())[0] == "planned"
     inspect = client("ec2")  # a client of the test's own: no lag, no faults

@@ -12,6 +12,7 @@ from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
 from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import live_instances, make_cloud
+from tests.store_writes import request
 
 
 def start_instance(ec2: Any, ami: str, **tags: str) -> str:
@@ -65,7 +66,7 @@ def round_over(cloud, store, clock, action="terminate"):
 def known_to(store, cloud_instance, at):
     """The state records an instance the cloud has (as a round would have)."""
     token = cloud_instance.instance_id
-    store.request_instance(token, cloud_instance.instance_type, 0.1, at)
+    request(store, token, cloud_instance.instance_type, 0.1, at)
     store.transition_instance(token, "pending", at, cloud_id=cloud_instance.cloud_id)
 
 
@@ -131,7 +132,7 @@ def test_instance_with_a_known_launch_token_is_adopted_not_orphaned(
 ):
     cloud = make_cloud(config, ec2, clock, sleeps)
     store = InMemoryStore()
-    store.request_instance("tok-1", "c7i.large", 0.1, clock())  # recorded before the call
+    request(store, "tok-1", "c7i.large", 0.1, clock())  # recorded before the call
     unrecorded = cloud.launch(LaunchRequest("c7i.large", "tok-1"))  # answer lost in a crash
     past_grace(clock, ec2, unrecorded.cloud_id)
 

@@ -1,7 +1,7 @@
 """The round as a reconciler, against the simulated world: guardrails, failures, crashes,
 dry runs, timeouts, and nothing the loop needs kept only in its memory.
 
-Each test named after a bullet of issue [6] failed on the round logic before it.
+Each test names a defect the round logic once had, and failed on it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from simulator.engine import EventLoop
 from simulator.world import SimulatedCloud, SimulatedExecutor, World
 from state.memory import InMemoryStore
 from tests.simulator.test_hand_computed import NO_INTERFERENCE, catalog, job
+from tests.store_writes import adopted_round, request
 
 
 class Recording(SimulatedExecutor):
@@ -109,8 +110,7 @@ def test_the_budget_counts_instances_recorded_by_an_earlier_process():
     # process's memory. g needs "big" ($5/h): $8/h is over the $7/h budget.
     g = job("g", 0, 100, demand=(2, 8, 32))
     c = Cluster([job("a", 0, 5000), g], ControlOptions(guardrails=Guardrails(max_hourly_spend=7.0)))
-    c.store.request_instance("inst-1", "small", 3.0, at=0.0)
-    c.store.assign_tasks({"a/0": "inst-1"}, 0.0)
+    adopted_round(c.store, 0.0, requests=[("inst-1", "small", 3.0)], targets={"a/0": "inst-1"})
     record = c.loop().schedule().record
     [refused] = [a for a in record.actions if a.kind == "launch" and a.outcome == "refused"]
     assert refused.detail["type"] == "big"
@@ -122,9 +122,8 @@ def test_a_crash_between_launch_and_record_is_adopted_not_launched_twice():
     c = Cluster([job("a", 0, 5000)])
     # The previous process recorded the request and the cloud started the
     # instance, but the process died before recording the cloud's answer.
-    c.store.request_instance("inst-1", "small", 3.0, at=0.0)
+    adopted_round(c.store, 0.0, requests=[("inst-1", "small", 3.0)], targets={"a/0": "inst-1"})
     c.world.launch(LaunchRequest("small", "inst-1"))
-    c.store.assign_tasks({"a/0": "inst-1"}, 0.0)
     c.loop().schedule()
     record = c.store.instance("inst-1")
     assert record.status == "pending" and record.cloud_id == c.world.instances["inst-1"].cloud_id
@@ -133,8 +132,7 @@ def test_a_crash_between_launch_and_record_is_adopted_not_launched_twice():
 
 def test_a_crash_before_the_launch_call_retries_with_the_same_token():
     c = Cluster([job("a", 0, 5000)])
-    c.store.request_instance("inst-7", "small", 3.0, at=0.0)
-    c.store.assign_tasks({"a/0": "inst-7"}, 0.0)
+    adopted_round(c.store, 0.0, requests=[("inst-7", "small", 3.0)], targets={"a/0": "inst-7"})
     c.loop().schedule()
     assert "inst-7" in c.world.instances
     assert c.store.instance("inst-7").cloud_id == c.world.instances["inst-7"].cloud_id
@@ -143,7 +141,7 @@ def test_a_crash_before_the_launch_call_retries_with_the_same_token():
 
 def test_launch_tokens_continue_the_stores_numbering_after_a_restart():
     c = Cluster([job("a", 0, 5000)])
-    c.store.request_instance("inst-1", "small", 3.0, at=0.0)
+    request(c.store, "inst-1", "small", 3.0, at=0.0)
     c.store.transition_instance("inst-1", "failed", 0.0)
     record = c.loop().schedule().record
     assert [a.target for a in record.actions if a.kind == "launch"] == ["inst-2"]
@@ -153,10 +151,10 @@ def test_launch_tokens_continue_the_stores_numbering_after_a_restart():
 
 
 def test_dry_run_records_the_decision_and_changes_nothing_in_the_world():
-    # Issue [6]: a dry run used to terminate an orphan and retry an unconfirmed launch.
+    # A dry run used to terminate an orphan and retry an unconfirmed launch.
     c = Cluster([job("a", 0, 100)], ControlOptions(dry_run=True))
     orphan = c.world.launch(LaunchRequest("small", "not-in-the-state"))
-    c.store.request_instance("inst-1", "small", 3.0, at=0.0)  # recorded, never launched
+    request(c.store, "inst-1", "small", 3.0, at=0.0)  # recorded, never launched
     c.until(400.0)  # the orphan is old enough to be terminated under the policy
     c.options = dataclasses.replace(
         c.options, orphans=dataclasses.replace(c.options.orphans, action="terminate")
@@ -168,7 +166,7 @@ def test_dry_run_records_the_decision_and_changes_nothing_in_the_world():
     assert set(c.world.instances) == {"not-in-the-state"}  # inst-1 was not launched
     kinds = [(a.kind, a.outcome) for a in outcome.record.actions]
     assert ("terminate", "planned") in kinds  # decided and recorded, not done
-    assert c.store.rounds()[0].numbers["hourly_cost"] == pytest.approx(3.0)
+    assert c.store.rounds()[-1].numbers["hourly_cost"] == pytest.approx(3.0)
     assert c.executor.starts == [] and c.executor.stops == []
 
 
@@ -176,7 +174,7 @@ def test_dry_run_records_the_decision_and_changes_nothing_in_the_world():
 
 
 def test_an_instance_that_vanished_is_not_planned_on():
-    # Issue [6]: the round used to read its snapshot before marking a vanished
+    # The round used to read its snapshot before marking a vanished
     # instance terminated, and placed the task on the dead instance again.
     c = Cluster([job("a", 0, 5000)])
     c.loop().schedule()  # a -> inst-1 (ready at 100)
@@ -196,7 +194,7 @@ def test_an_instance_that_vanished_is_not_planned_on():
 
 
 def test_a_task_nothing_available_can_host_waits_and_the_round_goes_on():
-    # Issue [6]: after a capacity error on the only type that fits g, the next round
+    # After a capacity error on the only type that fits g, the next round
     # raised "fits no instance type" and planned nobody.
     g = job("g", 0, 5000, demand=(2, 8, 32))  # only "big" fits it
     c = Cluster([g, job("a", 0, 5000)])
@@ -238,7 +236,7 @@ def test_a_task_already_checkpointing_is_not_asked_to_stop_twice_after_a_restart
     c.drive(loop)
     loop.schedule()
     c.until(200.0)  # a runs on inst-1
-    c.store.assign_tasks({"a/0": None}, 200.0)  # a plan that no longer wants it
+    adopted_round(c.store, 200.0, targets={"a/0": None})  # a plan that no longer wants it
     loop.progress()
     assert c.executor.stops == [("a/0", 1)]
     assert c.store.tasks_of("a")[0].status == "checkpointing"

@@ -64,7 +64,7 @@ def test_eva_beats_the_reference_eva_without_hurting_jct_much(pai_eva, pai_basel
 
 
 def test_a_control_loop_rebuilt_before_every_round_and_step_decides_the_same(pai, pai_eva):
-    # Issue [6]: nothing the loop needs lives only in its memory. A daemon restarted
+    # Nothing the loop needs lives only in its memory. A daemon restarted
     # between any two steps (its loop and planner built anew from the store) must
     # give byte for byte the replay of one that never restarted.
     catalog, jobs, truth = pai

@@ -11,8 +11,10 @@ from autoscaler.store import (
     BILLED_STATUSES,
     FINAL_JOB_STATUSES,
     TRANSITIONS,
+    RoundIntents,
     RoundRecord,
     Store,
+    TaskUpdate,
 )
 from autoscaler.throughput import ThroughputEntry
 from state.memory import InMemoryStore
@@ -34,6 +36,8 @@ def state_of(store: Store) -> dict[str, Any]:
         "rounds": store.rounds(),
         "throughput": list(snapshot.throughput.items()),
         "history": snapshot.history(now=10_000.0),
+        "delays": snapshot.delays,
+        "placements": store.placements(),
     }
 
 
@@ -71,19 +75,29 @@ def assert_consistent(store: SqlStore) -> None:
 
 def populate(*stores: Store) -> None:
     """The same history on every store given: a queued job, a running one, an instance
-    billed since its request, a failed launch, a round and a throughput entry."""
+    billed since its request, a failed launch, two rounds, a throughput entry and a
+    measured phase."""
     for store in stores:
         store.submit_job(job("j1", (1, 4, 8), (1, 4, 8)), owner="ana", at=10.0)
         store.submit_job(job("j0", (0, 2, 4)), owner="ana", at=11.0)
         store.job_started("j0", 20.0)
-        store.request_instance("i-1", "p3.8xlarge", 12.24, at=30.0)
+        requests = (("i-1", "p3.8xlarge", 12.24), ("i-2", "p3.8xlarge", 12.24))
+        store.record_round(RoundRecord(30.0, "eva", "full", True, "launch"), RoundIntents(requests))
         store.transition_instance("i-1", "pending", 31.0, cloud_id="i-0abc", zone="us-east-1a")
         store.transition_instance("i-1", "running", 90.0)
-        store.request_instance("i-2", "p3.8xlarge", 12.24, at=30.0)
         store.transition_instance("i-2", "failed", 32.0)
-        store.assign_tasks({"j1/0": "i-1", "j1/1": "i-1"}, 100.0)
-        store.update_task("j1/0", 101.0, status="running", instance_id="i-1", progress=5.0)
-        store.record_round(RoundRecord(100.0, "eva", "full", True, "first round"))
+        targets = {"j1/0": "i-1", "j1/1": "i-1"}
+        store.record_round(
+            RoundRecord(100.0, "eva", "full", False, "place"), RoundIntents(targets=targets)
+        )
+        running = TaskUpdate(
+            "j1/0",
+            status="running",
+            instance_id="i-1",
+            progress=5.0,
+            phases=(("p3.8xlarge", "start", 2.5),),
+        )
+        store.update_tasks([running], 101.0)
         store.record_throughput([("wj1_node0", ("wj1_node1",), ThroughputEntry(0.9, 2, 99.0))])
 
 

@@ -15,15 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
+from autoscaler.store import TaskUpdate
 from state.store import SqlStore
 from tests.builders import job
+from tests.store_writes import adopted_round, request
 
 
 @pytest.fixture
 def round_store(db_url: str) -> Iterator[SqlStore]:
     with SqlStore(db_url) as store:
         store.submit_job(job("j1", (1, 4, 8), (1, 4, 8)), owner="ana", at=0.0)
-        store.request_instance("i-1", "p3.8xlarge", 12.24, at=0.0)
+        request(store, "i-1", "p3.8xlarge", 12.24, at=0.0)
         yield store
 
 
@@ -49,9 +51,10 @@ def test_a_cancellation_committed_during_a_round_stays_cancelled(
     assert [j.job_id for j in snapshot.jobs] == ["j1"]
     assert user_store.cancel_job("j1", 5.0)  # ... while the user cancels
     # The round adopts its plan: every write for the cancelled job is refused.
-    assert round_store.assign_tasks({"j1/0": "i-1", "j1/1": "i-1"}, 6.0) == set()
+    adopted_round(round_store, 6.0, targets={"j1/0": "i-1", "j1/1": "i-1"})
     assert not round_store.job_started("j1", 6.0)
-    assert not round_store.update_task("j1/0", 6.0, status="running", instance_id="i-1")
+    running = TaskUpdate("j1/0", status="running", instance_id="i-1")
+    assert round_store.update_tasks([running], 6.0) == set()
     assert not round_store.job_finished("j1", 7.0)
     assert_cancelled(db_url)
 
@@ -72,12 +75,13 @@ def test_a_round_write_waits_for_a_cancellation_in_flight_then_leaves_the_job_al
     with ThreadPoolExecutor(2) as pool:
         cancelled = pool.submit(user_store.cancel_job, "j1", 5.0)
         assert inside.wait(30)
-        assigned = pool.submit(round_store.assign_tasks, {"j1/0": "i-1", "j1/1": "i-1"}, 6.0)
+        targets = {"j1/0": "i-1", "j1/1": "i-1"}
+        adopted = pool.submit(adopted_round, round_store, 6.0, targets=targets)
         with pytest.raises(TimeoutError):
-            assigned.result(timeout=0.5)  # it waits for the cancellation's lock
+            adopted.result(timeout=0.5)  # it waits for the cancellation's lock
         release.set()
         assert cancelled.result(timeout=30) is True
-        assert assigned.result(timeout=30) == set()
+        adopted.result(timeout=30)
     assert_cancelled(db_url)
 
 
@@ -86,7 +90,7 @@ def test_a_snapshot_is_one_point_in_time(
 ) -> None:
     """Writers commit between the snapshot's first query and its others; the snapshot
     sees none of it (read separately, it would hold a job without its tasks)."""
-    round_store.assign_tasks({"j1/0": "i-1"}, 1.0)
+    adopted_round(round_store, 1.0, targets={"j1/0": "i-1"})
     writes: list[str] = []
 
     @event.listens_for(round_store.engine, "after_cursor_execute")

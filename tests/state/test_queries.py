@@ -19,6 +19,7 @@ from state.migrate import upgrade
 from state.store import TASKS, SqlStore
 from tests.builders import job
 from tests.state.checks import populate, reference, state_of
+from tests.store_writes import adopted_round, request
 
 HOUR = 3600.0
 
@@ -50,16 +51,16 @@ def test_cost_over_an_interval_reads_the_ledger_at_the_prices_of_the_time(
     sql_store: SqlStore,
 ) -> None:
     # i-1: $3.06/h billed from its request at 1 h to its termination at 3 h.
-    sql_store.request_instance("i-1", "p3.2xlarge", 3.06, at=1 * HOUR)
+    request(sql_store, "i-1", "p3.2xlarge", 3.06, at=1 * HOUR)
     sql_store.transition_instance("i-1", "pending", 1 * HOUR + 30)
     sql_store.transition_instance("i-1", "terminated", 3 * HOUR)
     # i-2: $0.17/h from 2 h, still running.
-    sql_store.request_instance("i-2", "c7i.xlarge", 0.17, at=2 * HOUR)
+    request(sql_store, "i-2", "c7i.xlarge", 0.17, at=2 * HOUR)
     sql_store.transition_instance("i-2", "running", 2 * HOUR + 60)
     # i-3: refused by the cloud, never billed; i-4: requested, not yet billed.
-    sql_store.request_instance("i-3", "p3.2xlarge", 3.06, at=2 * HOUR)
+    request(sql_store, "i-3", "p3.2xlarge", 3.06, at=2 * HOUR)
     sql_store.transition_instance("i-3", "failed", 2 * HOUR + 1)
-    sql_store.request_instance("i-4", "p3.2xlarge", 3.06, at=2 * HOUR)
+    request(sql_store, "i-4", "p3.2xlarge", 3.06, at=2 * HOUR)
 
     assert sql_store.cost_between(0, 1 * HOUR) == 0.0
     assert sql_store.cost_between(0, 4 * HOUR) == pytest.approx(2 * 3.06 + 2 * 0.17)
@@ -100,8 +101,7 @@ def test_large_plans_are_adopted_in_chunks(
         sql_store.submit_job(spec, owner="ana", at=0.0)
     sql_store.cancel_job("j1", 1.0)
     targets = {t.task_id: f"i-{n % 4}" for spec in jobs for n, t in enumerate(spec.tasks)}
-    assigned = sql_store.assign_tasks(targets, 2.0)
-    assert assigned == {tid for tid in targets if not tid.startswith("j1/")}
+    adopted_round(sql_store, 2.0, targets=targets)
     for spec in jobs:
         for task in sql_store.tasks_of(spec.job_id):
             expected = None if spec.job_id == "j1" else targets[task.task_id]

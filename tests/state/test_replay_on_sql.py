@@ -31,7 +31,8 @@ def test_a_replay_on_the_sql_store_matches_the_in_memory_one(sql_store):
 
 
 def test_a_loop_rebuilt_at_every_step_on_sqlite_replays_pai_200_byte_for_byte(tmp_path):
-    # Issue [6]: the rebuild property on the SQL binding, on the whole bundled trace.
+    # Nothing the loop needs lives only in memory: a loop rebuilt from the SQL store
+    # at every step replays the whole bundled trace exactly as one kept throughout.
     # (SQLite only: PostgreSQL runs the same code and takes several times longer.)
     from app.bundled import bundled
     from app.files import load_catalog, load_contention_matrix, load_jobs

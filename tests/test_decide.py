@@ -1,0 +1,548 @@
+"""The round (`decide`) and the step (`advance`) as pure functions, one rule a test.
+
+Each test fabricates a snapshot of the state — jobs, tasks and instances as plain
+records — calls `decide` or `advance` at a given time, and asserts what it decided
+(as Ray autoscaler v2's `test_reconciler.py` does per transition). Where the plan
+itself is not under test, the planner is a fake: it keeps what exists, or puts the
+tasks where the test says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import pytest
+
+from autoscaler.catalog import Catalog
+from autoscaler.cloud import CloudInstance, Guardrails, OrphanPolicy, UnavailableOffering
+from autoscaler.configuration import Configuration, Instance
+from autoscaler.decide import (
+    SOLO_PROBE_S,
+    ControlOptions,
+    InstanceAction,
+    RoundDecision,
+    StepDecision,
+    Timeouts,
+    advance,
+    decide,
+)
+from autoscaler.execution import ResourceLimits
+from autoscaler.jobs import JobSpec
+from autoscaler.planner import Plan
+from autoscaler.store import (
+    InstanceRecord,
+    InstanceStatus,
+    JobRecord,
+    StateSnapshot,
+    TaskRecord,
+    TaskStatus,
+    TaskUpdate,
+)
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from tests.builders import KeepPlanner, itype
+from tests.builders import job as unmeasured_job
+
+CATALOG = Catalog(
+    [
+        itype("gpu4", 4, 16, 64, 3.0, family="g"),
+        itype("cpu8", 0, 8, 32, 0.4, family="c"),
+        itype("cpu4", 0, 4, 16, 0.2, family="c"),
+    ]
+)
+TIMEOUTS = Timeouts(boot_s=900.0, register_s=900.0, start_s=1800.0, checkpoint_s=900.0)
+OPTIONS = ControlOptions(timeouts=TIMEOUTS, max_attempts=3)
+
+
+# -- fabricated state ------------------------------------------------------------------------
+
+
+def job(job_id: str, *demands: tuple[float, float, float]) -> JobSpec:
+    """A job with one task per demand, `<job_id>/<i>`, whose solo speed is known."""
+    return unmeasured_job(job_id, *demands, full_throughput=1.0)
+
+
+def record(spec: JobSpec, *, solo: float | None = None) -> JobRecord:
+    return JobRecord(spec, "running", "alice", 0.0, solo_throughput=solo)
+
+
+def task(
+    task_id: str,
+    status: TaskStatus = "pending",
+    *,
+    on: str | None = None,
+    target: str | None = None,
+    since: float = 0.0,
+    attempt: int = 0,
+    failures: int = 0,
+    gpus: tuple[int, ...] = (),
+    checkpoint: str | None = None,
+) -> TaskRecord:
+    return TaskRecord(
+        task_id,
+        task_id.split("/")[0],
+        status,
+        instance_id=on,
+        target_instance_id=target,
+        checkpoint=checkpoint,
+        attempt=attempt,
+        failures=failures,
+        status_since=since,
+        gpus=gpus,
+    )
+
+
+def instance(
+    instance_id: str,
+    instance_type: str = "cpu8",
+    status: InstanceStatus = "running",
+    *,
+    ready: bool = True,
+    cloud_id: str | None = "default",
+    requested_at: float = 0.0,
+    running_at: float = 10.0,
+    lost_at: float | None = None,
+    reason: str = "",
+) -> InstanceRecord:
+    history: tuple[tuple[str, float], ...] = (("requested", requested_at),)
+    if status not in ("requested", "pending"):
+        history += (("pending", requested_at + 1.0), ("running", running_at))
+    if status != "running" and status not in ("requested", "pending"):
+        history += ((status, running_at + 1.0),)
+    return InstanceRecord(
+        instance_id,
+        instance_type,
+        status,
+        CATALOG[instance_type].hourly_cost,
+        requested_at,
+        cloud_id=f"i-{instance_id}" if cloud_id == "default" else cloud_id,
+        history=history,
+        ready_at=running_at + 5.0 if ready else None,
+        lost_at=lost_at,
+        reason=reason,
+    )
+
+
+def snapshot(
+    jobs: Sequence[JobRecord],
+    tasks: Iterable[TaskRecord] = (),
+    instances: Sequence[InstanceRecord] = (),
+    *,
+    requested: int | None = None,
+) -> StateSnapshot:
+    """Tasks not given are pending and unplaced."""
+    given = {t.task_id: t for t in tasks}
+    every = {t.task_id: given.get(t.task_id, task(t.task_id)) for j in jobs for t in j.spec.tasks}
+    return StateSnapshot(
+        tuple(jobs),
+        every,
+        tuple(instances),
+        ThroughputTable(),
+        instances_requested=len(instances) if requested is None else requested,
+        job_events=len(jobs),
+        last_round_job_events=len(jobs),
+    )
+
+
+class Placing:
+    """A planner that puts every task of the view where `place` says (an instance that
+    exists, or a type name for a new one); it keeps only the instances it places on."""
+
+    name = "placing"
+
+    def __init__(self, place: Callable[[str], str]) -> None:
+        self.place = place
+        self.views: list[ClusterView] = []
+
+    def plan(self, view: ClusterView) -> Plan:
+        self.views.append(view)
+        existing = {i.instance_id: i for i in view.current}
+        hosted: dict[str, list[str]] = {}
+        for spec in view.jobs:
+            for t in spec.tasks:
+                hosted.setdefault(self.place(t.task_id), []).append(t.task_id)
+        instances = [
+            Instance(iid, inst.type, tuple(hosted.pop(iid)))
+            for iid, inst in existing.items()
+            if iid in hosted
+        ]
+        instances += [Instance(None, CATALOG[name], tuple(ts)) for name, ts in hosted.items()]
+        return Plan(Configuration(tuple(instances)), "partial", (), 1.0, 0.0, "as placed")
+
+
+def round_at(
+    snap: StateSnapshot,
+    now: float,
+    *,
+    planner: KeepPlanner | Placing | None = None,
+    options: ControlOptions = OPTIONS,
+    unavailable: Sequence[UnavailableOffering] = (),
+    orphans: Sequence[CloudInstance] = (),
+) -> RoundDecision:
+    return decide(
+        snap,
+        CATALOG,
+        unavailable,
+        options,
+        planner=planner or KeepPlanner(),
+        now=now,
+        orphans=orphans,
+    )
+
+
+def step_at(snap: StateSnapshot, now: float, **world: object) -> StepDecision:
+    return advance(snap, CATALOG, OPTIONS, now=now, **world)  # type: ignore[arg-type]
+
+
+def updated(step: StepDecision, task_id: str) -> TaskUpdate:
+    [update] = [u for u in step.updates if u.task_id == task_id]
+    return update
+
+
+# -- a round: launches and their guardrails ----------------------------------------------------
+
+
+def test_a_planned_instance_is_launched_under_the_next_token_with_its_tasks_targeted():
+    snap = snapshot([record(job("a", (0, 2, 8)))], instances=[instance("inst-1")], requested=1)
+    decision = round_at(snap, 100.0, planner=Placing(lambda t: "cpu4"))
+    [launch] = decision.launches
+    assert (launch.instance_id, launch.instance_type, launch.tasks) == ("inst-2", "cpu4", ("a/0",))
+    assert launch.hourly_price == CATALOG["cpu4"].hourly_cost
+    assert decision.targets == {"a/0": "inst-2"}
+    assert [(m.kind, m.target, m.detail) for m in decision.moves] == [
+        ("start", "a/0", {"to": "inst-2"})
+    ]
+
+
+def test_a_launch_over_the_instance_cap_is_refused_with_its_numbers():
+    snap = snapshot([record(job("a", (0, 2, 8)))], instances=[instance("inst-1")])
+    options = ControlOptions(timeouts=TIMEOUTS, guardrails=Guardrails(max_instances=1))
+    decision = round_at(snap, 100.0, planner=Placing(lambda t: "cpu4"), options=options)
+    assert decision.launches == ()
+    [refused] = decision.refused
+    assert (refused.instance_type, refused.tasks, refused.rule) == (
+        "cpu4",
+        ("a/0",),
+        "max_instances",
+    )
+    assert "would make 2 instances, over the limit of 1" in refused.message
+    assert decision.targets == {"a/0": None}  # placed nowhere: it waits
+    launches = [a for a in decision.record().actions if a.kind == "launch"]
+    assert [(a.target, a.outcome, a.message) for a in launches] == [
+        ("cpu4", "refused", refused.message)
+    ]
+
+
+def test_a_launch_over_the_hourly_budget_is_refused_and_its_task_stays_where_it_was():
+    # cpu8 costs $0.40/h; a cpu4 more ($0.20/h) would make $0.60/h, over $0.50/h.
+    on_one = task("a/0", "running", on="inst-1", target="inst-1")
+    snap = snapshot([record(job("a", (0, 2, 8)))], [on_one], [instance("inst-1")])
+    options = ControlOptions(timeouts=TIMEOUTS, guardrails=Guardrails(max_hourly_spend=0.5))
+    decision = round_at(snap, 100.0, planner=Placing(lambda t: "cpu4"), options=options)
+    [refused] = decision.refused
+    assert refused.rule == "max_hourly_spend"
+    assert "from $0.40/h to $0.60/h, over the budget of $0.50/h" in refused.message
+    assert decision.targets == {"a/0": "inst-1"}
+    assert decision.drains == ()  # the refused launch left a task on it: kept
+
+
+def test_an_instance_the_plan_no_longer_uses_is_drained():
+    snap = snapshot([record(job("a", (0, 2, 8)))], instances=[instance("inst-1")])
+    decision = round_at(snap, 100.0, planner=Placing(lambda t: "cpu4"))
+    assert decision.drains == (
+        InstanceAction("inst-1", "the plan no longer uses it: drain, then terminate", "draining"),
+    )
+
+
+def test_a_round_with_no_jobs_and_no_instances_plans_nothing():
+    decision = round_at(snapshot([]), 100.0)
+    assert (decision.chosen, decision.reason, decision.plan) == ("none", "no jobs", None)
+
+
+# -- a round: what cannot be planned -----------------------------------------------------------
+
+
+def test_a_task_that_fits_no_available_type_waits_with_its_reason_and_the_rest_is_planned():
+    gpu, cpu = job("g", (2, 4, 16)), job("c", (0, 2, 8))
+    out_of_stock = UnavailableOffering("gpu4", None, 400.0, "no capacity in any zone")
+    planner = Placing(lambda t: "cpu4")
+    decision = round_at(
+        snapshot([record(gpu), record(cpu)]), 100.0, planner=planner, unavailable=[out_of_stock]
+    )
+    assert decision.infeasible == {
+        "g/0": "fits no instance type available now (gpu4: no capacity in any zone; "
+        "retried after 300 s); it waits and is planned again every round"
+    }
+    [view] = planner.views
+    assert [j.job_id for j in view.jobs] == ["c"]
+    assert "gpu4" not in view.catalog
+    assert decision.targets["g/0"] is None and decision.targets["c/0"] is not None
+
+
+def test_an_orphan_is_reported_within_its_grace_and_terminated_after_it():
+    options = ControlOptions(timeouts=TIMEOUTS, orphans=OrphanPolicy("terminate", grace_s=300.0))
+    orphan = CloudInstance("i-stray", "cpu4", "running", instance_id="x-9", launched_at_s=0.0)
+    young = round_at(snapshot([]), 100.0, options=options, orphans=[orphan])
+    [judged] = young.orphans
+    assert judged.action == "report" and "within the 300 s grace period" in judged.reason
+    old = round_at(snapshot([]), 301.0, options=options, orphans=[orphan])
+    [judged] = old.orphans
+    assert judged.action == "terminate"
+    [action] = old.actions()
+    assert (action.kind, action.target, action.detail["orphan"]) == ("terminate", "i-stray", True)
+
+
+# -- a round and a step: instances given up ----------------------------------------------------
+
+
+def test_a_launch_that_never_boots_is_given_up_failed_without_a_cloud_id():
+    never = instance("inst-1", status="requested", cloud_id=None, requested_at=0.0)
+    assert round_at(snapshot([], instances=[never]), 900.0).terminations == ()
+    [action] = round_at(snapshot([], instances=[never]), 901.0).terminations
+    assert action == InstanceAction(
+        "inst-1", "still requested 901 s after its launch request (limit 900 s)", "failed"
+    )
+
+
+def test_a_boot_that_times_out_with_a_cloud_id_is_terminated():
+    pending = instance("inst-1", status="pending", requested_at=0.0)
+    [action] = step_at(snapshot([], instances=[pending]), 950.0).terminations
+    assert (action.status, action.reason) == (
+        "terminating",
+        "still pending 950 s after its launch request (limit 900 s)",
+    )
+
+
+def test_a_worker_that_never_registers_is_given_up():
+    silent = instance("inst-1", ready=False, running_at=100.0)
+    assert step_at(snapshot([], instances=[silent]), 1000.0).terminations == ()
+    [action] = step_at(snapshot([], instances=[silent]), 1001.0).terminations
+    assert action == InstanceAction(
+        "inst-1", "its worker did not register within 900 s of the instance running"
+    )
+
+
+def test_a_lost_worker_terminates_its_instance_and_asks_for_a_round():
+    lost = instance("inst-1", lost_at=50.0, reason="no heartbeat for 60 s")
+    moving = task("a/0", "running", on="inst-1", target="inst-2")
+    spare = instance("inst-2")
+    step = step_at(snapshot([record(job("a", (0, 2, 8)))], [moving], [lost, spare]), 60.0)
+    assert step.terminations == (InstanceAction("inst-1", "worker lost: no heartbeat for 60 s"),)
+    assert step.replan
+    assert step.stops == () and step.updates == ()  # its task is left to sync to report
+
+
+# -- a step: tasks stuck ------------------------------------------------------------------------
+
+
+def test_a_task_stuck_starting_is_a_failed_attempt_sent_back_to_pending():
+    spec = job("a", (0, 2, 8))
+    stuck = task("a/0", "starting", on="inst-1", target="inst-1", since=0.0, attempt=1)
+    snap = snapshot([record(spec)], [stuck], [instance("inst-1")])
+    assert step_at(snap, 1800.0).updates == ()
+    step = step_at(snap, 1801.0)
+    reason = "attempt 1 still starting after 1801 s (limit 1800 s)"
+    assert updated(step, "a/0") == TaskUpdate(
+        "a/0",
+        status="pending",
+        instance_id=None,
+        failures=1,
+        reason=reason,
+        throughput=None,
+        gpus=(),
+    )
+    assert [(s.task_id, s.attempt, s.reason) for s in step.stops] == [("a/0", 1, reason)]
+    assert step.failed_jobs == ()
+
+
+def test_a_task_stuck_checkpointing_for_the_last_allowed_time_fails_its_job():
+    spec = job("a", (0, 2, 8))
+    stuck = task("a/0", "checkpointing", on="inst-1", target=None, since=0.0, attempt=3, failures=2)
+    step = step_at(snapshot([record(spec)], [stuck], [instance("inst-1")]), 901.0)
+    assert updated(step, "a/0").failures == 3
+    [(job_id, why)] = step.failed_jobs
+    assert job_id == "a"
+    assert why.startswith("task a/0 failed 3 times; last: attempt 3 still checkpointing after")
+
+
+@pytest.mark.parametrize("failing_first", [True, False])
+def test_no_task_of_a_job_failing_in_this_step_is_started(failing_first):
+    # Whichever of its tasks the snapshot lists first.
+    spec = job("a", (0, 2, 8), (0, 2, 8))
+    stuck = task("a/0", "starting", on="inst-1", target="inst-1", since=0.0, failures=2)
+    waiting = task("a/1", target="inst-1")
+    order = [stuck, waiting] if failing_first else [waiting, stuck]
+    snap = StateSnapshot(
+        (record(spec),), {t.task_id: t for t in order}, (instance("inst-1"),), ThroughputTable()
+    )
+    step = step_at(snap, 2000.0)
+    assert [j for j, _ in step.failed_jobs] == ["a"]
+    assert step.starts == ()
+
+
+# -- a step: make before break -------------------------------------------------------------------
+
+
+def test_a_task_leaves_only_once_its_destination_is_ready():
+    spec = job("a", (0, 2, 8))
+    moving = task("a/0", "running", on="inst-1", target="inst-2", attempt=1)
+    booting = instance("inst-2", ready=False)
+    snap = snapshot([record(spec)], [moving], [instance("inst-1"), booting])
+    assert step_at(snap, 100.0).stops == ()  # it keeps running where it is
+
+    ready = snapshot([record(spec)], [moving], [instance("inst-1"), instance("inst-2")])
+    # Registered once, but its worker cannot be reached right now: still not.
+    assert step_at(ready, 100.0, ready=frozenset({"inst-1"})).stops == ()
+    step = step_at(ready, 100.0, ready=frozenset({"inst-1", "inst-2"}))
+    assert [(s.task_id, s.attempt, s.reason) for s in step.stops] == [
+        ("a/0", 1, "moving to inst-2")
+    ]
+    assert updated(step, "a/0") == TaskUpdate(
+        "a/0", status="checkpointing", reason="moving to inst-2"
+    )
+
+
+def test_a_task_no_longer_planned_is_checkpointed_and_stopped_at_once():
+    spec = job("a", (0, 2, 8))
+    unplanned = task("a/0", "running", on="inst-1", target=None, attempt=2)
+    step = step_at(snapshot([record(spec)], [unplanned], [instance("inst-1")]), 100.0)
+    assert [(s.task_id, s.attempt, s.reason) for s in step.stops] == [
+        ("a/0", 2, "no longer planned")
+    ]
+
+
+def test_a_task_already_checkpointing_is_not_asked_to_stop_again():
+    spec = job("a", (0, 2, 8))
+    leaving = task("a/0", "checkpointing", on="inst-1", target="inst-2", since=90.0)
+    snap = snapshot([record(spec)], [leaving], [instance("inst-1"), instance("inst-2")])
+    step = step_at(snap, 100.0)
+    assert step.stops == () and step.updates == ()
+
+
+def test_a_task_starts_on_its_destination_only_once_the_tasks_leaving_it_are_gone():
+    # cpu4 has 4 cores: the leaving task's 3 and the arriving task's 2 do not fit together.
+    leaving, arriving = job("l", (0, 3, 8)), job("n", (0, 2, 8))
+    dest = instance("inst-1", "cpu4")
+    still_there = task("l/0", "running", on="inst-1", target=None, attempt=1)
+    waiting = task("n/0", target="inst-1")
+    step = step_at(
+        snapshot([record(leaving), record(arriving)], [still_there, waiting], [dest]), 100.0
+    )
+    assert [s.task_id for s in step.stops] == ["l/0"]
+    assert step.starts == ()
+
+    gone = task("l/0", "pending", on=None, target=None, attempt=1, checkpoint="s3://b/l0")
+    step = step_at(snapshot([record(leaving), record(arriving)], [gone, waiting], [dest]), 130.0)
+    [start] = step.starts
+    assert (start.task_id, start.instance_id, start.attempt) == ("n/0", "inst-1", 1)
+
+
+def test_a_pending_task_starts_on_its_ready_target_with_its_limits_and_checkpoint():
+    spec = job("a", (0, 2, 8))
+    resuming = task("a/0", target="inst-1", attempt=2, checkpoint="s3://b/ckpt-2")
+    step = step_at(snapshot([record(spec)], [resuming], [instance("inst-1")]), 100.0)
+    [start] = step.starts
+    assert (start.task_id, start.job_id, start.attempt, start.instance_id) == (
+        "a/0",
+        "a",
+        3,
+        "inst-1",
+    )
+    assert start.limits == ResourceLimits(2.0, 8.0, (), None)
+    assert start.checkpoint == "s3://b/ckpt-2"
+    assert updated(step, "a/0") == TaskUpdate(
+        "a/0",
+        status="starting",
+        instance_id="inst-1",
+        attempt=3,
+        reason="attempt 3 on inst-1 from its checkpoint",
+        gpus=(),
+    )
+
+
+def test_gpus_are_picked_least_loaded():
+    # GPUs 0 and 2 are taken, one task each: a two-GPU task gets the idle 1 and 3.
+    specs = [job("x", (1, 2, 8)), job("y", (1, 2, 8)), job("z", (2, 2, 8))]
+    tasks = [
+        task("x/0", "running", on="g", target="g", gpus=(0,)),
+        task("y/0", "running", on="g", target="g", gpus=(2,)),
+        task("z/0", target="g"),
+    ]
+    step = step_at(snapshot([record(s) for s in specs], tasks, [instance("g", "gpu4")]), 100.0)
+    [start] = step.starts
+    assert start.limits.gpus == (1, 3)
+    assert updated(step, "z/0").gpus == (1, 3)
+
+
+# -- a step: instances ---------------------------------------------------------------------------
+
+
+def test_a_drained_instance_terminates_once_no_task_is_left_on_it():
+    spec = job("a", (0, 2, 8))
+    draining = instance("inst-1", status="draining")
+    leaving = task("a/0", "checkpointing", on="inst-1", target="inst-2", since=90.0)
+    busy = snapshot([record(spec)], [leaving], [draining, instance("inst-2")])
+    assert step_at(busy, 100.0).terminations == ()
+    moved = task("a/0", "pending", target="inst-2")
+    empty = snapshot([record(spec)], [moved], [draining, instance("inst-2")])
+    assert step_at(empty, 120.0).terminations == (
+        InstanceAction("inst-1", "drained: no task left on it"),
+    )
+
+
+def test_a_requested_instance_the_cloud_never_confirmed_is_asked_for_again():
+    unconfirmed = instance("inst-1", status="requested", cloud_id=None, requested_at=50.0)
+    confirmed = instance("inst-2", status="requested", cloud_id="i-2", requested_at=50.0)
+    assert step_at(snapshot([], instances=[unconfirmed, confirmed]), 100.0).relaunch == ("inst-1",)
+
+
+def test_a_terminating_instance_the_cloud_still_runs_is_terminated_again():
+    going = [instance("inst-1", status="terminating"), instance("inst-2", status="terminating")]
+    step = step_at(
+        snapshot([], instances=going),
+        100.0,
+        listed={"inst-1": "running", "inst-2": "shutting-down"},
+    )
+    assert step.reterminate == ("inst-1",)
+
+
+def test_a_task_of_a_job_no_longer_active_is_stopped():
+    step = step_at(snapshot([]), 100.0, strays=[("gone/0", 4)])
+    assert [(s.task_id, s.attempt, s.reason) for s in step.stops] == [
+        ("gone/0", 4, "its job is no longer active")
+    ]
+    assert step  # something to do
+
+
+# -- a round: learning a job's solo speed ---------------------------------------------------------
+
+
+def test_a_job_of_unknown_solo_speed_runs_alone_first():
+    known = job("k", (0, 2, 8))
+    unknown = unmeasured_job("u", (0, 1, 4))  # no full_throughput, none learned yet
+    on_one = task("k/0", "running", on="inst-1", target="inst-1")
+    snap = snapshot([record(known), record(unknown)], [on_one], [instance("inst-1")])
+    planner = Placing(lambda t: "inst-1")  # would pack everything on inst-1
+    decision = round_at(snap, 100.0, planner=planner)
+    assert [j.job_id for j in planner.views[0].jobs] == ["k"]
+    [launch] = decision.launches
+    assert (launch.instance_type, launch.tasks) == ("cpu4", ("u/0",))  # its cheapest type
+    assert "1 job(s) alone until their solo speed is measured: u" in decision.reason
+
+    # Measured since (its solo throughput learned): planned with the others.
+    planner = Placing(lambda t: "inst-1")
+    snap = snapshot([record(known), record(unknown, solo=5.0)], [on_one], [instance("inst-1")])
+    decision = round_at(snap, 100.0, planner=planner)
+    assert sorted(j.job_id for j in planner.views[0].jobs) == ["k", "u"]
+    assert decision.launches == () and decision.targets["u/0"] == "inst-1"
+
+
+def test_a_job_alone_past_the_probe_without_a_throughput_is_packed():
+    unknown = unmeasured_job("u", (0, 1, 4))
+    alone = task("u/0", "running", on="inst-1", target="inst-1", since=0.0)
+    snap = snapshot([record(unknown)], [alone], [instance("inst-1", "cpu4")])
+    planner = Placing(lambda t: "inst-1")
+    round_at(snap, SOLO_PROBE_S - 1.0, planner=planner)
+    assert planner.views == []  # still probing: the planner is not asked about it
+    round_at(snap, SOLO_PROBE_S + 1.0, planner=planner)
+    assert [j.job_id for j in planner.views[0].jobs] == ["u"]
