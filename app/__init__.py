@@ -9,7 +9,9 @@
 - `config`, `state_config`, `init`, `jobfile`: the files users own (the
   cluster's TOML, job files) and `autoscaler init`, which writes them.
 - `wiring`: the one place that picks a binding for each interface from the
-  configuration (EC2 or the local cloud, SQL state, the gRPC executor).
+  configuration (EC2 or the local cloud, SQL state, the gRPC executor), with
+  the cloud's way for workers to prove their instance and the executor's view
+  of the state (`StateLedger`).
 - `files`, `validation`, `cli_io`, `table`, `reports`, `replay_report`,
   `bundled`: reading users' files with one-line errors, tables, cost reports.
 

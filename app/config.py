@@ -85,13 +85,20 @@ def _address(value: str) -> str:
 
 
 class ApiTable(Strict):
-    listen: str = "127.0.0.1:7443"  # where the daemon serves the API and the workers
+    listen: str = "127.0.0.1:7443"  # where the daemon serves users and worker enrollment
     advertise: str = ""  # the address users and workers dial (default: listen)
+    # The workers' port, mutual TLS only (default: listen's port + 1, on the same host).
+    worker_listen: str = ""
 
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         return _address(value)
+
+    @field_validator("worker_listen")
+    @classmethod
+    def _check_worker_listen(cls, value: str) -> str:
+        return _address(value) if value else value
 
     @field_validator("advertise")
     @classmethod
@@ -155,17 +162,20 @@ class LimitsTable(Strict):
 
 @dataclass(frozen=True, slots=True)
 class Secrets:
-    """Paths of the cluster's secrets (see `autoscaler init`)."""
+    """Paths of the cluster's secrets (see `autoscaler init`): the server CA (clients pin its
+    certificate; its key is needed only by `init`), the daemon's certificate, the worker
+    CA (the daemon signs worker client certificates with it) and the API token."""
 
     dir: Path
 
     @property
     def ca_cert(self) -> Path:
-        return self.dir / "ca.pem"
+        """The server CA's certificate: what the CLI and the workers trust, alone."""
+        return self.dir / "server-ca.pem"
 
     @property
     def ca_key(self) -> Path:
-        return self.dir / "ca.key"
+        return self.dir / "server-ca.key"
 
     @property
     def server_cert(self) -> Path:
@@ -180,8 +190,12 @@ class Secrets:
         return self.dir / "api.token"
 
     @property
-    def worker_token(self) -> Path:
-        return self.dir / "worker.token"
+    def worker_ca_cert(self) -> Path:
+        return self.dir / "worker-ca.pem"
+
+    @property
+    def worker_ca_key(self) -> Path:
+        return self.dir / "worker-ca.key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +220,21 @@ class ClusterConfig:
     def api_address(self) -> str:
         """The address clients and workers dial."""
         return self.api.advertise or self.api.listen
+
+    @property
+    def worker_listen(self) -> str:
+        """Where the daemon serves its workers (mutual TLS)."""
+        if self.api.worker_listen:
+            return self.api.worker_listen
+        host, _, port = self.api.listen.rpartition(":")
+        return f"{host}:{int(port) + 1}"
+
+    @property
+    def worker_address(self) -> str:
+        """The address workers dial for everything after enrollment: the advertised host,
+        the workers' port."""
+        host = self.api_address.rpartition(":")[0]
+        return f"{host}:{self.worker_listen.rpartition(':')[2]}"
 
     def control_options(self, *, dry_run: bool = False) -> ControlOptions:
         """What the round decides by, from this file."""

@@ -1,8 +1,11 @@
 """`autoscaler daemon`: the process that runs a cluster unattended.
 
 It takes the cluster's leader lock (one daemon acts per cluster; a second one
-waits and says so), serves the submission API and the workers' registry over
-gRPC (TLS, tokens), exposes Prometheus metrics, and lets APScheduler 3 run a
+waits and says so), serves gRPC on two ports — users (TLS, a token on every
+call) and worker enrollment on `[api] listen`, the enrolled workers on the
+workers' port (mutual TLS: a client certificate from the worker CA, which
+`TokenAuth` lets through to services that check it themselves) — exposes
+Prometheus metrics, and lets APScheduler 3 run a
 round every `interval_s` and the step that carries it out every `step_s` —
 on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
 SIGTERM or SIGINT finishes the current round or step and exits; instances
@@ -46,6 +49,9 @@ log = logging.getLogger("autoscaler.daemon")
 #: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
 FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
 
+#: Threads of the gRPC server: API calls, and one per connected worker's command stream.
+WORKER_THREADS = 512
+
 
 class WallClock:
     def now(self) -> float:
@@ -78,6 +84,7 @@ class Daemon:
         clock: Any = None,
         server_credentials: grpc.ServerCredentials | None = None,
         tokens: dict[str, str] | None = None,
+        worker_credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.config = config
         self.bindings = bindings
@@ -88,6 +95,7 @@ class Daemon:
         self.metrics = Metrics()
         self.stop = threading.Event()
         self.server_credentials = server_credentials
+        self.worker_credentials = worker_credentials
         self.tokens = tokens or {}
         self._planner = config.planner.planner()
         self._busy = threading.Lock()
@@ -220,10 +228,12 @@ class Daemon:
 
         from executor.security import TokenAuth, server_options
 
-        roles = {"user": USER_METHODS, "worker": self.bindings.worker_methods}
+        # Each connected worker holds one thread on its command stream: room for many.
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16),
-            interceptors=[TokenAuth(self.tokens, roles)],
+            futures.ThreadPoolExecutor(max_workers=WORKER_THREADS),
+            interceptors=[
+                TokenAuth(self.tokens, {"user": USER_METHODS}, open=self.bindings.worker_methods)
+            ],
             options=server_options(),
         )
         add_submission(server, self.api)
@@ -235,9 +245,20 @@ class Daemon:
         if self.server_credentials is None:
             raise ValueError("the daemon serves TLS only: give it server credentials")
         server.add_secure_port(address, self.server_credentials)
+        workers = None
+        if self.worker_credentials is not None:
+            workers = self.config.worker_listen
+            if not server.add_secure_port(workers, self.worker_credentials):
+                raise ValueError(f"cannot listen on {workers} ([api] worker_listen)")
         server.start()
         self.server = server
-        _event("serving", api=address, advertise=self.config.api_address)
+        _event(
+            "serving",
+            api=address,
+            advertise=self.config.api_address,
+            workers=workers,
+            workers_advertised=self.config.worker_address if workers else None,
+        )
         if self.config.metrics.listen:
             from prometheus_client import start_http_server
 

@@ -1,9 +1,23 @@
 """`autoscaler init`: a commented cluster configuration and the cluster's secrets.
 
-It writes `autoscaler.toml` with safe defaults, and in `secrets/` a certificate
-authority for the cluster, the daemon's server certificate, the API token
-(users) and the worker token (workers): each a file of mode 0600. Running it
-again keeps everything that exists: a secret is never overwritten.
+It writes `autoscaler.toml` with safe defaults, and in `secrets/`, each a file
+of mode 0600:
+
+- the **server CA** (`server-ca.pem`, `server-ca.key`), which signs only the
+  daemon's server certificate: the CLI and every worker trust it alone. Its key
+  is used here and nowhere else (the daemon never needs it);
+- the daemon's **server certificate** (`server.pem`, `server.key`), for the
+  fixed name `autoscaler-daemon` that every client verifies, plus the host of
+  `[api] advertise` (or `listen`);
+- the **worker CA** (`worker-ca.pem`, `worker-ca.key`), with which the daemon
+  signs the short-lived client certificates of enrolled workers — client
+  authentication only, so nothing a worker obtains passes as the daemon;
+- the **API token** of users.
+
+Workers get no shared secret: each proves its own instance when it enrolls.
+Running `init` again keeps everything that exists (a secret is never
+overwritten), except the server certificate when it no longer matches the
+server CA or the advertised host (move the daemon, run `init` again).
 """
 
 from __future__ import annotations
@@ -13,13 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoscaler.decide import ControlOptions
+from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
-from executor.security import Authority, new_token, write_secret
+from executor.security import (
+    DAEMON_NAME,
+    Authority,
+    certificate_names,
+    issued_by,
+    new_token,
+    write_secret,
+)
 
-#: The name the daemon's certificate carries whatever address it is reached at:
-#: clients verify it (ssl target name override), so moving the daemon needs no new
-#: certificate.
-DAEMON_NAME = "autoscaler-daemon"
+__all__ = ["DAEMON_NAME", "InitResult", "config_template", "init_cluster", "new_cluster_name"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,26 +75,59 @@ def init_cluster(
         config.write_text(text, encoding="utf-8")
         written.append(config)
     secrets_dir = directory / "secrets"
-    ca_cert, ca_key = secrets_dir / "ca.pem", secrets_dir / "ca.key"
-    if ca_cert.exists() and ca_key.exists():
-        authority = Authority.load(ca_cert, ca_key)
-        kept += [ca_cert, ca_key]
-    else:
-        authority = Authority.create(name or "autoscaler")
-        for path, data in ((ca_key, authority.key_pem), (ca_cert, authority.cert_pem)):
-            write_secret(path, data, overwrite=True)
-            written.append(path)
+    label = name or "autoscaler"
+    authorities: dict[str, Authority | None] = {}
+    for purpose in ("server", "worker"):
+        ca_cert, ca_key = secrets_dir / f"{purpose}-ca.pem", secrets_dir / f"{purpose}-ca.key"
+        if ca_cert.exists() and (ca_key.exists() or purpose == "server"):
+            # The server CA's key may be kept offline: its certificate is what clients pin.
+            loaded = Authority.load(ca_cert, ca_key) if ca_key.exists() else None
+            authorities[purpose] = loaded
+            kept += [ca_cert, ca_key] if loaded else [ca_cert]
+        else:
+            created = authorities[purpose] = Authority.create(f"{label} {purpose}")
+            for path, data in ((ca_key, created.key_pem), (ca_cert, created.cert_pem)):
+                write_secret(path, data, overwrite=True)
+                written.append(path)
+    server_ca_pem = (secrets_dir / "server-ca.pem").read_bytes()
+    names = [DAEMON_NAME, *_advertised_host(config)]
     server_cert, server_key = secrets_dir / "server.pem", secrets_dir / "server.key"
-    if server_cert.exists() and server_key.exists():
+    if (
+        server_cert.exists()
+        and server_key.exists()
+        and issued_by(server_cert.read_bytes(), server_ca_pem)
+        and set(names) <= set(certificate_names(server_cert.read_bytes()))
+    ):
         kept += [server_cert, server_key]
     else:
-        cert, key = authority.issue([DAEMON_NAME, "localhost", "127.0.0.1"])
+        server_ca = authorities["server"]
+        if server_ca is None:
+            raise InputError(
+                "the daemon's certificate must be issued again (for "
+                f"{', '.join(names)}), which needs the server CA's key: put it back as "
+                f"{secrets_dir / 'server-ca.key'} and run `autoscaler init` again",
+                source=str(config),
+            )
+        cert, key = server_ca.issue(names)
         write_secret(server_key, key, overwrite=True)
         write_secret(server_cert, cert, overwrite=True)
         written += [server_cert, server_key]
-    for token in (secrets_dir / "api.token", secrets_dir / "worker.token"):
-        (written if write_secret(token, new_token() + "\n") else kept).append(token)
+    api_token = secrets_dir / "api.token"
+    (written if write_secret(api_token, new_token() + "\n") else kept).append(api_token)
     return InitResult(config, tuple(written), tuple(kept))
+
+
+def _advertised_host(config: Path) -> list[str]:
+    """The host users and workers dial, from the configuration (none if it is unreadable:
+    the daemon's fixed name is enough for every client of ours)."""
+    try:
+        from app.config import load_cluster_config
+
+        address = load_cluster_config(config).api_address
+    except Exception:  # a broken file is reported by the command that loads it
+        return []
+    host = address.rpartition(":")[0].strip("[]")
+    return [host] if host and host != DAEMON_NAME else []
 
 
 def config_template(
@@ -119,8 +171,9 @@ emulate_delays = false             # local only: wait the catalog's launch delay
 # agent_wheel = "dist/ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
 
 [api]
-listen = "127.0.0.1:7443"          # the daemon's gRPC address (TLS, a token on every call)
+listen = "127.0.0.1:7443"          # users (TLS, a token on every call) and worker enrollment
 # advertise = "10.0.0.5:7443"      # the address users and workers dial, if not `listen`
+# worker_listen = "127.0.0.1:7444" # the workers' port, mutual TLS (default: listen's port + 1)
 
 [metrics]
 listen = "127.0.0.1:9464"          # Prometheus metrics over HTTP; "" turns them off
@@ -130,7 +183,7 @@ listen = "127.0.0.1:9464"          # Prometheus metrics over HTTP; "" turns them
 {storage}
 
 [secrets]
-dir = "secrets"                    # the CA, certificates and tokens (mode 0600, never logged)
+dir = "secrets"                    # the two CAs, certificates, the API token (0600, never logged)
 
 [state]
 {state}

@@ -1,12 +1,14 @@
 """Building the daemon's bindings from the configuration: state, storage, cloud, executor.
 
 The one module that knows which binding serves which `[cloud] provider`; the
-daemon and the commands get what they need from here.
+daemon and the commands get what they need from here — including how workers
+prove their instance (the cloud's `IdentityVerifier`) and what the executor
+may believe of them (`StateLedger`: the state, read for every worker call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,47 +47,119 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
 
 
 def daemon_security(config: ClusterConfig) -> tuple[grpc.ServerCredentials, dict[str, str]]:
-    """The daemon's TLS credentials and its tokens (token -> role)."""
+    """The TLS credentials of the daemon's API port and its tokens (token -> role)."""
     from executor.security import read_secret, read_token, server_credentials
 
     secrets = config.secrets
     try:
         cert = secrets.server_cert.read_bytes()
         key = read_secret(secrets.server_key)
-        tokens = {read_token(secrets.api_token): "user", read_token(secrets.worker_token): "worker"}
+        tokens = {read_token(secrets.api_token): "user"}
     except OSError as exc:
-        raise InputError(
-            f"cannot read the cluster's secrets ({exc}); run `autoscaler init --dir "
-            f"{config.path.parent}` to create them",
-            source=str(config.path),
-        ) from None
+        raise _missing_secrets(config, exc) from None
     return server_credentials(cert, key), tokens
+
+
+def worker_security(config: ClusterConfig) -> grpc.ServerCredentials:
+    """The TLS credentials of the workers' port: the daemon's certificate, and a client
+    certificate from the worker CA required of every caller."""
+    from executor.security import read_secret, server_credentials
+
+    secrets = config.secrets
+    try:
+        cert = secrets.server_cert.read_bytes()
+        key = read_secret(secrets.server_key)
+        worker_ca = secrets.worker_ca_cert.read_bytes()
+    except OSError as exc:
+        raise _missing_secrets(config, exc) from None
+    return server_credentials(cert, key, client_ca=worker_ca)
+
+
+def _missing_secrets(config: ClusterConfig, exc: OSError) -> InputError:
+    return InputError(
+        f"cannot read the cluster's secrets ({exc}); run `autoscaler init --dir "
+        f"{config.path.parent}` to create them",
+        source=str(config.path),
+    )
+
+
+class StateLedger:
+    """The daemon's state as the executor reads it (`executor.client.Ledger`): which
+    attempt of a task is placed on which instance, and which launches may still work.
+    Read for every worker call, so a report, a grant or a heartbeat is judged by what
+    the state says now, whatever the executor's memory holds."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def placed(self, task_ids: Collection[str]) -> Mapping[str, Any]:
+        from autoscaler.decide import ON_INSTANCE
+        from executor.client import Placed
+
+        found = {}
+        for job_id in {t.split("/", 1)[0] for t in task_ids}:
+            for task in self.store.tasks_of(job_id):
+                if task.task_id in task_ids:
+                    where = task.instance_id if task.status in ON_INSTANCE else None
+                    found[task.task_id] = Placed(task.job_id, task.attempt, where, task.checkpoint)
+        return found
+
+    def launch(self, instance_id: str) -> Any:
+        from executor.client import Launch
+
+        record = self.store.instance(instance_id)
+        if record is None:
+            return None
+        live = record.status in ("requested", "pending", "running", "draining")
+        reason = record.reason if not live else ""
+        if record.lost_at is not None:
+            live, reason = False, f"its worker was lost: {record.reason}"
+        return Launch(
+            instance_id, record.cloud_id, record.private_address, live, reason or record.status
+        )
 
 
 def build_bindings(config: ClusterConfig) -> Bindings:
     """State, storage, executor and cloud for `autoscaler daemon`."""
-    from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
+    from executor.client import WORKER_METHODS, GrpcExecutor, add_worker_services
     from executor.security import Authority
     from executor.storage import open_storage
 
     store = open_state(config, create=True)
     storage = open_storage(config.storage.url)
-    authority = Authority.load(config.secrets.ca_cert, config.secrets.ca_key)
+    try:
+        worker_ca = Authority.load(config.secrets.worker_ca_cert, config.secrets.worker_ca_key)
+    except OSError as exc:
+        raise _missing_secrets(config, exc) from None
+    cloud = _cloud(config, publish=True)
     executor = GrpcExecutor(
-        authority=authority,
-        storage_url=config.storage.url,
+        worker_ca=worker_ca,
+        storage=storage,
+        cluster=config.cluster.name,
+        registry_address=config.worker_address,
+        verifier=_verifier(config, cloud),
+        ledger=StateLedger(store),
         heartbeat_timeout_s=config.timeouts.heartbeat_s,
     )
-    cloud = _cloud(config, publish=True)
     return Bindings(
         store=store,
         cloud=cloud,
         executor=executor,
         storage=storage,
         catalog=cloud.catalog,
-        add_worker_services=lambda server: add_registry(server, executor),
+        add_worker_services=lambda server: add_worker_services(server, executor),
         worker_methods=tuple(WORKER_METHODS),
     )
+
+
+def _verifier(config: ClusterConfig, cloud: Any) -> Any:
+    """How a worker of this cloud proves its instance: the local cloud's one-time secrets,
+    or EC2's signed instance identity document."""
+    if config.cloud.provider == "local":
+        return cloud
+    from provisioners.identity import InstanceIdentityVerifier
+
+    return InstanceIdentityVerifier.from_directory(config.provisioner.ec2.identity_certificates)
 
 
 def bring_down(store: Store, cloud: Cloud, clock: Callable[[], float]) -> list[str]:
@@ -141,15 +215,11 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
 
 
 def worker_bootstrap(config: ClusterConfig) -> Any:
-    """Publish what EC2 workers need (the token to SSM, the agent wheel to the bucket) and
-    the user data that boots them: run by the daemon at start-up, with its own identity."""
+    """Publish what EC2 workers need (the agent wheel, to the bucket) and the user data
+    that boots them: run by the daemon at start-up, with its own identity. Workers get
+    no secret: each proves its instance when it enrolls."""
     from provisioners.aws import make_client
-    from provisioners.bootstrap import (
-        WorkerBootstrap,
-        publish_agent_wheel,
-        publish_worker_token,
-        wheel_presigner,
-    )
+    from provisioners.bootstrap import WorkerBootstrap, publish_agent_wheel, wheel_presigner
 
     source = str(config.path)
     _check_advertised(config)
@@ -176,21 +246,15 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
             value=storage,
             has_value=True,
         )
-    from executor.security import read_token
-
     region = config.cluster.region
     bucket, _, prefix = storage.removeprefix("s3://").partition("/")
     s3 = make_client("s3", region)
-    parameter = publish_worker_token(
-        make_client("ssm", region), config.cluster.name, read_token(config.secrets.worker_token)
-    )
     url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
     return WorkerBootstrap(
         config.api_address,
         config.secrets.ca_cert.read_text(),
         config.cluster.name,
         region,
-        parameter,
         wheel_presigner(s3, url),
         sha256,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
@@ -228,7 +292,6 @@ def local_cloud(config: ClusterConfig) -> Any:
         config.path.parent / "local-cloud",
         daemon_address=config.api_address,
         ca_path=config.secrets.ca_cert,
-        token_path=config.secrets.worker_token,
         emulate_delays=config.cloud.emulate_delays,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
     )

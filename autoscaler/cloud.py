@@ -45,6 +45,9 @@ class CloudInstance:
     launched_at_s: float | None = None  # epoch seconds of the launch request
     spot: bool = False
     dry_run: bool = False  # a launch the cloud accepted in dry-run mode: nothing exists or bills
+    # Its address in the cluster's network (EC2: the private IPv4 address), as the cloud
+    # reports it; workers prove their instance with it (`provisioners.identity`).
+    private_address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

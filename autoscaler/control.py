@@ -191,7 +191,7 @@ def _sync_instances(
                 gone.add(our_id)
             continue
         if seen.state == "running" and inst.status == "pending":
-            changes.append((our_id, "running", "the cloud reports it running", None))
+            changes.append((our_id, "running", "the cloud reports it running", seen))
         elif seen.state in ("shutting-down", "stopping", "stopped") and inst.status != (
             "terminating"
         ):
@@ -202,14 +202,15 @@ def _sync_instances(
         if lost is not None and inst.lost_at is None:
             wrote = store.instance_worker(our_id, now, ready=False, reason=lost) or wrote
     for our_id, status, reason, seen in changes:
-        store.transition_instance(
+        change = InstanceChange(
             our_id,
             status,  # type: ignore[arg-type]
-            now,
-            cloud_id=seen.cloud_id if seen else None,
-            zone=seen.zone if seen else None,
-            reason=reason,
+            seen.cloud_id if seen else None,
+            seen.zone if seen else None,
+            reason,
+            seen.private_address if seen else None,
         )
+        store.transition_instances([change], now)
     return gone, wrote or bool(changes)
 
 
@@ -563,6 +564,7 @@ def ask_cloud(
         got.cloud_id,
         got.zone,
         f"launched as {got.cloud_id}",
+        got.private_address,
     )
     return "done", got.cloud_id, change
 

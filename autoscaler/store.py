@@ -171,6 +171,7 @@ class InstanceChange:
     cloud_id: str | None = None
     zone: str | None = None
     reason: str = ""
+    private_address: str | None = None  # as the cloud reports it (kept once known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +193,9 @@ class InstanceRecord:
     ready_at: float | None = None
     lost_at: float | None = None
     reason: str = ""
+    # Its private address as the cloud reported it: an enrolling worker's signed identity
+    # document must name it (and `cloud_id`).
+    private_address: str | None = None
 
     def entered(self, status: str) -> float | None:
         """When the instance last entered `status` (None if it never did)."""

@@ -196,8 +196,8 @@ def transition_instance(
     """Move an instance along `TRANSITIONS` (None: it is in that status already).
 
     Entering billing opens an uptime interval from its request at its request's
-    price; leaving billing closes it. A cloud id or zone the change does not give
-    is kept. Raises IllegalTransition for a move the status machine forbids.
+    price; leaving billing closes it. A cloud id, zone or private address the change
+    does not give is kept. Raises IllegalTransition for a move the status machine forbids.
     """
     if inst.status == change.status:
         return None
@@ -208,6 +208,7 @@ def transition_instance(
         status=change.status,
         cloud_id=change.cloud_id or inst.cloud_id,
         zone=change.zone or inst.zone,
+        private_address=change.private_address or inst.private_address,
         history=(*inst.history, (change.status, at)),
         reason=change.reason,
     )

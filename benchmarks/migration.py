@@ -1,7 +1,7 @@
 """Migration: each phase of a checkpoint-and-move cycle, and a report round over 100 agents.
 
 Part 1 runs the production path end to end on this machine: a daemon's
-`GrpcExecutor` (gRPC, TLS, tokens on 127.0.0.1), two worker agents on a real
+`GrpcExecutor` (gRPC, mutual TLS on 127.0.0.1), two worker agents on a real
 Docker engine (DOCKER_HOST), and the storage on `moto_server` (S3 over HTTP;
 a directory when moto is not installed). A training job built from its
 Dockerfile is started, checkpointed, moved to the other agent and resumed,
@@ -13,7 +13,7 @@ job launching 1–160 s, average 47 s), measured on EC2 with real models,
 images pulled and data loaded — the yardstick, not a like-for-like figure.
 
 Part 2 starts 100 agents with simulated containers (threads speaking the
-real report-socket protocol) against one daemon and times registration, 200
+real report-socket protocol) against one daemon and times enrollment, 200
 starts, a `report()`, and 200 checkpoint-and-stops.
 
 Part 0 (`--imports-only` runs it alone) is what a worker pays before it starts:
@@ -50,9 +50,23 @@ from autoscaler.execution import ExecutorReport, ResourceLimits, TaskLaunch
 from autoscaler.jobs import TaskRun
 from autoscaler.resources import Resources
 from executor.agent import Agent, AgentConfig
-from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
+from executor.client import (
+    WORKER_METHODS,
+    GrpcExecutor,
+    Launch,
+    MemoryLedger,
+    add_worker_services,
+)
+from executor.enrollment import OneTimeSecrets
 from executor.runtime import LABEL_INSTANCE, ContainerRuntime
-from executor.security import Authority, TokenAuth, new_token, server_credentials, server_options
+from executor.security import (
+    DAEMON_NAME,
+    Authority,
+    TokenAuth,
+    server_credentials,
+    server_options,
+    write_secret,
+)
 from executor.storage import open_storage, upload_context
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,36 +156,45 @@ class Daemon:
     """The daemon's worker-facing side, wired as the daemon wires it."""
 
     def __init__(self, storage_url: str, storage_options: dict[str, Any], work: Path) -> None:
-        self.authority = Authority.create("bench")
-        self.worker_token = new_token()
+        self.server_ca = Authority.create("bench server")
+        worker_ca = Authority.create("bench worker")
+        self.ledger, self.secrets = MemoryLedger(), OneTimeSecrets()
         self.storage_url, self.storage_options, self.work = storage_url, storage_options, work
-        self.executor = GrpcExecutor(
-            authority=self.authority, storage_url=storage_url, heartbeat_timeout_s=60
-        )
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32),
-            interceptors=[TokenAuth({self.worker_token: "worker"}, {"worker": WORKER_METHODS})],
+            futures.ThreadPoolExecutor(max_workers=256),  # one thread per command stream
+            interceptors=[TokenAuth({}, {}, open=WORKER_METHODS)],
             options=server_options(),
         )
-        add_registry(self.server, self.executor)
-        cert, key = self.authority.issue(["127.0.0.1"])
+        cert, key = self.server_ca.issue([DAEMON_NAME])
         self.port = self.server.add_secure_port("127.0.0.1:0", server_credentials(cert, key))
+        workers = server_credentials(cert, key, client_ca=worker_ca.cert_pem)
+        worker_port = self.server.add_secure_port("127.0.0.1:0", workers)
+        self.executor = GrpcExecutor(
+            worker_ca=worker_ca,
+            storage=open_storage(storage_url, **storage_options),
+            cluster="bench",
+            registry_address=f"127.0.0.1:{worker_port}",
+            verifier=self.secrets,
+            ledger=self.ledger,
+            heartbeat_timeout_s=60,
+        )
+        add_worker_services(self.server, self.executor)
         self.server.start()
         self.agents: list[Agent] = []
 
     def agent(self, instance_id: str, runtime: ContainerRuntime, **settings: Any) -> Agent:
+        self.ledger.add_launch(Launch(instance_id))
+        secret = self.work / "secrets" / instance_id
+        write_secret(secret, self.secrets.issue(instance_id), overwrite=True)
         agent = Agent(
             AgentConfig(
                 instance_id=instance_id,
                 daemon=f"127.0.0.1:{self.port}",
-                ca_pem=self.authority.cert_pem,
-                worker_token=self.worker_token,
+                ca_pem=self.server_ca.cert_pem,
                 work_dir=self.work / instance_id,
                 capacity=Resources(0, 4, 8),
-                listen="127.0.0.1:0",
-                advertise="127.0.0.1",
+                enrollment_secret=secret,
                 host_cpus=os.cpu_count() or 1,
-                storage_options=self.storage_options,
                 **settings,
             ),
             runtime,
@@ -409,7 +432,7 @@ def report_round(scratch: Path, count: int, per_agent: int) -> None:
         daemon.close()
     n = len(tasks)
     rows = [
-        [f"{count} agents register (TLS, CSR signed)", f"{register_s:.2f}"],
+        [f"{count} agents enroll (secret checked, CSR signed, mutual TLS)", f"{register_s:.2f}"],
         [f"{n} start() calls return", f"{start_calls_s:.3f}"],
         [f"{n} tasks running in report()", f"{running_s:.2f}"],
         [f"report() over {count} agents, {n} tasks (median)", f"{statistics.median(reports):.4f}"],

@@ -3,20 +3,26 @@
 What it does (Eva §5, and what the Eva artifact's worker left undone), one
 part a module:
 
-- **Registers** with the daemon (instance id, capacity, agent version, the
-  address it serves on, a certificate signing request: its key never leaves
-  the instance) and **heart-beats**; every heartbeat carries the state of
-  every attempt it holds. When the daemon restarts it registers again and
-  its containers keep running; a daemon that declared it lost gets its
-  containers killed (their tasks already run elsewhere). This module: the
-  `Agent`, which also composes the parts below.
+- **Enrolls** with the daemon: proves which instance it is (EC2: the signed
+  instance identity document from IMDSv2; the local cloud: the one-time secret
+  left in its directory) with a certificate signing request — its key never
+  leaves the instance — and gets a short-lived client certificate naming the
+  instance. It keeps key and certificate in its work directory (0600), so a
+  restarted agent carries on without a new proof, and **renews** the
+  certificate at heartbeat before half its lifetime is up.
+- **Dials out, only**: over mutual TLS to the daemon's worker port it
+  **heart-beats** the state of every attempt it holds and holds a **command
+  stream** open, on which starts and stops arrive at once. Nothing listens on
+  the instance. When the daemon restarts, the agent reconnects and its
+  containers keep running; an attempt the daemon gave up (its answer says stop,
+  or a grant is refused) is killed at once, without uploading anything, and a
+  worker the daemon declared lost kills them all (their tasks run elsewhere).
+  This module: the `Agent`, which also composes the parts below.
 - **Runs attempts** (`attempts`): start, watch, stop (checkpoint request,
   SIGTERM, SIGKILL), the final state, and adoption of the containers a
   previous agent process of the instance left running.
-- **Moves artifacts** (`artifacts`): the image from a content-addressed build
-  context, the checkpoint restored and uploaded, the log kept.
-- **Serves** the daemon's calls (`servicer`): StartTask, StopTask, ListTasks,
-  behind TLS and the daemon's token.
+- **Moves artifacts** (`artifacts`) with grants only: presigned GETs from the
+  start, presigned PUTs asked for each upload. It holds no storage credentials.
 
 Each attempt's phases (fetch, build, start, init, checkpoint, upload) are
 measured and reported with its status.
@@ -26,53 +32,54 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from concurrent import futures
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.resources import Resources
-from executor.artifacts import Artifacts
-from executor.attempts import AttemptRunner
+from executor.artifacts import CHECKPOINT, Artifacts, Fenced
+from executor.attempts import AttemptRunner, Rejected
+from executor.enrollment import IMDS_ENDPOINT, imds_identity, read_secret_file
+from executor.messages import BadMessage, launch_from_pb
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
-from executor.runtime import ContainerRuntime
 from executor.security import (
-    Authority,
-    TokenAuth,
+    DAEMON_NAME,
+    certificate_window,
+    read_secret,
     secure_channel,
-    server_options,
     signing_request,
+    write_secret,
 )
-from executor.servicer import WorkerService
-from executor.storage import Storage, open_storage
+from executor.storage import StorageError
 
 log = logging.getLogger(__name__)
 
-#: What the daemon may call on a worker (the worker's `TokenAuth`).
-DAEMON_METHODS = ("/autoscaler.worker.v1.Worker/",)
-
-#: Channel arguments for the link to the daemon: reconnect quickly after it restarts.
+#: Channel arguments for the links to the daemon: reconnect quickly after it restarts,
+#: and notice a dead connection (a vanished daemon host) within a minute.
 RECONNECT_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 5000),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
 )
 
 #: The distributions the agent may be installed from: the light worker's, or the whole one.
 DISTRIBUTIONS = ("ec2-batch-autoscaler-worker", "ec2-batch-autoscaler")
 
+#: Where the agent keeps its identity inside its work directory (mode 0700, files 0600).
+IDENTITY_DIR = "identity"
+
 
 def agent_version() -> str:
-    """`<distribution>/<version>` of the installed agent (what it registers with)."""
+    """`<distribution>/<version>` of the installed agent (what it heart-beats with)."""
     from importlib.metadata import PackageNotFoundError, version
 
     for name in DISTRIBUTIONS:
@@ -85,17 +92,19 @@ def agent_version() -> str:
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """How one agent runs; `capacity` is what it advertises (GPUs, physical cores, GiB)."""
+    """How one agent runs; `capacity` is what it advertises (GPUs, physical cores, GiB).
+
+    The proof of its instance is the one-time secret in `enrollment_secret` (the local
+    cloud), else the identity document at `imds_endpoint` (EC2)."""
 
     instance_id: str
-    daemon: str  # host:port of the daemon's worker registry
-    ca_pem: bytes
-    worker_token: str
+    daemon: str  # host:port of the daemon's API port, where workers enroll
+    ca_pem: bytes  # the cluster's server CA: the only one the agent trusts
     work_dir: Path
     capacity: Resources
-    listen: str = "0.0.0.0:7444"
-    advertise: str | None = None  # the host the daemon dials; default: the route to it
-    daemon_server_name: str | None = None  # the daemon certificate's name, if not its host
+    enrollment_secret: Path | None = None
+    imds_endpoint: str = IMDS_ENDPOINT
+    daemon_server_name: str = DAEMON_NAME  # the name the daemon's certificate must carry
     threads_per_core: float = 1.0  # logical CPUs per physical core on this machine
     host_cpus: int = 1  # logical CPUs a container may be given at most
     gpu_devices: int = 0  # physical GPU devices (0: GPU indices are not passed to Docker)
@@ -106,18 +115,68 @@ class AgentConfig:
     poll_timeout_s: float = 2.0  # per report-socket request
     poll_interval_s: float = 1.0  # how often running jobs are asked how far they got
     log_tail_lines: int = 20
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 class AgentError(RuntimeError):
-    """The agent cannot run (it cannot listen, or its configuration is wrong)."""
+    """The agent cannot run (its configuration is wrong)."""
+
+
+class _Identity:
+    """The agent's key and certificate, and the address they are good for."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.key: bytes | None = None
+        self.cert: bytes | None = None
+        self.registry: str | None = None
+        self.received_at = 0.0  # when the certificate came (its start is backdated)
+
+    def load(self) -> bool:
+        """The identity a previous agent process left, if still usable."""
+        try:
+            key = read_secret(self.directory / "key.pem")
+            cert = (self.directory / "cert.pem").read_bytes()
+            registry = (self.directory / "registry").read_text().strip()
+            received_at = (self.directory / "cert.pem").stat().st_mtime
+        except OSError:
+            return False
+        self.key, self.cert, self.registry = key, cert, registry
+        self.received_at = received_at
+        return self.remaining() > 0
+
+    def save(self, key: bytes, cert: bytes, registry: str) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_secret(self.directory / "key.pem", key, overwrite=True)
+        write_secret(self.directory / "cert.pem", cert, overwrite=True)
+        write_secret(self.directory / "registry", registry, overwrite=True)
+        self.key, self.cert, self.registry = key, cert, registry
+        self.received_at = time.time()
+
+    def forget(self) -> None:
+        for name in ("key.pem", "cert.pem", "registry"):
+            (self.directory / name).unlink(missing_ok=True)
+        self.key = self.cert = self.registry = None
+
+    def remaining(self) -> float:
+        """Seconds until the certificate expires (0 without one)."""
+        if self.cert is None:
+            return 0.0
+        return max(0.0, certificate_window(self.cert)[1] - time.time())
+
+    def due(self) -> bool:
+        """Past half its lifetime (from when it came): time to renew. The old certificate
+        stays valid until it ends, so nothing in flight is cut short."""
+        if self.cert is None:
+            return True
+        end = certificate_window(self.cert)[1]
+        return time.time() >= self.received_at + (end - self.received_at) / 2
 
 
 class Agent:
     """The worker agent of one instance. `serve()` starts it; `close()` stops the agent
     (its containers keep running, as they would across a restart)."""
 
-    def __init__(self, config: AgentConfig, runtime: ContainerRuntime) -> None:
+    def __init__(self, config: AgentConfig, runtime: Any) -> None:
         # Docker takes a relative bind-mount source for a volume name: paths are absolute.
         self.config = config = replace(config, work_dir=config.work_dir.absolute())
         self.runtime = runtime
@@ -125,160 +184,186 @@ class Agent:
         self._lock = threading.RLock()
         self._changed = threading.Event()
         self._closing = threading.Event()
-        self.artifacts = Artifacts(runtime, config.work_dir, config.log_tail_lines)
+        self.artifacts = Artifacts(runtime, config.work_dir, config.log_tail_lines, self._grant)
         self.attempts = AttemptRunner(
             config, runtime, self.artifacts, changed=self._changed.set, closing=self._closing
         )
-        self._session: str | None = None
-        self._daemon_token: str | None = None
+        self.identity = _Identity(config.work_dir / IDENTITY_DIR)
         self._interval = 5.0
-        self._csr, self._key = signing_request(config.instance_id)
-        self._pending_certificate: Any = None
-        self.registered = threading.Event()
+        self.enrolled = threading.Event()
+        self.connected = threading.Event()  # heard by the daemon since the last (re)connect
         self.lost_reason: str | None = None
-        self._server: grpc.Server | None = None
         self._channel: grpc.Channel | None = None
-        self._registry: pb_grpc.WorkerRegistryStub | None = None
-        self._heartbeat_thread: threading.Thread | None = None
-        self.port: int | None = None
-        self.address: str | None = None
+        self._registry: pb_grpc.RegistryStub | None = None
+        self._stream: Any = None
+        self._threads: list[threading.Thread] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Listen, adopt the containers a previous agent left, and start heart-beating."""
+        """Adopt the containers a previous agent left, then enroll and heart-beat."""
         config = self.config
         config.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(config.work_dir, 0o700)
-        # Until the daemon signs our certificate we serve a throwaway one nobody trusts;
-        # gRPC asks `_next_certificate` on every handshake and switches when it changes.
-        cert, key = Authority.create("unregistered worker").issue(["unregistered.invalid"])
-        credentials = grpc.dynamic_ssl_server_credentials(
-            grpc.ssl_server_certificate_configuration([(key, cert)]), self._next_certificate
-        )
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="worker-rpc"),
-            interceptors=[TokenAuth(self._tokens, {"daemon": DAEMON_METHODS})],
-            options=server_options(),
-        )
-        pb_grpc.add_WorkerServicer_to_server(WorkerService(self.attempts), server)
-        health_servicer = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        for service in ("", "autoscaler.worker.v1.Worker"):
-            health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-        try:
-            port = server.add_secure_port(config.listen, credentials)
-        except RuntimeError as exc:
-            raise AgentError(f"cannot listen on {config.listen}: {exc}") from None
-        if not port:
-            raise AgentError(f"cannot listen on {config.listen}")
-        server.start()
-        self._server, self.port = server, port
-        host = config.advertise or _route_to(config.daemon)
-        self.address = f"{host}:{port}"
-        self._channel = secure_channel(
-            config.daemon,
-            config.ca_pem,
-            config.worker_token,
-            server_name=config.daemon_server_name,
-            options=RECONNECT_OPTIONS,
-        )
-        self._registry = pb_grpc.WorkerRegistryStub(self._channel)
+        if config.enrollment_secret is None and not config.imds_endpoint:
+            raise AgentError("no proof of the instance: an enrollment secret or IMDS")
         self.attempts.adopt()
-        self._heartbeat_thread = threading.Thread(
-            target=self._heartbeat_loop, name="heartbeat", daemon=True
-        )
-        self._heartbeat_thread.start()
+        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._command_loop, "commands")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def close(self, grace_s: float = 1.0) -> None:
-        """Stop serving and heart-beating; containers keep running."""
+        """Stop heart-beating; containers keep running."""
         self._closing.set()
         self._changed.set()
-        if self._channel is not None:
-            self._channel.close()  # cancels a heartbeat in flight
-        if self._server is not None:
-            self._server.stop(grace_s).wait()
-        if self._heartbeat_thread is not None:
-            self._heartbeat_thread.join(timeout=self.config.rpc_timeout_s + 5)
+        with self._lock:
+            channel, self._channel = self._channel, None
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+        if channel is not None:
+            channel.close()  # cancels a heartbeat in flight
+        for thread in self._threads:
+            thread.join(timeout=self.config.rpc_timeout_s + 5)
 
     def wait(self) -> None:
         """Block until `close()` (the command runs until SIGTERM)."""
         self._closing.wait()
 
-    @property
-    def storage(self) -> Storage | None:
-        """The cluster's storage, once the daemon has named it (at registration)."""
-        return self.artifacts.storage
-
     def statuses(self) -> list[pb.TaskStatus]:
         """The state of every attempt this worker holds (what a heartbeat carries)."""
         return self.attempts.statuses()
 
-    def _tokens(self) -> dict[str, str]:
-        token = self._daemon_token
-        return {token: "daemon"} if token else {}
+    # -- enrollment and the certificate ----------------------------------------------------
 
-    def _next_certificate(self) -> Any:
-        with self._lock:
-            update, self._pending_certificate = self._pending_certificate, None
-        return update
+    def _proof(self, request: pb.EnrollRequest) -> None:
+        config = self.config
+        if config.enrollment_secret is not None:
+            request.local_secret = read_secret_file(config.enrollment_secret)
+        else:
+            request.ec2.CopyFrom(imds_identity(config.imds_endpoint))
 
-    # -- registration and heartbeats ------------------------------------------------------
-
-    def _register(self) -> None:
-        assert self._registry is not None
-        capacity = self.config.capacity
-        response = self._registry.Register(
-            pb.RegisterRequest(
+    def _enroll(self) -> None:
+        """Make sure the agent has a valid certificate and a channel to the registry."""
+        if self.identity.key is None and self.identity.load():
+            log.info("using the certificate this instance enrolled with before")
+        elif self.identity.remaining() <= 60:
+            csr, key = signing_request(self.config.instance_id)
+            request = pb.EnrollRequest(
                 instance_id=self.config.instance_id,
-                capacity=pb.Capacity(
-                    gpus=capacity.gpu, cpus=capacity.cpu, memory_gb=capacity.ram_gb
-                ),
-                agent_version=self.version,
-                address=self.address,
-                csr_pem=self._csr,
-                tasks=self.statuses(),
-                gpu_devices=self.config.gpu_devices,
-            ),
-            timeout=self.config.rpc_timeout_s,
-            wait_for_ready=True,  # the daemon may be starting (or restarting) too
-        )
-        storage = self.artifacts.storage
-        if storage is None or storage.url != response.storage_url.rstrip("/"):
-            storage = open_storage(response.storage_url, **self.config.storage_options)
-        with self._lock:
-            self._pending_certificate = grpc.ssl_server_certificate_configuration(
-                [(self._key, response.certificate_pem)]
+                csr_pem=csr,
+                held=[pb.AttemptRef(task_id=t, attempt=a) for t, a in self.attempts.held()],
             )
-            self._daemon_token = response.daemon_token
-            self._session = response.session
+            self._proof(request)
+            with secure_channel(
+                self.config.daemon,
+                self.config.ca_pem,
+                server_name=self.config.daemon_server_name,
+                options=RECONNECT_OPTIONS,
+            ) as channel:
+                response = pb_grpc.EnrollmentStub(channel).Enroll(
+                    request, timeout=self.config.rpc_timeout_s, wait_for_ready=True
+                )
+            self.identity.save(key, response.certificate_pem, response.registry_address)
             self._interval = response.heartbeat_interval_s or self._interval
-            self.lost_reason = None
-        self.artifacts.use(storage)
-        self._forget(response.acknowledged)
-        self.registered.set()
-        log.info(
-            "registered %s with the daemon at %s (serving on %s)",
-            self.config.instance_id,
-            self.config.daemon,
-            self.address,
+            self.attempts.abandon(response.stop, "the daemon gave this attempt up")
+            log.info(
+                "enrolled %s with the daemon at %s", self.config.instance_id, self.config.daemon
+            )
+        self._connect()
+        self.enrolled.set()
+
+    def _connect(self) -> None:
+        """A channel to the registry with the current certificate; the previous one (and the
+        command stream on it) is closed once replaced, so nothing in flight is cut short
+        but the stream, which the command loop opens again at once (commands are resent)."""
+        identity = self.identity
+        assert identity.key is not None and identity.cert is not None
+        assert identity.registry is not None
+        channel = secure_channel(
+            identity.registry,
+            self.config.ca_pem,
+            server_name=self.config.daemon_server_name,
+            client=(identity.cert, identity.key),
+            options=RECONNECT_OPTIONS,
         )
+        with self._lock:
+            old, self._channel = self._channel, channel
+            self._registry = pb_grpc.RegistryStub(channel)
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()
+        if old is not None:
+            old.close()
+        self.artifacts.ready.set()
+
+    def _renew(self) -> None:
+        """A new key and certificate before the current one is half through its life."""
+        csr, key = signing_request(self.config.instance_id)
+        response = self._stub().Renew(
+            pb.RenewRequest(csr_pem=csr), timeout=self.config.rpc_timeout_s, wait_for_ready=True
+        )
+        assert self.identity.registry is not None
+        self.identity.save(key, response.certificate_pem, self.identity.registry)
+        self._connect()
+        log.info("renewed the certificate of %s", self.config.instance_id)
+
+    def _stub(self) -> pb_grpc.RegistryStub:
+        with self._lock:
+            registry = self._registry
+        if registry is None:
+            raise ValueError("not connected to the daemon")
+        return registry
+
+    # -- grants ----------------------------------------------------------------------------
+
+    def _grant(self, task_id: str, attempt: int, kind: str, step: int) -> tuple[str, str]:
+        """A presigned PUT for one object of an attempt (`artifacts.Uploads`): asked of the
+        daemon, retried while it cannot be reached; Fenced when it refuses for good."""
+        request = pb.GrantUploadRequest(
+            task_id=task_id,
+            attempt=attempt,
+            kind=pb.OBJECT_KIND_CHECKPOINT if kind == CHECKPOINT else pb.OBJECT_KIND_LOG,
+            step=step,
+        )
+        deadline = time.monotonic() + 120.0
+        delay = 0.5
+        while True:
+            try:
+                grant = self._stub().GrantUpload(
+                    request, timeout=self.config.rpc_timeout_s, wait_for_ready=True
+                )
+                return grant.url, grant.ref
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+                    raise Fenced(exc.details()) from None  # type: ignore[attr-defined]
+                why = f"{code.name} {exc.details()}"  # type: ignore[attr-defined]
+            except ValueError as exc:  # not connected yet, or the channel was replaced
+                why = str(exc)
+            if time.monotonic() > deadline or self._closing.is_set():
+                raise StorageError(f"no upload grant from the daemon: {why}")
+            self._closing.wait(delay)
+            delay = min(delay * 2, 5.0)
+
+    # -- heartbeats -------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        """Register, then heart-beat every interval — at once when an attempt changes state
-        or a job reports its first iteration — polling the jobs every `poll_interval_s`."""
+        """Enroll, then heart-beat every interval — at once when an attempt changes state or
+        a job reports its first iteration — polling the jobs every `poll_interval_s`."""
         backoff = 0.5
         next_beat = 0.0
         unreachable_since: float | None = None
         while not self._closing.is_set():
-            if self._session is None:
+            if not self.enrolled.is_set():
                 try:
-                    self._register()
+                    self._enroll()
                     backoff, next_beat = 0.5, 0.0
-                except (grpc.RpcError, ValueError) as exc:
+                except (grpc.RpcError, OSError, ValueError) as exc:
                     if self._closing.is_set():
                         return
-                    self._registration_failed(exc)  # type: ignore[arg-type]
+                    self._enrollment_failed(exc)
                     self._closing.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
@@ -287,53 +372,71 @@ class Agent:
                 self._changed.clear()
                 next_beat = time.monotonic() + self._interval
                 try:
-                    response = self._registry.Heartbeat(  # type: ignore[union-attr]
-                        pb.HeartbeatRequest(
-                            instance_id=self.config.instance_id,
-                            session=self._session or "",
-                            tasks=self.statuses(),
-                        ),
-                        timeout=self.config.rpc_timeout_s,
-                        wait_for_ready=True,
-                    )
+                    if self.identity.due():
+                        self._renew()
+                    self._beat()
                     if unreachable_since is not None:
                         log.info("the daemon answers again")
                     unreachable_since = None
-                    self._forget(response.acknowledged)
-                    self._interval = response.heartbeat_interval_s or self._interval
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
                     if self._closing.is_set():
                         return
-                    code = exc.code()  # type: ignore[union-attr]
-                    if code == grpc.StatusCode.NOT_FOUND:
-                        log.info("the daemon does not know this worker (any more): registering")
-                        self._session = None
-                        continue
+                    code = exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[attr-defined]
+                    details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
                     if code == grpc.StatusCode.FAILED_PRECONDITION:
-                        self._declared_lost(exc.details() or "declared lost")  # type: ignore[union-attr]
+                        self._declared_lost(details or "declared lost")
+                        continue
+                    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                        log.warning("the daemon refuses this worker's certificate (%s)", details)
+                        self.identity.forget()
+                        self.enrolled.clear()
                         continue
                     if unreachable_since is None:
                         unreachable_since = time.monotonic()
                         log.warning(
-                            "heartbeat failed (%s); containers keep running, retrying", code.name
+                            "heartbeat failed (%s); containers keep running, retrying",
+                            code.name if code else details,
                         )
             wait = min(self.config.poll_interval_s, max(next_beat - time.monotonic(), 0.0))
             self._changed.wait(wait)
 
-    def _registration_failed(self, exc: grpc.RpcError) -> None:
-        code = exc.code()  # type: ignore[attr-defined]
-        details = exc.details()  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.FAILED_PRECONDITION:
-            self._declared_lost(details or "declared lost")
+    def _beat(self) -> None:
+        capacity = self.config.capacity
+        response = self._stub().Heartbeat(
+            pb.HeartbeatRequest(
+                capacity=pb.Capacity(
+                    gpus=capacity.gpu, cpus=capacity.cpu, memory_gb=capacity.ram_gb
+                ),
+                agent_version=self.version,
+                gpu_devices=self.config.gpu_devices,
+                tasks=self.statuses(),
+            ),
+            timeout=self.config.rpc_timeout_s,
+            wait_for_ready=True,
+        )
+        with self._lock:
+            self.lost_reason = None
+        self.connected.set()
+        self._forget(response.acknowledged)
+        self.attempts.abandon(response.stop, "the daemon gave this attempt up")
+        self._interval = response.heartbeat_interval_s or self._interval
+
+    def _enrollment_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, grpc.RpcError):
+            code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                self._declared_lost(details or "declared lost")
+                return
+            log.warning("cannot enroll with %s: %s %s", self.config.daemon, code.name, details)
         else:
-            log.warning("cannot register with %s: %s %s", self.config.daemon, code.name, details)
+            log.warning("cannot enroll with %s: %s", self.config.daemon, exc)
 
     def _declared_lost(self, reason: str) -> None:
         """The daemon gave this worker up: its tasks run elsewhere now; kill ours."""
         with self._lock:
             first = self.lost_reason is None
             self.lost_reason = reason
-            self._session = None
+        self.connected.clear()
         if first:
             log.error("the daemon declared this worker lost (%s); killing its containers", reason)
         self.attempts.abandon_all(f"the daemon declared this worker lost: {reason}")
@@ -342,17 +445,56 @@ class Agent:
     def _forget(self, refs: Iterable[Any]) -> None:
         self.attempts.forget(refs)
 
+    # -- commands ---------------------------------------------------------------------------
 
-def _route_to(target: str) -> str:
-    """This machine's address on the route to `target` (no packet is sent)."""
-    host = target.rpartition(":")[0].strip("[]") or "127.0.0.1"
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return socket.gethostname()
+    def _command_loop(self) -> None:
+        """Hold the command stream open (after the first heartbeat, which introduces this
+        worker), carrying out each start and stop as it arrives."""
+        backoff = 0.2
+        while not self._closing.is_set():
+            if not self.connected.wait(timeout=0.5):
+                continue
+            try:
+                stream = self._stub().Commands(pb.CommandsRequest(), wait_for_ready=True)
+            except ValueError:
+                self._closing.wait(backoff)
+                continue
+            with self._lock:
+                self._stream = stream
+            try:
+                for command in stream:
+                    backoff = 0.2
+                    self._carry_out(command)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.connected.clear()  # the next heartbeat says why
+                elif code != grpc.StatusCode.CANCELLED:
+                    log.info("command stream ended (%s); opening it again", code.name)
+            except ValueError:
+                pass  # the channel was closed under it (replaced, or the agent is closing)
+            self._closing.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _carry_out(self, command: pb.Command) -> None:
+        which = command.WhichOneof("command")
+        if which == "start":
+            order = command.start
+            try:
+                launch = launch_from_pb(order)
+            except BadMessage as exc:
+                log.error("start of %s/%d refused: %s", order.task_id, order.attempt, exc)
+                return
+            try:
+                self.attempts.start(
+                    launch,
+                    context_url=order.build_context_url,
+                    checkpoint_url=order.checkpoint_url,
+                )
+            except Rejected as exc:
+                self.attempts.refuse(launch, str(exc))
+        elif which == "stop":
+            self.attempts.stop(command.stop.task_id, command.stop.attempt)
 
 
-__all__ = ["DAEMON_METHODS", "Agent", "AgentConfig", "AgentError", "agent_version"]
+__all__ = ["Agent", "AgentConfig", "AgentError", "agent_version"]

@@ -1,5 +1,11 @@
 """What an attempt takes from the cluster's storage and leaves in it (Eva §5: "all
-instances in the cluster have access to a global storage").
+instances in the cluster have access to a global storage") — through grants only.
+
+The worker holds no storage credentials. A start brings presigned GETs of the
+attempt's build context and checkpoint; every upload asks the daemon for a
+presigned PUT of one object under the attempt's own prefix (`Uploads`, the
+agent's `GrantUpload` call), which the daemon refuses once it has given the
+attempt up (`Fenced`).
 
 - **The image**: built from the task's build context, which is content-addressed
   (`contexts/<sha256>.tar.gz`): a context already built on this worker is neither
@@ -7,7 +13,8 @@ instances in the cluster have access to a global storage").
   from it at once. A fetched context must hash to its address.
 - **The checkpoint**: restored into the attempt's checkpoint directory before the
   container starts; packed and uploaded when the attempt ends having saved something
-  new (the upload is atomic, so a half-uploaded checkpoint is never referenced).
+  new, under a key versioned by the job's step (the upload is atomic, so a
+  half-uploaded checkpoint is never referenced).
 - **The log**: the container's output (or the failed build's) kept per attempt,
   and its last lines for the report.
 
@@ -24,64 +31,59 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 from autoscaler.execution import TaskLaunch
 from autoscaler.jobs import TaskRun
 from executor.packing import file_digest, pack_directory, unpack_checkpoint
 from executor.runtime import ContainerRuntime
-from executor.storage import (
-    Storage,
-    StorageError,
-    checkpoint_key,
-    context_digest,
-    log_key,
-)
+from executor.storage import StorageError, context_digest, download, upload
 
 log = logging.getLogger(__name__)
 
 #: What a directory holds (relative path, size, modification time), to see if it changed.
 Manifest = tuple[tuple[str, int, int], ...]
 
+#: What a grant is for (the protocol's `ObjectKind`).
+CHECKPOINT, LOG = "checkpoint", "log"
+
+
+class Fenced(StorageError):
+    """The daemon refused a grant: it gave this attempt up, which must stop at once."""
+
+
+class Uploads(Protocol):
+    """Asks the daemon for a presigned PUT of one object of an attempt (`GrantUpload`):
+    returns (URL, the object's reference once written); Fenced when refused for good."""
+
+    def __call__(self, task_id: str, attempt: int, kind: str, step: int) -> tuple[str, str]: ...
+
 
 class Artifacts:
     """The worker's side of the storage: images from contexts, checkpoints, logs.
 
-    The storage is the one the daemon names when the agent registers (`use`);
-    until then nothing can be fetched, and `ready` is unset."""
+    Uploads need the daemon (`grants`, once the agent has enrolled: `ready`)."""
 
-    def __init__(self, runtime: ContainerRuntime, work_dir: Path, log_tail_lines: int) -> None:
+    def __init__(
+        self, runtime: ContainerRuntime, work_dir: Path, log_tail_lines: int, grants: Uploads
+    ) -> None:
         self.runtime = runtime
         self.work_dir = work_dir
         self.log_tail_lines = log_tail_lines
+        self.grants = grants
         self.ready = threading.Event()
-        self._storage: Storage | None = None
         self._lock = threading.Lock()
         self._build_locks: dict[str, threading.Lock] = {}
 
-    @property
-    def storage(self) -> Storage | None:
-        """The cluster's storage, once the daemon has named it."""
-        return self._storage
-
-    def use(self, storage: Storage) -> None:
-        self._storage = storage
-        self.ready.set()
-
-    def _require(self) -> Storage:
-        storage = self._storage
-        if storage is None:
-            raise StorageError("not registered with the daemon yet")
-        return storage
-
-    def image(self, run: TaskRun, phases: dict[str, float]) -> str:
-        """The image an attempt runs: pulled by name, or built from its build context."""
+    def image(self, run: TaskRun, phases: dict[str, float], url: str = "") -> str:
+        """The image an attempt runs: pulled by name, or built from its build context
+        (fetched from `url`, the start's grant, unless built here before)."""
         if not run.build_context:
             began = time.monotonic()
             assert run.image is not None
             self.runtime.pull(run.image)
             phases["fetch"] = time.monotonic() - began
             return run.image
-        storage = self._require()
         digest = context_digest(run.build_context)
         tag = f"autoscaler/context:{digest}"
         with self._lock:
@@ -92,7 +94,9 @@ class Artifacts:
             began = time.monotonic()
             # Named per download: agents sharing a work directory never share a file.
             archive = self.work_dir / "contexts" / f"{digest}.{uuid.uuid4().hex}.tar.gz"
-            storage.get_file(run.build_context, archive)
+            if not url:
+                raise StorageError(f"no grant to read {run.build_context}")
+            download(url, archive)
             try:
                 if file_digest(archive) != digest:
                     raise StorageError(
@@ -109,36 +113,45 @@ class Artifacts:
         return tag
 
     def restore(
-        self, ref: str | None, checkpoint_dir: Path, scratch: Path, phases: dict[str, float]
+        self, url: str, checkpoint_dir: Path, scratch: Path, phases: dict[str, float]
     ) -> Manifest:
-        """Unpack the checkpoint `ref` (if any) into `checkpoint_dir`; returns what the
-        directory then holds, so the end of the attempt can tell whether it saved anew."""
-        if ref:
+        """Unpack the checkpoint at `url` (the start's grant, if it resumes) into
+        `checkpoint_dir`; returns what the directory then holds, so the end of the attempt
+        can tell whether it saved anew."""
+        if url:
             began = time.monotonic()
             archive = scratch / "restore.tar.gz"
-            self._require().get_file(ref, archive)
+            download(url, archive)
             unpack_checkpoint(archive, checkpoint_dir)
             archive.unlink()
             phases["fetch"] = phases.get("fetch", 0.0) + time.monotonic() - began
         return manifest(checkpoint_dir)
 
-    def upload_checkpoint(self, launch: TaskLaunch, checkpoint_dir: Path, scratch: Path) -> str:
-        """Pack and upload the checkpoint directory; returns its reference."""
-        storage = self._require()
+    def upload_checkpoint(
+        self, launch: TaskLaunch, checkpoint_dir: Path, scratch: Path, step: int
+    ) -> str:
+        """Pack and upload the checkpoint directory as the version of `step`; returns its
+        reference. Fenced if the daemon gave the attempt up."""
         archive = scratch / "checkpoint.tar.gz"
         pack_directory(checkpoint_dir, archive)
-        return storage.put_file(
-            checkpoint_key(launch.job_id, launch.task_id, launch.attempt), archive
-        )
+        url, ref = self.grants(launch.task_id, launch.attempt, CHECKPOINT, max(0, step))
+        upload(url, archive)
+        return ref
 
-    def save_log(self, launch: TaskLaunch, data: bytes) -> tuple[str, ...]:
+    def save_log(self, launch: TaskLaunch, data: bytes, scratch: Path) -> tuple[str, ...]:
         """Keep an attempt's log in the storage; returns its last lines (for the report)."""
         lines = data.decode("utf-8", "replace").splitlines()
         tail = tuple(line[:500] for line in lines[-self.log_tail_lines :])
+        scratch.mkdir(parents=True, exist_ok=True)
+        path = scratch / f"output.{uuid.uuid4().hex}.log"
         try:
-            self._require().put_bytes(log_key(launch.job_id, launch.task_id, launch.attempt), data)
-        except StorageError as exc:
+            path.write_bytes(data)
+            url, _ref = self.grants(launch.task_id, launch.attempt, LOG, 0)
+            upload(url, path)
+        except (StorageError, OSError) as exc:
             log.warning("log of %s/%d not saved: %s", launch.task_id, launch.attempt, exc)
+        finally:
+            path.unlink(missing_ok=True)
         return tail
 
 

@@ -12,9 +12,11 @@
   checkpoint saved since the restore is uploaded, whether asked for or not
   (nothing checkpointed is lost); the log is kept.
 - **Adopt**: containers outlive the agent process. Each attempt's directory
-  holds its launch (`launch.pb`: the worker protocol's own `StartTaskRequest`,
-  encoded by `executor.messages` and nothing else) and what its restore left,
-  so a restarted agent takes over the containers labelled with its instance.
+  holds its launch (`launch.pb`: the worker protocol's own `StartTask`, encoded
+  by `executor.messages` and nothing else) and what its restore left, so a
+  restarted agent takes over the containers labelled with its instance.
+- **Fence**: an attempt the daemon gave up (its heartbeat answer says stop, or a
+  grant is refused) is killed at once, with nothing uploaded (`abandon`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from google.protobuf.message import DecodeError
 
 from autoscaler.execution import TERMINAL_TASK_STATES, ResourceLimits, TaskLaunch
 from executor import reporter
-from executor.artifacts import Artifacts, Manifest, manifest
+from executor.artifacts import Artifacts, Fenced, Manifest, manifest
 from executor.messages import BadMessage, launch_from_pb, launch_to_pb, state_to_pb
 from executor.protos import worker_pb2 as pb
 from executor.runtime import (
@@ -98,6 +100,8 @@ class Attempt:
     acknowledged: bool = False  # the job said its checkpoint is saved
     sigterm_sent: bool = False
     restored: Manifest = ()  # what the checkpoint directory held after the restore
+    context_url: str = ""  # the start's grants: presigned GETs of its inputs
+    checkpoint_url: str = ""
     exited: threading.Event = field(default_factory=threading.Event)
     stopper: threading.Thread | None = None  # carrying out the stop, once it began
 
@@ -186,6 +190,26 @@ class AttemptRunner:
         for attempt in live:
             self._abandon(attempt, reason)
 
+    def abandon(self, refs: Iterable[Any], reason: str) -> None:
+        """Kill these attempts (`AttemptRef`s) without a checkpoint: the daemon gave them up,
+        so they may upload and report nothing more (they are fenced)."""
+        with self._lock:
+            doomed = [self._attempts.get((r.task_id, r.attempt)) for r in refs]
+        for attempt in doomed:
+            if attempt is not None and not attempt.terminal:
+                log.warning(
+                    "attempt %d of %s: %s; killing it",
+                    attempt.launch.attempt,
+                    attempt.launch.task_id,
+                    reason,
+                )
+                self._abandon(attempt, reason)
+
+    def held(self) -> list[tuple[str, int]]:
+        """Every attempt this worker has, ended or not."""
+        with self._lock:
+            return list(self._attempts)
+
     def poll(self) -> bool:
         """Ask each running job how far it got (the report socket); True when one has just
         done its first iteration (worth telling the daemon at once: it is running now)."""
@@ -230,8 +254,11 @@ class AttemptRunner:
 
     # -- starting -------------------------------------------------------------------------
 
-    def start(self, launch: TaskLaunch) -> pb.TaskStatus:
-        """Accept an attempt (idempotent) and start it in the background."""
+    def start(
+        self, launch: TaskLaunch, *, context_url: str = "", checkpoint_url: str = ""
+    ) -> pb.TaskStatus:
+        """Accept an attempt (idempotent) and start it in the background; the URLs are the
+        start's grants to read its build context and checkpoint."""
         if launch.instance_id and launch.instance_id != self.config.instance_id:
             raise Rejected(
                 f"this worker runs instance {self.config.instance_id}, not {launch.instance_id}"
@@ -251,6 +278,8 @@ class AttemptRunner:
                 self._directory(launch.task_id, launch.attempt),
                 self.config.throughput_window_s,
                 checkpoint=launch.checkpoint,
+                context_url=context_url,
+                checkpoint_url=checkpoint_url,
             )
             misfit = self._misfit(launch)
             self._attempts[attempt.key] = attempt
@@ -266,6 +295,23 @@ class AttemptRunner:
             ).start()
         self._changed()
         return status
+
+    def refuse(self, launch: TaskLaunch, reason: str) -> None:
+        """Hold an attempt this worker will not start as failed, with the reason, so the
+        daemon learns it at the next heartbeat instead of waiting for a start timeout."""
+        with self._lock:
+            if launch.task_id and (launch.task_id, launch.attempt) not in self._attempts:
+                attempt = Attempt(
+                    launch,
+                    self._directory(launch.task_id, launch.attempt),
+                    self.config.throughput_window_s,
+                    state="failed",
+                    reason=reason,
+                    checkpoint=launch.checkpoint,
+                )
+                attempt.exited.set()
+                self._attempts[attempt.key] = attempt
+        self._changed()
 
     def _misfit(self, launch: TaskLaunch) -> str:
         """Why the attempt does not fit next to the others (empty: it fits)."""
@@ -296,8 +342,6 @@ class AttemptRunner:
         launch = attempt.launch
         phase = "fetch"
         try:
-            if self.artifacts.storage is None:
-                raise StorageError("not registered with the daemon yet")
             attempt.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             attempt.report_dir.mkdir(parents=True, exist_ok=True)
             # The job may run as any user: its own two directories are open to it (they sit
@@ -305,11 +349,16 @@ class AttemptRunner:
             os.chmod(attempt.checkpoint_dir, 0o777)
             os.chmod(attempt.report_dir, 0o777)
             save_launch(attempt.directory, launch)
-            image = self.artifacts.image(launch.run, attempt.phases)
+            image = self.artifacts.image(launch.run, attempt.phases, attempt.context_url)
             phase = "restore"
             if not self._stop_before_start(attempt):
+                if launch.checkpoint and not attempt.checkpoint_url:
+                    raise StorageError(f"no grant to read the checkpoint {launch.checkpoint}")
                 attempt.restored = self.artifacts.restore(
-                    launch.checkpoint, attempt.checkpoint_dir, attempt.directory, attempt.phases
+                    attempt.checkpoint_url,
+                    attempt.checkpoint_dir,
+                    attempt.directory,
+                    attempt.phases,
                 )
                 _write_json(attempt.directory / RESTORED_FILE, attempt.restored)
             if self._stop_before_start(attempt):
@@ -497,7 +546,7 @@ class AttemptRunner:
     def _finish(self, attempt: Attempt, exit_: ContainerExit) -> None:
         """Decide how the attempt ended, keep its checkpoint and its log, report it."""
         launch, config = attempt.launch, self.config
-        self.artifacts.ready.wait()  # an adopted container may end before the storage is known
+        self.artifacts.ready.wait()  # an adopted container may end before the agent enrolled
         with self._lock:
             stop_at = attempt.stop_requested_at
         if stop_at is not None:
@@ -531,9 +580,12 @@ class AttemptRunner:
             began = time.monotonic()
             try:
                 checkpoint = self.artifacts.upload_checkpoint(
-                    launch, attempt.checkpoint_dir, attempt.directory
+                    launch, attempt.checkpoint_dir, attempt.directory, int(attempt.iterations)
                 )
                 attempt.phases["upload"] = time.monotonic() - began
+            except Fenced as exc:
+                state, reason = "failed", f"fenced: {exc}"
+                attempt.abandoned = reason
             except (StorageError, OSError, tarfile.TarError) as exc:
                 note = f" ({reason})" if reason else ""
                 state, reason = "failed", f"checkpoint upload failed: {exc}{note}"
@@ -569,8 +621,8 @@ class AttemptRunner:
     def _save_log(self, attempt: Attempt, data: bytes | None = None) -> None:
         """Keep the container's log (or `data`) in the storage, and its last lines."""
         container, launch = attempt.container, attempt.launch
-        if self.artifacts.storage is None or (container is None and data is None):
-            return
+        if attempt.abandoned or (container is None and data is None):
+            return  # a fenced attempt uploads nothing (its grants are refused)
         if data is None:
             assert container is not None
             try:
@@ -578,7 +630,7 @@ class AttemptRunner:
             except RuntimeFailure as exc:
                 log.warning("log of %s/%d: %s", launch.task_id, launch.attempt, exc)
                 return
-        attempt.log_tail = self.artifacts.save_log(launch, data)
+        attempt.log_tail = self.artifacts.save_log(launch, data, attempt.directory)
 
     def _end(
         self,
@@ -654,7 +706,7 @@ def save_launch(directory: Path, launch: TaskLaunch) -> None:
 
 def load_launch(directory: Path) -> TaskLaunch:
     """The launch `save_launch` kept (OSError, DecodeError or BadMessage if there is none)."""
-    return launch_from_pb(pb.StartTaskRequest.FromString((directory / LAUNCH_FILE).read_bytes()))
+    return launch_from_pb(pb.StartTask.FromString((directory / LAUNCH_FILE).read_bytes()))
 
 
 def _slug(task_id: str) -> str:

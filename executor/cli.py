@@ -1,15 +1,17 @@
 """`autoscaler-worker` (also `autoscaler worker`): the worker agent of one instance.
 
-    autoscaler-worker --daemon HOST:PORT --ca FILE (--token-file FILE | --token-ssm NAME)
-        [--instance-id ID] [--docker URL] [--work-dir DIR] [--listen HOST:PORT]
-        [--advertise HOST] [--capacity GPU,CPU,RAM_GB]
+    autoscaler-worker --daemon HOST:PORT --ca FILE (--imds [URL] | --enrollment-secret FILE)
+        [--instance-id ID] [--docker URL] [--work-dir DIR] [--capacity GPU,CPU,RAM_GB]
 
 The instance id is ours (the launch token), from `--instance-id` or
 `AUTOSCALER_INSTANCE_ID`, which the launcher writes (EC2 user data, or the
-local cloud); it is never guessed. The worker token comes from a 0600 file or
-from an SSM SecureString parameter (read with the instance role's
-credentials). The agent runs until SIGTERM or SIGINT; its containers keep
-running and the next agent of the instance adopts them.
+local cloud); it is never guessed. The agent proves it is that instance when it
+enrolls: on EC2 with the signed identity document from the instance metadata
+service (`--imds`), on the local cloud with the one-time secret the cloud left
+in its directory (`--enrollment-secret`). It holds no token and no cloud
+credentials, and listens on no port: it dials the daemon. It runs until SIGTERM
+or SIGINT; its containers keep running and the next agent of the instance
+adopts them.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.resources import Resources
 
 INSTANCE_ENV = "AUTOSCALER_INSTANCE_ID"
+#: Where IMDS answers on EC2, and the daemon certificate's fixed name (kept here as text:
+#: the flags are parsed before the agent's modules are imported).
+IMDS_ENDPOINT = "http://169.254.169.254"
+DAEMON_NAME = "autoscaler-daemon"
 DEFAULT_WORK_DIR = "/var/lib/autoscaler-worker"
 
 
 DESCRIPTION = (
-    "Run the worker agent: register with the daemon, heart-beat, and build, "
+    "Run the worker agent: enroll with the daemon, heart-beat, and build, "
     "run, checkpoint and stop the task containers the daemon places on this instance."
 )
 
@@ -40,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `worker` command to the `autoscaler` command line."""
     worker = subparsers.add_parser(
         "worker",
-        help="run the worker agent of this instance (registers with the daemon, runs tasks)",
+        help="run the worker agent of this instance (enrolls with the daemon, runs tasks)",
         description=DESCRIPTION,
     )
     add_arguments(worker)
@@ -69,19 +75,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 def add_arguments(worker: argparse.ArgumentParser) -> None:
     """The worker's flags, on `autoscaler worker` and on `autoscaler-worker` alike."""
     worker.add_argument(
-        "--daemon", required=True, metavar="HOST:PORT", type=_address, help="the daemon's address"
+        "--daemon",
+        required=True,
+        metavar="HOST:PORT",
+        type=_address,
+        help="the daemon's API address, where the worker enrolls",
     )
     worker.add_argument(
-        "--ca", required=True, type=Path, metavar="FILE", help="the cluster CA's certificate (PEM)"
+        "--ca",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the cluster's server CA certificate (PEM): the daemon must present a "
+        "certificate it signed",
     )
-    token = worker.add_mutually_exclusive_group(required=True)
-    token.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="file (mode 0600) holding the worker token"
+    proof = worker.add_mutually_exclusive_group(required=True)
+    proof.add_argument(
+        "--imds",
+        nargs="?",
+        const=IMDS_ENDPOINT,
+        metavar="URL",
+        help="prove the instance with its signed identity document from the instance "
+        f"metadata service (EC2; default endpoint {IMDS_ENDPOINT})",
     )
-    token.add_argument(
-        "--token-ssm",
-        metavar="PARAMETER_NAME",
-        help="SSM Parameter Store SecureString holding the worker token",
+    proof.add_argument(
+        "--enrollment-secret",
+        type=Path,
+        metavar="FILE",
+        help="prove the instance with the one-time secret in FILE (mode 0600; the local cloud)",
     )
     worker.add_argument(
         "--instance-id",
@@ -105,20 +126,6 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
         f"(default: {DEFAULT_WORK_DIR}/INSTANCE_ID, so agents sharing a host never mix)",
     )
     worker.add_argument(
-        "--listen",
-        default="0.0.0.0:7444",
-        type=_address,
-        metavar="HOST:PORT",
-        help="where to serve the daemon's calls (default: 0.0.0.0:7444; port 0 picks a free one)",
-    )
-    worker.add_argument(
-        "--advertise",
-        default=None,
-        metavar="HOST",
-        help="the host the daemon dials (default: this machine's address "
-        "on the route to the daemon)",
-    )
-    worker.add_argument(
         "--capacity",
         default=None,
         metavar="GPU,CPU,RAM_GB",
@@ -127,12 +134,9 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
     )
     worker.add_argument(
         "--daemon-name",
-        default=None,
+        default=DAEMON_NAME,
         metavar="NAME",
-        help="the name in the daemon's certificate, when not its host",
-    )
-    worker.add_argument(
-        "--region", default=None, help="AWS region for --token-ssm (default: the environment's)"
+        help=f"the name the daemon's certificate must carry (default: {DAEMON_NAME})",
     )
     worker.add_argument(
         "--checkpoint-wait",
@@ -194,9 +198,10 @@ class WorkerSetupError(ValueError):
 
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
     from executor.agent import AgentConfig
+    from executor.enrollment import EnrollmentRefused, read_secret_file
     from executor.messages import INSTANCE_ID
     from executor.runtime import DockerRuntime, RuntimeFailure
-    from executor.security import SecretError, read_token
+    from executor.security import SecretError
 
     instance_id = args.instance_id or os.environ.get(INSTANCE_ENV, "")
     if not instance_id:
@@ -213,13 +218,11 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         ) from None
     if b"BEGIN CERTIFICATE" not in ca_pem:
         raise WorkerSetupError(f"{args.ca}: not a PEM certificate")
-    try:
-        if args.token_file is not None:
-            token = read_token(args.token_file)
-        else:
-            token = read_ssm_token(args.token_ssm, region=args.region)
-    except SecretError as exc:
-        raise WorkerSetupError(str(exc)) from None
+    if args.enrollment_secret is not None:
+        try:
+            read_secret_file(args.enrollment_secret)  # readable, and only by its owner
+        except (SecretError, EnrollmentRefused) as exc:
+            raise WorkerSetupError(str(exc)) from None
     machine = detect_machine()
     capacity = args.capacity or machine.capacity
     try:
@@ -230,11 +233,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         instance_id=instance_id,
         daemon=args.daemon,
         ca_pem=ca_pem,
-        worker_token=token,
         work_dir=args.work_dir or Path(DEFAULT_WORK_DIR) / instance_id,
         capacity=capacity,
-        listen=args.listen,
-        advertise=args.advertise,
+        enrollment_secret=args.enrollment_secret,
+        imds_endpoint=args.imds or IMDS_ENDPOINT,
         daemon_server_name=args.daemon_name,
         threads_per_core=machine.threads_per_core,
         host_cpus=machine.logical_cpus,
@@ -244,30 +246,6 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         throughput_window_s=args.throughput_window,
     )
     return config, runtime
-
-
-def read_ssm_token(name: str, *, region: str | None = None, **aws_kwargs: Any) -> str:
-    """The worker token from an SSM SecureString parameter (decrypted with the caller's
-    credentials: on EC2, the instance role's)."""
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from executor.security import SecretError
-
-    try:
-        client = boto3.client("ssm", region_name=region, **aws_kwargs)
-        value = client.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"]
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise SecretError(
-            f"SSM parameter {name}: {error.get('Code', 'error')}: {error.get('Message', '')}"
-        ) from None
-    except BotoCoreError as exc:
-        raise SecretError(f"SSM parameter {name}: {exc}") from None
-    token = str(value).strip()
-    if not token:
-        raise SecretError(f"SSM parameter {name} is empty")
-    return token
 
 
 class Machine:

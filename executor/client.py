@@ -1,44 +1,52 @@
 """The daemon side: `GrpcExecutor`, the Executor contract over gRPC to the worker agents.
 
-Workers come to the daemon: they register (the daemon signs their
-certificate from a signing request and hands out a per-worker token) and
-heart-beat with the state of every attempt they hold. The daemon calls a
-worker back — start, stop — over one channel per worker, TLS verified
-against the cluster CA with the name it put in the worker's certificate,
-its bearer token on every call, a deadline on every RPC.
+Workers dial out; nothing dials a worker. A worker first **enrolls**: it proves
+which instance it is (the cloud's `IdentityVerifier`: EC2's signed identity
+document, the local cloud's one-time secret), for a launch the daemon's state
+knows, and gets a short-lived client certificate naming that instance. Every
+later call (`Registry`: heartbeat, command stream, renewal, upload grants) is
+mutual TLS, and the daemon takes the caller's instance from the verified
+certificate (`security.instance_of`), never from the request.
 
-So `report()` reads memory and never waits on the network: it is the last
-heartbeat of every worker, overlaid with the requests not yet answered (an
-accepted start is at least `starting`, a requested stop at least
-`checkpointing`, until the worker says more). Requests go out on a small
-thread pool, retried while the worker is alive. A worker silent for longer
-than `heartbeat_timeout_s` (by the injected clock) is lost: it is listed in
-`lost_instances` with the reason, its tasks are reported `failed` with their
-last complete checkpoint, and its heartbeats are refused until the round has
-released its instance.
+What a worker may say is bounded by the state (`Ledger`): a heartbeat is
+absorbed only for attempts the daemon placed on that instance (the current
+attempt of a task whose state names this instance); a checkpoint only under
+that attempt's own storage prefix (`storage.is_checkpoint_of`). Anything else
+is dropped and logged, and a live attempt not placed there is told to stop at
+once. Storage is granted, never owned: a start carries presigned GETs of its
+build context and checkpoint, and `GrantUpload` presigns one PUT under the
+attempt's prefix — refused once the daemon has given the attempt up. That is
+the fencing of an abandoned attempt: it can neither upload nor report, and its
+container is killed as soon as its host answers again.
 
-Wiring, in the daemon:
+`report()` reads memory and never waits on the network: the last heartbeat of
+every worker, overlaid with the commands not yet confirmed (an accepted start
+is at least `starting`, a requested stop at least `checkpointing`). Commands
+go out on each worker's `Commands` stream the moment they are queued, and are
+sent again on every new stream until a heartbeat confirms them. A worker
+silent for longer than `heartbeat_timeout_s` (by the injected clock) is lost:
+listed in `lost_instances` with the reason, its tasks reported `failed` with
+their last complete checkpoint, its calls refused until the round released it.
 
-    executor = GrpcExecutor(authority=ca, storage_url=url, now=time.monotonic,
-                            heartbeat_timeout_s=60)
-    server = grpc.server(pool, interceptors=[TokenAuth(tokens, {"worker": WORKER_METHODS,
-                                                                 ...})],
-                         options=server_options())
-    add_registry(server, executor)        # + the API servicers, health
-    server.add_secure_port(listen, server_credentials(daemon_cert, daemon_key))
+Wiring, in the daemon (`app.wiring`, `app.daemon`):
+
+    executor = GrpcExecutor(worker_ca=ca, storage=storage, cluster=name,
+                            registry_address=workers_address, ledger=StateLedger(store),
+                            verifier=cloud_verifier, heartbeat_timeout_s=60)
+    add_worker_services(server, executor)
+    server.add_secure_port(api, server_credentials(cert, key))           # users, Enroll
+    server.add_secure_port(workers, server_credentials(cert, key, client_ca=ca.cert_pem))
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
-from concurrent import futures
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -49,64 +57,154 @@ from autoscaler.execution import (
     TaskReport,
     TaskState,
 )
-from executor.agent import RECONNECT_OPTIONS
+from executor.enrollment import EnrollmentRefused, IdentityVerifier
 from executor.messages import INSTANCE_ID, launch_to_pb, report_from_pb
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
-from executor.security import Authority, new_token, secure_channel
+from executor.security import Authority, PeerRefused, instance_of, instance_uri
+from executor.storage import (
+    Storage,
+    StorageError,
+    checkpoint_key,
+    context_key_of,
+    is_checkpoint_of,
+    log_key,
+)
 
 log = logging.getLogger(__name__)
 
-#: What the "worker" role may call on the daemon (for the daemon's `TokenAuth`).
-WORKER_METHODS = ("/autoscaler.worker.v1.WorkerRegistry/",)
+#: Methods that authenticate their callers themselves (by enrollment proof, or by client
+#: certificate), open past the daemon's `TokenAuth`.
+WORKER_METHODS = ("/autoscaler.worker.v2.Enrollment/", "/autoscaler.worker.v2.Registry/")
+
+#: How long a worker's client certificate is valid; it renews at half of it.
+CERTIFICATE_LIFETIME_S = 3600.0
+#: How long a presigned URL is valid: enough to start a transfer, not to keep one.
+GRANT_EXPIRY_S = 600.0
+#: Enrollment attempts per peer address: a burst, then one every `ENROLL_EVERY_S`.
+ENROLL_BURST = 5
+ENROLL_EVERY_S = 12.0
 
 _TERMINAL_PB = frozenset({pb.TASK_STATE_STOPPED, pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED})
-_RUNNING_PB = frozenset({pb.TASK_STATE_STARTING, pb.TASK_STATE_RUNNING})
-#: Released instances remembered, so their workers cannot register again.
+_ON_INSTANCE = frozenset({"starting", "running", "checkpointing"})
+_LIVE_INSTANCE = frozenset({"requested", "pending", "running", "draining"})
+#: Released instances remembered, so their workers cannot come back.
 _RELEASED_KEPT = 10_000
 
-#: A worker's answer that will not change on retry.
-_REFUSALS = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNIMPLEMENTED,
-    }
-)
+
+# -- what the state says -------------------------------------------------------------------------
 
 
-def worker_server_name(instance_id: str) -> str:
-    """The name the daemon puts in a worker's certificate and verifies when calling it:
-    bound to the instance, whatever address it serves on."""
-    digest = hashlib.sha256(instance_id.encode()).hexdigest()[:24]
-    return f"w{digest}.workers.autoscaler.invalid"
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where the state has a task's current attempt (`instance_id` None: on none)."""
+
+    job_id: str
+    attempt: int
+    instance_id: str | None
+    checkpoint: str | None  # where that attempt resumes from
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """An instance the state asked for: its cloud id and private address once recorded,
+    and whether it may still run tasks (not being terminated, its worker not lost)."""
+
+    instance_id: str
+    cloud_id: str | None = None
+    private_address: str | None = None
+    live: bool = True
+    reason: str = ""  # why it is not live
+
+
+class Ledger(Protocol):
+    """The daemon's state, as the executor reads it to know what a worker may do."""
+
+    def placed(self, task_ids: Collection[str]) -> Mapping[str, Placed]:
+        """The current attempt of each of these tasks the state knows."""
+        ...
+
+    def launch(self, instance_id: str) -> Launch | None:
+        """The launch `instance_id` stands for (None: not one of this cluster's)."""
+        ...
+
+
+class MemoryLedger:
+    """What the executor itself asked for, as a `Ledger`: for an executor without a state
+    (tests, benchmarks). The daemon reads its database instead (`app.wiring`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._placed: dict[str, Placed] = {}
+        self._launches: dict[str, Launch] = {}
+
+    def add_launch(self, launch: Launch) -> None:
+        with self._lock:
+            self._launches[launch.instance_id] = launch
+
+    def give_up(self, instance_id: str, reason: str) -> None:
+        with self._lock:
+            launch = self._launches.get(instance_id)
+            if launch is not None:
+                self._launches[instance_id] = replace(launch, live=False, reason=reason)
+            for task_id, placed in list(self._placed.items()):
+                if placed.instance_id == instance_id:
+                    self._placed[task_id] = replace(placed, instance_id=None)
+
+    def place(self, launch: TaskLaunch) -> None:
+        with self._lock:
+            known = self._placed.get(launch.task_id)
+            if known is None or known.attempt <= launch.attempt:
+                self._placed[launch.task_id] = Placed(
+                    launch.job_id, launch.attempt, launch.instance_id, launch.checkpoint
+                )
+
+    def ended(self, task_id: str, attempt: int, checkpoint: str | None) -> None:
+        """The attempt's end is recorded (`acknowledge`): it is on no instance any more."""
+        with self._lock:
+            known = self._placed.get(task_id)
+            if known is not None and known.attempt == attempt:
+                self._placed[task_id] = replace(
+                    known, instance_id=None, checkpoint=checkpoint or known.checkpoint
+                )
+
+    def placed(self, task_ids: Collection[str]) -> Mapping[str, Placed]:
+        with self._lock:
+            return {t: self._placed[t] for t in task_ids if t in self._placed}
+
+    def launch(self, instance_id: str) -> Launch | None:
+        with self._lock:
+            return self._launches.get(instance_id)
 
 
 class Refused(Exception):
-    """A registration or heartbeat refused, with the gRPC status to answer."""
+    """A worker's call refused, with the gRPC status to answer."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
+# -- the executor -----------------------------------------------------------------------------
+
+
 @dataclass(eq=False)
 class _Worker:
     instance_id: str
-    session: str
-    address: str
-    server_name: str
-    channel: grpc.Channel
-    stub: pb_grpc.WorkerStub
     capacity: pb.Capacity
     agent_version: str
     registered_at: float
     last_seen: float
     tasks: dict[tuple[str, int], pb.TaskStatus] = field(default_factory=dict)
     lost: str | None = None
-    outbox: deque[tuple[str, Any, tuple[str, int], _Request | None]] = field(default_factory=deque)
-    sending: bool = False
+    gone: bool = False  # released or replaced: its command streams end
+    # Commands not yet confirmed by a heartbeat, in order: (sequence number, command, the
+    # launch of a start, whose grants are made as it is sent).
+    outbox: list[tuple[int, pb.Command, TaskLaunch | None]] = field(default_factory=list)
+    streams: int = 0  # command streams open now
+    # Wakes this worker's command streams only (one condition per worker, on the
+    # executor's lock: a start for one worker does not wake a hundred streams).
+    wakeup: threading.Condition | None = None
 
 
 @dataclass
@@ -117,16 +215,15 @@ class _Request:
     instance_id: str
     kind: str  # "start" or "stop"
     checkpoint: str | None = None
-    refused: str | None = None  # the worker's refusal, reported as the attempt's failure
+    refused: str | None = None  # why it cannot happen, reported as the attempt's failure
     progress: float = 0.0  # carried from the attempt before, until the job reports its own
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    """What the daemon knows of one registered worker (for status pages)."""
+    """What the daemon knows of one worker (for status pages)."""
 
     instance_id: str
-    address: str
     agent_version: str
     capacity: tuple[float, float, float]
     registered_at: float
@@ -135,40 +232,50 @@ class WorkerInfo:
 
 
 class GrpcExecutor:
-    """`autoscaler.execution.Executor` over gRPC to one worker agent per instance."""
+    """`autoscaler.execution.Executor` over gRPC: workers enroll, stream and heart-beat."""
 
     def __init__(
         self,
         *,
-        authority: Authority,
-        storage_url: str,
+        worker_ca: Authority,
+        storage: Storage,
+        cluster: str,
+        registry_address: str,
+        verifier: IdentityVerifier,
+        ledger: Ledger | None = None,
         now: Callable[[], float] = time.monotonic,
         heartbeat_timeout_s: float = 45.0,
         heartbeat_interval_s: float = 5.0,
-        rpc_timeout_s: float = 10.0,
-        max_concurrent_calls: int = 16,
+        certificate_lifetime_s: float = CERTIFICATE_LIFETIME_S,
+        grant_expiry_s: float = GRANT_EXPIRY_S,
+        enroll_burst: int = ENROLL_BURST,
+        enroll_every_s: float = ENROLL_EVERY_S,
     ) -> None:
         if not heartbeat_timeout_s > heartbeat_interval_s > 0:
             raise ValueError(
                 "the heartbeat timeout must be longer than the heartbeat interval, "
                 f"got {heartbeat_timeout_s} s and {heartbeat_interval_s} s"
             )
-        self.authority = authority
-        self.storage_url = storage_url.rstrip("/")
+        self.worker_ca = worker_ca
+        self.storage = storage
+        self.cluster = cluster
+        self.registry_address = registry_address
+        self.verifier = verifier
+        self.memory = ledger is None
+        self.ledger: Ledger = MemoryLedger() if ledger is None else ledger
         self._now = now
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.rpc_timeout_s = rpc_timeout_s
+        self.certificate_lifetime_s = certificate_lifetime_s
+        self.grant_expiry_s = grant_expiry_s
+        self._limiter = _RateLimiter(enroll_burst, enroll_every_s)
         self._lock = threading.RLock()
         self._workers: dict[str, _Worker] = {}
         self._requests: dict[str, _Request] = {}
         self._acked: set[tuple[str, int]] = set()
-        self._superseded: set[tuple[str, int]] = set()  # old attempts already told to stop
         self._progress: dict[str, float] = {}  # task -> iterations last reported by a worker
         self._released: dict[str, None] = {}  # instances given up (oldest first, bounded)
-        self._calls = futures.ThreadPoolExecutor(
-            max_workers=max_concurrent_calls, thread_name_prefix="executor-rpc"
-        )
+        self._sequence = 0
         self._closed = False
 
     # -- the Executor contract -------------------------------------------------------------
@@ -186,6 +293,8 @@ class GrpcExecutor:
                 launch.attempt, launch.instance_id, "start", launch.checkpoint, progress=carried
             )
             self._requests[launch.task_id] = request
+            if isinstance(self.ledger, MemoryLedger):
+                self.ledger.place(launch)
             worker = self._workers.get(launch.instance_id)
             if worker is None:
                 request.refused = f"no worker is registered for instance {launch.instance_id}"
@@ -193,7 +302,27 @@ class GrpcExecutor:
             if worker.lost is not None:
                 request.refused = worker.lost
                 return
-            self._send(worker, "StartTask", launch_to_pb(launch), key, request)
+            self._queue(worker, pb.Command(start=launch_to_pb(launch)), launch)
+
+    def _with_grants(self, command: pb.Command, launch: TaskLaunch) -> pb.Command | None:
+        """A start with fresh presigned GETs of its build context and checkpoint, made as it
+        is sent (each resend gets its own; `start` stays a memory operation); None, and the
+        request failed with the reason, when they cannot be made."""
+        grants = {}
+        try:
+            if launch.run.build_context:
+                key = context_key_of(launch.run.build_context)
+                grants["build_context_url"] = self.storage.grant_get(key, self.grant_expiry_s)
+            if launch.checkpoint:
+                key = self.storage.key(launch.checkpoint)
+                grants["checkpoint_url"] = self.storage.grant_get(key, self.grant_expiry_s)
+        except StorageError as exc:
+            with self._lock:
+                request = self._requests.get(launch.task_id)
+                if request is not None and request.attempt == launch.attempt:
+                    request.refused = f"cannot grant the attempt its inputs: {exc}"
+            return None
+        return pb.Command(start=launch_to_pb(launch, **grants))
 
     def stop(self, task_id: str, attempt: int) -> None:
         with self._lock:
@@ -207,17 +336,13 @@ class GrpcExecutor:
             status = worker.tasks.get(key)
             if status is not None and status.state in _TERMINAL_PB:
                 return
-            if current is not None and current.attempt > attempt:
-                self._stop_superseded(worker, key)
-                return
             if current is not None and current.attempt == attempt and current.kind == "stop":
                 return
-            request = _Request(attempt, worker.instance_id, "stop")
-            self._requests[task_id] = request
+            if current is None or current.attempt <= attempt:
+                self._requests[task_id] = _Request(attempt, worker.instance_id, "stop")
             if worker.lost is None:
-                self._send(
-                    worker, "StopTask", pb.StopTaskRequest(task_id=task_id, attempt=attempt), key
-                )
+                stop = pb.StopTask(task_id=task_id, attempt=attempt)
+                self._queue(worker, pb.Command(stop=stop))
 
     def report(self) -> ExecutorReport:
         with self._lock:
@@ -294,6 +419,8 @@ class GrpcExecutor:
                     self._acked.add(key)  # the worker forgets it at its next heartbeat
                     if status.state == pb.TASK_STATE_COMPLETED:
                         self._progress.pop(task_id, None)
+                    if isinstance(self.ledger, MemoryLedger):
+                        self.ledger.ended(task_id, attempt, status.checkpoint or None)
             request = self._requests.get(task_id)
             if request is not None and request.attempt <= attempt:
                 del self._requests[task_id]
@@ -305,13 +432,16 @@ class GrpcExecutor:
                 del self._released[next(iter(self._released))]
             worker = self._workers.pop(instance_id, None)
             if worker is not None:
+                worker.gone = True
                 for key in worker.tasks:
                     self._acked.discard(key)
-                    self._superseded.discard(key)
-                worker.channel.close()
+            if isinstance(self.ledger, MemoryLedger):
+                self.ledger.give_up(instance_id, f"instance {instance_id} was released")
             for task_id, request in list(self._requests.items()):
                 if request.instance_id == instance_id:
                     del self._requests[task_id]
+            if worker is not None:
+                _wake(worker)
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -320,7 +450,6 @@ class GrpcExecutor:
             return [
                 WorkerInfo(
                     w.instance_id,
-                    w.address,
                     w.agent_version,
                     (w.capacity.gpus, w.capacity.cpus, w.capacity.memory_gb),
                     w.registered_at,
@@ -331,289 +460,419 @@ class GrpcExecutor:
             ]
 
     def close(self) -> None:
-        """Stop calling workers (the daemon is shutting down)."""
+        """End every command stream (the daemon is shutting down)."""
         with self._lock:
             self._closed = True
             for worker in self._workers.values():
-                worker.channel.close()
-        self._calls.shutdown(wait=False, cancel_futures=True)
+                _wake(worker)
 
-    # -- the registry (called by the daemon's gRPC server) ---------------------------------
+    # -- enrollment (the API port: no certificate yet) -------------------------------------------
 
-    def register(self, request: pb.RegisterRequest) -> pb.RegisterResponse:
+    def enroll(self, request: pb.EnrollRequest, peer: str) -> pb.EnrollResponse:
+        """A certificate for the instance the request proves it is, or Refused. Nothing is
+        kept in memory either way: the worker exists for the daemon from its first
+        heartbeat, which it can only make with this certificate."""
+        host = _peer_host(peer)
+        if not self._limiter.allowed(host, time.monotonic()):
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many refused enrollments from this address; wait and try again",
+            )
+        try:
+            return self._enroll(request, peer)
+        except Refused:
+            self._limiter.spend(host, time.monotonic())  # refusals count, not enrollments
+            raise
+
+    def _enroll(self, request: pb.EnrollRequest, peer: str) -> pb.EnrollResponse:
         instance_id = request.instance_id
         if not INSTANCE_ID.fullmatch(instance_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"bad instance id {instance_id!r}")
-        host = _host_of(request.address)
-        if host is None:
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"bad address {request.address!r}: expected HOST:PORT",
-            )
-        capacity = request.capacity
-        if min(capacity.gpus, capacity.cpus, capacity.memory_gb) < 0:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "capacity must not be negative")
-        server_name = worker_server_name(instance_id)
+        launch = self._live_launch(instance_id)
         try:
-            certificate = self.authority.sign(request.csr_pem, [server_name, host])
+            self.verifier.verify(request, launch)
+        except EnrollmentRefused as exc:
+            log.warning("enrollment of %s from %s refused: %s", instance_id, peer, exc)
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"enrollment refused: {exc}") from None
+        certificate = self._certificate(instance_id, request.csr_pem)
+        held = {(r.task_id, r.attempt) for r in request.held}
+        stop = [k for k in held if not self._own(instance_id, *k, self._placements(held))]
+        log.info("worker %s enrolled from %s", instance_id, peer)
+        return pb.EnrollResponse(
+            certificate_pem=certificate,
+            registry_address=self.registry_address,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            stop=[pb.AttemptRef(task_id=t, attempt=a) for t, a in sorted(stop)],
+        )
+
+    def _live_launch(self, instance_id: str) -> Launch:
+        """The launch `instance_id` stands for, if its worker may still work; else Refused."""
+        launch = self.ledger.launch(instance_id)
+        if launch is None:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"no launch of cluster {self.cluster} is instance {instance_id}",
+            )
+        with self._lock:
+            released = instance_id in self._released
+            worker = self._workers.get(instance_id)
+            lost = worker.lost if worker is not None else None
+        if released:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"instance {instance_id} was released: it is being terminated",
+            )
+        if lost is not None:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{lost}; its instance is being terminated"
+            )
+        if not launch.live:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"instance {instance_id} was given up ({launch.reason})",
+            )
+        return launch
+
+    def _certificate(self, instance_id: str, csr_pem: bytes) -> bytes:
+        try:
+            return self.worker_ca.sign_client(
+                csr_pem, instance_uri(self.cluster, instance_id), self.certificate_lifetime_s
+            )
         except ValueError as exc:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"bad certificate signing request: {exc}"
             ) from None
-        token = new_token()
-        channel = secure_channel(
-            request.address,
-            self.authority.cert_pem,
-            token,
-            server_name=server_name,
-            options=RECONNECT_OPTIONS,
-        )
-        with self._lock:
-            if instance_id in self._released:
-                channel.close()
-                raise Refused(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"instance {instance_id} was released: it is being terminated",
-                )
-            old = self._workers.get(instance_id)
-            if old is not None and old.lost is not None:
-                channel.close()
-                raise Refused(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{old.lost}; its instance is being terminated",
-                )
-            now = self._now()
-            worker = _Worker(
-                instance_id,
-                new_token()[:22],
-                request.address,
-                server_name,
-                channel,
-                pb_grpc.WorkerStub(channel),
-                pb.Capacity(gpus=capacity.gpus, cpus=capacity.cpus, memory_gb=capacity.memory_gb),
-                request.agent_version,
-                now,
-                now,
-            )
-            self._workers[instance_id] = worker
-            if old is not None:
-                old.channel.close()
-            self._absorb(worker, request.tasks)
-            self._resend_stops(worker)
-            acknowledged = self._acknowledged(worker)
-        log.info(
-            "worker %s registered from %s (%s; %g GPU, %g cores, %g GiB)",
-            instance_id,
-            request.address,
-            request.agent_version,
-            capacity.gpus,
-            capacity.cpus,
-            capacity.memory_gb,
-        )
-        return pb.RegisterResponse(
-            session=worker.session,
-            certificate_pem=certificate,
-            server_name=server_name,
-            daemon_token=token,
-            storage_url=self.storage_url,
-            heartbeat_interval_s=self.heartbeat_interval_s,
-            acknowledged=acknowledged,
-        )
 
-    def heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+    # -- the registry (mutual TLS: `instance_id` comes from the verified certificate) --------
+
+    def identify(self, auth_context: Mapping[str, Iterable[bytes]]) -> str:
+        """The instance a caller's client certificate names (checked again here, whatever
+        the TLS layer did), or Refused."""
+        pems = list(auth_context.get("x509_pem_cert", ()))
+        if len(pems) != 1:
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "a worker certificate is required (enroll, then call the worker port)",
+            )
+        try:
+            return instance_of(pems[0], self.worker_ca.cert_pem, self.cluster, time.time())
+        except PeerRefused as exc:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+    def renew(self, instance_id: str, request: pb.RenewRequest) -> pb.RenewResponse:
+        self._live_launch(instance_id)
+        return pb.RenewResponse(certificate_pem=self._certificate(instance_id, request.csr_pem))
+
+    def heartbeat(self, instance_id: str, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        self._live_launch(instance_id)
+        keys = {(s.task_id, s.attempt) for s in request.tasks}
+        placements = self._placements(keys)
         with self._lock:
-            worker = self._workers.get(request.instance_id)
-            if worker is not None and worker.lost is not None:
+            worker = self._worker(instance_id, request)
+            if worker.lost is not None:
                 raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{worker.lost}; its instance is being terminated",
                 )
-            if worker is None or worker.session != request.session:
-                raise Refused(grpc.StatusCode.NOT_FOUND, "unknown worker session: register again")
             worker.last_seen = self._now()
-            self._absorb(worker, request.tasks)
+            worker.capacity = pb.Capacity(
+                gpus=request.capacity.gpus,
+                cpus=request.capacity.cpus,
+                memory_gb=request.capacity.memory_gb,
+            )
+            worker.agent_version = request.agent_version
+            others = self._absorb(worker, request.tasks, placements)
+            ended = {(s.task_id, s.attempt) for s in request.tasks if s.state in _TERMINAL_PB}
+            forget = [k for k in worker.tasks if k in self._acked] + [
+                k for k in others if k in ended
+            ]
             return pb.HeartbeatResponse(
-                acknowledged=self._acknowledged(worker),
+                acknowledged=[pb.AttemptRef(task_id=t, attempt=a) for t, a in forget],
+                stop=[
+                    pb.AttemptRef(task_id=t, attempt=a) for t, a in others if (t, a) not in ended
+                ],
                 heartbeat_interval_s=self.heartbeat_interval_s,
             )
 
-    def _absorb(self, worker: _Worker, statuses: Iterable[pb.TaskStatus]) -> None:
-        """Take a worker's full list of attempts as its new state."""
-        tasks = {(s.task_id, s.attempt): s for s in statuses}
+    def _worker(self, instance_id: str, request: pb.HeartbeatRequest) -> _Worker:
+        worker = self._workers.get(instance_id)
+        if worker is None:
+            now = self._now()
+            worker = _Worker(
+                instance_id,
+                pb.Capacity(),
+                request.agent_version,
+                registered_at=now,
+                last_seen=now,
+                wakeup=threading.Condition(self._lock),
+            )
+            self._workers[instance_id] = worker
+            log.info(
+                "worker %s is connected (%s; %g GPU, %g cores, %g GiB)",
+                instance_id,
+                request.agent_version,
+                request.capacity.gpus,
+                request.capacity.cpus,
+                request.capacity.memory_gb,
+            )
+        return worker
+
+    def _placements(self, keys: Collection[tuple[str, int]]) -> Mapping[str, Placed]:
+        task_ids = {t for t, _ in keys}
+        return self.ledger.placed(task_ids) if task_ids else {}
+
+    def _own(
+        self, instance_id: str, task_id: str, attempt: int, placements: Mapping[str, Placed]
+    ) -> bool:
+        placed = placements.get(task_id)
+        return (
+            placed is not None and placed.attempt == attempt and placed.instance_id == instance_id
+        )
+
+    def _absorb(
+        self,
+        worker: _Worker,
+        statuses: Iterable[pb.TaskStatus],
+        placements: Mapping[str, Placed],
+    ) -> list[tuple[str, int]]:
+        """Take a worker's attempts as its new state — those the daemon placed there; returns
+        the others (each to be stopped, or forgotten when it has ended)."""
+        tasks: dict[tuple[str, int], pb.TaskStatus] = {}
+        others: list[tuple[str, int]] = []
+        for status in statuses:
+            key = (status.task_id, status.attempt)
+            placed = placements.get(status.task_id)
+            if not self._own(worker.instance_id, *key, placements):
+                others.append(key)
+                if placed is None or placed.attempt <= status.attempt:
+                    # Not an older attempt of a task placed here once: never this worker's.
+                    log.warning(
+                        "dropped a report of %s attempt %d from %s: not placed there",
+                        *key,
+                        worker.instance_id,
+                    )
+                continue
+            assert placed is not None
+            foreign = status.checkpoint and not is_checkpoint_of(
+                self.storage, status.checkpoint, placed.job_id, status.task_id, status.attempt
+            )
+            if foreign and status.checkpoint != placed.checkpoint:
+                log.warning(
+                    "dropped checkpoint %r of %s attempt %d from %s: not that attempt's own",
+                    status.checkpoint,
+                    *key,
+                    worker.instance_id,
+                )
+                status = _copy(status)
+                status.checkpoint = placed.checkpoint or ""
+            tasks[key] = status
         for key in worker.tasks.keys() - tasks.keys():
             self._acked.discard(key)  # the worker has forgotten it
-            self._superseded.discard(key)
         worker.tasks = tasks
-        for key, status in tasks.items():
-            task_id, attempt = key
+        for (task_id, _attempt), status in tasks.items():
             if status.iterations > 0:
                 self._progress[task_id] = status.iterations
-            if attempt >= self._newest_attempt(task_id):
-                continue
-            # An older attempt than one already asked for: nobody will record it.
-            if status.state in _TERMINAL_PB:
-                self._acked.add(key)
+        self._confirm(worker)
+        return others
+
+    def _confirm(self, worker: _Worker) -> None:
+        """Drop the commands a heartbeat shows were carried out."""
+        kept = []
+        for sequence, command, launch in worker.outbox:
+            which = command.WhichOneof("command")
+            order = command.start if which == "start" else command.stop
+            status = worker.tasks.get((order.task_id, order.attempt))
+            done = status is not None and (
+                which == "start"
+                or status.state in _TERMINAL_PB
+                or status.state == pb.TASK_STATE_CHECKPOINTING
+            )
+            if not done:
+                kept.append((sequence, command, launch))
+        worker.outbox = kept
+
+    def commands(self, instance_id: str, is_active: Callable[[], bool]) -> Iterator[pb.Command]:
+        """The command stream of one worker: every unconfirmed command, then each new one as
+        it is queued, until the worker goes, is given up, or disconnects."""
+        self._live_launch(instance_id)
+        sent = 0
+        with self._lock:
+            worker = self._workers.get(instance_id)
+            if worker is None:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "heart-beat first")
+            worker.streams += 1
+        try:
+            while True:
+                with self._lock:
+                    pending = [entry for entry in worker.outbox if entry[0] > sent]
+                    while (
+                        not pending
+                        and not self._closed
+                        and not worker.gone
+                        and worker.lost is None
+                        and is_active()
+                    ):
+                        assert worker.wakeup is not None
+                        worker.wakeup.wait(timeout=1.0)
+                        pending = [entry for entry in worker.outbox if entry[0] > sent]
+                    if self._closed or worker.gone or worker.lost is not None or not is_active():
+                        return
+                for sequence, command, launch in pending:
+                    ready = command if launch is None else self._with_grants(command, launch)
+                    if ready is None:  # failed with its reason: nothing to send, ever
+                        with self._lock:
+                            worker.outbox = [e for e in worker.outbox if e[0] != sequence]
+                    else:
+                        yield ready
+                    sent = sequence
+        finally:
+            with self._lock:
+                worker.streams -= 1
+
+    def _queue(
+        self, worker: _Worker, command: pb.Command, launch: TaskLaunch | None = None
+    ) -> None:
+        self._sequence += 1
+        worker.outbox.append((self._sequence, command, launch))
+        _wake(worker)
+
+    def grant_upload(self, instance_id: str, request: pb.GrantUploadRequest) -> pb.Grant:
+        """A presigned PUT for one object of an attempt placed on `instance_id`; refused for
+        any other attempt, and for one the daemon gave up (fenced)."""
+        self._live_launch(instance_id)
+        placements = self._placements({(request.task_id, request.attempt)})
+        if not self._own(instance_id, request.task_id, request.attempt, placements):
+            log.warning(
+                "refused an upload grant for %s attempt %d to %s: not placed there",
+                request.task_id,
+                request.attempt,
+                instance_id,
+            )
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"attempt {request.attempt} of {request.task_id} is not placed on "
+                f"{instance_id} (any more): it is fenced",
+            )
+        job_id = placements[request.task_id].job_id
+        try:
+            if request.kind == pb.OBJECT_KIND_CHECKPOINT:
+                key = checkpoint_key(job_id, request.task_id, request.attempt, request.step)
+            elif request.kind == pb.OBJECT_KIND_LOG:
+                key = log_key(job_id, request.task_id, request.attempt)
             else:
-                self._stop_superseded(worker, key)
-
-    def _newest_attempt(self, task_id: str) -> int:
-        newest = 0
-        request = self._requests.get(task_id)
-        if request is not None:
-            newest = request.attempt
-        for worker in self._workers.values():
-            for other_task, attempt in worker.tasks:
-                if other_task == task_id and attempt > newest:
-                    newest = attempt
-        return newest
-
-    def _stop_superseded(self, worker: _Worker, key: tuple[str, int]) -> None:
-        status = worker.tasks.get(key)
-        if key in self._superseded or worker.lost is not None:
-            return
-        if status is not None and status.state == pb.TASK_STATE_CHECKPOINTING:
-            return
-        self._superseded.add(key)
-        task_id, attempt = key
-        self._send(worker, "StopTask", pb.StopTaskRequest(task_id=task_id, attempt=attempt), key)
-
-    def _resend_stops(self, worker: _Worker) -> None:
-        """Stops asked of a worker that restarted before carrying them out."""
-        for task_id, request in self._requests.items():
-            key = (task_id, request.attempt)
-            status = worker.tasks.get(key)
-            if (
-                request.kind == "stop"
-                and request.instance_id == worker.instance_id
-                and status is not None
-                and status.state in _RUNNING_PB
-            ):
-                self._send(
-                    worker,
-                    "StopTask",
-                    pb.StopTaskRequest(task_id=task_id, attempt=request.attempt),
-                    key,
-                )
-
-    def _acknowledged(self, worker: _Worker) -> list[pb.AttemptRef]:
-        return [
-            pb.AttemptRef(task_id=task_id, attempt=attempt)
-            for task_id, attempt in worker.tasks
-            if (task_id, attempt) in self._acked
-        ]
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "unknown object kind")
+            url = self.storage.grant_put(key, self.grant_expiry_s)
+        except StorageError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return pb.Grant(
+            url=url, ref=self.storage.ref(key), expires_at=time.time() + self.grant_expiry_s
+        )
 
     def _declare_lost(self, worker: _Worker, reason: str) -> None:
         worker.lost = reason
-        worker.channel.close()
+        if isinstance(self.ledger, MemoryLedger):
+            self.ledger.give_up(worker.instance_id, reason)
+        _wake(worker)
         log.warning("worker %s: %s", worker.instance_id, reason)
 
-    # -- calls to workers ------------------------------------------------------------------
 
-    def _send(
-        self,
-        worker: _Worker,
-        method: str,
-        message: Any,
-        key: tuple[str, int],
-        request: _Request | None = None,
-    ) -> None:
-        """Queue a call to a worker. Calls to one worker go out in order (a stop never
-        overtakes the start it stops); calls to different workers run side by side."""
-        if self._closed:
-            return
-        worker.outbox.append((method, message, key, request))
-        if not worker.sending:
-            worker.sending = True
-            self._calls.submit(self._drain, worker)
-
-    def _drain(self, worker: _Worker) -> None:
-        while True:
-            with self._lock:
-                if not worker.outbox or self._closed:
-                    worker.sending = False
-                    worker.outbox.clear()
-                    return
-                method, message, key, request = worker.outbox.popleft()
-            try:
-                self._call(worker, method, message, key, request)
-            except Exception:  # never let one call stop the others to this worker
-                log.exception("%s %s/%d to %s", method, *key, worker.instance_id)
-
-    def _call(
-        self,
-        worker: _Worker,
-        method: str,
-        message: Any,
-        key: tuple[str, int],
-        request: _Request | None,
-    ) -> None:
-        """One call to a worker, retried while it is alive, the call still needed, and
-        for no longer than the heartbeat timeout (then a start fails with the reason)."""
-        delay = 0.2
-        give_up = time.monotonic() + self.heartbeat_timeout_s
-        while True:
-            try:
-                response = getattr(worker.stub, method)(
-                    message, timeout=self.rpc_timeout_s, wait_for_ready=True
-                )
-            except grpc.RpcError as exc:
-                code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
-                with self._lock:
-                    current = self._workers.get(worker.instance_id) is worker
-                    alive = current and worker.lost is None and not self._closed
-                    if not alive or (key in worker.tasks and method == "StartTask"):
-                        return
-                    if code in _REFUSALS or time.monotonic() > give_up:
-                        why = (
-                            f"the worker refused the start: {details}"
-                            if code in _REFUSALS
-                            else f"cannot reach the worker at {worker.address}: {code.name}"
-                        )
-                        log.warning("%s %s/%d: %s", method, *key, why)
-                        if request is not None:
-                            request.refused = why
-                        return
-                log.info(
-                    "%s %s/%d to %s: %s; retrying", method, *key, worker.instance_id, code.name
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            if method == "StartTask" and response.HasField("status"):
-                with self._lock:
-                    if key not in worker.tasks:
-                        worker.tasks[key] = response.status
-            return
+def _wake(worker: _Worker) -> None:
+    """Wake the worker's command streams (the executor's lock is held)."""
+    if worker.wakeup is not None:
+        worker.wakeup.notify_all()
 
 
-class _RegistryService(pb_grpc.WorkerRegistryServicer):
+def _copy(status: pb.TaskStatus) -> pb.TaskStatus:
+    copy = pb.TaskStatus()
+    copy.CopyFrom(status)
+    return copy
+
+
+def _peer_host(peer: str) -> str:
+    """The address part of gRPC's peer string (`ipv4:10.0.0.5:51234`, `ipv6:[::1]:5`)."""
+    body = peer.split(":", 1)[1] if ":" in peer else peer
+    return body.rsplit(":", 1)[0].strip("[]")
+
+
+class _RateLimiter:
+    """A token bucket per peer address for refused enrollments (guesses): `burst` of them,
+    then one every `every_s`; an address out of tokens is refused before its proof is even
+    checked. Workers enrolling rightly spend nothing, however many share an address (the
+    local cloud's). Bounded: the least recently seen addresses are forgotten first."""
+
+    def __init__(self, burst: int, every_s: float, kept: int = 4096) -> None:
+        self.burst, self.every_s, self.kept = burst, every_s, kept
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def _tokens(self, peer: str, now: float) -> float:
+        tokens, at = self._buckets.pop(peer, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) / self.every_s)
+
+    def allowed(self, peer: str, now: float) -> bool:
+        with self._lock:
+            if peer not in self._buckets:
+                return True
+            tokens = self._tokens(peer, now)
+            self._buckets[peer] = (tokens, now)
+            return tokens >= 1.0
+
+    def spend(self, peer: str, now: float) -> None:
+        with self._lock:
+            self._buckets[peer] = (max(0.0, self._tokens(peer, now) - 1.0), now)
+            while len(self._buckets) > self.kept:
+                self._buckets.popitem(last=False)
+
+
+# -- the gRPC services ---------------------------------------------------------------------------
+
+
+class _Enrollment(pb_grpc.EnrollmentServicer):
     def __init__(self, executor: GrpcExecutor) -> None:
         self.executor = executor
 
-    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> Any:
+    def Enroll(self, request: pb.EnrollRequest, context: grpc.ServicerContext) -> Any:
         try:
-            return self.executor.register(request)
+            return self.executor.enroll(request, context.peer())
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+
+
+class _Registry(pb_grpc.RegistryServicer):
+    def __init__(self, executor: GrpcExecutor) -> None:
+        self.executor = executor
+
+    def _caller(self, context: grpc.ServicerContext) -> str:
+        return self.executor.identify(context.auth_context())
+
+    def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            return self.executor.renew(self._caller(context), request)
         except Refused as exc:
             context.abort(exc.code, str(exc))
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> Any:
         try:
-            return self.executor.heartbeat(request)
+            return self.executor.heartbeat(self._caller(context), request)
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+
+    def Commands(self, request: pb.CommandsRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            yield from self.executor.commands(self._caller(context), context.is_active)
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+
+    def GrantUpload(self, request: pb.GrantUploadRequest, context: grpc.ServicerContext) -> Any:
+        try:
+            return self.executor.grant_upload(self._caller(context), request)
         except Refused as exc:
             context.abort(exc.code, str(exc))
 
 
-def add_registry(server: grpc.Server, executor: GrpcExecutor) -> None:
-    """Serve the worker registry (registration, heartbeats) on the daemon's server.
-
-    The server is the daemon's: TLS with its certificate, and a `TokenAuth`
-    letting the "worker" role call `WORKER_METHODS`.
-    """
-    pb_grpc.add_WorkerRegistryServicer_to_server(_RegistryService(executor), server)
-
-
-def _host_of(address: str) -> str | None:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    return host.strip("[]")
+def add_worker_services(server: grpc.Server, executor: GrpcExecutor) -> None:
+    """Serve enrollment and the registry on the daemon's server. `Enroll` is answered on
+    any port (it checks its proof); the registry's methods only for callers with a worker
+    certificate, which only the workers' port (mutual TLS) can carry."""
+    pb_grpc.add_EnrollmentServicer_to_server(_Enrollment(executor), server)
+    pb_grpc.add_RegistryServicer_to_server(_Registry(executor), server)

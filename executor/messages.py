@@ -45,9 +45,13 @@ def state_from_pb(value: int) -> TaskState:
         raise BadMessage(f"unknown task state {value}") from None
 
 
-def launch_to_pb(launch: TaskLaunch) -> pb.StartTaskRequest:
+def launch_to_pb(
+    launch: TaskLaunch, *, build_context_url: str = "", checkpoint_url: str = ""
+) -> pb.StartTask:
+    """The start command of `launch`, with the grants to read its build context and its
+    checkpoint (presigned URLs the daemon made for this attempt)."""
     run, limits = launch.run, launch.limits
-    request = pb.StartTaskRequest(
+    request = pb.StartTask(
         task_id=launch.task_id,
         job_id=launch.job_id,
         attempt=launch.attempt,
@@ -62,6 +66,8 @@ def launch_to_pb(launch: TaskLaunch) -> pb.StartTaskRequest:
         ),
         limits=pb.Limits(cpus=limits.cpus, memory_gb=limits.memory_gb, gpus=list(limits.gpus)),
         checkpoint=launch.checkpoint or "",
+        build_context_url=build_context_url,
+        checkpoint_url=checkpoint_url,
     )
     if run.shm_size_gb is not None:
         request.run.shm_size_gb = run.shm_size_gb
@@ -70,7 +76,7 @@ def launch_to_pb(launch: TaskLaunch) -> pb.StartTaskRequest:
     return request
 
 
-def launch_from_pb(request: pb.StartTaskRequest) -> TaskLaunch:
+def launch_from_pb(request: pb.StartTask) -> TaskLaunch:
     """The launch a request asks for; BadMessage names the field that is wrong."""
     if not request.task_id or len(request.task_id) > MAX_ID:
         raise BadMessage("task_id must be 1 to 200 characters")

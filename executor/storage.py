@@ -9,12 +9,19 @@ cluster have access to a global storage"), named by a URL:
   one machine without AWS.
 
 Layout (keys, relative to the URL), named here and nowhere else (the
-daemon's submission API and the worker agent both call `context_key`,
-`checkpoint_key`, `log_key`, `job_prefix`):
+daemon's submission API, its grants and the worker agent all call
+`context_key`, `attempt_prefix`, `checkpoint_key`, `log_key`, `job_prefix`):
 
-    contexts/<sha256>.tar.gz                  build contexts, content-addressed
-    jobs/<job>/<task>/<attempt>.tar.gz        checkpoints
-    jobs/<job>/<task>/<attempt>.log           container logs
+    contexts/<sha256>.tar.gz                              build contexts, content-addressed
+    jobs/<job>/<task>/<attempt>/checkpoint-<step>.tar.gz  checkpoints, versioned by step
+    jobs/<job>/<task>/<attempt>/output.log                container logs
+
+Everything one attempt writes is under its own prefix, so the daemon can grant
+an attempt exactly its objects and check that a reported checkpoint is the
+attempt's own (`is_checkpoint_of`). Workers hold no storage credentials: the
+daemon hands them grants (`Storage.grant_get`, `Storage.grant_put`: presigned
+S3 URLs with a short expiry, or `file://` paths on one host), and the worker
+moves bytes with `download` and `upload`, which need no credentials at all.
 
 Archives are `executor.packing`'s one reproducible `.tar.gz` format.
 
@@ -33,11 +40,13 @@ import os
 import re
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from executor.packing import pack_context
 
@@ -45,6 +54,8 @@ CONTEXTS = "contexts"
 JOBS = "jobs"
 ARCHIVE = ".tar.gz"  # `executor.packing`'s format: contexts and checkpoints
 LOG = ".log"
+CHECKPOINT = "checkpoint-"  # + the step, zero-padded (lexical order is step order)
+LOG_NAME = "output.log"
 CONTEXTS_PREFIX = f"{CONTEXTS}/"  # what every build context's key starts with
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -94,6 +105,14 @@ class Storage(Protocol):
         ...
 
     def delete(self, key: str) -> None: ...
+
+    def grant_get(self, key: str, expires_s: float) -> str:
+        """A URL anyone holding it may read `key` from, for `expires_s`."""
+        ...
+
+    def grant_put(self, key: str, expires_s: float) -> str:
+        """A URL anyone holding it may write `key` at (once complete), for `expires_s`."""
+        ...
 
 
 def open_storage(url: str, **aws_kwargs: Any) -> Storage:
@@ -156,27 +175,47 @@ def job_prefix(job_id: str, task: str = "") -> str:
     return f"{prefix}{task}/" if task else prefix
 
 
-def _attempt_prefix(job_id: str, task_id: str) -> str:
+def attempt_prefix(job_id: str, task_id: str, attempt: int) -> str:
+    """`jobs/<job>/<task>/<attempt>/`: every object one attempt writes starts with it;
+    `task_id` may be `<job>/<task>`."""
     task = task_id.removeprefix(f"{job_id}/")
     for part in (job_id, *task.split("/")):
         if not _SAFE_PART.fullmatch(part):
             raise StorageError(f"{part!r} cannot be part of a storage key")
-    return job_prefix(job_id, task)
+    if int(attempt) < 1:
+        raise StorageError(f"attempt {attempt} cannot be part of a storage key")
+    return f"{job_prefix(job_id, task)}{int(attempt)}/"
 
 
-def checkpoint_key(job_id: str, task_id: str, attempt: int) -> str:
-    """`jobs/<job>/<task>/<attempt>.tar.gz`; `task_id` may be `<job>/<task>`."""
-    return f"{_attempt_prefix(job_id, task_id)}{int(attempt)}{ARCHIVE}"
+def checkpoint_key(job_id: str, task_id: str, attempt: int, step: int) -> str:
+    """`jobs/<job>/<task>/<attempt>/checkpoint-<step>.tar.gz`: one version of an attempt's
+    checkpoint, named by the job's step when it was taken."""
+    if int(step) < 0:
+        raise StorageError(f"step {step} cannot be part of a storage key")
+    return f"{attempt_prefix(job_id, task_id, attempt)}{CHECKPOINT}{int(step):012d}{ARCHIVE}"
 
 
 def log_key(job_id: str, task_id: str, attempt: int) -> str:
-    """`jobs/<job>/<task>/<attempt>.log`; `task_id` may be `<job>/<task>`."""
-    return f"{_attempt_prefix(job_id, task_id)}{int(attempt)}{LOG}"
+    """`jobs/<job>/<task>/<attempt>/output.log`: the attempt's container log."""
+    return f"{attempt_prefix(job_id, task_id, attempt)}{LOG_NAME}"
 
 
 def is_log_key(key: str) -> bool:
     """Whether `key` names a container's log."""
     return key.startswith(f"{JOBS}/") and key.endswith(LOG)
+
+
+def is_checkpoint_of(storage: Storage, ref: str, job_id: str, task_id: str, attempt: int) -> bool:
+    """Whether `ref` is a checkpoint under this attempt's own prefix in `storage` (what
+    a worker may report for it; anything else would point a task at foreign data)."""
+    try:
+        key = storage.key(ref)
+        prefix = attempt_prefix(job_id, task_id, attempt)
+    except StorageError:
+        return False
+    name = key[len(prefix) :] if key.startswith(prefix) else ""
+    step = name.removeprefix(CHECKPOINT).removesuffix(ARCHIVE)
+    return name == f"{CHECKPOINT}{step}{ARCHIVE}" and step.isdigit() and len(step) == 12
 
 
 # -- build contexts ----------------------------------------------------------------------------
@@ -280,6 +319,14 @@ class FileStorage(_References):
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def grant_get(self, key: str, expires_s: float) -> str:
+        """The object's own path: on one host (the local cloud) the daemon vouches for a
+        path, and the host's user is the trust boundary (nothing to presign)."""
+        return _file_url(self._path(key))
+
+    def grant_put(self, key: str, expires_s: float) -> str:
+        return _file_url(self._path(key))
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -401,6 +448,101 @@ class S3Storage(_References):
             self.client.delete_object(Bucket=self.bucket, Key=self._object(key))
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(f"cannot delete {self.ref(key)}: {_aws_message(exc)}") from None
+
+    def grant_get(self, key: str, expires_s: float) -> str:
+        """A presigned GET (signed with the daemon's credentials, valid `expires_s`)."""
+        return self._presign("get_object", key, expires_s)
+
+    def grant_put(self, key: str, expires_s: float) -> str:
+        """A presigned PUT of one object (up to 5 GB: S3's single-PUT limit). S3 shows an
+        object only once its PUT completes, so a half-uploaded checkpoint is never seen."""
+        return self._presign("put_object", key, expires_s)
+
+    def _presign(self, operation: str, key: str, expires_s: float) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return str(
+                self.client.generate_presigned_url(
+                    operation,
+                    Params={"Bucket": self.bucket, "Key": self._object(key)},
+                    ExpiresIn=max(1, int(expires_s)),
+                )
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot presign {self.ref(key)}: {_aws_message(exc)}") from None
+
+
+# -- moving bytes with a grant (the worker's side: no credentials) ------------------------------
+
+
+def download(url: str, path: str | Path, *, timeout_s: float = 60.0) -> None:
+    """Fetch the object a grant's URL names into `path` (written atomically)."""
+    target = Path(path)
+    if url.startswith("file://"):
+        source = Path(unquote(urlparse(url).path))
+        if not source.is_file():
+            raise NotFound(f"{url}: no such object")
+        try:
+            _atomic_copy(lambda sink: _copy_from(source, sink), target)
+        except OSError as exc:
+            raise StorageError(f"cannot read {source}: {exc.strerror or exc}") from None
+        return
+    _check_http(url)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            _atomic_copy(lambda sink: shutil.copyfileobj(response, sink, 1 << 20), target)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise NotFound(f"{_shown(url)}: no such object") from None
+        raise StorageError(f"cannot download {_shown(url)}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StorageError(f"cannot download {_shown(url)}: {exc}") from None
+
+
+def upload(url: str, path: str | Path, *, timeout_s: float = 300.0) -> None:
+    """Store the file `path` at the object a grant's URL names (atomically: a temporary
+    file renamed, or one PUT that S3 shows only once complete)."""
+    source = Path(path)
+    if url.startswith("file://"):
+        target = Path(unquote(urlparse(url).path))
+        try:
+            _atomic_copy(lambda sink: _copy_from(source, sink), target)
+        except OSError as exc:
+            raise StorageError(f"cannot store {target}: {exc.strerror or exc}") from None
+        return
+    _check_http(url)
+    try:
+        size = source.stat().st_size
+        with source.open("rb") as body:
+            request = urllib.request.Request(
+                url,
+                data=body,
+                method="PUT",
+                headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+            )
+            with urllib.request.urlopen(request, timeout=timeout_s):
+                pass
+    except urllib.error.HTTPError as exc:
+        raise StorageError(
+            f"cannot upload to {_shown(url)}: HTTP {exc.code} {exc.reason}"
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StorageError(f"cannot upload to {_shown(url)}: {exc}") from None
+
+
+def _check_http(url: str) -> None:
+    if urlparse(url).scheme not in ("http", "https"):
+        raise StorageError(f"{_shown(url)}: a grant must be an http(s) or file URL")
+
+
+def _shown(url: str) -> str:
+    """A URL without its query: a presigned URL's signature is a credential, never logged."""
+    return url.split("?", 1)[0]
+
+
+def _file_url(path: Path) -> str:
+    return "file://" + quote(str(path))
 
 
 def _aws_code(exc: Exception) -> str:

@@ -1,6 +1,11 @@
 """The `Cloud` bindings: `ec2` (boto3) and `local` (worker agents on this host, whose
 containers it finds by the executor's labels); the instance `catalog` and its prices;
-`bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables)."""
+`bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables).
+
+Each cloud also says how its workers prove their instance when they enroll (an
+`executor.enrollment.IdentityVerifier`): `identity` checks EC2's signed instance
+identity document against AWS's certificate of the region and the launch the state
+recorded; `local.LocalCloud.verify` accepts each agent's one-time secret once."""
 
 import logging
 

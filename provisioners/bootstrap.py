@@ -1,16 +1,16 @@
 """The worker bootstrap: EC2 user data rendered per launch, and what the daemon publishes for it.
 
-A worker needs three things the daemon has: the agent itself, the cluster's CA
-certificate, and a token to present. User data is readable by anything that
-reaches the instance metadata service and through `DescribeInstanceAttribute`,
-so it carries only what is public or short-lived:
+A worker needs two things the daemon has: the agent itself, and the cluster's
+server CA certificate, to know the daemon by. It needs no secret: it proves its
+instance when it enrolls, with the identity document AWS signs for that
+instance (`--imds`; `provisioners.identity` checks it). User data is readable
+by anything that reaches the instance metadata service and through
+`DescribeInstanceAttribute`, so it carries only what is public or short-lived:
 
 - the **agent** as a wheel the daemon publishes to the cluster's bucket under
   its sha256 (`publish_agent_wheel`); user data holds a presigned URL made for
   this launch and the hash, which the script checks before installing;
-- the **CA certificate** itself (public);
-- the **name** of an SSM SecureString holding the token (`publish_worker_token`),
-  which the worker reads with its instance role (`--token-ssm`), never the token.
+- the **server CA certificate** itself (public), and the daemon's address.
 
 `WorkerBootstrap.render(instance_id)` fills `provisioners/data/worker-bootstrap.sh` for one
 launch (our instance id is the launch token, so every instance's user data
@@ -19,10 +19,9 @@ shell-quoted, and the result is checked against EC2's 16 KB limit.
 
 What the daemon calls at start-up, with its own identity:
 
-    token_parameter = publish_worker_token(ssm, cluster_id, token)
     url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
     bootstrap = WorkerBootstrap(daemon_address, ca_pem, cluster_id, region,
-                                token_parameter, wheel_presigner(s3, url), sha256)
+                                wheel_presigner(s3, url), sha256)
     cloud = EC2Cloud(config.ec2, config.guardrails, bootstrap=bootstrap)
 """
 
@@ -61,7 +60,6 @@ PLACEHOLDERS: tuple[str, ...] = (
     "CA_PEM",
     "CLUSTER_ID",
     "REGION",
-    "TOKEN_PARAMETER",
     "INSTANCE_ID",
     "WHEEL_URL",
     "WHEEL_FILE",
@@ -70,9 +68,6 @@ PLACEHOLDERS: tuple[str, ...] = (
     "THROUGHPUT_WINDOW",
 )
 
-#: Where the worker token lives in SSM Parameter Store; the worker role may read it
-#: (deploy/worker-iam-policy.json), nothing in user data does.
-TOKEN_PARAMETER_FORMAT = "/ec2-batch-autoscaler/{cluster_id}/worker-token"
 #: How long a presigned wheel URL stays valid: the instance fetches it within minutes.
 WHEEL_URL_EXPIRES_S = 3600
 
@@ -80,7 +75,6 @@ _PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
 _HOST_PORT = re.compile(
     r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?):(\d{1,5})$"
 )
-_SSM_NAME = re.compile(r"^/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 _INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
@@ -105,7 +99,6 @@ class WorkerBootstrap:
     ca_pem: str
     cluster_id: str
     region: str
-    token_parameter: str  # SSM parameter name, from `publish_worker_token`
     wheel_url: str | Callable[[], str] = field(repr=False)
     wheel_sha256: str
     template: Path = DEFAULT_TEMPLATE
@@ -120,7 +113,6 @@ class WorkerBootstrap:
             raise _invalid("ca_pem", self.ca_pem[:40], "a PEM certificate")
         _check("cluster_id", self.cluster_id, _CLUSTER_ID, "a cluster id")
         _check("region", self.region, _REGION, "an AWS region")
-        _check("token_parameter", self.token_parameter, _SSM_NAME, "an SSM parameter name")
         _check("wheel_sha256", self.wheel_sha256, _SHA256, "64 lowercase hex digits")
         window = self.throughput_window_s
         if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window < inf:
@@ -163,7 +155,6 @@ class WorkerBootstrap:
             "CA_PEM": self.ca_pem.strip(),
             "CLUSTER_ID": self.cluster_id,
             "REGION": self.region,
-            "TOKEN_PARAMETER": self.token_parameter,
             "INSTANCE_ID": instance_id,
             "WHEEL_URL": url,
             "WHEEL_FILE": wheel_file,
@@ -193,53 +184,6 @@ def fill_template(template: str, values: Mapping[str, str]) -> str:
 
 
 # --- what the daemon publishes at start-up ----------------------------------------------------
-
-
-def token_parameter_name(cluster_id: str) -> str:
-    """The SSM parameter that holds this cluster's worker token."""
-    _check("cluster_id", cluster_id, _CLUSTER_ID, "a cluster id")
-    return TOKEN_PARAMETER_FORMAT.format(cluster_id=cluster_id)
-
-
-def publish_worker_token(
-    ssm: Any, cluster_id: str, token: str, *, kms_key_id: str | None = None
-) -> str:
-    """Store the worker token as an SSM SecureString; returns the parameter's name.
-
-    `ssm` is a boto3 SSM client or a boto3 session (its client is made). Idempotent:
-    the parameter is written only when missing or different, so a restart does not
-    add a version. The token appears in no log or error message of ours (botocore's
-    own DEBUG logging prints request parameters: keep it off in production).
-    `kms_key_id` encrypts it with a customer-managed key instead of `aws/ssm`; both
-    roles then need that key (kms:Encrypt for the daemon, kms:Decrypt for workers).
-    """
-    if not token or not token.strip():
-        raise InputError("the worker token is empty")
-    caller = AwsCaller(ssm if hasattr(ssm, "put_parameter") else ssm.client("ssm"))
-    name = token_parameter_name(cluster_id)
-    try:
-        current = caller.call(
-            "get_parameter",
-            passthrough=frozenset({"ParameterNotFound"}),
-            Name=name,
-            WithDecryption=True,
-        )["Parameter"]
-        if current.get("Type") == "SecureString" and current.get("Value") == token:
-            return name
-    except ClientError:
-        pass  # ParameterNotFound (the only code passed through): the first publication
-    params: dict[str, Any] = {
-        "Name": name,
-        "Value": token,
-        "Type": "SecureString",
-        "Overwrite": True,
-        "Description": f"worker token of ec2-batch-autoscaler cluster {cluster_id}",
-    }
-    if kms_key_id:
-        params["KeyId"] = kms_key_id
-    caller.call("put_parameter", **params)
-    log.info("worker token published to SSM parameter %s", name)
-    return name
 
 
 def publish_agent_wheel(

@@ -106,6 +106,9 @@ class EC2Config:
     root_volume_type: str = "gp3"
     root_volume_encrypted: bool = True
     root_volume_kms_key: str | None = None
+    # AWS's certificates for instance identity documents beyond the bundled ones
+    # (`provisioners.identity`): `<region>.rsa2048.pem`, `<region>.dsa.pem`.
+    identity_certificates: Path | None = None
 
     def allows(self, instance_type: str) -> bool:
         """True when the type is listed in `types` or its family in `families`."""
@@ -134,7 +137,7 @@ class EC2Config:
         if not self.security_group_ids:
             problems.append("security_group_ids (the workers' firewall)")
         if not self.iam_instance_profile:
-            problems.append("iam_instance_profile (the worker reads its token with its role)")
+            problems.append("iam_instance_profile (the workers' instance role)")
         if not self.ami:
             problems.append("[ec2.ami] (the images the workers boot)")
         return problems
@@ -205,6 +208,9 @@ def parse_config(
         root_volume_type=ec2.get("root_volume_type", _one_of(ROOT_VOLUME_TYPES), "gp3"),
         root_volume_encrypted=ec2.get("root_volume_encrypted", _bool, True),
         root_volume_kms_key=ec2.get("root_volume_kms_key", _kms_key, None),
+        identity_certificates=_optional_path(
+            ec2.get("identity_certificates", _string, None), base_dir
+        ),
     )
     if ec2_config.root_volume_kms_key and not ec2_config.root_volume_encrypted:
         raise InputError(
@@ -225,6 +231,10 @@ def parse_config(
     )
     rails.reject_unknown()
     return ProvisionerConfig(ec2_config, guardrails, source)
+
+
+def _optional_path(value: str | None, base_dir: Path | None) -> Path | None:
+    return None if value is None else _path(value, base_dir)
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -260,6 +270,7 @@ class _Table:
                 "orphan_policy",
                 "dry_run",
                 "cache_dir",
+                "identity_certificates",
             }
         ),
         "guardrails": frozenset({"max_instances", "max_hourly_spend", "allowed_regions"}),

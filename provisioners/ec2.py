@@ -757,6 +757,7 @@ def _cloud_instance(raw: Mapping[str, Any]) -> CloudInstance:
         instance_id=tags.get(TAG_LAUNCH_TOKEN),
         launched_at_s=launched.timestamp() if launched is not None else None,
         spot=raw.get("InstanceLifecycle") == "spot",
+        private_address=raw.get("PrivateIpAddress"),
     )
 
 

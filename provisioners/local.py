@@ -12,6 +12,12 @@ Restart-safe like EC2: every instance is a directory under `root/instances/`
 (its launch token, type, the agent's process id) written before the agent
 starts, and the agents run in their own sessions, so a daemon killed with
 SIGKILL and restarted lists, adopts or terminates exactly what is there.
+
+Enrollment (`LocalCloud.verify`, the local cloud's `IdentityVerifier`): each
+launch writes a one-time secret, mode 0600, into that agent's own work
+directory, and keeps only its SHA-256 in the instance's record; the daemon
+accepts it once. On one host the host's user is the trust boundary: the secret
+keeps agents (and anything their jobs run) from passing for each other.
 """
 
 from __future__ import annotations
@@ -38,7 +44,14 @@ from autoscaler.cloud import (
     LaunchRequest,
     UnavailableOffering,
 )
+from executor.client import Launch
+from executor.enrollment import EnrollmentRefused, check_secret, new_secret, secret_digest
+from executor.protos import worker_pb2 as pb
 from executor.runtime import LABEL_INSTANCE
+from executor.security import write_secret
+
+#: The agent's one-time enrollment secret, in its own work directory.
+SECRET_FILE = "enrollment-secret"
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +66,6 @@ class LocalCloud:
         *,
         daemon_address: str,
         ca_path: Path,
-        token_path: Path,
         docker_url: str | None = None,
         emulate_delays: bool = False,
         clock: Callable[[], float] = time.time,
@@ -65,7 +77,6 @@ class LocalCloud:
         self.root = root
         self.daemon_address = daemon_address
         self.ca_path = ca_path
-        self.token_path = token_path
         self.docker_url = docker_url or os.environ.get("DOCKER_HOST")
         self.emulate_delays = emulate_delays
         self.clock = clock
@@ -104,7 +115,13 @@ class LocalCloud:
                 "state": "pending",
                 "pid": None,
             }
+            secret = new_secret()
+            record["enrollment_sha256"] = secret_digest(secret)
+            record["enrolled"] = False
             self._write(record)  # recorded before the process exists: a crash leaves a trace
+            work = self._dir(request.instance_id) / "work"
+            work.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_secret(work / SECRET_FILE, secret + "\n", overwrite=True)
             record["pid"] = self._start_agent(record)
             self._write(record)
             return self._view(record)
@@ -137,6 +154,22 @@ class LocalCloud:
 
     def unavailable(self) -> list[UnavailableOffering]:
         return self.availability.offerings(self.clock())
+
+    # -- enrollment --------------------------------------------------------------------------
+
+    def verify(self, request: pb.EnrollRequest, launch: Launch) -> None:
+        """Accept the one-time secret this cloud wrote for `launch`'s agent, once."""
+        if request.WhichOneof("proof") != "local_secret":
+            raise EnrollmentRefused("a local worker enrolls with its one-time secret")
+        with self._lock:
+            record = self._read(launch.instance_id)
+            if record is None or record["state"] == "terminated":
+                raise EnrollmentRefused(f"the local cloud runs no instance {launch.instance_id}")
+            check_secret(
+                request.local_secret, record.get("enrollment_sha256"), bool(record.get("enrolled"))
+            )
+            record["enrolled"] = True
+            self._write(record)
 
     # -- cleaning up ----------------------------------------------------------------------
 
@@ -186,18 +219,14 @@ class LocalCloud:
             self.daemon_address,
             "--ca",
             str(self.ca_path),
-            "--token-file",
-            str(self.token_path),
+            "--enrollment-secret",
+            str(work / SECRET_FILE),
             "--instance-id",
             record["token"],
             "--capacity",
             capacity,
             "--work-dir",
             str(work),
-            "--listen",
-            "127.0.0.1:0",
-            "--advertise",
-            "127.0.0.1",
         ]
         if self.docker_url:
             command += ["--docker", self.docker_url]

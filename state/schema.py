@@ -8,7 +8,7 @@ One table per fact, in the problem's words:
   instance the latest plan assigned it to, its progress and checkpoint location,
   its attempts and failures. Its demands live in the job's spec document, once.
 - `instances`: an instance we asked for — launch token (our id), cloud id, type,
-  zone, the hourly price at its request, its status and why, when its worker
+  zone, private address, the hourly price at its request, its status and why, when its worker
   registered or was lost; `instance_transitions` the history of its statuses with
   their times and reasons.
 - `placements`: which task occupied which instance when (opened and closed by task
@@ -199,6 +199,8 @@ class Instance(Base):
     requested_at: Mapped[float] = mapped_column(Double)
     cloud_id: Mapped[str | None] = mapped_column(String)
     zone: Mapped[str | None] = mapped_column(String)
+    # The cloud's private address of it, once known: enrollment matches it (0005).
+    private_address: Mapped[str | None] = mapped_column(String)
     ready_at: Mapped[float | None] = mapped_column(Double)  # its worker registered
     lost_at: Mapped[float | None] = mapped_column(Double)  # its worker fell silent
     reason: Mapped[str] = mapped_column(Text, server_default="")  # of its current status

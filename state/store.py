@@ -105,7 +105,15 @@ DELAYS = cast(Table, PhaseDelay.__table__)
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
 TASK_COLUMNS = tuple(f.name for f in fields(TaskRecord) if f.name not in ("task_id", "job_id"))
-INSTANCE_COLUMNS = ("status", "cloud_id", "zone", "ready_at", "lost_at", "reason")
+INSTANCE_COLUMNS = (
+    "status",
+    "cloud_id",
+    "zone",
+    "private_address",
+    "ready_at",
+    "lost_at",
+    "reason",
+)
 LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
 #: table -> (its key, the columns transitions change).
 WRITTEN = {
@@ -902,6 +910,7 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.ready_at,
         row.lost_at,
         row.reason,
+        row.private_address,
     )
 
 

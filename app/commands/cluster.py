@@ -31,10 +31,10 @@ FINAL = ("completed", "cancelled", "failed")
 def register(sub: argparse._SubParsersAction) -> None:
     init = sub.add_parser(
         "init",
-        help="write a cluster configuration and create its CA, certificate and tokens",
+        help="write a cluster configuration and create its CAs, certificate and API token",
         description="Write DIR/autoscaler.toml (commented, safe defaults) and DIR/secrets/ "
-        "(the cluster's CA, the daemon's certificate, the API and worker tokens; mode 0600). "
-        "Run again, it keeps every file that exists.",
+        "(the server CA, the daemon's certificate, the worker CA and the API token; mode "
+        "0600). Run again, it keeps every file that exists.",
     )
     init.add_argument("--dir", type=Path, default=Path("."), help="where to write (default .)")
     init.add_argument("--name", default=None, help="cluster name (default: a new unique one)")
@@ -209,14 +209,19 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import signal
 
     from app.daemon import Daemon, configure_logging
-    from app.wiring import build_bindings, daemon_security
+    from app.wiring import build_bindings, daemon_security, worker_security
 
     configure_logging()
     config = load_cluster_config(args.config)
     bindings = build_bindings(config)
     credentials, tokens = daemon_security(config)
     daemon = Daemon(
-        config, bindings, dry_run=args.dry_run, server_credentials=credentials, tokens=tokens
+        config,
+        bindings,
+        dry_run=args.dry_run,
+        server_credentials=credentials,
+        tokens=tokens,
+        worker_credentials=worker_security(config),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop.set())
@@ -264,8 +269,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def connect(config: ClusterConfig):
     from app.api import ApiClient
-    from app.init import DAEMON_NAME
-    from executor.security import read_token, secure_channel
+    from executor.security import DAEMON_NAME, read_token, secure_channel
 
     secrets = config.secrets
     try:

@@ -16,6 +16,12 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_STOPPED: _ClassVar[TaskState]
     TASK_STATE_COMPLETED: _ClassVar[TaskState]
     TASK_STATE_FAILED: _ClassVar[TaskState]
+
+class ObjectKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OBJECT_KIND_UNSPECIFIED: _ClassVar[ObjectKind]
+    OBJECT_KIND_CHECKPOINT: _ClassVar[ObjectKind]
+    OBJECT_KIND_LOG: _ClassVar[ObjectKind]
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_STARTING: TaskState
 TASK_STATE_RUNNING: TaskState
@@ -23,6 +29,9 @@ TASK_STATE_CHECKPOINTING: TaskState
 TASK_STATE_STOPPED: TaskState
 TASK_STATE_COMPLETED: TaskState
 TASK_STATE_FAILED: TaskState
+OBJECT_KIND_UNSPECIFIED: ObjectKind
+OBJECT_KIND_CHECKPOINT: ObjectKind
+OBJECT_KIND_LOG: ObjectKind
 
 class Capacity(_message.Message):
     __slots__ = ("gpus", "cpus", "memory_gb")
@@ -77,59 +86,79 @@ class TaskStatus(_message.Message):
     log_tail: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., job_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., iterations: _Optional[float] = ..., throughput: _Optional[float] = ..., window_s: _Optional[float] = ..., checkpoint: _Optional[str] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., phases: _Optional[_Mapping[str, float]] = ..., log_tail: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class RegisterRequest(_message.Message):
-    __slots__ = ("instance_id", "capacity", "agent_version", "address", "csr_pem", "tasks", "gpu_devices")
-    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
-    CAPACITY_FIELD_NUMBER: _ClassVar[int]
-    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
-    ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
-    TASKS_FIELD_NUMBER: _ClassVar[int]
-    GPU_DEVICES_FIELD_NUMBER: _ClassVar[int]
-    instance_id: str
-    capacity: Capacity
-    agent_version: str
-    address: str
-    csr_pem: bytes
-    tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    gpu_devices: int
-    def __init__(self, instance_id: _Optional[str] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., gpu_devices: _Optional[int] = ...) -> None: ...
+class Ec2Identity(_message.Message):
+    __slots__ = ("document", "pkcs7", "rsa2048")
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    PKCS7_FIELD_NUMBER: _ClassVar[int]
+    RSA2048_FIELD_NUMBER: _ClassVar[int]
+    document: bytes
+    pkcs7: str
+    rsa2048: str
+    def __init__(self, document: _Optional[bytes] = ..., pkcs7: _Optional[str] = ..., rsa2048: _Optional[str] = ...) -> None: ...
 
-class RegisterResponse(_message.Message):
-    __slots__ = ("session", "certificate_pem", "server_name", "daemon_token", "storage_url", "heartbeat_interval_s", "acknowledged")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+class EnrollRequest(_message.Message):
+    __slots__ = ("instance_id", "ec2", "local_secret", "csr_pem", "held")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    EC2_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SECRET_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    ec2: Ec2Identity
+    local_secret: str
+    csr_pem: bytes
+    held: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    def __init__(self, instance_id: _Optional[str] = ..., ec2: _Optional[_Union[Ec2Identity, _Mapping]] = ..., local_secret: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., held: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
+
+class EnrollResponse(_message.Message):
+    __slots__ = ("certificate_pem", "registry_address", "heartbeat_interval_s", "stop")
     CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
-    SERVER_NAME_FIELD_NUMBER: _ClassVar[int]
-    DAEMON_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    STORAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
-    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
-    session: str
+    STOP_FIELD_NUMBER: _ClassVar[int]
     certificate_pem: bytes
-    server_name: str
-    daemon_token: str
-    storage_url: str
+    registry_address: str
     heartbeat_interval_s: float
-    acknowledged: _containers.RepeatedCompositeFieldContainer[AttemptRef]
-    def __init__(self, session: _Optional[str] = ..., certificate_pem: _Optional[bytes] = ..., server_name: _Optional[str] = ..., daemon_token: _Optional[str] = ..., storage_url: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., acknowledged: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
+    stop: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., registry_address: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: bytes
+    def __init__(self, csr_pem: _Optional[bytes] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("certificate_pem",)
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: bytes
+    def __init__(self, certificate_pem: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("instance_id", "session", "tasks")
-    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("capacity", "agent_version", "gpu_devices", "tasks")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPU_DEVICES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
-    instance_id: str
-    session: str
+    capacity: Capacity
+    agent_version: str
+    gpu_devices: int
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    def __init__(self, instance_id: _Optional[str] = ..., session: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
+    def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., agent_version: _Optional[str] = ..., gpu_devices: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("acknowledged", "heartbeat_interval_s")
+    __slots__ = ("acknowledged", "stop", "heartbeat_interval_s")
     ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     acknowledged: _containers.RepeatedCompositeFieldContainer[AttemptRef]
+    stop: _containers.RepeatedCompositeFieldContainer[AttemptRef]
     heartbeat_interval_s: float
-    def __init__(self, acknowledged: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, acknowledged: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class CommandsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class EnvVar(_message.Message):
     __slots__ = ("name", "value")
@@ -167,8 +196,8 @@ class Limits(_message.Message):
     shm_size_gb: float
     def __init__(self, cpus: _Optional[float] = ..., memory_gb: _Optional[float] = ..., gpus: _Optional[_Iterable[int]] = ..., shm_size_gb: _Optional[float] = ...) -> None: ...
 
-class StartTaskRequest(_message.Message):
-    __slots__ = ("task_id", "job_id", "attempt", "instance_id", "workload", "run", "limits", "checkpoint")
+class StartTask(_message.Message):
+    __slots__ = ("task_id", "job_id", "attempt", "instance_id", "workload", "run", "limits", "checkpoint", "build_context_url", "checkpoint_url")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +206,8 @@ class StartTaskRequest(_message.Message):
     RUN_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BUILD_CONTEXT_URL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URL_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     job_id: str
     attempt: int
@@ -185,15 +216,11 @@ class StartTaskRequest(_message.Message):
     run: TaskRun
     limits: Limits
     checkpoint: str
-    def __init__(self, task_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., instance_id: _Optional[str] = ..., workload: _Optional[str] = ..., run: _Optional[_Union[TaskRun, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+    build_context_url: str
+    checkpoint_url: str
+    def __init__(self, task_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., instance_id: _Optional[str] = ..., workload: _Optional[str] = ..., run: _Optional[_Union[TaskRun, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., checkpoint: _Optional[str] = ..., build_context_url: _Optional[str] = ..., checkpoint_url: _Optional[str] = ...) -> None: ...
 
-class StartTaskResponse(_message.Message):
-    __slots__ = ("status",)
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    status: TaskStatus
-    def __init__(self, status: _Optional[_Union[TaskStatus, _Mapping]] = ...) -> None: ...
-
-class StopTaskRequest(_message.Message):
+class StopTask(_message.Message):
     __slots__ = ("task_id", "attempt")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -201,20 +228,32 @@ class StopTaskRequest(_message.Message):
     attempt: int
     def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
-class StopTaskResponse(_message.Message):
-    __slots__ = ("known", "status")
-    KNOWN_FIELD_NUMBER: _ClassVar[int]
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    known: bool
-    status: TaskStatus
-    def __init__(self, known: _Optional[bool] = ..., status: _Optional[_Union[TaskStatus, _Mapping]] = ...) -> None: ...
+class Command(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: StartTask
+    stop: StopTask
+    def __init__(self, start: _Optional[_Union[StartTask, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ...) -> None: ...
 
-class ListTasksRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+class GrantUploadRequest(_message.Message):
+    __slots__ = ("task_id", "attempt", "kind", "step")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    attempt: int
+    kind: ObjectKind
+    step: int
+    def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., kind: _Optional[_Union[ObjectKind, str]] = ..., step: _Optional[int] = ...) -> None: ...
 
-class ListTasksResponse(_message.Message):
-    __slots__ = ("tasks",)
-    TASKS_FIELD_NUMBER: _ClassVar[int]
-    tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
+class Grant(_message.Message):
+    __slots__ = ("url", "ref", "expires_at")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    ref: str
+    expires_at: float
+    def __init__(self, url: _Optional[str] = ..., ref: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...

@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class WorkerRegistryStub:
+class EnrollmentStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -34,64 +34,46 @@ class WorkerRegistryStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Register = channel.unary_unary(
-                '/autoscaler.worker.v1.WorkerRegistry/Register',
-                request_serializer=executor_dot_protos_dot_worker__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=executor_dot_protos_dot_worker__pb2.RegisterResponse.FromString,
-                _registered_method=True)
-        self.Heartbeat = channel.unary_unary(
-                '/autoscaler.worker.v1.WorkerRegistry/Heartbeat',
-                request_serializer=executor_dot_protos_dot_worker__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=executor_dot_protos_dot_worker__pb2.HeartbeatResponse.FromString,
+        self.Enroll = channel.unary_unary(
+                '/autoscaler.worker.v2.Enrollment/Enroll',
+                request_serializer=executor_dot_protos_dot_worker__pb2.EnrollRequest.SerializeToString,
+                response_deserializer=executor_dot_protos_dot_worker__pb2.EnrollResponse.FromString,
                 _registered_method=True)
 
 
-class WorkerRegistryServicer:
+class EnrollmentServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Register(self, request, context):
-        """Announce a worker (again, after either side restarted). The answer holds the
-        worker's signed certificate and the token the daemon will present when calling it.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Heartbeat(self, request, context):
-        """"I am alive, and here are my attempts." NOT_FOUND: register again (the daemon
-        restarted, or another registration replaced this one). FAILED_PRECONDITION: the
-        worker was declared lost; its tasks run elsewhere now.
+    def Enroll(self, request, context):
+        """Prove the instance, get a client certificate for it. Refused (and nothing remembered)
+        unless the proof matches a launch the daemon's state knows: PERMISSION_DENIED with the
+        reason; RESOURCE_EXHAUSTED when the caller's address enrolls too often.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_WorkerRegistryServicer_to_server(servicer, server):
+def add_EnrollmentServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Register': grpc.unary_unary_rpc_method_handler(
-                    servicer.Register,
-                    request_deserializer=executor_dot_protos_dot_worker__pb2.RegisterRequest.FromString,
-                    response_serializer=executor_dot_protos_dot_worker__pb2.RegisterResponse.SerializeToString,
-            ),
-            'Heartbeat': grpc.unary_unary_rpc_method_handler(
-                    servicer.Heartbeat,
-                    request_deserializer=executor_dot_protos_dot_worker__pb2.HeartbeatRequest.FromString,
-                    response_serializer=executor_dot_protos_dot_worker__pb2.HeartbeatResponse.SerializeToString,
+            'Enroll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Enroll,
+                    request_deserializer=executor_dot_protos_dot_worker__pb2.EnrollRequest.FromString,
+                    response_serializer=executor_dot_protos_dot_worker__pb2.EnrollResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'autoscaler.worker.v1.WorkerRegistry', rpc_method_handlers)
+            'autoscaler.worker.v2.Enrollment', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('autoscaler.worker.v1.WorkerRegistry', rpc_method_handlers)
+    server.add_registered_method_handlers('autoscaler.worker.v2.Enrollment', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class WorkerRegistry:
+class Enrollment:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Register(request,
+    def Enroll(request,
             target,
             options=(),
             channel_credentials=None,
@@ -104,9 +86,138 @@ class WorkerRegistry:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/autoscaler.worker.v1.WorkerRegistry/Register',
-            executor_dot_protos_dot_worker__pb2.RegisterRequest.SerializeToString,
-            executor_dot_protos_dot_worker__pb2.RegisterResponse.FromString,
+            '/autoscaler.worker.v2.Enrollment/Enroll',
+            executor_dot_protos_dot_worker__pb2.EnrollRequest.SerializeToString,
+            executor_dot_protos_dot_worker__pb2.EnrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class RegistryStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Renew = channel.unary_unary(
+                '/autoscaler.worker.v2.Registry/Renew',
+                request_serializer=executor_dot_protos_dot_worker__pb2.RenewRequest.SerializeToString,
+                response_deserializer=executor_dot_protos_dot_worker__pb2.RenewResponse.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/autoscaler.worker.v2.Registry/Heartbeat',
+                request_serializer=executor_dot_protos_dot_worker__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=executor_dot_protos_dot_worker__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.Commands = channel.unary_stream(
+                '/autoscaler.worker.v2.Registry/Commands',
+                request_serializer=executor_dot_protos_dot_worker__pb2.CommandsRequest.SerializeToString,
+                response_deserializer=executor_dot_protos_dot_worker__pb2.Command.FromString,
+                _registered_method=True)
+        self.GrantUpload = channel.unary_unary(
+                '/autoscaler.worker.v2.Registry/GrantUpload',
+                request_serializer=executor_dot_protos_dot_worker__pb2.GrantUploadRequest.SerializeToString,
+                response_deserializer=executor_dot_protos_dot_worker__pb2.Grant.FromString,
+                _registered_method=True)
+
+
+class RegistryServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Renew(self, request, context):
+        """A new certificate for a new key, while the current one is valid (both stay valid
+        until each expires, so nothing in flight is dropped).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """"I am alive, and here are my attempts." FAILED_PRECONDITION: the daemon gave this
+        instance up (lost or released); its tasks run elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commands(self, request, context):
+        """Start and stop commands for this instance, pushed as they are decided. Held open by
+        the worker; a command not yet confirmed by a heartbeat is sent again on every new
+        stream, so each is idempotent by (task, attempt).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GrantUpload(self, request, context):
+        """A presigned PUT for one new object under the attempt's own prefix.
+        FAILED_PRECONDITION: the daemon gave the attempt up (stop it: it is fenced).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RegistryServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=executor_dot_protos_dot_worker__pb2.RenewRequest.FromString,
+                    response_serializer=executor_dot_protos_dot_worker__pb2.RenewResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=executor_dot_protos_dot_worker__pb2.HeartbeatRequest.FromString,
+                    response_serializer=executor_dot_protos_dot_worker__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Commands': grpc.unary_stream_rpc_method_handler(
+                    servicer.Commands,
+                    request_deserializer=executor_dot_protos_dot_worker__pb2.CommandsRequest.FromString,
+                    response_serializer=executor_dot_protos_dot_worker__pb2.Command.SerializeToString,
+            ),
+            'GrantUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.GrantUpload,
+                    request_deserializer=executor_dot_protos_dot_worker__pb2.GrantUploadRequest.FromString,
+                    response_serializer=executor_dot_protos_dot_worker__pb2.Grant.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'autoscaler.worker.v2.Registry', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('autoscaler.worker.v2.Registry', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Registry:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.worker.v2.Registry/Renew',
+            executor_dot_protos_dot_worker__pb2.RenewRequest.SerializeToString,
+            executor_dot_protos_dot_worker__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -131,7 +242,7 @@ class WorkerRegistry:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/autoscaler.worker.v1.WorkerRegistry/Heartbeat',
+            '/autoscaler.worker.v2.Registry/Heartbeat',
             executor_dot_protos_dot_worker__pb2.HeartbeatRequest.SerializeToString,
             executor_dot_protos_dot_worker__pb2.HeartbeatResponse.FromString,
             options,
@@ -144,89 +255,8 @@ class WorkerRegistry:
             metadata,
             _registered_method=True)
 
-
-class WorkerStub:
-    """Missing associated documentation comment in .proto file."""
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.StartTask = channel.unary_unary(
-                '/autoscaler.worker.v1.Worker/StartTask',
-                request_serializer=executor_dot_protos_dot_worker__pb2.StartTaskRequest.SerializeToString,
-                response_deserializer=executor_dot_protos_dot_worker__pb2.StartTaskResponse.FromString,
-                _registered_method=True)
-        self.StopTask = channel.unary_unary(
-                '/autoscaler.worker.v1.Worker/StopTask',
-                request_serializer=executor_dot_protos_dot_worker__pb2.StopTaskRequest.SerializeToString,
-                response_deserializer=executor_dot_protos_dot_worker__pb2.StopTaskResponse.FromString,
-                _registered_method=True)
-        self.ListTasks = channel.unary_unary(
-                '/autoscaler.worker.v1.Worker/ListTasks',
-                request_serializer=executor_dot_protos_dot_worker__pb2.ListTasksRequest.SerializeToString,
-                response_deserializer=executor_dot_protos_dot_worker__pb2.ListTasksResponse.FromString,
-                _registered_method=True)
-
-
-class WorkerServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def StartTask(self, request, context):
-        """Start (or resume from a checkpoint) one attempt of a task. Starting an attempt the
-        worker already holds does nothing and returns its status.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StopTask(self, request, context):
-        """Ask an attempt to checkpoint, then stop it. Unknown or finished attempts: nothing.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ListTasks(self, request, context):
-        """Every attempt the worker holds (what the next heartbeat would carry).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_WorkerServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'StartTask': grpc.unary_unary_rpc_method_handler(
-                    servicer.StartTask,
-                    request_deserializer=executor_dot_protos_dot_worker__pb2.StartTaskRequest.FromString,
-                    response_serializer=executor_dot_protos_dot_worker__pb2.StartTaskResponse.SerializeToString,
-            ),
-            'StopTask': grpc.unary_unary_rpc_method_handler(
-                    servicer.StopTask,
-                    request_deserializer=executor_dot_protos_dot_worker__pb2.StopTaskRequest.FromString,
-                    response_serializer=executor_dot_protos_dot_worker__pb2.StopTaskResponse.SerializeToString,
-            ),
-            'ListTasks': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListTasks,
-                    request_deserializer=executor_dot_protos_dot_worker__pb2.ListTasksRequest.FromString,
-                    response_serializer=executor_dot_protos_dot_worker__pb2.ListTasksResponse.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'autoscaler.worker.v1.Worker', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('autoscaler.worker.v1.Worker', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class Worker:
-    """Missing associated documentation comment in .proto file."""
-
     @staticmethod
-    def StartTask(request,
+    def Commands(request,
             target,
             options=(),
             channel_credentials=None,
@@ -236,12 +266,12 @@ class Worker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
-            '/autoscaler.worker.v1.Worker/StartTask',
-            executor_dot_protos_dot_worker__pb2.StartTaskRequest.SerializeToString,
-            executor_dot_protos_dot_worker__pb2.StartTaskResponse.FromString,
+            '/autoscaler.worker.v2.Registry/Commands',
+            executor_dot_protos_dot_worker__pb2.CommandsRequest.SerializeToString,
+            executor_dot_protos_dot_worker__pb2.Command.FromString,
             options,
             channel_credentials,
             insecure,
@@ -253,7 +283,7 @@ class Worker:
             _registered_method=True)
 
     @staticmethod
-    def StopTask(request,
+    def GrantUpload(request,
             target,
             options=(),
             channel_credentials=None,
@@ -266,36 +296,9 @@ class Worker:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/autoscaler.worker.v1.Worker/StopTask',
-            executor_dot_protos_dot_worker__pb2.StopTaskRequest.SerializeToString,
-            executor_dot_protos_dot_worker__pb2.StopTaskResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ListTasks(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/autoscaler.worker.v1.Worker/ListTasks',
-            executor_dot_protos_dot_worker__pb2.ListTasksRequest.SerializeToString,
-            executor_dot_protos_dot_worker__pb2.ListTasksResponse.FromString,
+            '/autoscaler.worker.v2.Registry/GrantUpload',
+            executor_dot_protos_dot_worker__pb2.GrantUploadRequest.SerializeToString,
+            executor_dot_protos_dot_worker__pb2.Grant.FromString,
             options,
             channel_credentials,
             insecure,

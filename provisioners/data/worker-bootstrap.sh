@@ -3,19 +3,22 @@
 #
 # Rendered for each launch by provisioners.bootstrap.WorkerBootstrap.render, which
 # replaces each double-braced placeholder below with a shell-quoted value:
-#   DAEMON_ADDRESS   host:port of the daemon the worker registers with
-#   CA_PEM           the cluster's CA certificate (public), to check the daemon with
+#   DAEMON_ADDRESS   host:port of the daemon the worker enrolls with
+#   CA_PEM           the cluster's server CA certificate (public): the daemon must present
+#                    a certificate it signed, for the name autoscaler-daemon
 #   CLUSTER_ID       [ec2] cluster_id
-#   REGION           the AWS region; the worker reads its token from SSM there
-#   TOKEN_PARAMETER  name of the SSM SecureString holding the worker token. The token
-#                    itself is never in user data: anything reaching the metadata
-#                    service, or DescribeInstanceAttribute, can read user data.
+#   REGION           the AWS region
 #   INSTANCE_ID      the autoscaler's id for this instance (its launch token)
 #   WHEEL_URL        short-lived (presigned) URL of the worker agent wheel
 #   WHEEL_FILE       the wheel's file name
 #   WHEEL_SHA256     the wheel's sha256: nothing is installed unless it matches
 #   ACCELERATOR      "nvidia" for NVIDIA GPU types (driver and toolkit checked), else ""
 #   THROUGHPUT_WINDOW seconds jobs report throughput over: one round of the cluster
+#
+# No secret is in user data (anything reaching the metadata service, or
+# DescribeInstanceAttribute, can read it), and none is needed: the agent proves this
+# instance to the daemon with the identity document AWS signs for it (IMDSv2), and gets
+# a short-lived client certificate in exchange.
 #
 # Supported images: Amazon Linux 2023 (dnf) and Ubuntu 22.04 / 24.04 (apt); the NVIDIA
 # Deep Learning Base AMI is Amazon Linux 2023 with the driver and container toolkit.
@@ -29,7 +32,6 @@ DAEMON_ADDRESS={{DAEMON_ADDRESS}}
 CA_PEM={{CA_PEM}}
 CLUSTER_ID={{CLUSTER_ID}}
 REGION={{REGION}}
-TOKEN_PARAMETER={{TOKEN_PARAMETER}}
 INSTANCE_ID={{INSTANCE_ID}}
 WHEEL_URL={{WHEEL_URL}}
 WHEEL_FILE={{WHEEL_FILE}}
@@ -138,12 +140,6 @@ usermod -a -G docker "$WORKER_USER"
 install -d -m 0750 "$ROOT$STATE_DIR"
 chown "$WORKER_USER:" "$ROOT$STATE_DIR"
 
-step "finding the address the daemon reaches this worker at (IMDSv2)"
-IMDS_TOKEN=$(curl -fsS -X PUT --connect-timeout 5 "http://169.254.169.254/latest/api/token" \
-  -H "X-aws-ec2-metadata-token-ttl-seconds: 300")
-ADVERTISE=$(curl -fsS --connect-timeout 5 -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" \
-  "http://169.254.169.254/latest/meta-data/local-ipv4")
-
 step "writing the worker's configuration (no secret in it)"
 install -d -m 0755 "$ROOT$CONFIG_DIR"
 printf '%s\n' "$CA_PEM" > "$ROOT$CONFIG_DIR/ca.pem"
@@ -152,8 +148,6 @@ cat > "$ROOT$CONFIG_DIR/env" <<ENV
 AUTOSCALER_CLUSTER_ID=$CLUSTER_ID
 AUTOSCALER_INSTANCE_ID=$INSTANCE_ID
 AUTOSCALER_DAEMON=$DAEMON_ADDRESS
-AUTOSCALER_TOKEN_SSM=$TOKEN_PARAMETER
-AUTOSCALER_ADVERTISE=$ADVERTISE
 AWS_REGION=$REGION
 AWS_DEFAULT_REGION=$REGION
 ENV
@@ -171,7 +165,7 @@ Group=${WORKER_USER}
 SupplementaryGroups=docker
 EnvironmentFile=${CONFIG_DIR}/env
 WorkingDirectory=${STATE_DIR}
-ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --token-ssm \${AUTOSCALER_TOKEN_SSM} --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --advertise \${AUTOSCALER_ADVERTISE} --throughput-window ${THROUGHPUT_WINDOW}
+ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --imds --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --throughput-window ${THROUGHPUT_WINDOW}
 Restart=always
 RestartSec=5
 NoNewPrivileges=true
@@ -184,4 +178,4 @@ step "starting the worker agent"
 systemctl daemon-reload
 systemctl enable --now autoscaler-worker
 FINISHED=1
-log "worker agent started; it registers with ${DAEMON_ADDRESS}"
+log "worker agent started; it enrolls with ${DAEMON_ADDRESS}"

@@ -6,13 +6,23 @@ import os
 import stat
 
 import pytest
+from cryptography import x509
 
 from app.cli import main
 from app.config import load_cluster_config
+from app.init import init_cluster
 from autoscaler.errors import InputError
-from executor.security import Authority, certificate_names
+from executor.security import Authority, certificate_names, issued_by
 
-SECRETS = ("ca.pem", "ca.key", "server.pem", "server.key", "api.token", "worker.token")
+SECRETS = (
+    "server-ca.pem",
+    "server-ca.key",
+    "server.pem",
+    "server.key",
+    "worker-ca.pem",
+    "worker-ca.key",
+    "api.token",
+)
 
 
 def test_init_writes_a_configuration_that_loads_and_secrets_only_the_owner_reads(tmp_path, capsys):
@@ -29,14 +39,41 @@ def test_init_writes_a_configuration_that_loads_and_secrets_only_the_owner_reads
         assert mode == 0o600, name
     token = (tmp_path / "secrets" / "api.token").read_text()
     assert token not in capsys.readouterr().out  # never printed
-    # the daemon's certificate is the CA's, for the name clients verify
-    ca = (tmp_path / "secrets" / "ca.pem").read_bytes()
-    cert = (tmp_path / "secrets" / "server.pem").read_bytes()
-    assert "autoscaler-daemon" in certificate_names(cert)
-    assert (
-        Authority.load(tmp_path / "secrets" / "ca.pem", tmp_path / "secrets" / "ca.key").cert_pem
-        == ca
+    assert not (tmp_path / "secrets" / "worker.token").exists()  # no shared worker secret
+    # The daemon's certificate is the server CA's, for the name clients verify and the host
+    # they dial, for server authentication; the worker CA did not sign it.
+    secrets = config.secrets
+    cert = secrets.server_cert.read_bytes()
+    assert certificate_names(cert) == ["autoscaler-daemon", "127.0.0.1"]
+    assert issued_by(cert, secrets.ca_cert.read_bytes())
+    assert not issued_by(cert, secrets.worker_ca_cert.read_bytes())
+    usage = x509.load_pem_x509_certificate(cert).extensions.get_extension_for_class(
+        x509.ExtendedKeyUsage
     )
+    assert list(usage.value) == [x509.ExtendedKeyUsageOID.SERVER_AUTH]
+    assert Authority.load(secrets.ca_cert, secrets.ca_key).cert_pem == secrets.ca_cert.read_bytes()
+    assert secrets.ca_cert.read_bytes() != secrets.worker_ca_cert.read_bytes()
+
+
+def test_init_again_reissues_the_server_certificate_for_a_new_advertised_host(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    secrets = load_cluster_config(path).secrets
+    kept = {p: p.read_bytes() for p in (secrets.ca_cert, secrets.worker_ca_key, secrets.api_token)}
+    path.write_text(path.read_text().replace("[api]\n", '[api]\nadvertise = "10.0.7.5:7443"\n'))
+    main(["init", "--dir", str(tmp_path)])
+    assert certificate_names(secrets.server_cert.read_bytes()) == ["autoscaler-daemon", "10.0.7.5"]
+    assert {p: p.read_bytes() for p in kept} == kept  # the CAs and the token stay
+    # With the server CA's key kept offline, init keeps what matches and says what it needs
+    # to change the rest (never a new CA, which every client would have to be given again).
+    key = secrets.ca_key.read_bytes()
+    secrets.ca_key.unlink()
+    main(["init", "--dir", str(tmp_path)])
+    assert not secrets.ca_key.exists() and secrets.ca_cert.read_bytes() == kept[secrets.ca_cert]
+    path.write_text(path.read_text().replace("10.0.7.5:7443", "10.0.7.6:7443"))
+    with pytest.raises(InputError, match="needs the server CA's key: put it back as"):
+        init_cluster(tmp_path)
+    secrets.ca_key.write_bytes(key)
 
 
 def test_init_twice_never_overwrites_a_secret_or_the_configuration(tmp_path):

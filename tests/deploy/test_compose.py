@@ -168,11 +168,12 @@ def test_the_database_url_is_the_postgres_service_with_no_password_in_it(compose
 def test_published_ports_are_the_listen_addresses_and_the_healthcheck_reads_metrics(compose, name):
     config, service = mounted_config(compose, name)
     api_host, _, api_port = config.api.listen.rpartition(":")
+    worker_host, _, worker_port = config.worker_listen.rpartition(":")
     metrics_host, _, metrics_port = config.metrics.listen.rpartition(":")
     # Published ports reach the container only on an address it listens on from outside.
-    assert api_host == metrics_host == "0.0.0.0"
+    assert api_host == worker_host == metrics_host == "0.0.0.0"
     published = {p.rsplit(":", 1)[1]: p for p in service["ports"]}
-    assert set(published) == {api_port, metrics_port}
+    assert set(published) == {api_port, worker_port, metrics_port}
     assert published[metrics_port].startswith("127.0.0.1:")  # metrics: this host only
     health = service["healthcheck"]["test"]
     assert health[0] == "CMD" and f"http://127.0.0.1:{metrics_port}/metrics" in health[-1]

@@ -115,11 +115,12 @@ def test_init_writes_a_cluster_the_image_then_reads(docker_client, daemon_image)
     )
     output = run(docker_client, daemon_image, "-c", script, entrypoint="sh")
     assert "wrote /tmp/cluster/autoscaler.toml" in output
-    for secret in ("ca.key", "ca.pem", "server.pem", "server.key", "api.token", "worker.token"):
+    secrets = ("server-ca", "worker-ca", "server")
+    for secret in [f"{s}.{x}" for s in secrets for x in ("key", "pem")] + ["api.token"]:
         assert f"wrote /tmp/cluster/secrets/{secret}" in output
     # Each secret 0600 and owned by the image's user, who can then read it.
     modes = [line.split() for line in output.splitlines() if line.startswith("-")]
-    assert len(modes) == 6 and {(m[0], m[2]) for m in modes} == {("-rw-------", "10001")}
+    assert len(modes) == 7 and {(m[0], m[2]) for m in modes} == {("-rw-------", "10001")}
     assert "next: autoscaler daemon --config /tmp/cluster/autoscaler.toml" in output
     assert "Traceback" not in output and "$0.00" in output
 

@@ -1,7 +1,7 @@
 """The worker bootstrap as the daemon renders it for a cluster `autoscaler init` made:
-what `app.wiring.worker_bootstrap` publishes (token to SSM, agent wheel to
-S3, against moto) and the user data of one launch — valid bash, carrying the daemon's
-advertised address and the cluster's CA, and no secret of the cluster."""
+what `app.wiring.worker_bootstrap` publishes (the agent wheel to S3, against moto) and
+the user data of one launch — valid bash, carrying the daemon's advertised address and
+the cluster's server CA, and no secret of the cluster (nor any name of one)."""
 
 from __future__ import annotations
 
@@ -74,28 +74,26 @@ def test_user_data_carries_the_advertised_address_and_ca_and_no_secret(tmp_path)
         [
             bash,
             "-c",
-            header + 'printf "%s\\n%s\\n%s" "$DAEMON_ADDRESS" "$TOKEN_PARAMETER" "$CA_PEM"',
+            header + 'printf "%s\\n%s" "$DAEMON_ADDRESS" "$CA_PEM"',
         ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    address, parameter, ca = shown.split("\n", 2)
+    address, ca = shown.split("\n", 1)
     secrets = config.secrets
     assert address == "10.0.7.5:7443"
     assert ca == secrets.ca_cert.read_text().strip()
 
-    # No secret of the cluster: not the tokens, not a private key. The worker reads its
-    # token from SSM with its instance role; the parameter's name is all user data holds.
-    for secret in (secrets.worker_token, secrets.api_token, secrets.ca_key, secrets.server_key):
+    # The server CA only: the worker CA is the daemon's to sign with, not the worker's to trust.
+    assert secrets.worker_ca_cert.read_text().strip() not in user_data
+
+    # No secret of the cluster: not the API token, not a private key; nor a worker token
+    # anywhere (the worker proves its instance with its identity document).
+    for secret in (secrets.api_token, secrets.ca_key, secrets.server_key, secrets.worker_ca_key):
         value = secret.read_text().strip()
         assert value and value not in user_data, secret.name
-    assert parameter == "/ec2-batch-autoscaler/research-batch/worker-token"
-    stored = boto3.client("ssm", region_name=REGION).get_parameter(
-        Name=parameter, WithDecryption=True
-    )["Parameter"]
-    assert stored["Type"] == "SecureString"
-    assert stored["Value"] == secrets.worker_token.read_text().strip()
+    assert not boto3.client("ssm", region_name=REGION).describe_parameters()["Parameters"]
 
     # The agent: the wheel the config names, published under its hash, fetched by a URL
     # made for this launch.

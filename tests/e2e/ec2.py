@@ -2,11 +2,14 @@
 
 moto starts no machine: `BootedInstances` plays the part of the instances. For each instance
 of the cluster that EC2 reports running, it reads the instance's user data back from EC2,
-takes from it what the bootstrap script would (the daemon's address, the cluster CA, the
-SSM parameter holding the worker token, the instance's id) and starts `autoscaler worker`
-with those, reading its token from SSM as a booted worker does. When EC2 reports the instance
-shutting down, its worker and containers go, as they would with the machine. Only the
-machine's size is told to the worker (`--capacity`), since this host is not that type.
+takes from it what the bootstrap script would (the daemon's address, the cluster's server
+CA, the instance's id), serves the instance's metadata (IMDSv2: its identity document, with
+its EC2 id and private address, signed by a stand-in for AWS's key of the region, whose
+certificate the cluster's `[ec2] identity_certificates` names) and starts `autoscaler
+worker --imds` with those, holding no credentials, as a booted worker does. When EC2 reports
+the instance shutting down, its worker and containers go, as they would with the machine.
+Only the machine's size is told to the worker (`--capacity`), since this host is not that
+type.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ from app.config import ClusterConfig, load_cluster_config
 from executor.runtime import LABEL_INSTANCE
 from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
 from tests.e2e.harness import cli, free_port, set_options
+from tests.imds import IdentitySigner, ImdsServer
 from tests.provisioners.conftest import register_worker_image
+
+#: AWS's signing key of the region, played by the tests: the cluster trusts its certificate.
+AWS = IdentitySigner("us-east-1")
 
 REGION = "us-east-1"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -96,7 +103,14 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
             "x86_64": f'"{ami}"',
             "x86_64_nvidia": f'"{ami}"',
             "heartbeat_s": "30",
+            "worker_listen": f'"127.0.0.1:{free_port()}"',
         },
+    )
+    AWS.write(directory / "aws-certificates")
+    path.write_text(
+        path.read_text().replace(
+            "[ec2]\n", '[ec2]\nidentity_certificates = "aws-certificates"\n', 1
+        )
     )
     text = path.read_text().replace("127.0.0.1:7443", f"127.0.0.1:{free_port()}")
     path.write_text(
@@ -114,7 +128,6 @@ def user_data_values(script: str) -> dict[str, str]:
         "CA_PEM",
         "CLUSTER_ID",
         "REGION",
-        "TOKEN_PARAMETER",
         "INSTANCE_ID",
         "THROUGHPUT_WINDOW",
     )
@@ -141,6 +154,7 @@ class BootedInstances:
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)  # EC2 id -> our id
     user_data: dict[str, dict[str, str]] = field(default_factory=dict)
+    metadata: dict[str, ImdsServer] = field(default_factory=dict)  # EC2 id -> its IMDS
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -171,11 +185,11 @@ class BootedInstances:
         for inst in self.listing():
             ec2_id, state = inst["InstanceId"], inst["State"]["Name"]
             if state == "running" and ec2_id not in self.workers:
-                self._boot(ec2_id, inst["InstanceType"])
+                self._boot(ec2_id, inst["InstanceType"], inst["PrivateIpAddress"])
             elif state in ("shutting-down", "terminated", "stopping", "stopped"):
                 self._halt(ec2_id)
 
-    def _boot(self, ec2_id: str, itype: str) -> None:
+    def _boot(self, ec2_id: str, itype: str, private_ip: str) -> None:
         attribute = self.ec2.describe_instance_attribute(InstanceId=ec2_id, Attribute="userData")
         script = base64.b64decode(attribute["UserData"]["Value"]).decode()
         values = user_data_values(script)
@@ -185,17 +199,16 @@ class BootedInstances:
         work.mkdir(parents=True, exist_ok=True)
         ca = work / "ca.pem"
         ca.write_text(values["CA_PEM"] + "\n")
+        document = AWS.document(ec2_id, private_ip, instanceType=itype)
+        self.metadata[ec2_id] = imds = ImdsServer(document, AWS.rsa2048(document))
         command = [
             sys.executable, "-m", "executor",
             "--daemon", values["DAEMON_ADDRESS"],
             "--ca", str(ca),
-            "--token-ssm", values["TOKEN_PARAMETER"],
-            "--region", values["REGION"],
+            "--imds", imds.url,
             "--instance-id", ours,
             "--capacity", self.capacity[itype],
             "--work-dir", str(work),
-            "--listen", "127.0.0.1:0",
-            "--advertise", "127.0.0.1",
             "--checkpoint-wait", "5",
             "--stop-grace", "5",
             "--throughput-window", values["THROUGHPUT_WINDOW"],  # the cluster's interval_s
@@ -206,7 +219,8 @@ class BootedInstances:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **aws_env(self.endpoint, self.directory)},
+                # No AWS credentials: a worker calls no AWS API (grants and IMDS only).
+                env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
                 start_new_session=True,
             )
         self.tokens[ec2_id] = ours
@@ -217,6 +231,9 @@ class BootedInstances:
             return
         os.killpg(process.pid, signal.SIGKILL)  # the machine is gone: no goodbye
         process.wait(timeout=30)
+        imds = self.metadata.pop(ec2_id, None)
+        if imds is not None:
+            imds.close()
         for container in self.docker.containers.list(
             all=True, filters={"label": f"{LABEL_INSTANCE}={self.tokens[ec2_id]}"}
         ):

@@ -175,7 +175,7 @@ def local_cluster(directory: Path, name: str, **options: str) -> ClusterConfig:
     path.write_text(
         text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
     )
-    set_options(path, options)
+    set_options(path, {"worker_listen": f'"127.0.0.1:{free_port()}"', **options})
     return load_cluster_config(path)
 
 

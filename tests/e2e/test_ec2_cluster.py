@@ -92,8 +92,13 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
         assert len({t.instance_id for t in running}) < len(running) == 3  # packed
         # Every task runs on an instance EC2 runs, booted from the user data the daemon wrote.
         assert {t.instance_id for t in running} <= set(instances.tokens.values())
+        # Each worker enrolled with its own instance's signed identity document (no token).
+        assert instances.user_data and all(
+            "TOKEN_PARAMETER" not in v for v in instances.user_data.values()
+        )
         assert all(
-            v["TOKEN_PARAMETER"].endswith("/worker-token") for v in instances.user_data.values()
+            any(r.startswith("GET /latest/dynamic/instance-identity/") for r in m.requests)
+            for m in instances.metadata.values()
         )
 
         task = until(

@@ -3,10 +3,14 @@
 - a Docker engine found through DOCKER_HOST (`.ci/run` starts one); the tests
   that need it are skipped only when no engine answers;
 - S3 on `moto_server`, started here as a subprocess;
-- a daemon: a real gRPC server with TLS (its certificate signed by the
-  cluster CA) and token roles on 127.0.0.1, serving `GrpcExecutor`'s worker
-  registry, with a manual clock for heartbeat timeouts;
-- worker agents, in this process or as `autoscaler worker` subprocesses.
+- a daemon: a real gRPC server on 127.0.0.2 (a loopback address no
+  certificate names, so name checks happen as on a VPC address) with its two
+  ports: enrollment over TLS with the daemon's certificate from the server CA,
+  and the workers' registry over mutual TLS with client certificates from the
+  worker CA; `GrpcExecutor` behind both, with a manual clock for heartbeat
+  timeouts, its state a `MemoryLedger` and one-time enrollment secrets;
+- worker agents, in this process or as `autoscaler worker` subprocesses, each
+  enrolling with the secret written for it.
 
 Nothing waits a fixed time: `Daemon.until` polls the executor's report until
 a condition holds, with a generous deadline.
@@ -38,14 +42,23 @@ from autoscaler.execution import ExecutorReport, ResourceLimits, TaskLaunch
 from autoscaler.jobs import TaskRun
 from autoscaler.resources import Resources
 from executor.agent import Agent, AgentConfig
-from executor.client import WORKER_METHODS, GrpcExecutor, add_registry
+from executor.client import (
+    WORKER_METHODS,
+    GrpcExecutor,
+    Launch,
+    Ledger,
+    MemoryLedger,
+    add_worker_services,
+)
+from executor.enrollment import OneTimeSecrets
 from executor.runtime import LABEL_INSTANCE, ContainerRuntime
 from executor.security import (
+    DAEMON_NAME,
     Authority,
     TokenAuth,
-    new_token,
     server_credentials,
     server_options,
+    write_secret,
 )
 from executor.storage import Storage, open_storage, upload_context
 
@@ -62,9 +75,15 @@ SMALL = Resources(0, 2, 4)
 PATIENCE_S = 120.0
 
 
-def free_port() -> int:
+#: The daemon's host in these tests: loopback, but named by no certificate.
+HOST = "127.0.0.2"
+#: The cluster name the worker certificates carry.
+CLUSTER = "test"
+
+
+def free_port(host: str = HOST) -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
@@ -158,50 +177,69 @@ def s3_options(moto_endpoint: str) -> dict[str, Any]:
 
 @dataclass
 class Daemon:
-    """The daemon's side of the executor, as the daemon wires it: TLS, tokens, registry."""
+    """The daemon's side of the executor, as the daemon wires it: two ports, TLS, mTLS."""
 
     storage_url: str
     storage_options: dict[str, Any]
     work: Path
     runtime: ContainerRuntime | None = None
     clock: ManualClock = field(default_factory=ManualClock)
-    authority: Authority = field(default_factory=lambda: Authority.create("test"))
-    worker_token: str = field(default_factory=new_token)
+    server_ca: Authority = field(default_factory=lambda: Authority.create("test server"))
+    worker_ca: Authority = field(default_factory=lambda: Authority.create("test worker"))
+    ledger: Ledger = field(default_factory=MemoryLedger)
+    secrets: OneTimeSecrets = field(default_factory=OneTimeSecrets)
+    verifier: Any = None  # how workers prove their instance (default: `secrets`)
+    certificate_lifetime_s: float = 3600.0
+    enroll_burst: int = 5
     heartbeat_timeout_s: float = 45.0
     port: int = 0
+    worker_port: int = 0
     agents: list[Agent] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     instances: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.port = free_port()
+        self.port, self.worker_port = free_port(), free_port()
         self.storage: Storage = open_storage(self.storage_url, **self.storage_options)
+        self.server_cert = self.server_ca.issue([DAEMON_NAME])
         self._serve()
 
     def _serve(self, executor: GrpcExecutor | None = None) -> None:
         self.executor = executor or GrpcExecutor(
-            authority=self.authority,
-            storage_url=self.storage_url,
+            worker_ca=self.worker_ca,
+            storage=self.storage,
+            cluster=CLUSTER,
+            registry_address=self.worker_address,
+            verifier=self.verifier or self.secrets,
+            ledger=self.ledger,
             now=self.clock,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             heartbeat_interval_s=0.3,
-            rpc_timeout_s=10.0,
+            certificate_lifetime_s=self.certificate_lifetime_s,
+            enroll_burst=self.enroll_burst,
         )
-        auth = TokenAuth({self.worker_token: "worker"}, {"worker": WORKER_METHODS})
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16),
-            interceptors=[auth],
+            futures.ThreadPoolExecutor(max_workers=64),
+            interceptors=[TokenAuth({}, {}, open=WORKER_METHODS)],
             options=server_options(),
         )
-        add_registry(self.server, self.executor)
-        cert, key = self.authority.issue(["localhost", "127.0.0.1"])
-        bound = self.server.add_secure_port(f"127.0.0.1:{self.port}", server_credentials(cert, key))
+        add_worker_services(self.server, self.executor)
+        cert, key = self.server_cert
+        bound = self.server.add_secure_port(self.address, server_credentials(cert, key))
         assert bound == self.port
+        mtls = server_credentials(cert, key, client_ca=self.worker_ca.cert_pem)
+        assert self.server.add_secure_port(self.worker_address, mtls) == self.worker_port
         self.server.start()
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """Where workers enroll (the daemon's API port)."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def worker_address(self) -> str:
+        """The workers' port: mutual TLS."""
+        return f"{HOST}:{self.worker_port}"
 
     def partition(self) -> None:
         """The workers cannot reach the daemon any more (its server stops; it keeps its
@@ -213,10 +251,20 @@ class Daemon:
 
     def restart(self) -> None:
         """The daemon process dies and a new one starts: nothing of the executor survives
-        but the cluster's CA, the worker token and the address."""
+        but the cluster's CAs, its state (the ledger), and the addresses."""
         self.server.stop(None).wait()
         self.executor.close()
         self._serve()
+
+    def launch(self, instance_id: str) -> Path:
+        """Record a launch of `instance_id` and leave its one-time enrollment secret in a
+        0600 file, as the local cloud does; returns the file."""
+        self.instances.add(instance_id)
+        if isinstance(self.ledger, MemoryLedger):
+            self.ledger.add_launch(Launch(instance_id))
+        path = self.work / "secrets" / instance_id
+        write_secret(path, self.secrets.issue(instance_id), overwrite=True)
+        return path
 
     def agent(
         self,
@@ -226,16 +274,14 @@ class Daemon:
         runtime: ContainerRuntime | None = None,
         **overrides: Any,
     ) -> Agent:
-        self.instances.add(instance_id)
+        secret = self.launch(instance_id) if instance_id not in self.instances else None
         settings: dict[str, Any] = {
-            "listen": "127.0.0.1:0",
-            "advertise": "127.0.0.1",
             "threads_per_core": 1.0,
             "host_cpus": os.cpu_count() or 1,
             "checkpoint_wait_s": 10.0,
             "stop_grace_s": 2.0,
             "throughput_window_s": 0.5,
-            "storage_options": self.storage_options,
+            "enrollment_secret": secret or self.work / "secrets" / instance_id,
         }
         settings.update(overrides)
         settings.setdefault("work_dir", self.work / instance_id)
@@ -243,8 +289,7 @@ class Daemon:
             AgentConfig(
                 instance_id=instance_id,
                 daemon=self.address,
-                ca_pem=self.authority.cert_pem,
-                worker_token=self.worker_token,
+                ca_pem=self.server_ca.cert_pem,
                 capacity=capacity,
                 **settings,
             ),
@@ -252,7 +297,7 @@ class Daemon:
         )
         agent.serve()
         self.agents.append(agent)
-        self.until(lambda r: instance_id in r.ready_instances, f"{instance_id} registers")
+        self.until(lambda r: instance_id in r.ready_instances, f"{instance_id} connects")
         return agent
 
     def until(
@@ -294,9 +339,14 @@ def daemon_on(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     made: list[Daemon] = []
 
     def make(
-        storage_url: str, storage_options: dict[str, Any] | None = None, runtime: Any = None
+        storage_url: str,
+        storage_options: dict[str, Any] | None = None,
+        runtime: Any = None,
+        **settings: Any,
     ) -> Daemon:
-        daemon = Daemon(storage_url, storage_options or {}, tmp_path / "workers", runtime)
+        daemon = Daemon(
+            storage_url, storage_options or {}, tmp_path / "workers", runtime, **settings
+        )
         made.append(daemon)
         return daemon
 

@@ -16,6 +16,7 @@ from executor.attempts import LAUNCH_FILE, load_launch, save_launch
 from executor.messages import BadMessage
 from executor.runtime import LABEL_TASK
 from executor.simulated import SimulatedRuntime
+from executor.storage import is_checkpoint_of
 from tests.executor.conftest import job_context, launch, wait_for
 
 
@@ -82,7 +83,7 @@ def test_an_agent_restarted_on_its_work_dir_adopts_its_running_attempt(daemon, t
     daemon.executor.stop(task, 1)
     stopped = daemon.until(wait_for(task, "stopped", "failed"), "it stops").tasks[task]
     assert (stopped.state, stopped.reason) == ("stopped", "checkpointed on request")
-    assert stopped.checkpoint == daemon.storage.ref("jobs/adopt/t0/1.tar.gz")
+    assert is_checkpoint_of(daemon.storage, stopped.checkpoint, "adopt", task, 1)
     assert not runtime.containers({LABEL_TASK: task})  # ended and removed
 
 

@@ -1,7 +1,9 @@
 """The round logic (`autoscaler.control`) drives real agents through `GrpcExecutor`.
 
 The same `ControlLoop` the daemon runs, with the production executor binding:
-gRPC with TLS and tokens on 127.0.0.1, agents registering and heart-beating.
+gRPC with mutual TLS, agents enrolling and heart-beating, and the executor
+reading the loop's own state (`app.wiring.StateLedger`) to judge what a worker
+reports.
 The cloud is a small test binding whose "instances" are agents started in
 this process (simulated containers), so the test needs no Docker; a worker
 that goes silent is lost by the loop's own clock, its instance terminated and
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from app.wiring import StateLedger
 from autoscaler.catalog import Catalog, InstanceType, LaunchDelays
 from autoscaler.cloud import CloudInstance, LaunchRequest, UnavailableOffering
 from autoscaler.control import ControlLoop, ControlOptions
@@ -23,6 +26,7 @@ from autoscaler.planner import planner_by_name
 from autoscaler.resources import Resources
 from executor.agent import Agent
 from executor.simulated import SimulatedRuntime
+from executor.storage import log_key
 from state.memory import InMemoryStore
 from tests.executor.conftest import PATIENCE_S, Daemon, job_context
 
@@ -89,8 +93,8 @@ def training_job(job_id: str, context: str, total: int) -> JobSpec:
 
 @pytest.fixture
 def cluster(daemon_on, tmp_path):
-    daemon = daemon_on(f"file://{tmp_path}/store", {})
     store = InMemoryStore()
+    daemon = daemon_on(f"file://{tmp_path}/store", {}, ledger=StateLedger(store))
     cloud = AgentsCloud(daemon)
     loop = ControlLoop(
         planner_by_name("eva", lower_bound=False),
@@ -133,7 +137,7 @@ def test_a_job_is_launched_started_measured_and_completed_by_the_round(cluster, 
 
     step_until(loop, lambda: store.job("j1").status == "completed", "the job completes")
     saved = tmp_path / "log"
-    daemon.storage.get_file("jobs/j1/trainer/1.log", saved)
+    daemon.storage.get_file(log_key("j1", "j1/trainer", 1), saved)
     assert saved.read_text().splitlines()[-1] == "done at 400"
     # Its terminal report was acknowledged: the executor no longer reports it.
     assert "j1/trainer" not in daemon.executor.report().tasks

@@ -8,10 +8,10 @@ memory, one that ignores the checkpoint request, an S3 upload that fails.
 from __future__ import annotations
 
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from botocore.exceptions import ClientError
-
-from executor.storage import checkpoint_key, log_key
+from executor.storage import attempt_prefix, is_checkpoint_of, log_key
 from tests.executor.conftest import job_context, launch, wait_for
 
 
@@ -60,7 +60,7 @@ def test_a_job_that_exits_non_zero_keeps_its_log_and_what_it_saved(docker_daemon
     assert "saved at 20" in log_text and "giving up at 25" in log_text
     # What the job checkpointed on its own before failing is kept: the next attempt
     # resumes from step 20, not from zero.
-    assert failed.checkpoint == daemon.storage.ref(checkpoint_key("crash", task, 1))
+    assert is_checkpoint_of(daemon.storage, failed.checkpoint, "crash", task, 1)
     daemon.executor.acknowledge(task, 1)
     daemon.executor.start(
         launch(task, 2, "inst-1", context, env={"TOTAL": "30"}, checkpoint=failed.checkpoint)
@@ -102,7 +102,7 @@ def test_a_job_that_ignores_the_checkpoint_request_is_killed_and_keeps_its_last_
     )
     assert stopped.exit_code == 137
     # Its own last save survives the kill: the checkpoint it had written is uploaded.
-    assert stopped.checkpoint == daemon.storage.ref(checkpoint_key("deaf", task, 1))
+    assert is_checkpoint_of(daemon.storage, stopped.checkpoint, "deaf", task, 1)
     saves = [line for line in stopped.log_tail if line.startswith("saved at ")]
     assert saves, stopped.log_tail
     daemon.executor.acknowledge(task, 1)
@@ -116,39 +116,54 @@ def test_a_job_that_ignores_the_checkpoint_request_is_killed_and_keeps_its_last_
     assert resumed_at >= int(saves[-1].removeprefix("saved at ")) >= 10
 
 
-def test_an_upload_that_fails_keeps_the_previous_checkpoint(docker_daemon, tmp_path):
+class _Unavailable(BaseHTTPRequestHandler):
+    """S3 on a bad day: every request answered 503, as S3 answers when it sheds load."""
+
+    def do_PUT(self) -> None:
+        self.server.refused.append(self.path)  # type: ignore[attr-defined]
+        self.send_response(503, "Service Unavailable")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_an_upload_that_fails_keeps_the_previous_checkpoint(docker_daemon, moto_endpoint, tmp_path):
     daemon = docker_daemon
     context = job_context(daemon.storage, tmp_path)
-    agent = daemon.agent("inst-1")
+    daemon.agent("inst-1")
     task = "s3down/t0"
     previous = _checkpoint_from_a_first_attempt(daemon, context, task, "inst-1")
     daemon.executor.start(launch(task, 2, "inst-1", context, checkpoint=previous))
     daemon.until(lambda r: r.tasks[task].attempt == 2 and r.tasks[task].throughput, "it runs")
-    # S3 starts refusing checkpoint uploads (logs still go through).
-    refused = []
+    # S3 starts refusing checkpoint uploads (logs still go through): the grants the daemon
+    # signs from now on lead to an S3 endpoint that answers 503.
+    down = ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    down.refused = []  # type: ignore[attr-defined]
+    threading.Thread(target=down.serve_forever, daemon=True).start()
 
-    def refuse(params, **kwargs):
-        if params.get("Key", "").endswith(".tar.gz") and "/jobs/" in "/" + params["Key"]:
-            refused.append(params["Key"])
-            raise ClientError(
-                {"Error": {"Code": "ServiceUnavailable", "Message": "S3 is down"}}, "PutObject"
-            )
+    def to_the_unavailable_endpoint(request, **kwargs):
+        if request.url.split("?")[0].endswith(".tar.gz"):
+            request.url = request.url.replace(moto_endpoint, f"http://127.0.0.1:{down.server_port}")
 
-    client = agent.storage.client
-    for operation in ("PutObject", "CreateMultipartUpload"):
-        client.meta.events.register(f"provide-client-params.s3.{operation}", refuse)
-    daemon.executor.stop(task, 2)
-    failed = daemon.until(wait_for(task, "stopped", "failed"), "attempt 2 ends").tasks[task]
+    daemon.storage.client.meta.events.register(
+        "before-sign.s3.PutObject", to_the_unavailable_endpoint
+    )
+    try:
+        daemon.executor.stop(task, 2)
+        failed = daemon.until(wait_for(task, "stopped", "failed"), "attempt 2 ends").tasks[task]
+    finally:
+        down.shutdown()
     assert failed.state == "failed", failed.reason
     assert re.fullmatch(
-        r"checkpoint upload failed: cannot upload s3://\S+/jobs/s3down/t0/2\.tar\.gz: "
-        r".*S3 is down.* \(checkpointed on request\)",
+        r"checkpoint upload failed: cannot upload to http://\S+/jobs/s3down/t0/2/"
+        r"checkpoint-\d{12}\.tar\.gz: HTTP 503 Service Unavailable \(checkpointed on request\)",
         failed.reason,
     ), failed.reason
-    assert refused
+    assert down.refused  # type: ignore[attr-defined]
     # Nothing half-uploaded is referenced: the task resumes from the checkpoint before.
     assert failed.checkpoint == previous
-    assert not daemon.storage.exists(checkpoint_key("s3down", task, 2))
+    assert not daemon.storage.list(attempt_prefix("s3down", task, 2) + "checkpoint-")
     assert daemon.storage.exists(log_key("s3down", task, 2))
 
 

@@ -1,4 +1,4 @@
-"""A training job's life through real parts: Docker, gRPC with TLS on 127.0.0.1, S3 on moto.
+"""A training job's life through real parts: Docker, gRPC with mutual TLS, S3 on moto.
 
 A job built from its Dockerfile runs on one worker, reports its throughput, is
 stopped, its checkpoint lands in S3, it resumes on a second worker from that
@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
-from executor.storage import checkpoint_key, context_digest, log_key
+from executor.storage import context_digest, is_checkpoint_of, log_key
 from tests.executor.conftest import checkpointed_step, job_context, launch, wait_for
 
 
@@ -47,7 +47,8 @@ def test_a_job_runs_reports_checkpoints_to_s3_resumes_elsewhere_and_completes(
     stopped = daemon.until(wait_for(task, "stopped", "failed"), "the job stops").tasks[task]
     assert stopped.state == "stopped", stopped.reason
     assert stopped.reason == "checkpointed on request"
-    assert stopped.checkpoint == daemon.storage.ref(checkpoint_key("job-1", task, 1))
+    # Uploaded through a grant, under attempt 1's own prefix, versioned by the job's step.
+    assert is_checkpoint_of(daemon.storage, stopped.checkpoint, "job-1", task, 1)
     assert {"checkpoint", "upload"} <= set(stopped.phases)
     saved_step = checkpointed_step(daemon.storage, stopped.checkpoint, tmp_path)
     assert saved_step >= later.progress

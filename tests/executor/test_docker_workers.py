@@ -1,7 +1,7 @@
 """Workers and daemons that die: SIGKILL mid-task, a daemon restart, an agent restart.
 
-The SIGKILLed worker is a real `autoscaler worker` process reading its token
-from SSM (moto_server); the others run in this process. The daemon's clock is
+The SIGKILLed worker is a real `autoscaler worker` process enrolling with its
+one-time secret and holding no credentials; the others run in this process. The daemon's clock is
 manual: a worker is lost when the test moves the clock past the heartbeat
 timeout, never because the machine was slow.
 """
@@ -13,11 +13,8 @@ import subprocess
 import sys
 import time
 
-import boto3
-
 from executor.runtime import LABEL_INSTANCE, LABEL_TASK
 from tests.executor.conftest import (
-    MOTO_CREDENTIALS,
     PATIENCE_S,
     checkpointed_step,
     job_context,
@@ -36,32 +33,21 @@ def _first_checkpoint(daemon, context: str, task: str, instance: str) -> tuple[s
     return stopped.checkpoint, checkpointed_step(daemon.storage, stopped.checkpoint, daemon.work)
 
 
-def _worker_process(daemon, instance_id: str, moto_endpoint: str, tmp_path) -> subprocess.Popen:
-    """`autoscaler worker` as the EC2 bootstrap runs it: the token from SSM."""
-    ssm = boto3.client("ssm", endpoint_url=moto_endpoint, **MOTO_CREDENTIALS)
-    parameter = f"/autoscaler/{instance_id}/worker-token"
-    ssm.put_parameter(Name=parameter, Value=daemon.worker_token, Type="SecureString")
+def _worker_process(daemon, instance_id: str, tmp_path) -> subprocess.Popen:
+    """`autoscaler worker` as the local cloud runs it: a one-time enrollment secret, and no
+    credentials of any kind (no AWS keys: its storage is granted URL by URL)."""
+    secret = daemon.launch(instance_id)
     ca = tmp_path / "ca.pem"
-    ca.write_bytes(daemon.authority.cert_pem)
-    env = dict(os.environ)
-    env.update(
-        {
-            "AWS_ENDPOINT_URL": moto_endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AUTOSCALER_INSTANCE_ID": instance_id,
-        }
-    )
+    ca.write_bytes(daemon.server_ca.cert_pem)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AUTOSCALER_INSTANCE_ID"] = instance_id
     process = subprocess.Popen(
         [
             sys.executable, "-m", "executor",
             "--daemon", daemon.address,
             "--ca", str(ca),
-            "--token-ssm", parameter,
-            "--region", "us-east-1",
+            "--enrollment-secret", str(secret),
             "--work-dir", str(daemon.work / instance_id),
-            "--listen", "127.0.0.1:0",
-            "--advertise", "127.0.0.1",
             "--capacity", "0,2,4",
             "--stop-grace", "2",
             "--throughput-window", "0.5",
@@ -76,7 +62,7 @@ def _worker_process(daemon, instance_id: str, moto_endpoint: str, tmp_path) -> s
 
 
 def test_a_worker_killed_mid_task_is_lost_and_its_task_resumes_from_its_last_checkpoint(
-    docker_daemon, moto_endpoint, docker_client, tmp_path
+    docker_daemon, docker_client, tmp_path
 ):
     daemon = docker_daemon
     context = job_context(daemon.storage, tmp_path)
@@ -84,7 +70,7 @@ def test_a_worker_killed_mid_task_is_lost_and_its_task_resumes_from_its_last_che
     daemon.agent("inst-a")
     checkpoint, step = _first_checkpoint(daemon, context, task, "inst-a")
 
-    process = _worker_process(daemon, "inst-k", moto_endpoint, tmp_path)
+    process = _worker_process(daemon, "inst-k", tmp_path)
     daemon.until(lambda r: "inst-k" in r.ready_instances, "the worker process registers")
     daemon.executor.start(launch(task, 2, "inst-k", context, checkpoint=checkpoint))
     daemon.until(

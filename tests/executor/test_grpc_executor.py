@@ -1,9 +1,10 @@
 """`GrpcExecutor` and the agents over real gRPC with TLS and tokens, containers simulated.
 
 The Executor contract's rules (asynchronous, idempotent by attempt, terminal
-states until acknowledged, reasons, readiness and liveness) and the protocol's
-security, without Docker: the agents run `executor.simulated.SimulatedRuntime`,
-whose "containers" are threads speaking the real report-socket protocol.
+states until acknowledged, reasons, readiness and liveness), without Docker
+(the protocol's security is `test_worker_identity.py`'s): the agents run
+`executor.simulated.SimulatedRuntime`, whose "containers" are threads speaking
+the real report-socket protocol.
 (`test_docker_*.py` run the same agents on a real Docker engine.)
 """
 
@@ -11,15 +12,10 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from autoscaler.execution import Executor
-from executor.client import worker_server_name
 from executor.protos import worker_pb2 as pb
-from executor.protos import worker_pb2_grpc as pb_grpc
-from executor.security import new_token, secure_channel, signing_request
 from executor.simulated import SimulatedRuntime
 from tests.executor.conftest import PATIENCE_S, job_context, launch, wait_for
 
@@ -55,7 +51,9 @@ def test_requests_show_at_once_and_terminal_states_stay_until_acknowledged(daemo
     assert executor.report().tasks["j/t"].state in ("checkpointing", "stopped")
     stopped = daemon.until(wait_for("j/t", "stopped"), "it stops").tasks["j/t"]
     assert stopped.reason == "checkpointed on request"
-    assert stopped.checkpoint == daemon.storage.ref("jobs/j/t/1.tar.gz")
+    assert stopped.checkpoint == daemon.storage.ref(
+        f"jobs/j/t/1/checkpoint-{int(stopped.progress):012d}.tar.gz"
+    )
     for _ in range(3):
         assert executor.report().tasks["j/t"] == stopped
     executor.acknowledge("j/t", 1)
@@ -191,54 +189,3 @@ def test_a_newer_attempt_elsewhere_stops_the_old_one(daemon, context):
     )
     assert report.tasks["j/t"].instance_id == "inst-2"
     _eventually(lambda: old.statuses() == [], "attempt 1 is stopped and forgotten")
-
-
-def test_every_call_needs_its_token_and_the_worker_certificate_names_its_instance(daemon):
-    agent = daemon.agent("inst-1")
-    ca = daemon.authority.cert_pem
-    name = worker_server_name("inst-1")
-
-    # The daemon's registry refuses a worker without the worker token.
-    with secure_channel(daemon.address, ca, new_token(), server_name="localhost") as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.WorkerRegistryStub(channel).Heartbeat(
-                pb.HeartbeatRequest(instance_id="inst-1"), timeout=10
-            )
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-
-    # The worker refuses anyone without the token the daemon got at registration: the
-    # worker token (which every worker has) is not enough.
-    with secure_channel(agent.address, ca, daemon.worker_token, server_name=name) as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.WorkerStub(channel).ListTasks(pb.ListTasksRequest(), timeout=10)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        # Its health service is open (a load balancer probes without a token).
-        health = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="autoscaler.worker.v1.Worker"), timeout=10
-        )
-        assert health.status == health_pb2.HealthCheckResponse.SERVING
-
-    # Its certificate is the cluster CA's, for its instance's name and no other.
-    other = worker_server_name("inst-2")
-    with secure_channel(agent.address, ca, new_token(), server_name=other) as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-
-
-def test_bad_registrations_are_refused_with_the_field(daemon):
-    ca = daemon.authority.cert_pem
-    csr, _key = signing_request("w")
-    good = {"instance_id": "inst-1", "address": "127.0.0.1:5000", "csr_pem": csr}
-    cases = [
-        ({"instance_id": "../x"}, "bad instance id '../x'"),
-        ({"address": "nowhere"}, "bad address 'nowhere': expected HOST:PORT"),
-        ({"csr_pem": b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n"}, "bad certificate"),
-    ]
-    with secure_channel(daemon.address, ca, daemon.worker_token, server_name="localhost") as ch:
-        registry = pb_grpc.WorkerRegistryStub(ch)
-        for change, message in cases:
-            with pytest.raises(grpc.RpcError) as refused:
-                registry.Register(pb.RegisterRequest(**{**good, **change}), timeout=10)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert refused.value.details().startswith(message)

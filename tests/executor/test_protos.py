@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from executor.agent import DAEMON_METHODS
 from executor.client import WORKER_METHODS
 from executor.protos import worker_pb2
 from executor.protos.__main__ import PROTOS, ROOT, generate
@@ -22,9 +21,11 @@ def test_the_committed_stubs_are_regenerated_identically(tmp_path: Path):
 
 def test_the_services_are_package_qualified_and_versioned():
     services = worker_pb2.DESCRIPTOR.services_by_name
-    assert worker_pb2.DESCRIPTOR.package == "autoscaler.worker.v1"
-    registry, worker = services["WorkerRegistry"], services["Worker"]
-    assert (f"/{registry.full_name}/",) == WORKER_METHODS
-    assert (f"/{worker.full_name}/",) == DAEMON_METHODS
-    assert {m.name for m in registry.methods} == {"Register", "Heartbeat"}
-    assert {m.name for m in worker.methods} == {"StartTask", "StopTask", "ListTasks"}
+    assert worker_pb2.DESCRIPTOR.package == "autoscaler.worker.v2"
+    # Both are the daemon's: workers dial out, nothing dials a worker.
+    assert set(services) == {"Enrollment", "Registry"}
+    enrollment, registry = services["Enrollment"], services["Registry"]
+    assert (f"/{enrollment.full_name}/", f"/{registry.full_name}/") == WORKER_METHODS
+    assert {m.name for m in enrollment.methods} == {"Enroll"}
+    assert {m.name for m in registry.methods} == {"Renew", "Heartbeat", "Commands", "GrantUpload"}
+    assert registry.methods_by_name["Commands"].server_streaming

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from concurrent import futures
 
 import grpc
 import pytest
+from cryptography import x509
 
 from executor.security import (
     Authority,
+    PeerRefused,
     SecretError,
     TokenAuth,
     certificate_names,
+    certificate_window,
+    instance_of,
+    instance_uri,
     new_token,
     read_secret,
     secure_channel,
@@ -100,13 +106,30 @@ def test_an_oversized_request_is_refused(server, authority):
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_a_worker_certificate_is_signed_from_its_request_for_the_names_the_authority_chose(
+def test_a_worker_certificate_names_only_the_instance_the_authority_chose_for_clients_only(
     authority,
 ):
-    csr, key = signing_request("whatever-the-worker-says")
-    cert = authority.sign(csr, ["worker-inst-7", "10.0.0.7"])
-    assert certificate_names(cert) == ["worker-inst-7", "10.0.0.7"]
+    csr, key = signing_request("autoscaler-daemon")  # whatever the worker asks for
+    uri = instance_uri("c1", "inst-7")
+    cert = authority.sign_client(csr, uri, 3600)
+    assert certificate_names(cert) == ["spiffe://c1/instance/inst-7"]
     assert b"PRIVATE KEY" in key and b"PRIVATE KEY" not in cert
+    parsed = x509.load_pem_x509_certificate(cert)
+    usage = parsed.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
+    begin, end = certificate_window(cert)
+    assert end - begin == pytest.approx(3600 + 300)  # valid from 5 minutes back (clock skew)
+    now = time.time()
+    assert instance_of(cert, authority.cert_pem, "c1", now) == "inst-7"
+    with pytest.raises(PeerRefused, match="no instance of cluster c2"):
+        instance_of(cert, authority.cert_pem, "c2", now)
+    with pytest.raises(PeerRefused, match="not valid now"):
+        instance_of(cert, authority.cert_pem, "c1", now + 7200)
+    with pytest.raises(PeerRefused, match="not from the cluster's worker CA"):
+        instance_of(cert, Authority.create("other").cert_pem, "c1", now)
+    server_cert, _ = authority.issue(["autoscaler-daemon"])  # a server certificate
+    with pytest.raises(PeerRefused, match="not a client certificate"):
+        instance_of(server_cert, authority.cert_pem, "c1", now)
 
 
 def test_secrets_are_created_0600_and_never_overwritten(tmp_path):

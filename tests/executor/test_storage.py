@@ -15,11 +15,15 @@ from executor.packing import pack_directory
 from executor.storage import (
     NotFound,
     StorageError,
+    attempt_prefix,
     checkpoint_key,
     context_digest,
     context_key,
+    download,
+    is_checkpoint_of,
     log_key,
     open_storage,
+    upload,
     upload_context,
 )
 from tests.executor.conftest import MOTO_CREDENTIALS, s3_options
@@ -66,9 +70,45 @@ def test_keys_that_could_escape_or_belong_elsewhere_are_refused(storage, tmp_pat
     with pytest.raises(StorageError, match="is not in this storage"):
         storage.key("s3://someone-else/jobs/j/t/1.tar.gz")
     with pytest.raises(StorageError, match="cannot be part of a storage key"):
-        checkpoint_key("job", "job/../../x", 1)
-    assert checkpoint_key("j1", "j1/trainer", 3) == "jobs/j1/trainer/3.tar.gz"
-    assert log_key("j1", "j1/trainer", 3) == "jobs/j1/trainer/3.log"
+        checkpoint_key("job", "job/../../x", 1, 0)
+    for bad_attempt_or_step in ((0, 5), (1, -1)):
+        with pytest.raises(StorageError, match="cannot be part of a storage key"):
+            checkpoint_key("job", "job/t", *bad_attempt_or_step)
+    # Everything one attempt writes is under its own prefix; checkpoints are versioned by
+    # step, zero-padded so that the newest sorts last.
+    assert attempt_prefix("j1", "j1/trainer", 3) == "jobs/j1/trainer/3/"
+    assert checkpoint_key("j1", "j1/trainer", 3, 250) == (
+        "jobs/j1/trainer/3/checkpoint-000000000250.tar.gz"
+    )
+    assert log_key("j1", "j1/trainer", 3) == "jobs/j1/trainer/3/output.log"
+
+
+def test_a_checkpoint_belongs_to_an_attempt_only_under_its_own_prefix(storage):
+    own = storage.ref(checkpoint_key("j1", "j1/t", 3, 40))
+    assert is_checkpoint_of(storage, own, "j1", "j1/t", 3)
+    foreign = [
+        storage.ref(checkpoint_key("j1", "j1/t", 2, 40)),  # an earlier attempt's
+        storage.ref(checkpoint_key("j2", "j2/t", 3, 40)),  # another job's
+        own.replace(storage.url, storage.url + "-other"),  # another store's
+        storage.ref(log_key("j1", "j1/t", 3)),  # not a checkpoint
+        storage.ref("jobs/j1/t/3/checkpoint-40.tar.gz"),  # not one the layout names
+        storage.ref("contexts/" + "a" * 64 + ".tar.gz"),
+        "s3://elsewhere/jobs/j1/t/3/checkpoint-000000000040.tar.gz",
+        "",
+    ]
+    assert not [ref for ref in foreign if is_checkpoint_of(storage, ref, "j1", "j1/t", 3)]
+
+
+def test_grants_move_bytes_without_credentials(storage, tmp_path):
+    source = tmp_path / "in"
+    source.write_bytes(b"checkpoint bytes")
+    key = checkpoint_key("j", "j/t", 1, 7)
+    upload(storage.grant_put(key, 60), source)
+    assert storage.exists(key)
+    download(storage.grant_get(key, 60), tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == b"checkpoint bytes"
+    with pytest.raises(NotFound):
+        download(storage.grant_get(checkpoint_key("j", "j/t", 1, 8), 60), tmp_path / "none")
 
 
 def test_contexts_are_content_addressed_and_packed_reproducibly(storage, tmp_path):

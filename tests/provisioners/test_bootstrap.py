@@ -1,12 +1,11 @@
 """The worker bootstrap: rendered per launch with no secret in it, run at the shell level on
 Amazon Linux 2023 and Ubuntu 22.04/24.04 (package managers, curl, systemd ... stubbed), and
-what the daemon publishes for it (the token in SSM, the wheel in S3) against moto."""
+what the daemon publishes for it (the wheel in S3) against moto."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -15,7 +14,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from autoscaler.cloud import CloudRequestError, LaunchRequest
@@ -27,14 +25,11 @@ from provisioners.bootstrap import (
     WorkerBootstrap,
     fill_template,
     publish_agent_wheel,
-    publish_worker_token,
-    token_parameter_name,
     wheel_presigner,
 )
 from provisioners.config import EC2Config
 from tests.provisioners.conftest import REGION, live_instances, make_cloud
 
-TOKEN = "s3cret-worker-token-9f8e7d"
 WHEEL_NAME = "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
 WHEEL_BYTES = b"PK\x03\x04 a worker agent wheel"
 WHEEL_SHA256 = hashlib.sha256(WHEEL_BYTES).hexdigest()
@@ -54,7 +49,6 @@ def worker_bootstrap(config: EC2Config | None = None, **changes: Any) -> WorkerB
         "ca_pem": ca_pem(),
         "cluster_id": config.cluster_id if config else "test-cluster",
         "region": config.region if config else REGION,
-        "token_parameter": token_parameter_name("test-cluster"),
         "wheel_url": WHEEL_URL,
         "wheel_sha256": WHEEL_SHA256,
     }
@@ -65,19 +59,21 @@ def worker_bootstrap(config: EC2Config | None = None, **changes: Any) -> WorkerB
 
 
 @needs_bash
-def test_rendered_user_data_is_valid_bash_with_no_token_and_the_wheel_pinned(tmp_path):
+def test_rendered_user_data_is_valid_bash_with_no_secret_and_the_wheel_pinned(tmp_path):
     script = tmp_path / "user-data.sh"
     script.write_text(worker_bootstrap().render("inst-7"))
     checked = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     text = script.read_text()
     assert "{{" not in text
-    assert "TOKEN_PARAMETER=/ec2-batch-autoscaler/test-cluster/worker-token\n" in text
     assert "INSTANCE_ID=inst-7\n" in text
     assert f"WHEEL_SHA256={WHEEL_SHA256}\n" in text
     assert "sha256sum --check" in text
     assert "InstanceInitiatedShutdownBehavior=terminate" in text and "shutdown -h now" in text
-    assert "WORKER_TOKEN" not in text and "--token-file" not in text  # only the name travels
+    # No secret travels, nor any name of one: the agent proves its instance with the
+    # identity document AWS signs for it (IMDS), and gets a certificate in exchange.
+    assert "TOKEN" not in text.replace("IMDS_TOKEN", "") and "--token" not in text
+    assert "--imds" in text and "ssm" not in text.lower()
 
 
 def test_each_launch_gets_its_own_instance_id_and_a_fresh_wheel_url():
@@ -93,7 +89,7 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
     hostile = "$(touch pwned)'; touch pwned2; echo '"
     rendered = fill_template(
         'X={{CA_PEM}}\nprintf %s "$X"\n',
-        {name: "x" for name in ("DAEMON_ADDRESS", "CLUSTER_ID", "REGION", "TOKEN_PARAMETER")}
+        {name: "x" for name in ("DAEMON_ADDRESS", "CLUSTER_ID", "REGION")}
         | {name: "x" for name in ("INSTANCE_ID", "WHEEL_URL", "WHEEL_FILE", "WHEEL_SHA256")}
         | {"ACCELERATOR": "", "THROUGHPUT_WINDOW": "300", "CA_PEM": hostile},
     )
@@ -109,7 +105,6 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         ({"daemon_address": "x; reboot:50051"}, "daemon_address"),
         ({"daemon_address": "10.0.0.5:70000"}, "daemon_address"),
         ({"ca_pem": "not a certificate"}, "ca_pem"),
-        ({"token_parameter": "/a b/token"}, "token_parameter"),
         ({"wheel_sha256": "abc"}, "wheel_sha256"),
         ({"region": "Moon-1"}, "region"),
         ({"throughput_window_s": 0}, "throughput_window_s"),
@@ -148,13 +143,10 @@ def test_a_template_with_an_unknown_placeholder_is_refused(tmp_path):
 # --- EC2Cloud renders it at each launch -------------------------------------------------------
 
 
-def test_each_instance_gets_user_data_with_its_own_id_and_no_token(
+def test_each_instance_gets_user_data_with_its_own_id_and_no_secret(
     config, ec2, client, clock, sleeps
 ):
-    parameter = publish_worker_token(client("ssm"), "test-cluster", TOKEN)
-    cloud = make_cloud(
-        config, ec2, clock, sleeps, bootstrap=worker_bootstrap(config, token_parameter=parameter)
-    )
+    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=worker_bootstrap(config))
 
     first = cloud.launch(LaunchRequest("c7i.large", "inst-1"))
     second = cloud.launch(LaunchRequest("r7i.large", "inst-2"))
@@ -163,8 +155,7 @@ def test_each_instance_gets_user_data_with_its_own_id_and_no_token(
         sent = ec2.describe_instance_attribute(InstanceId=launched.cloud_id, Attribute="userData")
         user_data = base64.b64decode(sent["UserData"]["Value"]).decode()
         assert f"INSTANCE_ID={our_id}\n" in user_data
-        assert f"TOKEN_PARAMETER={parameter}\n" in user_data
-        assert TOKEN not in user_data
+        assert "TOKEN_PARAMETER" not in user_data and "--imds" in user_data
     assert len(live_instances(ec2)) == 2
 
 
@@ -192,26 +183,7 @@ def test_a_presigner_failing_at_a_launch_is_a_request_error(config, ec2, clock, 
     assert live_instances(ec2) == []
 
 
-# --- publishing the token and the wheel ---------------------------------------------------------
-
-
-def test_the_worker_token_is_a_secure_string_published_once(client, caplog):
-    ssm = client("ssm")
-    caplog.set_level(logging.DEBUG, logger="provisioners")
-
-    name = publish_worker_token(ssm, "research-batch", TOKEN)
-    again = publish_worker_token(ssm, "research-batch", TOKEN)
-
-    assert name == again == "/ec2-batch-autoscaler/research-batch/worker-token"
-    stored = ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]
-    assert (stored["Type"], stored["Value"], stored["Version"]) == ("SecureString", TOKEN, 1)
-    # A new token replaces it (a new version); a session works as well as a client.
-    session = boto3.Session(region_name=REGION)
-    publish_worker_token(session, "research-batch", TOKEN + "-rotated")
-    assert ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Version"] == 2
-    assert TOKEN not in caplog.text
-    with pytest.raises(InputError, match="empty"):
-        publish_worker_token(ssm, "research-batch", " ")
+# --- publishing the wheel ---------------------------------------------------------
 
 
 def test_the_wheel_is_published_under_its_hash_once_and_presigned_per_launch(aws, tmp_path):
@@ -385,18 +357,14 @@ def assert_worker_installed(result: Boot, python: str) -> None:
     assert result.calls[-1] == "systemctl enable --now autoscaler-worker"
     unit = (root / "etc/systemd/system/autoscaler-worker.service").read_text()
     assert "User=autoscaler-worker\n" in unit and "SupplementaryGroups=docker\n" in unit
-    assert "--token-ssm ${AUTOSCALER_TOKEN_SSM}" in unit
+    assert " --imds " in unit and "--token" not in unit  # its proof: the identity document
     assert "--instance-id ${AUTOSCALER_INSTANCE_ID}" in unit
     assert "--ca /etc/autoscaler-worker/ca.pem" in unit
     env = (root / "etc/autoscaler-worker/env").read_text()
-    assert "AUTOSCALER_TOKEN_SSM=/ec2-batch-autoscaler/test-cluster/worker-token\n" in env
     assert "AUTOSCALER_INSTANCE_ID=inst-7\n" in env
     assert "AUTOSCALER_DAEMON=10.0.0.5:50051\n" in env
-    assert "AUTOSCALER_ADVERTISE=10.0.0.7\n" in env and f"AWS_REGION={REGION}\n" in env
+    assert "TOKEN" not in env and "ADVERTISE" not in env and f"AWS_REGION={REGION}\n" in env
     assert (root / "etc/autoscaler-worker/ca.pem").read_text().strip() == ca_pem().strip()
-    for path in root.rglob("*"):
-        if path.is_file():
-            assert TOKEN not in path.read_text(errors="replace")
 
 
 @needs_bash

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from autoscaler.cloud import LaunchRequest, OrphanPolicy
 from autoscaler.control import ControlLoop, ControlOptions
 from provisioners.aws import make_client
-from provisioners.bootstrap import (
-    publish_agent_wheel,
-    publish_worker_token,
-    token_parameter_name,
-    wheel_presigner,
-)
+from provisioners.bootstrap import publish_agent_wheel, wheel_presigner
 from provisioners.ec2 import TAG_CLUSTER, TAG_MANAGED_BY
 from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
@@ -56,7 +50,7 @@ def test_iam_policy_grants_exactly_the_calls_the_daemon_makes(
     config, ec2, client, ami, clock, sleeps, tmp_path
 ):
     """Run every operation against moto — a launch (image by SSM parameter, spot), list,
-    terminate, a dry-run round, publishing the token and the wheel — record the API calls
+    terminate, a dry-run round, publishing the wheel — record the API calls
     of every client, and compare them with the policy's actions."""
     called: set[str] = set()
 
@@ -81,11 +75,8 @@ def test_iam_policy_grants_exactly_the_calls_the_daemon_makes(
     wheel.write_bytes(b"wheel")
 
     # What the daemon does at start-up, then in its rounds.
-    parameter = publish_worker_token(ssm, "test-cluster", "s3cret")
     url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
-    bootstrap = worker_bootstrap(
-        config, token_parameter=parameter, wheel_url=wheel_presigner(s3, url), wheel_sha256=sha256
-    )
+    bootstrap = worker_bootstrap(config, wheel_url=wheel_presigner(s3, url), wheel_sha256=sha256)
     cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
     launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
     cloud.list()
@@ -135,17 +126,11 @@ def test_launches_and_terminations_are_scoped_to_this_cluster_and_our_tag():
     assert "RequestedRegion" not in json.dumps(document)
 
 
-def test_the_worker_role_may_read_its_clusters_token_and_nothing_else():
-    document = policy("worker-iam-policy.json")
-    assert actions_of(document) == {"ssm:GetParameter"}
-    [statement] = document["Statement"]
-    arn = f"arn:aws:ssm:{REGION}:123456789012:parameter{token_parameter_name('research-batch')}"
-    resource = statement["Resource"]
-    assert fnmatchcase(arn, resource.replace(CLUSTER_TAG, "research-batch"))
-    assert not fnmatchcase(arn, resource.replace(CLUSTER_TAG, "another-cluster"))
-    # The daemon publishes the token where the worker reads it.
-    [publish] = [s for s in statements_with(policy(), "ssm:PutParameter")]
-    assert publish["Resource"] == resource
+def test_the_worker_role_may_call_nothing():
+    # A worker proves its instance with the identity document (no AWS call) and moves its
+    # objects with presigned URLs the daemon signs: its role needs no permission at all.
+    assert actions_of(policy("worker-iam-policy.json")) == set()
+    assert not statements_with(policy(), "ssm:PutParameter")
 
 
 def test_the_first_run_recipe_a_dry_run_round_asks_ec2_and_changes_nothing(

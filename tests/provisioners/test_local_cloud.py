@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,11 @@ import pytest
 from app.bundled import bundled
 from app.files import load_catalog
 from autoscaler.cloud import CloudRequestError, LaunchRequest
-from provisioners.local import LocalCloud, _alive
+from executor.client import Launch
+from executor.enrollment import EnrollmentRefused
+from executor.protos import worker_pb2 as pb
+from executor.security import read_secret
+from provisioners.local import SECRET_FILE, LocalCloud, _alive
 
 
 @pytest.fixture
@@ -46,7 +51,6 @@ def make(tmp_path: Path, python: str, **kwargs) -> LocalCloud:
         tmp_path / "cloud",
         daemon_address="127.0.0.1:7443",
         ca_path=tmp_path / "ca.pem",
-        token_path=tmp_path / "worker.token",
         python=python,
         **kwargs,
     )
@@ -72,12 +76,51 @@ def test_a_launch_starts_one_agent_advertising_the_types_capacity(tmp_path, fake
             "c7i.xlarge",
         )
         argv = tmp_path / "cloud" / "instances" / "tok-1" / "work" / "argv"
-        wait_for(argv.exists)
+        wait_for(lambda: argv.exists() and argv.read_text())  # written, not just created
         args = argv.read_text()
         assert "--instance-id tok-1" in args and "--capacity 0,2,8" in args
-        assert "--token-file" in args and "--daemon 127.0.0.1:7443" in args
+        assert "--daemon 127.0.0.1:7443" in args
+        secret = tmp_path / "cloud" / "instances" / "tok-1" / "work" / SECRET_FILE
+        assert f"--enrollment-secret {secret}" in args
     finally:
         cloud.terminate_all()
+
+
+def test_each_agent_gets_a_one_time_secret_only_it_can_read(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent)
+    try:
+        for token in ("tok-1", "tok-2"):
+            cloud.launch(LaunchRequest("c7i.large", token))
+        secrets = {}
+        for token in ("tok-1", "tok-2"):
+            path = tmp_path / "cloud" / "instances" / token / "work" / SECRET_FILE
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+            secrets[token] = read_secret(path).decode().strip()
+            # The cloud's record keeps only its digest.
+            assert secrets[token] not in (path.parent.parent / "instance.json").read_text()
+
+        def enroll(token: str, secret: str) -> None:
+            request = pb.EnrollRequest(instance_id=token, local_secret=secret)
+            cloud.verify(request, Launch(token))
+
+        with pytest.raises(EnrollmentRefused, match="wrong enrollment secret"):
+            enroll("tok-2", secrets["tok-1"])  # another agent's secret
+        enroll("tok-1", secrets["tok-1"])
+        with pytest.raises(EnrollmentRefused, match="used already"):
+            enroll("tok-1", secrets["tok-1"])
+        # Used once, even for a daemon restarted in between (the record is on disk).
+        with pytest.raises(EnrollmentRefused, match="used already"):
+            make(tmp_path, fake_agent).verify(
+                pb.EnrollRequest(instance_id="tok-1", local_secret=secrets["tok-1"]),
+                Launch("tok-1"),
+            )
+        with pytest.raises(EnrollmentRefused, match="runs no instance"):
+            enroll("tok-9", secrets["tok-2"])
+    finally:
+        cloud.terminate_all()
+    with pytest.raises(EnrollmentRefused, match="runs no instance"):
+        enroll("tok-2", secrets["tok-2"])  # terminated: nothing enrolls as it any more
 
 
 def test_terminate_stops_the_agent_and_a_restarted_daemon_still_sees_the_rest(tmp_path, fake_agent):
