@@ -30,8 +30,13 @@ TAG=${TAG:-autoscaler/daemon:$VERSION}
 CONTEXT=$(mktemp -d "${TMPDIR:-/tmp}/autoscaler-image.XXXXXX")
 trap 'rm -rf "$CONTEXT"' EXIT
 echo "build-image: wheels of the project and its dependencies (pip wheel) ..." >&2
+# From a copy without build/ and dist/: setuptools reuses a stale build/ directory, so a
+# module deleted from the tree (an old migration) would otherwise ship in the image.
+mkdir "$CONTEXT/source"
+tar -C "$ROOT" --exclude=./build --exclude=./dist --exclude='./.venv*' --exclude=./.git \
+  --exclude='*.egg-info' -cf - . | tar -C "$CONTEXT/source" -xf -
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
-  "$ROOT" pip >&2
+  "$CONTEXT/source" pip >&2
 cp "$ROOT/deploy/Dockerfile" "$CONTEXT/Dockerfile"
 echo "build-image: docker build -t $TAG (FROM $BASE) ..." >&2
 docker build --quiet --build-arg "BASE=$BASE" --label "org.opencontainers.image.version=$VERSION" \
