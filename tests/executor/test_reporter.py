@@ -70,13 +70,17 @@ def test_the_wire_protocol_over_the_report_socket(tmp_path):
         status = ask(path, {"op": "status"})
         assert status == {
             "ok": True,
-            "protocol": 1,
+            "protocol": 2,
             "iterations": 8,
             "throughput": None,
             "window_s": 2.0,
             "first_iteration_at": status["first_iteration_at"],
             "checkpoint_requested": False,
             "checkpoint_done": False,
+            "checkpoint_seq": 0,
+            "checkpoint_step": None,
+            "checkpoint_collected": 0,
+            "orphaned": False,
         }
         assert isinstance(status["first_iteration_at"], float)
         assert not rep.should_checkpoint()
@@ -91,7 +95,7 @@ def test_the_wire_protocol_over_the_report_socket(tmp_path):
         assert ask(path, {"op": "status"})["checkpoint_done"] is True
         assert ask(path, {"op": "launch"}) == {
             "ok": False,
-            "error": "unknown op 'launch'; expected 'status' or 'checkpoint'",
+            "error": "unknown op 'launch'; expected 'status', 'checkpoint' or 'collected'",
         }
         # Several requests on one connection, answered in order; a bad line gets an error.
         with socket.socket(socket.AF_UNIX) as raw:
@@ -158,7 +162,13 @@ def test_a_job_that_exits_leaves_its_last_count_beside_the_socket(tmp_path):
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads((report / "final.json").read_text()) == {"protocol": 1, "iterations": 137}
+    assert json.loads((report / "final.json").read_text()) == {
+        "protocol": 2,
+        "iterations": 137,
+        "checkpoint_seq": 0,
+        "checkpoint_step": None,
+        "orphaned": False,
+    }
     assert not (report / "report.sock").exists()
 
 
