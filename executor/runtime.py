@@ -49,6 +49,18 @@ class BuildFailed(RuntimeFailure):
         self.log = log
 
 
+class ImageUnavailable(RuntimeFailure):
+    """The image cannot be pulled or is not there: a retry would meet the same."""
+
+
+class CommandNotFound(RuntimeFailure):
+    """The runtime could not execute the job's command (not found, not executable)."""
+
+
+#: How the engine says it could not execute a command (runc's and crun's words).
+_NOT_EXECUTABLE = ("executable file not found", "permission denied", "no such file or directory")
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerSpec:
     """One container to run: image, command, environment, limits, mounts."""
@@ -166,7 +178,7 @@ class DockerRuntime:
         try:
             self.client.images.pull(image)
         except self._docker.errors.APIError as exc:
-            raise RuntimeFailure(f"cannot pull {image}: {_api_message(exc)}") from None
+            raise ImageUnavailable(f"cannot pull {image}: {_api_message(exc)}") from None
 
     def run(self, spec: ContainerSpec) -> str:
         docker = self._docker
@@ -207,9 +219,14 @@ class DockerRuntime:
                 ),
             )
         except docker.errors.ImageNotFound as exc:
-            raise RuntimeFailure(f"image not found: {_api_message(exc)}") from None
+            raise ImageUnavailable(f"image not found: {_api_message(exc)}") from None
         except docker.errors.APIError as exc:
-            raise RuntimeFailure(_api_message(exc)) from None
+            message = _api_message(exc)
+            self._remove_stale(spec.name)  # created, but it could not start
+            lowered = message.lower()
+            if "exec" in lowered and any(words in lowered for words in _NOT_EXECUTABLE):
+                raise CommandNotFound(message) from None
+            raise RuntimeFailure(message) from None
         return container.id
 
     def _remove_stale(self, name: str) -> None:
