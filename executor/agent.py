@@ -439,7 +439,7 @@ class Agent:
         next_beat = last_beat = 0.0
         unreachable_since: float | None = None
         while not self._closing.is_set():
-            self._mind_the_brake()
+            self.check_spend_brake()
             if self._closing.is_set():
                 return
             if not self.enrolled.is_set():
@@ -566,7 +566,7 @@ class Agent:
             return 2 * self._daemon_timeout_s
         return DEFAULT_JOB_WATCHDOG_S
 
-    def _mind_the_brake(self) -> None:
+    def check_spend_brake(self) -> None:
         """Stop the instance when the daemon has been out of reach too long: `orphan_timeout_s`
         with no task running, `orphan_max_s` with tasks (checkpointed and stopped first;
         what cannot be uploaded stays on this disk). Nothing runs up a bill unwatched."""

@@ -16,7 +16,6 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from autoscaler.jobs import TaskRun
-
 from executor.storage import attempt_prefix, is_checkpoint_of, log_key
 from tests.executor.conftest import job_context, launch, wait_for
 
