@@ -571,7 +571,7 @@ class Agent:
         with no task running, `orphan_max_s` with tasks (checkpointed and stopped first;
         what cannot be uploaded stays on this disk). Nothing runs up a bill unwatched."""
         config = self.config
-        silent = self._clock() - self._last_contact
+        silent = self._daemon_silent_s()  # 0 while the last heartbeat was answered
         live = self.attempts.live()
         if live:
             if not config.orphan_max_s or silent < config.orphan_max_s:
@@ -580,6 +580,8 @@ class Agent:
                 f"no word from the daemon for {silent:.0f} s with {len(live)} task(s) "
                 "running (their checkpoints are kept)"
             )
+            if not self._brake_once(reason):
+                return
             log.warning("%s: checkpointing and stopping them", reason)
             asked = self.attempts.stop_all(reason)
             deadline = time.monotonic() + config.checkpoint_wait_s + config.stop_grace_s + 30
@@ -589,13 +591,22 @@ class Agent:
             if not config.orphan_timeout_s or silent < config.orphan_timeout_s:
                 return
             reason = f"no word from the daemon for {silent:.0f} s and no task running"
-        with self._lock:
-            self.stopped_instance = reason
+            if not self._brake_once(reason):
+                return
         self.attempts.draining = reason
         log.warning("stopping this instance: %s", reason)
         self._closing.set()  # uploads still trying give up: their checkpoints stay on disk
         self._changed.set()
         self._shutdown(reason)
+
+    def _brake_once(self, reason: str) -> bool:
+        """Record why the instance is being stopped; False if it already is (the heartbeat
+        loop and a caller may both find the brake due)."""
+        with self._lock:
+            if self.stopped_instance is not None:
+                return False
+            self.stopped_instance = reason
+            return True
 
     def _stop_instance(self, reason: str) -> None:
         """The default shutdown: run `shutdown_command`, or (none) end this agent's
