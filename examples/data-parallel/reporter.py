@@ -79,6 +79,22 @@ When the job exits, the reporter leaves its last count beside the socket, in
 "checkpoint_step": 1100, "orphaned": false}`, written atomically): the worker
 polls every second or so, and what the job did after its last poll would
 otherwise be lost.
+
+The environment the worker sets: `AUTOSCALER_CHECKPOINT_DIR` (where to save and
+restore; restored before the job starts when it resumes, `AUTOSCALER_RESUMED`
+is then 1), `AUTOSCALER_REPORT_SOCKET`, `AUTOSCALER_THROUGHPUT_WINDOW_S`,
+`AUTOSCALER_CHECKPOINT_EVERY_S`, `AUTOSCALER_WORKER_PROTOCOL`,
+`AUTOSCALER_WATCHDOG_S` (0: no watchdog) and `AUTOSCALER_WATCHDOG_GRACE_S`,
+besides the task's identity (`AUTOSCALER_JOB_ID`, `AUTOSCALER_TASK_ID`,
+`AUTOSCALER_ATTEMPT`, `AUTOSCALER_INSTANCE_ID`, `AUTOSCALER_GPUS`).
+
+How the worker reads the job's exit status (the attempt's failure class,
+which decides whether the task is tried again): 0 is done (or, after a
+checkpoint request, stopped); 126 and 127 (command not executable, not
+found) and the codes the job file declares fatal (`fatal_exit_codes`) are
+the job's deterministic errors, failing it at once; 75 after the watchdog
+fired is not the job's doing; any other status, and being killed for
+memory, is transient: retried from the last checkpoint.
 """
 
 from __future__ import annotations
