@@ -162,3 +162,22 @@ def test_an_agent_stopping_its_tasks_checkpoints_them_first(docker_daemon, docke
     assert is_checkpoint_of(daemon.storage, stopped.checkpoint, "down", task, 1)
     assert checkpointed_step(daemon.storage, stopped.checkpoint, tmp_path) > 3
     assert not _containers(docker_client, task)
+
+
+def test_sigterm_to_a_worker_with_stop_tasks_checkpoints_its_tasks_and_leaves_nothing(
+    docker_daemon, docker_client, tmp_path
+):
+    daemon = docker_daemon
+    context = job_context(daemon.storage, tmp_path)
+    task = "sigterm/t0"
+    process = worker_process(daemon, "inst-t", tmp_path, "--stop-tasks")
+    daemon.until(lambda r: "inst-t" in r.ready_instances, "the worker process registers")
+    daemon.executor.start(launch(task, 1, "inst-t", context))
+    daemon.until(lambda r: r.tasks[task].progress > 3, "it runs")
+    process.send_signal(signal.SIGTERM)  # what `down` does to each agent
+    assert process.wait(timeout=PATIENCE_S) == 0, process.stderr.read().decode()
+    stopped = daemon.executor.report().tasks[task]
+    assert (stopped.state, stopped.failure) == ("stopped", "infrastructure"), stopped.reason
+    assert is_checkpoint_of(daemon.storage, stopped.checkpoint, "sigterm", task, 1)
+    assert checkpointed_step(daemon.storage, stopped.checkpoint, tmp_path) > 3
+    assert not _containers(docker_client, task)
