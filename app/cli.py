@@ -1,31 +1,50 @@
-"""The `autoscaler` command line."""
+"""The `autoscaler` command line.
+
+Nothing is imported before `main` runs but `sys`: Ctrl-C at any moment, while
+the commands' modules (numpy, HiGHS, boto3, gRPC) are still being imported
+too, ends the command with one line and exit status 130, never a traceback.
+"""
 
 from __future__ import annotations
 
-import argparse
-import os
+import contextlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
-
-from app.cli_io import silence_solver_banner
-from app.commands.catalog import register as register_catalog_commands
-from app.commands.cluster import register as register_cluster_commands
-from app.commands.db import register as register_db_commands
-from app.commands.plan import register as register_plan_command
-from app.commands.replay import register as register_simulator_commands
-from autoscaler.errors import InputError
-from executor.cli import register as register_worker_command
+from typing import Any
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, with a bad flag reported in one line (exit 2) like every other bad input."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status (2: bad input, 130: interrupted)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        if argv is None:  # the process is ending: a second Ctrl-C changes nothing now
+            import signal
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"autoscaler: error: {message} (see `{self.prog} --help`)\n")
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with contextlib.suppress(OSError, ValueError):
+            print("autoscaler: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Any:
+    import argparse
+    from typing import NoReturn
+
+    from app.commands.catalog import register as register_catalog_commands
+    from app.commands.cluster import register as register_cluster_commands
+    from app.commands.db import register as register_db_commands
+    from app.commands.plan import register as register_plan_command
+    from app.commands.replay import register as register_simulator_commands
+    from executor.cli import register as register_worker_command
+
+    class Parser(argparse.ArgumentParser):
+        """argparse, with a bad flag reported in one line (exit 2) like every other bad input."""
+
+        def error(self, message: str) -> NoReturn:
+            message = " ".join(message.split())  # a value with a newline stays one line
+            self.exit(2, f"autoscaler: error: {message} (see `{self.prog} --help`)\n")
+
     parser = Parser(
         prog="autoscaler",
         description="Cost-optimizing cluster autoscaler for batch jobs on EC2.",
@@ -43,28 +62,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None) -> int:
+    import os
+
+    from autoscaler.errors import InputError
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    silence_solver_banner()
     from app.api import DaemonUnavailable
+    from app.cli_io import silence_solver_banner
 
+    silence_solver_banner()
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
-        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        print(f"autoscaler: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except DaemonUnavailable as exc:
-        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        print(f"autoscaler: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("autoscaler: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # The reader went away (`autoscaler … | head`): stop quietly, as Unix tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _one_line(message: str) -> str:
+    """A message as one line: any line break a value or a library put in it becomes a space."""
+    return " ".join(message.splitlines())
 
 
 if __name__ == "__main__":

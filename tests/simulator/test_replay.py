@@ -17,9 +17,8 @@ import pytest
 
 from app.bundled import bundled
 from app.commands import replay as cli
-from app.files import load_catalog, load_contention_matrix, load_jobs
+from app.files import jobs_from_eva, load_catalog, load_contention_matrix, load_jobs
 from autoscaler.errors import InputError
-from autoscaler.jobs import jobs_from_eva
 from simulator.replay import MAX_SLOWDOWN, SCHEDULERS, replay
 from simulator.traces import start_at_first_arrival, synthesize
 from simulator.world import ground_truth
