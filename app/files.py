@@ -133,26 +133,39 @@ def no_gc() -> Iterator[None]:
 MAX_TRACE_SECONDS = 1e11
 
 Delay = number(ge=0, le=MAX_DELAY_S)
+#: A GPU count: a container is given whole devices (Docker's `--gpus`).
+Gpus = Annotated[
+    float,
+    msgspec.Meta(
+        ge=0,
+        le=MAX_CAPACITY[0],
+        multiple_of=1,
+        description="a whole number of GPUs (a container is given whole devices)",
+    ),
+]
 Vector = Annotated[
     tuple[
-        number(ge=0, le=MAX_CAPACITY[0]),
+        Gpus,
         number(ge=0, le=MAX_CAPACITY[1]),
         number(ge=0, le=MAX_CAPACITY[2]),
     ],
     msgspec.Meta(description="a list [gpu, cpu cores, ram GiB]"),
 ]
+#: Characters no name may hold: control characters, and the invisible ones that make two
+#: names look alike (zero-width spaces and joiners, direction marks, the byte-order mark).
+_INVISIBLE = r"\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
 #: A job id, task key or name: one line of printable text that fits a task id
 #: (`<job>/<task>`) and a storage key.
 Key = text(
     min_length=1,
     max_length=256,
-    pattern=r"^[^\s/]([^/]*[^\s/])?$",
+    pattern=r"^[^\s/%s]([^/%s]*[^\s/%s])?$" % ((_INVISIBLE,) * 3),
     description="1-256 characters, no '/' and no spaces at either end",
 )
 Name = text(
     min_length=1,
     max_length=256,
-    pattern=r"^\S(.*\S)?$",
+    pattern=r"^[^\s%s]([^%s]*[^\s%s])?$" % ((_INVISIBLE,) * 3),
     description="1-256 characters, no spaces at either end",
 )
 Family = text(
@@ -284,7 +297,7 @@ _JOBS = msgspec.json.Decoder(list[TraceJob])
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 
 
-_KEY = re.compile(r"^[^\s/]([^/]*[^\s/])?$")
+_KEY = re.compile(Key.__metadata__[0].pattern)
 
 
 def _jobs(trace: Mapping[str, TraceJob], source: str) -> tuple[tuple[JobSpec, ...], int]:
@@ -547,7 +560,7 @@ def contention_matrix_from_csv(
     return ThroughputTable(entries, default)
 
 
-_DECIMAL = re.compile(r"^[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_DECIMAL = re.compile(r"^[+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 
 
 def check_workloads(table: ThroughputTable, jobs: Iterable[JobSpec], source: str) -> None:

@@ -26,8 +26,10 @@ from autoscaler.errors import InputError
 
 # -- numbers and durations -------------------------------------------------------------------
 
-_DECIMAL = re.compile(r"^[+-]?(\d{1,300}(\.\d{0,300})?|\.\d{1,300})([eE][+-]?\d{1,4})?$")
-_INTEGER = re.compile(r"^[+-]?\d{1,19}$")
+_DECIMAL = re.compile(
+    r"^[+-]?([0-9]{1,300}(\.[0-9]{0,300})?|\.[0-9]{1,300})([eE][+-]?[0-9]{1,4})?$"
+)
+_INTEGER = re.compile(r"^[+-]?[0-9]{1,19}$")
 
 
 def strict_number(text: str, *, integer: bool = False) -> float | int | None:
@@ -102,9 +104,8 @@ def seconds_arg(low: float, high: float) -> Callable[[str], float]:
 
 # -- --since ---------------------------------------------------------------------------------
 
-_SPAN = re.compile(r"^(\d{1,30}(?:\.\d{1,6})?)([smhdw])$")
-_EPOCH = re.compile(r"^@(\d{1,12}(?:\.\d{1,6})?)$")
-_BASIC_DATE = re.compile(r"^\d{8}")
+_SPAN = re.compile(r"^([0-9]{1,30}(?:\.[0-9]{1,6})?)([smhdw])$")
+_EPOCH = re.compile(r"^@([0-9]{1,12}(?:\.[0-9]{1,6})?)$")
 SINCE_FORMS = (
     "an ISO 8601 date or time (2026-11-23, 20261123, 2026-11-23T10:00, 20261123T1000Z), "
     "a span back from now (12h, 7d, 2w), or epoch seconds marked with @ (@1700000000)"

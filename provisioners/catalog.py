@@ -96,7 +96,12 @@ FamilyName = text(
 )
 Capacity = Annotated[
     tuple[
-        number(ge=0, le=MAX_CAPACITY[0]),
+        Annotated[
+            float,
+            msgspec.Meta(
+                ge=0, le=MAX_CAPACITY[0], multiple_of=1, description="a whole number of GPUs"
+            ),
+        ],
         number(ge=0, le=MAX_CAPACITY[1]),
         number(ge=0, le=MAX_CAPACITY[2]),
     ],
@@ -211,7 +216,9 @@ class PriceTableFile(Strict):
     format: Literal["ec2-batch-autoscaler prices v1"]
     region: Region
     prices: Annotated[dict[TypeName, HourlyCost], msgspec.Meta(max_length=100_000)]
-    retrieved: text(max_length=10, pattern=r"^\d{4}-\d{2}-\d{2}$", description="a date, YYYY-MM-DD")
+    retrieved: text(
+        max_length=10, pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date, YYYY-MM-DD"
+    )
     currency: Literal["USD"] = "USD"
     unit: text(max_length=256) = ""
     source: text(max_length=1024) = ""

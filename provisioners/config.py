@@ -70,7 +70,7 @@ TableT = TypeVar("TableT", bound=Strict)
 #: The families of the bundled price table (Eva's 21 types), allowed by default.
 DEFAULT_FAMILIES: tuple[str, ...] = ("c7i", "p3", "r7i")
 
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _FAMILY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _TYPE = re.compile(r"^[a-z0-9][a-z0-9-]*\.[a-z0-9-]+$")
@@ -250,7 +250,7 @@ FamilyOrType = text(
 )
 Zone = text(
     max_length=40,
-    pattern=r"^[a-z]{2}(-[a-z]+)+-\d+[a-z](-[a-z0-9]+)?$",
+    pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z](-[a-z0-9]+)?$",
     description="an availability zone such as 'us-east-1a'",
 )
 SubnetId = text(

@@ -150,7 +150,7 @@ def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expect
         (
             "gpu",
             {"capacity": [0.5, 96, 1536]},
-            "field 'capacity' = [0.5, 96, 1536]: GPUs are whole",
+            "field 'capacity[0]' = 0.5: must be a whole number of GPUs",
         ),
         ("empty", {"capacity": [0, 0, 0]}, "field 'capacity' = [0, 0, 0]: a type with no"),
         ("any", {"family": "any"}, "field 'family' = 'any': must not be 'any'"),

@@ -106,7 +106,7 @@ BAD = [
     (A + "demand = { any = [0, nan, 2] }", "task 'a': field 'demand.any[1]' = nan"),
     (A + "demand = { any = [0, inf, 2] }", "task 'a': field 'demand.any[1]' = inf"),
     (A + "demand = { any = [0, 1] }", "demand.any"),
-    (A + "demand = { any = [0.5, 1, 2] }", "asks for 0.5 GPUs"),
+    (A + "demand = { any = [0.5, 1, 2] }", "field 'demand.any[0]' = 0.5: must be a whole number"),
     (A + "demand = { any = [0, 'one', 2] }", "field 'demand.any[1]' = 'one': must be a number"),
     (A + "demand = {}", "field 'demand' = {}: must not be empty"),
     (A + "demand = { gpu9 = [0, 1, 2] }", "no instance type in the catalog has family 'gpu9'"),
