@@ -17,14 +17,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (2: bad input, 130: interrupted)."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
         if argv is None:  # the process is ending: a second Ctrl-C changes nothing now
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         with contextlib.suppress(OSError, ValueError):
             print("autoscaler: interrupted", file=sys.stderr, flush=True)
+        if argv is None:
+            # Out now, past the interpreter's exit: a Ctrl-C that landed inside an
+            # extension's initialisation marks the process to re-kill itself with SIGINT
+            # at exit, which would end it by a signal instead of with 130.
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+            import os
+
+            os._exit(130)
         return 130
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """True for Ctrl-C, also when an extension module's import turned it into an
+    ImportError ("initialization failed")."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def build_parser() -> Any:
@@ -64,15 +88,23 @@ def build_parser() -> Any:
 
 def _main(argv: Sequence[str] | None) -> int:
     import os
+    import signal
 
     from autoscaler.errors import InputError
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from app.api import DaemonUnavailable
-    from app.cli_io import silence_solver_banner
+    # Ctrl-C waits while the commands' modules are imported (numpy, HiGHS, gRPC): inside
+    # an extension's initialisation it would become an ImportError. It is delivered
+    # the moment they are in, as a KeyboardInterrupt, a second or so later at most.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        parser = build_parser()
+        from app.api import DaemonUnavailable
+        from app.cli_io import silence_solver_banner
 
-    silence_solver_banner()
+        silence_solver_banner()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

@@ -140,7 +140,8 @@ Gpus = Annotated[
         ge=0,
         le=MAX_CAPACITY[0],
         multiple_of=1,
-        description="a whole number of GPUs (a container is given whole devices)",
+        description=f"a whole number of GPUs from 0 to {MAX_CAPACITY[0]:,.0f} (a container "
+        "is given whole devices)",
     ),
 ]
 Vector = Annotated[
@@ -281,7 +282,9 @@ def jobs_from_json(data: bytes, source: str) -> tuple[JobSpec, ...]:
         except msgspec.ValidationError as exc:
             at = re.match(r".* - at `\$\[(\d+)\]", str(exc))
             job_id = ids[int(at.group(1))] if at else ids[0]
-            document = {job_id: msgspec.json.decode(top[job_id])}
+            # the failing job parsed exactly (a key given twice, 1e400 read as inf) to name
+            # the field and value
+            document = {job_id: parse_json(decode_utf8(bytes(top[job_id]), "jobs", source), source)}
             raise locate_error(document, Trace, source=source, where_of=trace_where) from None
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError):
             parse_json(decode_utf8(data, "jobs", source), source)

@@ -87,16 +87,6 @@ def check_arguments(
         raise InputError(
             "exists and is not a directory", field="--dir", value=shown, has_value=True
         )
-    from app.state_config import database_url_problem, sqlite_url
-
-    problem = database_url_problem(sqlite_url(directory.resolve() / "state.db"))
-    if problem:
-        raise InputError(
-            f"the state database beside the configuration {problem}",
-            field="--dir",
-            value=shown,
-            has_value=True,
-        )
     parent = directory
     while not parent.exists():  # the nearest directory that exists must let us create in it
         parent = parent.parent

@@ -99,7 +99,10 @@ Capacity = Annotated[
         Annotated[
             float,
             msgspec.Meta(
-                ge=0, le=MAX_CAPACITY[0], multiple_of=1, description="a whole number of GPUs"
+                ge=0,
+                le=MAX_CAPACITY[0],
+                multiple_of=1,
+                description=f"a whole number of GPUs from 0 to {MAX_CAPACITY[0]:,.0f}",
             ),
         ],
         number(ge=0, le=MAX_CAPACITY[1]),

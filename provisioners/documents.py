@@ -260,6 +260,23 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class HugeInteger:
+    """An integer literal longer than Python converts (4,300 digits), kept as its length
+    so that the schema names the field that holds it."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits:,} digits>"
+
+
+def _integer(text: str) -> int | HugeInteger:
+    return int(text) if len(text) <= 4300 else HugeInteger(len(text.lstrip("-")))
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -277,7 +294,9 @@ def parse_json(text: str, source: str) -> Any:
     on a 300,000-job trace.
     """
     try:
-        data = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        data = json.loads(
+            text, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_int=_integer
+        )
     except _DuplicateKey as exc:
         raise InputError(
             f"key {_short(exc.key)} appears twice in one object (JSON would keep only the last)",
@@ -486,6 +505,8 @@ def _problem(
     error: msgspec.ValidationError | None, inner: Any, metas: list[msgspec.Meta], data: Any
 ) -> str:
     message = str(error or "is invalid").split(" - at `")[0]
+    if isinstance(data, HugeInteger):
+        return "has more digits than any value here may (and than Python reads: 4,300)"
     if get_origin(inner) is Literal:
         choices = ", ".join(repr(c) for c in get_args(inner))
         return f"must be one of {choices}"
@@ -502,7 +523,7 @@ def _problem(
             return "must be a whole number (no decimal point)"
         if got:
             return f"must be {kinds}, not {_KINDS.get(got.group(1), got.group(1))}"
-        if described:
+        if described:  # the schema's own words say the form and the bounds
             return f"must be {described}"
         if detail.startswith("matching regex"):
             return "is not in the expected form"

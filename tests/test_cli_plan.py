@@ -143,7 +143,7 @@ def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expect
         (
             "capacity",
             {"capacity": [8e300, 96, 1536]},
-            "field 'capacity[0]' = 8e+300: must be a number <= 1,024",
+            "field 'capacity[0]' = 8e+300: must be a whole number of GPUs from 0 to 1,024",
         ),
         # accepted before, and planned on: half a GPU, a type nothing fits, a family
         # that every "any" demand would also name

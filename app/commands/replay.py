@@ -466,13 +466,14 @@ def _run_in_workers(
         while waiting or running:
             while waiting and len(running) < workers:
                 name = waiting.pop(0)
-                running[name] = context.Process(
+                process = context.Process(
                     target=_worker,
                     args=(name, messages, inputs, board.tty),
                     name=f"replay {name}",
                 )
                 with _sigint_held():
-                    running[name].start()
+                    process.start()
+                running[name] = process  # started: one Ctrl-C ends it below
             _receive(messages, board, finished, running, timeout=0.2)
             for name, process in list(running.items()):
                 if not process.is_alive():
@@ -481,9 +482,13 @@ def _run_in_workers(
                     if name in running:
                         raise _WorkerDied(name, process.exitcode)
     finally:
-        for process in running.values():  # on an error or Ctrl-C, none goes on alone
+        # On an error or Ctrl-C none goes on alone. A Ctrl-C that came just before a fork
+        # is raised inside `start()`: that process never got a handle (and, orphaned,
+        # ends itself at its next round: `_worker`).
+        started = [p for p in running.values() if p.pid is not None]
+        for process in started:
             process.terminate()
-        for process in running.values():
+        for process in started:
             process.join()
 
 

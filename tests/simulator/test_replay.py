@@ -165,16 +165,15 @@ def test_every_replay_keeps_the_invariants(pai, small_synthetic, scheduler):
 
 
 def run_replay(args: list[str], tmp_path, name: str, hash_seed: str) -> bytes:
-    out = tmp_path / name
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    subprocess.run(
-        [sys.executable, "-m", "app", "replay", *args, "--json", str(out)],
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "replay", *args, "--json"],
         check=True,
         capture_output=True,
         env=env,
         timeout=300,
     )
-    return out.read_bytes()
+    return done.stdout  # --json: the document alone on standard output
 
 
 def test_same_inputs_give_byte_identical_json_serial_or_parallel(tmp_path):
