@@ -277,14 +277,18 @@ def jobs_from_json(data: bytes, source: str) -> tuple[JobSpec, ...]:
         for job_id in ids:
             if len(job_id) > 256 or not _KEY.match(job_id):
                 raise locate_error({job_id: {}}, Trace, source=source, where_of=trace_where)
+        raws = list(top.values())
+        decoded: list[TraceJob] = []
         try:
-            decoded = _JOBS.decode(b"[" + b",".join(top.values()) + b"]")
+            for start in range(0, len(raws), _CHUNK):  # a bad job costs its chunk, not all
+                decoded += _JOBS.decode(b"[" + b",".join(raws[start : start + _CHUNK]) + b"]")
         except msgspec.ValidationError as exc:
             at = re.match(r".* - at `\$\[(\d+)\]", str(exc))
-            job_id = ids[int(at.group(1))] if at else ids[0]
+            job_id = ids[len(decoded) + int(at.group(1))] if at else ids[len(decoded)]
             # the failing job parsed exactly (a key given twice, 1e400 read as inf) to name
             # the field and value
-            document = {job_id: parse_json(decode_utf8(bytes(top[job_id]), "jobs", source), source)}
+            raw = decode_utf8(bytes(top[job_id]), "jobs", source)
+            document = {job_id: parse_json(raw, source)}
             raise locate_error(document, Trace, source=source, where_of=trace_where) from None
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError):
             parse_json(decode_utf8(data, "jobs", source), source)
@@ -296,6 +300,8 @@ def jobs_from_json(data: bytes, source: str) -> tuple[JobSpec, ...]:
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+#: Jobs decoded at once: a bad one costs the jobs of its chunk and the chunks before it.
+_CHUNK = 50_000
 _JOBS = msgspec.json.Decoder(list[TraceJob])
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 

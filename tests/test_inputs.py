@@ -488,3 +488,42 @@ def test_a_replay_of_much_work_says_so_before_it_starts(tmp_path):
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 130 and "Traceback" not in err, err
+
+
+# -- command-line values -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("1700000000", "a bare number is ambiguous"),  # epoch seconds need their @
+        ("20991123", "in the future"),  # a basic date, read as one: and it is ahead
+        ("2099-01-01T00:00Z", "in the future"),
+        ("@9999999999", "in the future"),
+        ("yesterday", "ISO 8601"),
+        ("7 d", "ISO 8601"),
+    ],
+)
+def test_since_refuses_what_it_could_misread(text, problem):
+    from app.validation import parse_since
+
+    with pytest.raises(InputError, match=problem):
+        parse_since(text, now=1.7e9)
+
+
+def test_since_is_checked_before_the_report(cluster):
+    line = refused(*run("cost-report", "--config", str(cluster), "--since", "2099-01-01")[::2])
+    assert "field '--since' = '2099-01-01': is in the future" in line
+
+
+@pytest.mark.parametrize("value", ["1_000", " 3", "0x10", "٣", "1e999", "nan", "--1", "3."])
+def test_a_number_on_the_command_line_is_plain_decimal_or_refused(value):
+    code, _, err = run("plan", f"--limit={value}")
+    assert code == 2 and "must be a whole number" in err, err
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("300", 300.0), ("5m", 300.0), ("1h", 3600.0)])
+def test_a_duration_on_the_command_line_takes_a_unit(value, seconds):
+    from app.validation import seconds_arg
+
+    assert seconds_arg(1.0, 86400.0)(value) == seconds
