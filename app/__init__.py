@@ -11,7 +11,8 @@
 - `wiring`: the one place that picks a binding for each interface from the
   configuration (EC2 or the local cloud, SQL state, the gRPC executor).
 - `files`, `validation`, `cli_io`, `table`, `reports`, `replay_report`,
-  `bundled`: reading users' files with one-line errors, tables, cost reports.
+  `bundled`: reading users' files with one-line errors, command-line values and
+  outputs, tables, cost reports; `schemas`: the formats' published JSON Schemas.
 
 Only this package imports the bindings; nothing imports it.
 """
