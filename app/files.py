@@ -83,20 +83,10 @@ def read_input_file(path: str | Path, what: str, limit: int = CONFIG_LIMIT) -> b
     return read_regular_file(path, what, limit)
 
 
-def decode_text(data: bytes, what: str, source: str) -> str:
-    """UTF-8 text of a user's file (a byte-order mark dropped), or an InputError."""
-    return decode_utf8(data, what, source)
-
-
 def read_toml(path: str | Path, what: str, limit: int = CONFIG_LIMIT) -> dict[str, Any]:
     """The parsed TOML document at `path`, or an InputError naming the file and the problem."""
     p = str(path)
     return parse_toml(decode_utf8(read_regular_file(p, what, limit), what, p), p)
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The parsed cluster configuration (TOML) at `path`."""
-    return read_toml(path, "configuration", CONFIG_LIMIT)
 
 
 def read_json(path: str | Path, what: str, limit: int = TRACE_LIMIT) -> Any:

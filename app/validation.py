@@ -148,19 +148,6 @@ def _since_error(text: str, problem: str) -> InputError:
     return InputError(problem, field="--since", value=text, has_value=True)
 
 
-def since_arg(now: Callable[[], float]) -> Callable[[str], float]:
-    """An argparse `type=` for `--since` (see `parse_since`), against the clock `now`."""
-
-    def parse(text: str) -> float:
-        try:
-            return parse_since(text, now())
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(exc.problem) from None
-
-    parse.__name__ = "time"
-    return parse
-
-
 # -- outputs ---------------------------------------------------------------------------------
 
 

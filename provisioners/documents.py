@@ -42,7 +42,7 @@ import tomllib
 import types
 import typing
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -547,8 +547,3 @@ def _problem(
 def _short(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "…"
-
-
-def schema_of(types_by_name: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON Schemas of the named types (for `docs/schemas/`)."""
-    return {name: msgspec.json.schema(t) for name, t in types_by_name.items()}
