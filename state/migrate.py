@@ -34,7 +34,10 @@ def alembic_config(engine: Engine, script_location: Path = MIGRATIONS) -> Config
     """An Alembic configuration that migrates `engine`'s database."""
     config = Config()
     config.set_main_option("script_location", str(script_location))
-    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    # configparser interpolation: a %-encoded URL (a passfile query, a non-ASCII path) is
+    # stored with its '%' doubled, or setting it raises.
+    url = engine.url.render_as_string(hide_password=False)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     config.attributes["engine"] = engine
     return config
 

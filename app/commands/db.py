@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.cli_io import add_json, print_json
 from app.state_config import database_url_for, default_state_path
 
 
@@ -58,6 +59,7 @@ def _database_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOML",
         help="daemon configuration file whose [state] table names the database",
     )
+    add_json(parser)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -70,7 +72,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         before, after = upgrade(engine)
     finally:
         engine.dispose()
-    if before == after:
+    if args.json:
+        print_json({"url": shown, "before": before, "after": after})
+    elif before == after:
         print(f"{shown}: schema already at revision {after}; nothing to do")
     elif before is None:
         print(f"{shown}: schema created at revision {after}")
@@ -88,5 +92,16 @@ def cmd_db_status(args: argparse.Namespace) -> int:
         status = schema_status(engine)
     finally:
         engine.dispose()
-    print(status.describe())
+    if args.json:
+        print_json(
+            {
+                "url": status.url,
+                "current": status.current,
+                "head": status.head,
+                "known": status.known,
+                "up_to_date": status.up_to_date,
+            }
+        )
+    else:
+        print(status.describe())
     return 0 if status.up_to_date else 1

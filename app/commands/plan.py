@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.cli_io import add_min_throughput, load_inputs, progress, warn_unmatched, write_json
-from app.files import load_contention_matrix
+from app.cli_io import add_json, add_min_throughput, load_inputs, print_json, progress
+from app.files import check_workloads, load_contention_matrix
 from app.table import format_table, money, shorten, wrap_hanging
-from app.validation import number_arg, output_path
+from app.validation import number_arg
 from autoscaler.catalog import Catalog
 from autoscaler.jobs import JobSpec
 from autoscaler.planner import FLUID_MIN_CLASSES, PLANNER_NAMES, Plan, planner_by_name
@@ -80,13 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="POP sub-problems, 2 to 256 (default 2)",
     )
-    plan.add_argument(
-        "--json",
-        type=output_path(),
-        default=None,
-        metavar="OUT",
-        help="also write the plan as JSON to OUT",
-    )
+    add_json(plan)
     plan.add_argument(
         "--limit",
         type=number_arg(0, 10**9, integer=True),
@@ -103,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     progress(f"planning {sum(len(j.tasks) for j in jobs):,} tasks …")
     if args.throughput is not None:
         table = load_contention_matrix(args.throughput, args.default_throughput)
-        warn_unmatched(table, jobs, str(args.throughput))
+        check_workloads(table, jobs, str(args.throughput))
     else:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
@@ -117,10 +111,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = planner.plan(view)
     seconds = time.perf_counter() - started
 
-    document = plan_document(plan, seconds, planner.name, args.min_throughput)
-    print(render_plan(plan, jobs, catalog, seconds, args.limit))
-    if args.json is not None:
-        write_json(args.json, document)
+    if args.json:
+        print_json(plan_document(plan, seconds, planner.name, args.min_throughput))
+    else:
+        print(render_plan(plan, jobs, catalog, seconds, args.limit))
     return 0
 
 
@@ -203,7 +197,7 @@ def render_plan(
     if len(shown) < len(instances):
         out.append(
             f"… {len(instances) - len(shown)} more instances "
-            "(--limit 0 shows all; --json writes all)"
+            "(--limit 0 shows all; --json prints all)"
         )
     by_type: dict[str, list[int]] = {}
     for inst in instances:
