@@ -1,8 +1,10 @@
 """The core: what to run where, and the round that gets there — no I/O, no clock.
 
 - The domain: `resources`, `catalog` (instance types and prices), `jobs`
-  (job and task specs, demand rules), `configuration` (instances and the tasks
-  on them), `view` (what a planner sees).
+  (job and task specs, demand rules), `work` (a job's work alone at full
+  speed: the one reading of a trace's duration and iterations),
+  `configuration` (instances and the tasks on them), `view` (what a planner
+  sees).
 - Pricing and learning: `pricing` (reservation price, TNRP; Eva §4.2, §4.4),
   `throughput` (the co-location table; §4.3), `lp` and `patterns`
   (CvxCluster's shadow prices; the configuration LP), `fluid` (two-stage
