@@ -270,3 +270,24 @@ def test_no_saving_reads_zero_not_minus_zero():
     assert 0.3 - (0.1 + 0.2) < 0
     assert f"{_saved(0.3, 0.1 + 0.2):.4f}" == "0.0000"
     assert _saved(1.428, 1.16) == pytest.approx(0.268)
+
+
+def test_plan_json_reports_the_whole_task_bounds_beside_the_fluid_one(tmp_path, capsys):
+    # Table 3 at full speed: the plan is Algorithm 1's $12.8/h, and nothing hosting τ1's
+    # two GPUs is cheaper, so the MIP proves it optimal; the fluid LP pools resources
+    # and stays below.
+    catalog = write(tmp_path, "catalog.json", TABLE3_CATALOG)
+    jobs = write(tmp_path, "jobs.json", TABLE3_JOBS)
+    args = ["plan", "--catalog", str(catalog), "--jobs", str(jobs), "--default-throughput", "1"]
+    assert main([*args, "--bounds", "exact", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bounds = doc["bounds"]
+    assert bounds["fluid"] == doc["lower_bound_hourly_cost"] < 12.8
+    assert bounds["fluid"] <= bounds["configuration"]["lower_bound"] <= 12.8 + 1e-9
+    assert bounds["mip"]["optimal"] and bounds["mip"]["hourly_cost"] == pytest.approx(12.8)
+    assert doc["tightest_lower_bound_hourly_cost"] == pytest.approx(12.8)
+    assert doc["gap_to_tightest_bound"] == pytest.approx(0.0, abs=1e-9)
+    assert main([*args, "--bounds", "exact"]) == 0
+    assert "Optimum (MIP)           $12.80/h" in capsys.readouterr().out
+    assert main([*args, "--bounds", "fluid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bounds"] is None

@@ -37,6 +37,7 @@ from app.validation import (
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.throughput import DEFAULT_THROUGHPUT
+from autoscaler.work import check_work
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
@@ -198,15 +199,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             synthesize(jobs, args.synthesize, args.seed), source=f"synthetic from {source}"
         )
         source = f"synthetic: {args.synthesize} jobs from {source}, seed {args.seed}"
-    for job in jobs:
-        facts = job.trace
-        if facts.duration_s is None and (facts.total_iters is None or job.full_throughput is None):
-            raise InputError(
-                "a replay needs 'duration' or 'total_iters' and 'full_throughput'",
-                source=source,
-                where=f"job {job.job_id!r}",
-                field="duration",
-            )
+    check_work(jobs, source)  # one definition of a job's work, or one line saying why not
     jobs, offset = start_at_first_arrival(jobs)
     check_replay_span(jobs, source)
     if offset:

@@ -43,8 +43,13 @@ def test_a_duration_no_trace_could_mean_is_refused_by_the_trace_schema():
 def test_the_span_is_checked_on_the_work_the_world_will_run_not_the_duration_beside_it():
     # The world runs total_iters at full_throughput when both are given (1e18 s
     # here); a plausible duration beside them let the replay start and never end.
+    # Now the two disagreeing is refused, naming the work the world would run;
+    # without the duration, the span check names it.
     spec = {"duration": 1000, "full_throughput": 1e-9, "total_iters": 1e9}
     trace = {"0": spec | {"tasks": {"0": {"demand": {"any": [0, 1, 2]}}}}}
+    with pytest.raises(InputError, match=r"'total_iters' / 'full_throughput' = .* = 1e\+18 s"):
+        check_replay_span(jobs_from_eva(trace), "t.json")
+    del trace["0"]["duration"]
     with pytest.raises(InputError, match=r"field 'total_iters / full_throughput' = 1e\+18"):
         check_replay_span(jobs_from_eva(trace), "t.json")
 
