@@ -388,10 +388,10 @@ def every_file_reads_back(directory: Path) -> None:
 
     config = load_cluster_config(directory / "autoscaler.toml")
     secrets = directory / "secrets"
-    Authority.load(secrets / "ca.pem", secrets / "ca.key")
-    for token in ("api.token", "worker.token"):
-        assert read_token(secrets / token)
-    assert stat.S_IMODE(os.stat(secrets / "ca.key").st_mode) == 0o600
+    for purpose in ("server", "worker"):
+        Authority.load(secrets / f"{purpose}-ca.pem", secrets / f"{purpose}-ca.key")
+        assert stat.S_IMODE(os.stat(secrets / f"{purpose}-ca.key").st_mode) == 0o600
+    assert read_token(secrets / "api.token")
     if config.cloud.provider == "local":
         from urllib.parse import unquote, urlsplit
 
