@@ -194,6 +194,7 @@ class Reporter:
         self._heard_at = now  # the worker's last request (any)
         self._orphaned_at: float | None = None
         self._closed = threading.Event()
+        self._closing = threading.Lock()  # one closes, the other waits for it
         self._server: socket.socket | None = None
         path = socket_path if socket_path is not None else os.environ.get(SOCKET_ENV)
         # Only a worker collects checkpoints, and only one that speaks version 2.
@@ -411,10 +412,17 @@ class Reporter:
 
     def close(self) -> None:
         """Stop listening (the socket file is removed) and leave the final count; once the
-        watchdog has fired, end the process with `ORPHANED_EXIT`."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        watchdog has fired, end the process with `ORPHANED_EXIT` — also when the watchdog's
+        thread closed first, as the job exits: the interpreter would otherwise end with the
+        job's own status before that thread's exit."""
+        with self._closing:
+            if not self._closed.is_set():
+                self._closed.set()
+                self._leave_final()
+        if self.orphaned:
+            self._exit(ORPHANED_EXIT)
+
+    def _leave_final(self) -> None:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(OSError):
@@ -432,8 +440,6 @@ class Reporter:
                 with open(path + ".tmp", "w") as handle:
                     json.dump(final, handle)
                 os.replace(path + ".tmp", path)
-        if self.orphaned:
-            self._exit(ORPHANED_EXIT)
 
     def __enter__(self) -> Reporter:
         return self

@@ -281,6 +281,9 @@ def test_the_watchdog_stops_a_job_no_worker_has_asked_after(tmp_path):
     assert exits.codes == [75]
     final = json.loads((tmp_path / "final.json").read_text())
     assert final["orphaned"] is True and final["checkpoint_seq"] == 2
+    # The job exiting meanwhile (its atexit close comes second) still ends with 75, not 0.
+    rep.close()
+    assert exits.codes == [75, 75]
 
 
 def test_a_job_that_never_saves_is_stopped_when_the_watchdogs_grace_ends(tmp_path):
