@@ -66,7 +66,7 @@ def _boot(config, aws, tmp_path, docker) -> BootedInstances:
 def _jobs(tmp_path: Path, train_total: int = TRAIN_TOTAL) -> list[Path]:
     jobs = tmp_path / "jobs"
     return [
-        copy_example("train", jobs, {"TOTAL": str(train_total), "SAVE_EVERY": "50"}),
+        copy_example("train", jobs, {"TOTAL": str(train_total)}),
         copy_example("data-parallel", jobs, {"TOTAL": "300"}),
     ]
 

@@ -45,7 +45,7 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
     config = local_cluster(tmp_path / "cluster", name, interval_s="6", step_s="1")
     jobs_dir = tmp_path / "jobs"
     files = [
-        copy_example("train", jobs_dir, {"TOTAL": str(TRAIN_TOTAL), "SAVE_EVERY": "50"}),
+        copy_example("train", jobs_dir, {"TOTAL": str(TRAIN_TOTAL)}),
         copy_example("data-parallel", jobs_dir, {"TOTAL": "300"}),
         copy_example("memory", jobs_dir, {"TOTAL": "200", "MEGABYTES": "300"}),
     ]
