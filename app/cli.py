@@ -60,6 +60,7 @@ def build_parser() -> Any:
     from app.commands.db import register as register_db_commands
     from app.commands.plan import register as register_plan_command
     from app.commands.replay import register as register_simulator_commands
+    from app.commands.users import register as register_user_commands
     from executor.cli import register as register_worker_command
 
     class Parser(argparse.ArgumentParser):
@@ -82,6 +83,7 @@ def build_parser() -> Any:
     register_simulator_commands(sub)
     register_db_commands(sub)
     register_cluster_commands(sub)
+    register_user_commands(sub)
     register_worker_command(sub)
     return parser
 
