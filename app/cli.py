@@ -12,6 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+#: Commands whose files are the cluster's (0600 files, 0700 directories).
+PRIVATE_COMMANDS = frozenset({"init", "daemon", "worker"})
+PRIVATE_UMASK = 0o077
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (2: bad input, 130: interrupted)."""
@@ -107,6 +111,9 @@ def _main(argv: Sequence[str] | None) -> int:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     args = parser.parse_args(argv)
+    # What init, the daemon and a worker write (state, checkpoints, logs, work directories)
+    # only their owner reads: job data and env values are not for other local users.
+    umask = os.umask(PRIVATE_UMASK) if args.command in PRIVATE_COMMANDS else None
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
@@ -120,6 +127,9 @@ def _main(argv: Sequence[str] | None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        if umask is not None:
+            os.umask(umask)
 
 
 def _one_line(message: str) -> str:

@@ -141,7 +141,7 @@ def init_cluster(
         )
         _reads_back(text_, config, directory, local)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise InputError(
             f"cannot be created: {exc.strerror or exc}",
@@ -155,7 +155,9 @@ def init_cluster(
         kept.append(config)
     else:
         try:
-            with open(config, "x", encoding="utf-8") as handle:  # never over one made meanwhile
+            # Never over one made meanwhile; only its owner reads it (it names the secrets).
+            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "w", encoding="utf-8") as handle:
                 handle.write(text_)
         except FileExistsError:
             kept.append(config)

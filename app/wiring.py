@@ -36,7 +36,21 @@ def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
                 upgrade(engine)
         finally:
             engine.dispose()
+        _owner_only(config.state.sqlite_path)
     return SqlStore(config.state.url)
+
+
+def _owner_only(database: Path | None) -> None:
+    """A SQLite state database and its journal files readable by their owner alone (they
+    hold every job's env values); SQLite gives new WAL files the database's mode."""
+    if database is None:
+        return
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def offline_catalog(config: ClusterConfig) -> Catalog:
