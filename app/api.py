@@ -19,6 +19,7 @@ import logging
 import re
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
 from autoscaler.store import DuplicateJob, Store, UnknownEntity
+from executor.packing import inflated_size
 from executor.storage import (
     CONTEXTS_PREFIX,
     StorageError,
@@ -164,6 +166,19 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                 context.abort(
                     grpc.StatusCode.DATA_LOSS,
                     "the upload does not match its declared size and digest; send it again",
+                )
+            current().target = first.digest
+            try:
+                inflated = inflated_size(tmp.name, self.max_context_bytes)
+            except (OSError, EOFError, zlib.error):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a .tar.gz build context")
+            if inflated > self.max_context_bytes:
+                # The limit is on what the context is, not on how well it compresses.
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"build context inflates to more than the limit of "
+                    f"{self.max_context_bytes / 2**20:.0f} MiB ([limits] max_context_mb); "
+                    "shrink it with a .dockerignore",
                 )
             ref = self.storage.put_file(context_key(first.digest), Path(tmp.name))
         return api_pb2.UploadContextResponse(ref=ref)
@@ -690,9 +705,9 @@ class ApiClient:
             return ApiRefused(f"not allowed: {details}")
         return ApiRefused(details or str(code))
 
-    def upload_contexts(self, packed: Mapping[str, bytes]) -> dict[str, str]:
-        """Upload the contexts the daemon does not have yet (digest -> bytes); returns
-        digest -> stored ref for all of them."""
+    def upload_contexts(self, packed: Mapping[str, bytes | Path]) -> dict[str, str]:
+        """Upload the contexts the daemon does not have yet (digest -> the packed archive,
+        a file streamed in chunks, or bytes); returns digest -> stored ref for all."""
         wanted = sorted(packed)
         answer = self._call(
             self.stub.MissingContexts, api_pb2.MissingContextsRequest(digests=wanted)
@@ -700,8 +715,10 @@ class ApiClient:
         refs = dict(answer.refs)
         for digest in answer.missing:
             data = packed[digest]
-            timeout = CALL_TIMEOUT_S + len(data) / _CHUNK
-            refs[digest] = self._call(self.stub.UploadContext, _chunks(digest, data), timeout).ref
+            size = data.stat().st_size if isinstance(data, Path) else len(data)
+            timeout = CALL_TIMEOUT_S + size / _CHUNK
+            chunks = _file_chunks(digest, data) if isinstance(data, Path) else _chunks(digest, data)
+            refs[digest] = self._call(self.stub.UploadContext, chunks, timeout).ref
         return refs
 
     def submit(self, job: JobSpec) -> str:
@@ -768,3 +785,12 @@ def _chunks(digest: str, data: bytes) -> Iterator[api_pb2.ContextChunk]:
     yield api_pb2.ContextChunk(digest=digest, size=len(data), data=data[:_CHUNK])
     for start in range(_CHUNK, len(data), _CHUNK):
         yield api_pb2.ContextChunk(data=data[start : start + _CHUNK])
+
+
+def _file_chunks(digest: str, path: Path) -> Iterator[api_pb2.ContextChunk]:
+    """A packed context read from its file a chunk at a time (never whole in memory)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        yield api_pb2.ContextChunk(digest=digest, size=size, data=handle.read(_CHUNK))
+        for block in iter(lambda: handle.read(_CHUNK), b""):
+            yield api_pb2.ContextChunk(data=block)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import textwrap
 import time
 from collections.abc import Sequence
@@ -367,23 +368,27 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from app.jobfile import load_job_file, pack_context, with_contexts
+    from app.jobfile import load_job_file, with_contexts
     from autoscaler.jobs import validate_against_catalog
     from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
-    with _client(args) as client:
+    config = load_cluster_config(args.config)
+    with connect(config) as client:
         catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
         for path, submission in zip(args.job_file, submissions, strict=True):
             validate_against_catalog((submission.job,), catalog, source=str(path))
-        packed: dict[Path, tuple[bytes, str]] = {}
-        for submission in submissions:
-            for directory in submission.contexts.values():
-                if directory not in packed:
-                    progress(f"packing {directory} …")
-                    packed[directory] = pack_context(directory)
-        refs = client.upload_contexts({digest: data for data, digest in packed.values()})
+        limit = int(config.limits.max_context_mb * 2**20)
+        packed: dict[Path, tuple[Path, str]] = {}
+        with tempfile.TemporaryDirectory(prefix="autoscaler-contexts-") as scratch:
+            for submission in submissions:
+                for directory in submission.contexts.values():
+                    if directory not in packed:
+                        progress(f"packing {directory} …")
+                        out = Path(scratch) / f"{len(packed)}.tar.gz"
+                        packed[directory] = (out, _pack(directory, out, limit))
+            refs = client.upload_contexts({digest: out for out, digest in packed.values()})
         ids = []
         for submission in submissions:
             contexts = {
@@ -398,6 +403,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return _wait(client, ids)
+
+
+def _pack(directory: Path, out: Path, limit: int) -> str:
+    """A build context packed to `out` (its digest); refused over `limit` uncompressed bytes."""
+    from executor.packing import PackingError, pack_context_file
+
+    try:
+        return pack_context_file(directory, out, max_bytes=limit)
+    except PackingError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0, *, quiet: bool = False) -> int:
