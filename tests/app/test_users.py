@@ -273,3 +273,30 @@ def test_user_and_audit_commands_through_the_cli(api, tmp_path, capsys, monkeypa
 def test_hash_token_is_salted(tmp_path: Path):
     assert hash_token("t") != hash_token("t")
     assert token_matches("t", hash_token("t")) and not token_matches("u", hash_token("t"))
+
+
+def test_a_submit_user_drains_only_an_instance_running_nothing_but_their_own_tasks(api):
+    from autoscaler.store import TaskUpdate
+    from tests.store_writes import request
+
+    tokens = users(api, ("alice", "submit"), ("bob", "submit"))
+    at = api.clock[0]
+    for instance in ("i-a", "i-ab"):
+        request(api.store, instance, "c7i.xlarge", 0.1785, at)
+        api.store.transition_instance(instance, "running", at + 1, cloud_id=f"c-{instance}")
+    with client(api, tokens["alice"]) as alice, client(api, tokens["bob"]) as bob:
+        alice.submit(job("ja"))
+        bob.submit(job("jb"))
+        api.store.update_tasks(
+            [
+                TaskUpdate("ja/a", status="running", instance_id="i-a"),
+                TaskUpdate("jb/a", status="running", instance_id="i-ab"),
+            ],
+            at + 2,
+        )
+        message = refused(lambda: alice.drain("i-ab"), grpc.StatusCode.PERMISSION_DENIED)
+        assert "jobs of bob" in message
+        assert api.store.instance("i-ab").status == "running"
+        assert alice.drain("i-a") == (True, "draining")
+    with admin(api) as root:
+        assert root.drain("i-ab") == (True, "draining")
