@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Commands whose files are the cluster's (0600 files, 0700 directories).
-PRIVATE_COMMANDS = frozenset({"init", "daemon", "worker"})
+PRIVATE_COMMANDS = frozenset({"init", "daemon", "worker", "down"})
 PRIVATE_UMASK = 0o077
 
 

@@ -267,6 +267,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{config.path}: the daemon would start: {'; '.join(found)}")
         return 0
+    _private_log_files()
     configure_logging()
     bindings = build_bindings(config)
     credentials = daemon_security(config)
@@ -281,6 +282,21 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop.set())
     return daemon.run()
+
+
+def _private_log_files() -> None:
+    """The daemon's log, when standard output or error is a file of ours (`autoscaler daemon
+    > daemon.log 2>&1`, made by the shell with its umask), readable by its owner alone:
+    it names jobs, users and decisions."""
+    import stat
+
+    for fd in (1, 2):
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid():
+                os.fchmod(fd, stat.S_IMODE(status.st_mode) & 0o700)
+        except OSError:
+            continue
 
 
 def cmd_down(args: argparse.Namespace) -> int:
