@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+
 from app.config import ClusterConfig
 from app.table import dollars
 from simulator.history import ClusterHistory, cluster_history

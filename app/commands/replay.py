@@ -27,11 +27,11 @@ from app.replay_report import comparison_table, document, plot
 from app.table import output_width, wrap
 from app.validation import (
     PLOT_FORMATS,
+    SINCE_FORMS,
     atomic_output,
     check_outputs,
     number_arg,
     output_path,
-    SINCE_FORMS,
     parse_since,
     seconds_arg,
     write_atomically,
