@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from app.config import ClusterConfig
 from app.table import dollars
@@ -104,13 +105,15 @@ def paid_lines(history: ClusterHistory, results: Mapping[str, ReplayResult]) -> 
     return lines
 
 
-def what_if_line(history: ClusterHistory, results: Mapping[str, ReplayResult]) -> str:
-    """cost-report's line: the window's jobs under each scheduler, beside the ledger."""
-    under = " / ".join(results)
-    costs = " / ".join(f"${dollars(r.total_cost)}" for r in results.values())
+def what_if_line(document: Mapping[str, Any]) -> str:
+    """cost-report's line, from its `what_if` document (`what_if_document`)."""
+    costs = document["would_have_cost"]
+    if not costs:
+        return document["message"]
     return (
-        f"{_span(history)} under {under} would have cost {costs} "
-        f"(paid ${dollars(history.spend)}; replayed from the database)"
+        f"{_span(document['since'], document['until'])} under {' / '.join(costs)} would have "
+        f"cost {' / '.join(f'${dollars(c)}' for c in costs.values())} "
+        f"(paid ${dollars(document['paid'])}; replayed from the database)"
     )
 
 
@@ -119,17 +122,42 @@ def what_if_document(history: ClusterHistory, results: Mapping[str, ReplayResult
     return {
         **cluster_document(history, results),
         "would_have_cost": {name: round(r.total_cost, 6) for name, r in results.items()},
+        "message": "" if history.jobs else nothing_to_replay(history),
     }
 
 
-def _span(history: ClusterHistory) -> str:
-    days = (history.until - history.since) / 86400.0
-    if history.since <= 0:
+def _span(since: float, until: float) -> str:
+    if since <= 0:
         return "Everything so far"
+    days = (until - since) / 86400.0
     if days >= 1:
-        return f"Last {days:.3g} days"
-    return f"Last {days * 24:.3g} hours"
+        return f"Last {days:,.0f} days" if days >= 10 else f"Last {days:.2g} days"
+    return f"Last {days * 24:.2g} hours"
 
 
 def _when(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def what_if(
+    config: ClusterConfig, since: float, until: float, workers: int | None = None
+) -> dict[str, Any]:
+    """cost-report's what-if: the window's history replayed under each default scheduler
+    (no bound), as its `--json` entry (`what_if_line` renders it)."""
+    from app.commands.replay import _run_replays
+    from simulator.replay import DEFAULT_SCHEDULERS
+
+    history = load_history(config, since, until)
+    if not history.jobs:
+        return what_if_document(history, {})
+    results, _ = _run_replays(
+        list(DEFAULT_SCHEDULERS),
+        list(history.jobs),
+        history.catalog,
+        history.truth,
+        config.cluster.interval_s,
+        config.planner.min_throughput,
+        workers,
+        bound=False,
+    )
+    return what_if_document(history, results)

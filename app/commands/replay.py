@@ -523,8 +523,11 @@ def _run_replays(
     interval_s: float,
     min_throughput: float,
     workers: int | None,
+    *,
+    bound: bool = True,
 ) -> tuple[dict[str, ReplayResult], float]:
-    """Each scheduler's replay, and the clairvoyant bound: in parallel processes.
+    """Each scheduler's replay, and the clairvoyant bound (0 without `bound`): in
+    parallel processes.
 
     The replays share nothing (each has its own world, store and planner, and
     is deterministic), so running them side by side changes no figure, only
@@ -532,17 +535,17 @@ def _run_replays(
     rather than the sum (on the full trace, eva's 4 minutes instead of 5).
     """
     board = _Progress(names, len(jobs))
-    workers = min(workers or _cores(), len(names) + 1)
+    workers = min(workers or _cores(), len(names) + bound)
     inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput})
     finished: dict[str, object] = {}
     if workers <= 1:
-        for name in [*names, _BOUND]:
+        for name in [*names, *([_BOUND] if bound else [])]:
             finished[name], seconds = _run_one(name, inputs, partial(board.update, name))
             if name != _BOUND:
                 board.done(name, finished[name], seconds)  # type: ignore[arg-type]
     else:
-        _run_in_workers(names, inputs, workers, board, finished)
-    limit = finished.pop(_BOUND)
+        _run_in_workers(names, inputs, workers, board, finished, bound)
+    limit = finished.pop(_BOUND, 0.0)
     return {name: finished[name] for name in names}, limit  # type: ignore[misc]
 
 
@@ -565,7 +568,12 @@ def _run_one(
 
 
 def _run_in_workers(
-    names: list[str], inputs: tuple, workers: int, board: _Progress, finished: dict[str, object]
+    names: list[str],
+    inputs: tuple,
+    workers: int,
+    board: _Progress,
+    finished: dict[str, object],
+    bound: bool = True,
 ) -> None:
     """`_run_one` for every name and the bound, in forked processes, into `finished`."""
     # One forked process per replay (and one for the bound), at most `workers` at
@@ -575,7 +583,8 @@ def _run_in_workers(
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     waiting = sorted(names, key=lambda n: (not n.startswith("eva"), names.index(n)))
-    waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
+    if bound:
+        waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
     running: dict[str, multiprocessing.process.BaseProcess] = {}
     try:
         while waiting or running:
