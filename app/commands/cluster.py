@@ -199,6 +199,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JOBS",
         help="job files added hypothetically: what the next round would launch for them",
     )
+    cost.add_argument(
+        "--what-if",
+        action="store_true",
+        help="add what the jobs since --since would have cost under each scheduler, replayed "
+        "from the database (seconds to minutes: see `autoscaler replay --from-cluster`)",
+    )
     _config(cost)
     cost.set_defaults(func=cmd_cost_report)
 
@@ -719,6 +725,10 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
         uptime = store.uptime()
     finally:
         store.close()
+    if args.what_if:
+        from app.what_if import what_if
+
+        report["what_if"] = what_if(config, since, now)
     if args.json:
         print_json(report)
     else:
@@ -765,6 +775,10 @@ def render_cost_report(report: dict[str, Any]) -> str:
         f"No packing so far        {money(report['no_packing_spend'])} "
         f"(saved {money(report['savings'])})",
     ]
+    if report.get("what_if"):
+        from app.what_if import what_if_line
+
+        out += ["", *textwrap.wrap(what_if_line(report["what_if"]), 96)]
     dry = report.get("dry_run")
     if dry:
         launches = ", ".join(f"{n} x {t}" for t, n in dry["launch"].items()) or "nothing"
