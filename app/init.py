@@ -12,7 +12,8 @@ of mode 0600:
 - the **worker CA** (`worker-ca.pem`, `worker-ca.key`), with which the daemon
   signs the short-lived client certificates of enrolled workers — client
   authentication only, so nothing a worker obtains passes as the daemon;
-- the **API token** of users.
+- `api.token`, the token of the first user, the admin `admin` (the daemon keeps
+  only its hash, from its first start on; more users: `autoscaler user add`).
 
 Workers get no shared secret: each proves its own instance when it enrolls.
 Running `init` again keeps everything that exists (a secret is never
@@ -36,6 +37,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from app.config import PLACEHOLDER_BUCKET, ClusterConfig, parse_cluster_config
+from app.users import new_user_id, new_user_token
 from autoscaler.decide import ControlOptions
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
@@ -44,7 +46,6 @@ from executor.security import (
     Authority,
     certificate_names,
     issued_by,
-    new_token,
     write_secret,
 )
 from provisioners.config import ClusterId, Region
@@ -140,7 +141,7 @@ def init_cluster(
         )
         _reads_back(text_, config, directory, local)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise InputError(
             f"cannot be created: {exc.strerror or exc}",
@@ -154,7 +155,9 @@ def init_cluster(
         kept.append(config)
     else:
         try:
-            with open(config, "x", encoding="utf-8") as handle:  # never over one made meanwhile
+            # Never over one made meanwhile; only its owner reads it (it names the secrets).
+            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "w", encoding="utf-8") as handle:
                 handle.write(text_)
         except FileExistsError:
             kept.append(config)
@@ -201,7 +204,8 @@ def init_cluster(
         write_secret(server_cert, cert, overwrite=True)
         written += [server_cert, server_key]
     api_token = secrets_dir / "api.token"
-    (written if write_secret(api_token, new_token() + "\n") else kept).append(api_token)
+    admin_token = new_user_token(new_user_id())
+    (written if write_secret(api_token, admin_token + "\n") else kept).append(api_token)
     return InitResult(config, tuple(written), tuple(kept))
 
 

@@ -36,7 +36,21 @@ def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
                 upgrade(engine)
         finally:
             engine.dispose()
+        _owner_only(config.state.sqlite_path)
     return SqlStore(config.state.url)
+
+
+def _owner_only(database: Path | None) -> None:
+    """A SQLite state database and its journal files readable by their owner alone (they
+    hold every job's env values); SQLite gives new WAL files the database's mode."""
+    if database is None:
+        return
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def offline_catalog(config: ClusterConfig) -> Catalog:
@@ -46,18 +60,32 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
     return cached_or_bundled_catalog(config.provisioner.ec2).catalog
 
 
-def daemon_security(config: ClusterConfig) -> tuple[grpc.ServerCredentials, dict[str, str]]:
-    """The TLS credentials of the daemon's API port and its tokens (token -> role)."""
-    from executor.security import read_secret, read_token, server_credentials
+def daemon_security(config: ClusterConfig) -> grpc.ServerCredentials:
+    """The TLS credentials of the daemon's API port."""
+    from executor.security import read_secret, server_credentials
 
     secrets = config.secrets
     try:
         cert = secrets.server_cert.read_bytes()
         key = read_secret(secrets.server_key)
-        tokens = {read_token(secrets.api_token): "user"}
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
-    return server_credentials(cert, key), tokens
+    return server_credentials(cert, key)
+
+
+def first_admin(config: ClusterConfig, store: Any, at: float) -> Any:
+    """Make `secrets/api.token` the admin `admin` unless its user is known (`app.users`):
+    the token `init` wrote, or the shared token of a cluster made before users existed.
+    Returns the user added, if one was."""
+    from app.users import ensure_first_admin
+    from executor.security import read_token
+    from state.accounts import SqlAccounts
+
+    try:
+        read_token(config.secrets.api_token)  # refused when others may read it
+    except OSError:
+        return None
+    return ensure_first_admin(SqlAccounts(store.engine), config.secrets.api_token, at)
 
 
 def worker_security(config: ClusterConfig) -> grpc.ServerCredentials:

@@ -75,6 +75,7 @@ from executor.runtime import (
     ContainerSpec,
     ImageUnavailable,
     RuntimeFailure,
+    job_user,
 )
 from executor.storage import StorageError
 
@@ -536,10 +537,10 @@ class AttemptRunner:
         try:
             attempt.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             attempt.report_dir.mkdir(parents=True, exist_ok=True)
-            # The job may run as any user: its own two directories are open to it (they sit
-            # in the agent's 0700 work directory; only the container sees them).
-            os.chmod(attempt.checkpoint_dir, 0o777)
-            os.chmod(attempt.report_dir, 0o777)
+            # The job's own two directories are its user's alone (`runtime.job_user`).
+            for directory in (attempt.checkpoint_dir, attempt.report_dir):
+                os.chmod(directory, 0o700)
+                _hand_to_job(directory)
             save_launch(attempt.directory, launch)
             image = self.artifacts.image(launch.run, attempt.phases, attempt.context_url)
             phase = "restore"
@@ -553,6 +554,7 @@ class AttemptRunner:
                     attempt.phases,
                 )
                 _write_json(attempt.directory / RESTORED_FILE, attempt.restored)
+                _hand_to_job(attempt.checkpoint_dir)
             if self._stop_before_start(attempt):
                 if attempt.abandoned:
                     reason, state = attempt.abandoned, "failed"
@@ -1072,3 +1074,14 @@ def _signal_note(code: int) -> str:
 
 def _write_json(path: Path, document: Any) -> None:
     path.write_text(json.dumps(document))
+
+
+def _hand_to_job(directory: Path) -> None:
+    """Make a restored checkpoint the job's: an agent running as root restores it as
+    root, and the job runs as `nobody` (`runtime.job_user`)."""
+    if os.getuid() != 0:
+        return  # the job runs as the agent's own user: the files are its already
+    uid, gid = (int(part) for part in job_user().split(":"))
+    for root, dirs, files in os.walk(directory):
+        for name in (root, *(os.path.join(root, n) for n in dirs + files)):
+            os.lchown(name, uid, gid)

@@ -2,14 +2,16 @@
 
 `init` writes a configuration and the cluster's secrets; `daemon` runs the
 cluster; `submit`, `jobs`, `job`, `cancel`, `logs` and `status` talk to the
-daemon's API (TLS, the API token); `cost-report` reads the state database
+daemon's API (TLS, the user's token: `$AUTOSCALER_TOKEN_FILE`, else the
+cluster's `secrets/api.token`); `cost-report` reads the state database
 alone, daemon running or not, and calls no cloud.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
+import os
+import tempfile
 import textwrap
 import time
 from collections.abc import Sequence
@@ -114,6 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
     job.add_argument("job_id", metavar="ID", help="a job id, or the name of one job")
+    job.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help="show the tasks' env values (the job's owner or an admin only; hidden otherwise)",
+    )
     add_json(job)
     _config(job)
     job.set_defaults(func=cmd_job)
@@ -192,6 +199,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JOBS",
         help="job files added hypothetically: what the next round would launch for them",
     )
+    cost.add_argument(
+        "--what-if",
+        action="store_true",
+        help="add what the jobs since --since would have cost under each scheduler, replayed "
+        "from the database (seconds to minutes: see `autoscaler replay --from-cluster`)",
+    )
     _config(cost)
     cost.set_defaults(func=cmd_cost_report)
 
@@ -217,15 +230,21 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     config = load_cluster_config(result.config)
     if config.state.url.startswith("sqlite:"):
-        from app.wiring import open_state
+        from app.wiring import first_admin, open_state
 
-        open_state(config, create=True).close()  # a local database is ready to report from
+        store = open_state(config, create=True)  # a local database is ready to report from
+        try:
+            first_admin(config, store, time.time())  # else the daemon's first start does it
+        finally:
+            store.close()
+    admin_token = config.secrets.api_token
     if args.json:
         print_json(
             {
                 "config": str(result.config),
                 "written": [str(p) for p in result.written],
                 "kept": [str(p) for p in result.kept],
+                "admin_token": str(admin_token),
             }
         )
         return 0
@@ -234,8 +253,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     for path in result.kept:
         print(f"kept  {path} (exists; never overwritten)")
     print(
-        f"\nnext: autoscaler daemon --config {result.config}\n"
-        f"      autoscaler submit --config {result.config} JOB.toml"
+        f"\nthe admin's token is in {admin_token} (mode 0600; the CLI uses it by default)\n"
+        f"next: autoscaler daemon --config {result.config}\n"
+        f"      autoscaler submit --config {result.config} JOB.toml\n"
+        f"      autoscaler user add NAME --role submit --config {result.config}  (teammates)"
     )
     return 0
 
@@ -245,27 +266,43 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     from app.config import check_daemon_config
     from app.daemon import Daemon, configure_logging
-    from app.wiring import build_bindings, daemon_security, worker_security
+    from app.wiring import build_bindings, daemon_security, first_admin, worker_security
 
     config = load_cluster_config(args.config)
     found = check_daemon_config(config)
     if args.check:
         print(f"{config.path}: the daemon would start: {'; '.join(found)}")
         return 0
+    _private_log_files()
     configure_logging()
     bindings = build_bindings(config)
-    credentials, tokens = daemon_security(config)
+    credentials = daemon_security(config)
+    first_admin(config, bindings.store, time.time())
     daemon = Daemon(
         config,
         bindings,
         dry_run=args.dry_run,
         server_credentials=credentials,
-        tokens=tokens,
         worker_credentials=worker_security(config),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop.set())
     return daemon.run()
+
+
+def _private_log_files() -> None:
+    """The daemon's log, when standard output or error is a file of ours (`autoscaler daemon
+    > daemon.log 2>&1`, made by the shell with its umask), readable by its owner alone:
+    it names jobs, users and decisions."""
+    import stat
+
+    for fd in (1, 2):
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid():
+                os.fchmod(fd, stat.S_IMODE(status.st_mode) & 0o700)
+        except OSError:
+            continue
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -326,14 +363,20 @@ def cmd_down(args: argparse.Namespace) -> int:
 # -- talking to the daemon ----------------------------------------------------------------------
 
 
+#: A file holding the user's token (mode 0600), when it is not the cluster's `api.token`.
+TOKEN_FILE_ENV = "AUTOSCALER_TOKEN_FILE"
+
+
 def connect(config: ClusterConfig):
+    """A client of the daemon with the user's token: the file `$AUTOSCALER_TOKEN_FILE`
+    names, else the cluster's `secrets/api.token` (the first admin's)."""
     from app.api import ApiClient
     from executor.security import DAEMON_NAME, read_token, secure_channel
 
     secrets = config.secrets
     try:
         ca = secrets.ca_cert.read_bytes()
-        token = read_token(secrets.api_token)
+        token = read_token(os.environ.get(TOKEN_FILE_ENV) or secrets.api_token)
     except (OSError, ValueError) as exc:  # missing, unsafe mode, not UTF-8 text
         raise InputError(
             f"cannot read the cluster's secrets: {exc}", source=str(config.path)
@@ -347,30 +390,33 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from app.jobfile import load_job_file, pack_context, with_contexts
+    from app.jobfile import load_job_file, with_contexts
     from autoscaler.jobs import validate_against_catalog
     from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
-    with _client(args) as client:
+    config = load_cluster_config(args.config)
+    with connect(config) as client:
         catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
         for path, submission in zip(args.job_file, submissions, strict=True):
             validate_against_catalog((submission.job,), catalog, source=str(path))
-        packed: dict[Path, tuple[bytes, str]] = {}
-        for submission in submissions:
-            for directory in submission.contexts.values():
-                if directory not in packed:
-                    progress(f"packing {directory} …")
-                    packed[directory] = pack_context(directory)
-        refs = client.upload_contexts({digest: data for data, digest in packed.values()})
+        limit = int(config.limits.max_context_mb * 2**20)
+        packed: dict[Path, tuple[Path, str]] = {}
+        with tempfile.TemporaryDirectory(prefix="autoscaler-contexts-") as scratch:
+            for submission in submissions:
+                for directory in submission.contexts.values():
+                    if directory not in packed:
+                        progress(f"packing {directory} …")
+                        out = Path(scratch) / f"{len(packed)}.tar.gz"
+                        packed[directory] = (out, _pack(directory, out, limit))
+            refs = client.upload_contexts({digest: out for out, digest in packed.values()})
         ids = []
-        owner = getpass.getuser()
         for submission in submissions:
             contexts = {
                 task: refs[packed[directory][1]] for task, directory in submission.contexts.items()
             }
-            ids.append(client.submit(with_contexts(submission.job, contexts), owner))
+            ids.append(client.submit(with_contexts(submission.job, contexts)))
         if args.json:
             print_json({"jobs": ids})
         else:
@@ -379,6 +425,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return _wait(client, ids)
+
+
+def _pack(directory: Path, out: Path, limit: int) -> str:
+    """A build context packed to `out` (its digest); refused over `limit` uncompressed bytes."""
+    from executor.packing import PackingError, pack_context_file
+
+    try:
+        return pack_context_file(directory, out, max_bytes=limit)
+    except PackingError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0, *, quiet: bool = False) -> int:
@@ -433,7 +489,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        detail = client.job(_job_id(client, args.job_id))
+        detail = client.job(_job_id(client, args.job_id), show_secrets=args.show_secrets)
     if args.json:
         print_json(detail)
         return 0
@@ -463,6 +519,14 @@ def cmd_job(args: argparse.Namespace) -> int:
             [False, False, False, True, True, True, True, False],
         )
     )
+    env = [(t["task"].split("/", 1)[1], t.get("env") or {}) for t in detail["task_list"]]
+    if any(values for _, values in env):
+        print()
+        for task, values in env:
+            for name, value in values.items():
+                print(f"{task}: {name}={value}")
+        if not args.show_secrets:
+            print("(env values hidden: --show-secrets shows them to the owner or an admin)")
     return 0
 
 
@@ -661,6 +725,10 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
         uptime = store.uptime()
     finally:
         store.close()
+    if args.what_if:
+        from app.what_if import what_if
+
+        report["what_if"] = what_if(config, since, now)
     if args.json:
         print_json(report)
     else:
@@ -707,6 +775,10 @@ def render_cost_report(report: dict[str, Any]) -> str:
         f"No packing so far        {money(report['no_packing_spend'])} "
         f"(saved {money(report['savings'])})",
     ]
+    if report.get("what_if"):
+        from app.what_if import what_if_line
+
+        out += ["", *textwrap.wrap(what_if_line(report["what_if"]), 96)]
     dry = report.get("dry_run")
     if dry:
         launches = ", ".join(f"{n} x {t}" for t, n in dry["launch"].items()) or "nothing"

@@ -232,7 +232,7 @@ def test_a_spec_from_a_hand_made_client_is_checked_by_the_daemon_too(api):
         {"job_id": "j", "name": "x", "tasks": [{**task, "demands": [["any", [0, 1, 2]]]}]}
     )
     with connect(api.config) as client, pytest.raises(ApiRefused, match="must be 'j/<key>'"):
-        client.submit(spec, "me")
+        client.submit(spec)
     assert api.store.jobs() == []
 
 

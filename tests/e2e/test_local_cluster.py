@@ -131,6 +131,15 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
     code, out = cli("cost-report", *at)
     assert code == 0 and "Spend" in out, out
 
+    # Nothing init, the daemon or its workers wrote (config, state.db, checkpoints, logs,
+    # agent.log, work directories) is open to other local users.
+    exposed = [
+        f"{p} {p.stat().st_mode & 0o777:o}"
+        for p in (tmp_path / "cluster").rglob("*")
+        if not p.is_symlink() and (p.is_file() or p.is_dir()) and p.stat().st_mode & 0o077
+    ]
+    assert exposed == []
+
 
 def _catalog(config):
     from app.wiring import offline_catalog
