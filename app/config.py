@@ -22,7 +22,7 @@ from app.files import read_config_file
 from app.state_config import StateConfig, parse_state_config
 from app.validation import Identifier, Positive, Seconds, Strict, parse_model
 from autoscaler.cloud import Guardrails, OrphanPolicy
-from autoscaler.decide import ControlOptions, Timeouts
+from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import ProvisionerConfig, parse_config
@@ -247,6 +247,9 @@ class ClusterConfig:
             max_attempts=self.limits.max_attempts,
             dry_run=dry_run,
             instance_prefix=f"{self.cluster.name}-",
+            # A daemon's instances boot for real: a type whose workers never register
+            # backs off, then is held (replays, whose workers always register, do not).
+            boot_backoff=BootBackoff(),
         )
 
     @property

@@ -210,6 +210,16 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
         return local_cloud(config)
     from provisioners.ec2 import EC2Cloud
 
+    if publish:  # the daemon: it spends money unattended
+        missing = config.guardrails.unattended_problems()
+        if missing:
+            raise InputError(
+                f"set {', '.join(missing)}: a daemon on EC2 spends money unattended, and "
+                "nothing else bounds what a bug, a loop or a flood of jobs can spend "
+                "(`autoscaler init` writes them, commented)",
+                source=str(config.path),
+                where="[guardrails]",
+            )
     bootstrap = worker_bootstrap(config) if publish else None
     return EC2Cloud.from_config(config.provisioner, bootstrap=bootstrap)
 
