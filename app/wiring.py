@@ -127,6 +127,11 @@ def build_bindings(config: ClusterConfig) -> Bindings:
 
     store = open_state(config, create=True)
     storage = open_storage(config.storage.url)
+    s3 = getattr(storage, "client", None)
+    if s3 is not None:  # S3: a denied call names the action and object it needed
+        from provisioners.aws import explain_denials
+
+        explain_denials(s3)
     try:
         worker_ca = Authority.load(config.secrets.worker_ca_cert, config.secrets.worker_ca_key)
     except OSError as exc:

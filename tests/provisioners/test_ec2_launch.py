@@ -538,7 +538,7 @@ def test_dry_run_launch_checks_with_ec2_and_launches_nothing(config, ec2, clock,
 def test_dry_run_without_permission_is_a_typed_error(config, ec2, clock, sleeps, faults):
     faults.plan("RunInstances", ["UnauthorizedOperation"])
     cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
-    with pytest.raises(CloudRequestError, match=r"deploy/iam-policy\.json"):
+    with pytest.raises(CloudRequestError, match=r"`autoscaler deploy policy`"):
         cloud.launch(request("tok-1"))
 
 
