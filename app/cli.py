@@ -12,6 +12,7 @@ from app.cli_io import silence_solver_banner
 from app.commands.catalog import register as register_catalog_commands
 from app.commands.cluster import register as register_cluster_commands
 from app.commands.db import register as register_db_commands
+from app.commands.deploy import register as register_deploy_commands
 from app.commands.plan import register as register_plan_command
 from app.commands.replay import register as register_simulator_commands
 from autoscaler.errors import InputError
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_simulator_commands(sub)
     register_db_commands(sub)
     register_cluster_commands(sub)
+    register_deploy_commands(sub)
     register_worker_command(sub)
     return parser
 

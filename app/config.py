@@ -72,9 +72,10 @@ class CloudTable(Strict):
     provider: Literal["ec2", "local"] = "ec2"
     # local: emulate the catalog's launch delays (off: instances are ready at once)
     emulate_delays: bool = False
-    # ec2: the worker agent's wheel (`pip wheel --no-deps .`), which the daemon publishes
-    # to the cluster's bucket and every worker installs, pinned by its sha256.
-    agent_wheel: str = ""
+    # ec2: the workers' wheelhouse (`autoscaler deploy wheelhouse`: the agent and every
+    # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
+    # worker installs offline.
+    wheelhouse: str = ""
 
 
 def _address(value: str) -> str:

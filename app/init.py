@@ -166,9 +166,10 @@ def config_template(
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
 emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
-# ec2: the worker agent's wheel, which the daemon publishes to [storage] for workers to
-# install at boot (required for "ec2"; build it with `pip wheel --no-deps . -w dist`)
-# agent_wheel = "dist/ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+# ec2: the workers' wheelhouse (the agent and every dependency, hash-pinned), which the
+# daemon publishes to [storage] for workers to install offline at boot (required for
+# "ec2"; build it with `autoscaler deploy wheelhouse --out wheelhouse`)
+# wheelhouse = "wheelhouse"
 
 [api]
 listen = "127.0.0.1:7443"          # users (TLS, a token on every call) and worker enrollment

@@ -198,11 +198,28 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for path in result.kept:
         print(f"kept  {path} (exists; never overwritten)")
+    if config.cloud.provider == "ec2":
+        _init_policies(config)
     print(
         f"\nnext: autoscaler daemon --config {result.config}\n"
         f"      autoscaler submit --config {result.config} JOB.toml"
     )
     return 0
+
+
+def _init_policies(config: ClusterConfig) -> None:
+    """The IAM policies and lifecycle rule of an EC2 cluster, written beside its
+    configuration once its bucket is known (else `deploy policy` writes them later)."""
+    from app.commands.deploy import write_cluster_policies
+
+    if "REPLACE-WITH-YOUR-BUCKET" in config.storage.url:
+        print(
+            "\nset [storage] url to your bucket, then write the cluster's IAM policies and "
+            f"S3 lifecycle rule:\n  autoscaler deploy policy --config {config.path}"
+        )
+        return
+    for path in write_cluster_policies(config):
+        print(f"wrote {path} (from the configuration: write again after changing it)")
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
