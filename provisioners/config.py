@@ -618,7 +618,7 @@ metadata_hop_limit = 1
 
 # Root volume: job images and build contexts live here (the NVIDIA image needs 75 GiB or
 # more). Encrypted with the account's default EBS key, or with root_volume_kms_key (a
-# customer-managed key needs the KMS statement of deploy/iam-policy.json).
+# customer-managed key: `autoscaler deploy policy` then lets the daemon use it through EC2).
 root_volume_gb = 100
 root_volume_type = "gp3"
 root_volume_encrypted = true

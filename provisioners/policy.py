@@ -152,25 +152,39 @@ def daemon_policy(
             "Resource": launch_with,
         }
     )
-    parameters = sorted(
-        {ref[len(SSM_PREFIX) :] for _, ref in ec2.ami if ref.startswith(SSM_PREFIX)}
-    )
-    if parameters:
-        statements += [
+    named = {ref[len(SSM_PREFIX) :] for _, ref in ec2.ami if ref.startswith(SSM_PREFIX)}
+    parameters = sorted(named)
+    public = [name for name in parameters if name.startswith("/aws/service/")]
+    if public:
+        # AWS moves its public parameters to new images: pin the owner, not the id.
+        statements.append(
             {
-                "Sid": "LaunchAmazonImagesTheConfiguredParametersName",
+                "Sid": "LaunchAmazonsImagesItsPublicParametersName",
                 "Effect": "Allow",
                 "Action": "ec2:RunInstances",
                 "Resource": f"{ec2_arn}::image/*",
                 "Condition": {"StringEquals": {"ec2:Owner": "amazon"}},
-            },
+            }
+        )
+    if len(public) < len(parameters):
+        # A parameter of the account's own names whatever image it is set to: any image.
+        statements.append(
+            {
+                "Sid": "LaunchTheImagesTheAccountsOwnParametersName",
+                "Effect": "Allow",
+                "Action": "ec2:RunInstances",
+                "Resource": f"{ec2_arn}::image/*",
+            }
+        )
+    if parameters:
+        statements.append(
             {
                 "Sid": "ResolveTheConfiguredImageParameters",
                 "Effect": "Allow",
                 "Action": "ssm:GetParameter",
                 "Resource": [_parameter_arn(arn, region, name) for name in parameters],
-            },
-        ]
+            }
+        )
     statements += [
         {
             "Sid": "TagOnlyWhileLaunching",
