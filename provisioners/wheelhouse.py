@@ -184,3 +184,34 @@ def _canonical(name: str) -> str:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m provisioners.wheelhouse --out DIR`: the worker wheel already in DIR
+    (`python -m executor.distribution --out DIR`), its dependencies downloaded beside it
+    and `requirements.txt` written. Needs only the standard library and pip, so
+    deploy/build-image.sh runs it from a source tree."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m provisioners.wheelhouse")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--python", action="append", default=None)
+    parser.add_argument("--platform", action="append", default=None)
+    parser.add_argument("--find-links", action="append", default=[])
+    args = parser.parse_args(argv)
+    wheels = sorted(args.out.glob("ec2_batch_autoscaler_worker-*.whl"))
+    if not wheels:
+        parser.error(f"no worker wheel in {args.out}: run python -m executor.distribution first")
+    house = build_wheelhouse(
+        args.out,
+        wheels[-1],
+        pythons=tuple(args.python or DEFAULT_PYTHONS),
+        platforms=tuple(args.platform or DEFAULT_PLATFORMS),
+        find_links=tuple(args.find_links),
+    )
+    print(f"{house.requirements}: {len(house.files)} wheels, sha256 {house.sha256}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
