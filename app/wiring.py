@@ -225,8 +225,16 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
                 source=str(config.path),
                 where="[guardrails]",
             )
-    bootstrap = worker_bootstrap(config) if publish else None
-    return EC2Cloud.from_config(config.provisioner, bootstrap=bootstrap)
+    if not publish:
+        return EC2Cloud.from_config(config.provisioner)
+    from provisioners.aws import make_client
+    from provisioners.catalog import PRICING_API_REGION
+
+    # The daemon prices its region itself when it has no prices or old ones.
+    pricing = make_client("pricing", PRICING_API_REGION)
+    return EC2Cloud.from_config(
+        config.provisioner, bootstrap=worker_bootstrap(config), pricing=pricing
+    )
 
 
 def worker_bootstrap(config: ClusterConfig) -> Any:

@@ -192,6 +192,7 @@ class EC2Cloud:
         bootstrap: WorkerBootstrap | None = None,
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
         ssm: BaseClient | None = None,
+        pricing: BaseClient | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
         problems = config.launch_problems()
@@ -220,6 +221,8 @@ class EC2Cloud:
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
+        # The Pricing API (us-east-1), asked when the region's prices are missing or old.
+        self._pricing = AwsCaller(pricing, sleep=sleep) if pricing is not None else None
         self._endpoint_url = endpoint_url
         self.images = ImageResolver(self._ec2, self._ssm_caller, clock)
         self._catalog: EC2Catalog | None = None
@@ -262,7 +265,11 @@ class EC2Cloud:
             or (stale and held_s > CATALOG_RETRY_AFTER_OUTAGE_S)
         ):
             self._catalog = current_catalog(
-                self._ec2, self.config, now_s=now, max_age_s=self.catalog_max_age_s
+                self._ec2,
+                self.config,
+                now_s=now,
+                max_age_s=self.catalog_max_age_s,
+                pricing=self._pricing,
             )
             self._catalog_loaded_at_s = now
         return self._catalog

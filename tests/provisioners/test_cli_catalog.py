@@ -61,6 +61,17 @@ def test_show_without_account_or_cache_prints_the_bundled_catalog_honestly(tmp_p
     assert "Run `autoscaler catalog refresh`" in out
 
 
+def test_show_warns_when_the_prices_are_older_than_90_days(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = {**BUNDLED, "retrieved": "2020-01-01", "source": "AWS Pricing API (GetProducts)"}
+    (cache / "prices-us-east-1.json").write_text(json.dumps(old))
+    assert main(["catalog", "show", "--config", str(write_config(tmp_path))]) == 0
+    prose = " ".join(capsys.readouterr().out.split())
+    assert "Warning: the prices of us-east-1 were retrieved" in prose
+    assert "(2020-01-01), longer ago than 90 days: run `autoscaler catalog refresh`" in prose
+
+
 def test_show_respects_the_configured_families(tmp_path, capsys):
     config = write_config(tmp_path, 'families = ["p3"]\n')
     assert main(["catalog", "show", "--config", str(config)]) == 0
