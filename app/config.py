@@ -119,6 +119,9 @@ class MetricsTable(Strict):
 class StorageTable(Strict):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
     url: str = "file:///var/lib/autoscaler/storage"
+    #: Days a finished job's checkpoints are kept before the daemon deletes them (its
+    #: logs stay until the bucket's lifecycle rule expires them).
+    checkpoint_retention_days: float = Field(7.0, ge=0, allow_inf_nan=False)
 
     @field_validator("url")
     @classmethod

@@ -154,6 +154,14 @@ def config_template(
             'path = "state.db"                  # a SQLite file; for production use PostgreSQL:\n'
             '# url = "postgresql+psycopg://autoscaler@db.internal:5432/autoscaler"'
         )
+    lifecycle = (
+        ""
+        if local
+        else "\n# S3 expires jobs/ and instances/ under the prefix after 30 days with the lifecycle"
+        "\n# rule `autoscaler deploy policy` writes (s3-lifecycle.json); apply it once with"
+        f"\n#   aws s3api put-bucket-lifecycle-configuration --bucket {bucket or 'BUCKET'} \\"
+        "\n#     --lifecycle-configuration file://s3-lifecycle.json"
+    )
     return f"""# Cluster configuration, written by `autoscaler init`. Every key is optional unless
 # marked; an unknown key is an error. Relative paths are relative to this file.
 
@@ -182,6 +190,7 @@ listen = "127.0.0.1:9464"          # Prometheus metrics over HTTP; "" turns them
 [storage]
 # build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine
 {storage}
+checkpoint_retention_days = 7      # a finished job's checkpoints are deleted after this{lifecycle}
 
 [secrets]
 dir = "secrets"                    # the two CAs, certificates, the API token (0600, never logged)
