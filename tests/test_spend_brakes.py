@@ -192,7 +192,9 @@ def test_a_worker_of_the_type_registering_ends_the_streak():
     assert hold.until_s == 5300.0 and "1 launch(es) in a row" in hold.reason
 
 
-def test_a_job_whose_only_type_is_held_waits_with_the_cause_and_nothing_is_launched():
+def held_gpu_decision():
+    """A round after three gpu4 boots in a row failed at the NVIDIA driver check, with a
+    job only gpu4 hosts."""
     gpu_job = record(job("g", (1, 2, 8)))  # only gpu4 hosts it
     failures = [
         InstanceRecord(
@@ -209,7 +211,7 @@ def test_a_job_whose_only_type_is_held_waits_with_the_cause_and_nothing_is_launc
         for n in range(3)
     ]
     options = ControlOptions(timeouts=TIMEOUTS, boot_backoff=BACKOFF)
-    decision = decide(
+    return decide(
         snapshot([gpu_job], requested=3),
         CATALOG,
         (),
@@ -218,6 +220,10 @@ def test_a_job_whose_only_type_is_held_waits_with_the_cause_and_nothing_is_launc
         now=6000.0,
         ended=failures,
     )
+
+
+def test_a_job_whose_only_type_is_held_waits_with_the_cause_and_nothing_is_launched():
+    decision = held_gpu_decision()
     assert decision.launches == ()
     assert "held: 3 launches in a row never registered a worker" in decision.infeasible["g/0"]
     assert "FAILED while checking the NVIDIA driver" in decision.infeasible["g/0"]

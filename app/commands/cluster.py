@@ -561,6 +561,8 @@ def render_status(status: dict[str, Any]) -> str:
                 f"  planned {money(last['hourly_cost'])}/h"
                 + (f", LP lower bound {money(bound)}/h" if bound else "")
             )
+        for itype, why in last.get("held", {}).items():
+            out.append(f"  {itype} {why}")
         for task, why in last.get("infeasible", {}).items():
             out.append(f"  waiting: {task}: {why}")
     return "\n".join(out)
