@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from botocore.stub import Stubber
 
-from autoscaler.cloud import LaunchRequest, OrphanPolicy
+from autoscaler.cloud import CloudRequestError, LaunchRequest, OrphanPolicy
 from autoscaler.control import ControlLoop, ControlOptions
 from executor.storage import S3Storage, upload_context
 from provisioners.aws import AwsCaller, make_client
@@ -171,26 +171,51 @@ def test_the_lifecycle_rule_expires_jobs_objects_and_boot_reports_under_the_pref
 # -- everything the daemon does, audited -----------------------------------------------------------
 
 
-def test_every_call_the_daemon_makes_is_allowed_and_every_statement_is_needed(
-    config, ec2, client, ami, clock, sleeps, tmp_path
-):
-    """Against moto, with the policy the generator writes for this configuration: launch
-    (image by SSM parameter, spot, a customer-managed key, the workers' profile), list,
-    diagnose and terminate, a dry-run launch, publishing the wheelhouse and presigning it,
-    reading a boot report that is not there, the storage of contexts, checkpoints and logs
-    (multipart upload included), and the prices (botocore's Stubber: moto has no Pricing
-    API). Each call is judged by `tests/aws_audit.py` as AWS would."""
-    ssm, s3 = client("ssm"), make_client("s3", REGION)
-    ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
-    s3.create_bucket(Bucket=BUCKET)
-    config = replace(
+#: The daemon's statements for `audited_config` (spot, a customer-managed key, an image by
+#: SSM parameter): each is removed in turn below, and the run must then be denied.
+AUDITED_SIDS = (
+    "DescribeTypesInstancesImagesAndSubnetsInTheRegion",
+    "LaunchOnlyInstancesAndVolumesTaggedForThisCluster",
+    "LaunchFromTheConfiguredImagesSubnetsAndSecurityGroups",
+    "LaunchTheImagesTheAccountsOwnParametersName",
+    "ResolveTheConfiguredImageParameters",
+    "TagOnlyWhileLaunching",
+    "TerminateAndDiagnoseOnlyThisClustersInstances",
+    "PassOnlyTheWorkersRoleAndOnlyToEC2",
+    "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch",
+    "EncryptRootVolumesWithTheConfiguredKeyThroughEC2",
+    "LetEC2HoldAGrantOnThatKeyForTheVolume",
+    "ReadOnDemandPrices",
+    "ReadAndWriteThisClustersObjects",
+    "ListOnlyThisClustersPrefix",
+    "DeleteUnusedBuildContextsAndFinishedJobsCheckpoints",
+)
+
+
+def audited_config(config: EC2Config) -> EC2Config:
+    return replace(
         config,
         spot=("c7i",),
         ami=(("x86_64", "resolve:ssm:/ec2-batch-autoscaler/images/worker"),),
         root_volume_kms_key="alias/autoscaler-ebs",
         key_name=None,
     )
-    policy = daemon_policy(config, STORAGE)
+
+
+def run_the_daemons_calls(
+    policy: dict[str, Any], config: EC2Config, ec2, client, ami, clock, sleeps, tmp_path
+) -> tuple[Audit, str]:
+    """Against moto, judged by `tests/aws_audit.py` with `policy`, every kind of call the
+    daemon makes: launch (image by SSM parameter, spot, a customer-managed key, the
+    workers' profile), list, diagnose and terminate, a dry-run launch, publishing the
+    wheelhouse and presigning it, reading a boot report that is not there, the storage of
+    contexts, checkpoints and logs (multipart upload included), and the prices (botocore's
+    Stubber: moto has no Pricing API). A denied call ends the run (as it would stop the
+    daemon's action); the audit holds what was judged. Returns the audit and the
+    wheelhouse's digest."""
+    ssm, s3 = client("ssm"), make_client("s3", REGION)
+    ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
+    s3.create_bucket(Bucket=BUCKET)
 
     def tags_of(instance_id: str) -> dict[str, str]:
         found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
@@ -205,34 +230,64 @@ def test_every_call_the_daemon_makes_is_allowed_and_every_statement_is_needed(
     for each in (ec2, ssm, s3, storage.client, pricing):
         audit.attach(each)
 
-    # What the daemon does at start-up, then in its rounds and steps.
-    url, sha256 = publish_wheelhouse(s3, BUCKET, "research-batch", wheelhouse_dir(tmp_path / "w"))
-    reports = BootReports(s3, BUCKET, "research-batch")
-    bootstrap = worker_bootstrap(
-        config, wheelhouse_url=object_presigner(s3, url), wheelhouse_sha256=sha256, reports=reports
-    )
-    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
-    launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
-    cloud.list()
-    assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")
-    cloud.terminate([launched.cloud_id])
-    dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
-    dry.launch(LaunchRequest("r7i.large", "tok-2"))
-    context = tmp_path / "context"
-    context.mkdir()
-    (context / "Dockerfile").write_text("FROM scratch\n")
-    (context / "big.bin").write_bytes(b"\0" * (9 * 2**20))  # over boto3's multipart threshold
-    upload_context(storage, context)
-    storage.put_file("jobs/j/t/1/checkpoint-000000000050.tar.gz", context / "big.bin")
-    storage.grant_put("jobs/j/t/2/output.log", 600)
-    storage.grant_get("jobs/j/t/1/checkpoint-000000000050.tar.gz", 600)
-    storage.list("jobs/j/")
-    storage.delete("jobs/j/t/1/checkpoint-000000000050.tar.gz")
-    with Stubber(pricing) as stub:
-        stub.add_response("get_products", {"PriceList": [], "FormatVersion": "aws_v1"})
-        with pytest.raises(Exception, match="no on-demand Linux prices"):
-            fetch_price_table(AwsCaller(pricing), REGION, "2026-01-01")
+    digest: list[str] = []
 
+    def the_calls() -> None:
+        # What the daemon does at start-up, then in its rounds and steps.
+        url, sha256 = publish_wheelhouse(
+            s3, BUCKET, "research-batch", wheelhouse_dir(tmp_path / "w")
+        )
+        reports = BootReports(s3, BUCKET, "research-batch")
+        bootstrap = worker_bootstrap(
+            config,
+            wheelhouse_url=object_presigner(s3, url),
+            wheelhouse_sha256=sha256,
+            reports=reports,
+        )
+        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
+        launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+        cloud.list()
+        assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")
+        cloud.terminate([launched.cloud_id])
+        dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
+        dry.launch(LaunchRequest("r7i.large", "tok-2"))
+        context = tmp_path / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM scratch\n")
+        (context / "big.bin").write_bytes(b"\0" * (9 * 2**20))  # over boto3's multipart threshold
+        upload_context(storage, context)
+        storage.put_file("jobs/j/t/1/checkpoint-000000000050.tar.gz", context / "big.bin")
+        storage.grant_put("jobs/j/t/2/output.log", 600)
+        storage.grant_get("jobs/j/t/1/checkpoint-000000000050.tar.gz", 600)
+        storage.list("jobs/j/")
+        storage.delete("jobs/j/t/1/checkpoint-000000000050.tar.gz")
+        with Stubber(pricing) as stub:
+            stub.add_response("get_products", {"PriceList": [], "FormatVersion": "aws_v1"})
+            try:
+                fetch_price_table(AwsCaller(pricing), REGION, "2026-01-01")
+            except CloudRequestError as exc:  # the answer stubbed: no prices for the region
+                assert "no on-demand Linux prices" in str(exc)
+            else:
+                raise AssertionError("an empty price list was taken for prices")
+        digest.append(sha256)
+
+    try:
+        the_calls()
+    except Exception:
+        if not any(r.denied for r in audit.records):  # a denial, or a 403 for a missing key
+            raise
+    return audit, digest[0] if digest else ""
+
+
+def test_every_call_the_daemon_makes_is_allowed_and_every_statement_is_needed(
+    config, ec2, client, ami, clock, sleeps, tmp_path
+):
+    """With the policy the generator writes for this configuration, nothing is denied and
+    every statement is used."""
+    config = audited_config(config)
+    policy = daemon_policy(config, STORAGE)
+    assert tuple(Policy(policy).sids) == AUDITED_SIDS
+    audit, sha256 = run_the_daemons_calls(policy, config, ec2, client, ami, clock, sleeps, tmp_path)
     assert [r.to_json() for r in audit.denied()] == []
     missing = [r for r in audit.records if "missing key" in r.operation]
     assert missing and all("404" in r.note for r in missing)  # prefix listed: 404, not 403
@@ -247,6 +302,22 @@ def test_every_call_the_daemon_makes_is_allowed_and_every_statement_is_needed(
     ) in presigned
     # No statement is there for nothing.
     assert sorted(set(Policy(policy).sids) - audit.used()) == []
+
+
+@pytest.mark.parametrize("sid", AUDITED_SIDS)
+def test_without_any_one_statement_the_daemons_calls_are_denied(
+    sid, config, ec2, client, ami, clock, sleeps, tmp_path
+):
+    """The audit above fails whichever needed statement is removed: a call needs what it
+    granted, and no other statement grants it."""
+    config = audited_config(config)
+    policy = daemon_policy(config, STORAGE)
+    [removed] = [s for s in policy["Statement"] if s["Sid"] == sid]
+    policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != sid]
+    audit, _ = run_the_daemons_calls(policy, config, ec2, client, ami, clock, sleeps, tmp_path)
+    actions = removed["Action"] if isinstance(removed["Action"], list) else [removed["Action"]]
+    denied = {r.action for record in audit.records for r, _ in record.denied}
+    assert denied & set(actions), (sid, denied)
 
 
 def test_a_policy_missing_a_statement_makes_the_audit_fail(config, ec2, client, ami, clock, sleeps):
