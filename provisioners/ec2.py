@@ -54,7 +54,6 @@ How it keeps money safe:
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import threading
@@ -703,11 +702,12 @@ class EC2Cloud:
             parts.append(f"bootstrap: {report}" if report else "bootstrap: no report")
         try:
             console = self._ec2.call("get_console_output", InstanceId=cloud_id)
-            text = base64.b64decode(console.get("Output") or "").decode("utf-8", "replace")
+            # botocore decodes the base64 AWS sends (its `decode_console_output` handler).
+            text = console.get("Output") or ""
             lines = [line.strip() for line in text.splitlines() if "autoscaler-bootstrap" in line]
             if lines:
                 parts.append("console: " + " | ".join(lines[-3:]))
-        except (CloudError, ValueError):
+        except CloudError:
             pass  # no console output yet (it comes minutes after a boot), or none kept
         text = "; ".join(parts)
         return text if len(text) <= MAX_DIAGNOSIS else text[: MAX_DIAGNOSIS - 3] + "..."
