@@ -95,8 +95,8 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
     code, out = cli("init", "--dir", str(directory), "--name", name, "--bucket", bucket)
     assert code == 0, out
     # The wheelhouse workers would install at boot: published by the daemon, never
-    # installed here (the workers below run this checkout; test_bootstrap_container.py
-    # installs a real one).
+    # installed here (the workers below run this checkout; a real offline install of one
+    # is not tested yet).
     house = directory / "wheelhouse"
     house.mkdir()
     (house / "ec2_batch_autoscaler_worker-0.1.0-py3-none-any.whl").write_bytes(

@@ -2,7 +2,8 @@
 Amazon Linux 2023 and Ubuntu 22.04/24.04 (package managers, curl, systemd ... stubbed), and
 what the daemon publishes for it (the wheelhouse in S3, failure reports) against moto.
 
-tests/provisioners/test_bootstrap_container.py runs it for real, in a container."""
+pip is stubbed here too: running the script for real in a container (a real offline pip
+install from the wheelhouse, the agent then enrolling) is not done yet."""
 
 from __future__ import annotations
 
