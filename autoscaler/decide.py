@@ -99,13 +99,19 @@ class BootBackoff:
     After k such failures in a row (none of that type registering since), the type is
     not launched again until `base_s * 2**(k-1)` after the last one ended; from
     `hold_after` failures on it is held for `hold_s`, with the last failure's cause as
-    the reason. Counted from the state's instance records, so a restarted daemon holds
-    the same. A worker of the type registering ends the streak.
+    the reason; after `cluster_hold_after` in a row of any types, every type is.
+    Counted from the state's instance records, so a restarted daemon holds the same.
+    A worker of the type registering ends the streak.
     """
 
     base_s: float = 300.0
     hold_after: int = 3
     hold_s: float = 6 * 3600.0
+    #: After this many boots in a row of any types never registered (no worker registering
+    #: since), every type is held: a cause common to all of them (the bootstrap, the
+    #: network, a permission) would otherwise be learnt type by type, each paying
+    #: `hold_after` boots, while the planner turns to the next.
+    cluster_hold_after: int = 6
     #: Ended instances older than this are not read back (a hold is at most this old).
     window_s: float = 2 * 86400.0
 
@@ -296,7 +302,11 @@ def decide(
     terminations = instance_timeouts(snapshot, now, options.timeouts)
     leaving = {t.instance_id for t in terminations}
     known = (*snapshot.instances, *ended)
-    held = boot_holds(known, now, options.boot_backoff) if options.boot_backoff else []
+    held = (
+        boot_holds(known, now, options.boot_backoff, [t.name for t in catalog])
+        if options.boot_backoff
+        else []
+    )
     blocked = unavailable_types([*unavailable, *held], now)
     live = [
         i
@@ -395,11 +405,18 @@ def boot_failed(inst: InstanceRecord) -> bool:
 
 
 def boot_holds(
-    instances: Sequence[InstanceRecord], now: float, backoff: BootBackoff
+    instances: Sequence[InstanceRecord],
+    now: float,
+    backoff: BootBackoff,
+    all_types: Sequence[str] = (),
 ) -> list[UnavailableOffering]:
     """Types whose latest launches booted and never registered a worker, held back with
     the last one's cause (`BootBackoff`): the planner leaves them out until then, and a
-    task nothing else fits waits with that reason."""
+    task nothing else fits waits with that reason. After `cluster_hold_after` such boots
+    in a row of any types, each of `all_types` (the catalog's) is held."""
+    everywhere = _cluster_hold(instances, now, backoff, all_types)
+    if everywhere:
+        return everywhere
     by_type: dict[str, list[InstanceRecord]] = {}
     for inst in instances:
         by_type.setdefault(inst.instance_type, []).append(inst)
@@ -425,6 +442,35 @@ def boot_holds(
             cause = f"last {last.instance_id}: {last.reason or last.status}"
             holds.append(UnavailableOffering(itype, None, until, f"{what} ({cause})"))
     return holds
+
+
+def _cluster_hold(
+    instances: Sequence[InstanceRecord],
+    now: float,
+    backoff: BootBackoff,
+    all_types: Sequence[str],
+) -> list[UnavailableOffering]:
+    """Every type held, when the cluster's latest boots, whatever their types, all ended
+    before their worker registered (`BootBackoff.cluster_hold_after`)."""
+    streak: list[InstanceRecord] = []
+    for inst in sorted(instances, key=lambda i: (i.requested_at, i.instance_id)):
+        if inst.ready_at is not None:
+            streak = []
+        elif boot_failed(inst):
+            streak.append(inst)
+    if not all_types or len(streak) < backoff.cluster_hold_after:
+        return []
+    last = streak[-1]
+    ended = last.entered("terminating") or last.entered("terminated") or last.requested_at
+    until = ended + backoff.hold_s
+    if until <= now:
+        return []
+    kinds = len({i.instance_type for i in streak})
+    why = (
+        f"held: {len(streak)} launches in a row, of {kinds} type(s), never registered a "
+        f"worker (last {last.instance_id}: {last.reason or last.status})"
+    )
+    return [UnavailableOffering(t, None, until, why) for t in sorted(set(all_types))]
 
 
 def launches_since(instances: Sequence[InstanceRecord], since: float) -> dict[str, int]:

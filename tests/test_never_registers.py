@@ -4,8 +4,8 @@ sets them): the case where one task launched 19 instances in 6 hours, its job st
 queued and no failure counted.
 
 Here the launches of each type stay within the hourly bound and the back-off, every type
-ends up held, and the cause the cloud diagnosed shows in the job's pending reason and the
-decision log.
+ends up held (the cause is common to all of them), and the cause the cloud diagnosed
+shows in the job's pending reason and the decision log.
 """
 
 from __future__ import annotations
@@ -98,12 +98,12 @@ def test_six_hours_of_boots_that_never_register_launch_within_the_bound_and_say_
     for itype in {t for _, t in cloud.launches}:
         times = [t for t, of in cloud.launches if of == itype]
         assert all(sum(1 for u in times if t <= u < t + 3600) <= per_hour for t in times)
-    # Each type that fails `hold_after` boots in a row is held (the planner turns to the
-    # next type while one backs off: each learns the failure for itself), far below the
-    # issue's 19 launches in 6 hours for one task.
+    # The planner turns to the next type while one backs off; once six boots in a row of
+    # any types failed, every type is held (a cause common to all of them is not learnt
+    # type by type): far below the issue's 19 launches in 6 hours for one task.
     failed = [i for i in store.instances(include_finished=True) if boot_failed(i)]
-    by_type = {t.name: [i for i in failed if i.instance_type == t.name] for t in CATALOG}
-    assert {t: len(f) for t, f in by_type.items()} == {t.name: 3 for t in CATALOG}
+    assert len(failed) == BootBackoff().cluster_hold_after
+    assert len({i.instance_type for i in failed}) > 1
     assert len(cloud.launches) < 19
     # Each given-up boot is recorded with the cloud's diagnosis of it.
     assert all(CAUSE in i.reason for i in failed)
@@ -112,6 +112,9 @@ def test_six_hours_of_boots_that_never_register_launch_within_the_bound_and_say_
     assert store.job("j").status == "queued"
     [last] = store.rounds(limit=1)
     assert sorted(last.numbers["held"]) == sorted(t.name for t in CATALOG)
-    assert all("held: 3 launches in a row" in why for why in last.numbers["held"].values())
+    assert all(
+        "held: 6 launches in a row, of " in why and CAUSE in why
+        for why in last.numbers["held"].values()
+    )
     [why] = last.numbers["infeasible"].values()
     assert "held" in why and CAUSE in why

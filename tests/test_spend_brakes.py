@@ -9,6 +9,8 @@ hours for one task, its job still queued and no failure counted).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoscaler.cloud import CloudInstance, Guardrails
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.decide import BootBackoff, ControlOptions, boot_failed, boot_holds, decide
@@ -190,6 +192,24 @@ def test_a_worker_of_the_type_registering_ends_the_streak():
     ]
     [hold] = boot_holds(history, 5100.0, BACKOFF)
     assert hold.until_s == 5300.0 and "1 launch(es) in a row" in hold.reason
+
+
+def test_boots_failing_in_a_row_across_types_hold_every_type_of_the_catalog():
+    # Two boots each of three types, one after the other: no type reached its own three,
+    # but six in a row, whatever the type, is a cause common to all of them.
+    history = [
+        replace(never_registered(f"i{n}", n * 1000.0, n * 1000.0 + 900), instance_type=t)
+        for n, t in enumerate(["cpu4", "cpu8", "gpu4", "cpu4", "cpu8", "gpu4"])
+    ]
+    names = [t.name for t in CATALOG]
+    holds = boot_holds(history, 6000.0, BACKOFF, names)
+    assert sorted(h.instance_type for h in holds) == sorted(names)
+    assert all(h.until_s == 5900.0 + BACKOFF.hold_s for h in holds)
+    assert "6 launches in a row, of 3 type(s)" in holds[0].reason
+    # A worker registering anywhere ends the streak: each type is judged alone again.
+    history.insert(3, replace(registered("ok", 3500.0), instance_type="cpu8"))
+    alone = boot_holds(history, 6000.0, BACKOFF, names)
+    assert alone and all("launch(es) in a row" in h.reason for h in alone)
 
 
 def held_gpu_decision():
