@@ -57,6 +57,10 @@ HOST = "127.0.0.2"
 EXERCISED_ELSEWHERE = {
     # Prices of us-east-1 are bundled; other regions fetch them (a Stubber plays the API).
     "ReadOnDemandPrices": "tests/provisioners/test_deploy.py, every call the daemon makes",
+    # The hourly sweeps of unused build contexts and finished jobs' checkpoints.
+    "DeleteUnusedBuildContextsAndFinishedJobsCheckpoints": (
+        "tests/provisioners/test_deploy.py, every call the daemon makes"
+    ),
 }
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
