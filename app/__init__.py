@@ -13,7 +13,8 @@
   the cloud's way for workers to prove their instance and the executor's view
   of the state (`StateLedger`).
 - `files`, `validation`, `cli_io`, `table`, `reports`, `replay_report`,
-  `bundled`: reading users' files with one-line errors, tables, cost reports.
+  `bundled`: reading users' files with one-line errors, command-line values and
+  outputs, tables, cost reports; `schemas`: the formats' published JSON Schemas.
 
 Only this package imports the bindings; nothing imports it.
 """

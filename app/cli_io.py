@@ -1,4 +1,12 @@
-"""File input and output shared by the command-line commands."""
+"""Input and output shared by the command-line commands.
+
+`--json` means one thing on every command: the command's result as one JSON
+document on standard output, instead of the table a person reads (messages and
+progress go to standard error, so the output pipes into `jq` or redirects into
+a file). Files a command writes besides (`--plot`, `trace synthesize --out`)
+are named by their own flags, checked against the command's inputs before any
+work (`app.validation.check_outputs`), and written whole.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +19,8 @@ import orjson
 
 from app.bundled import bundled
 from app.files import load_catalog, load_jobs
-from app.validation import number_arg
+from app.validation import number_arg, write_atomically
 from autoscaler.catalog import Catalog
-from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec
 
 
@@ -32,11 +39,30 @@ def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def write_json(path: Path, document: dict[str, Any]) -> None:
-    try:
-        path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
-    except OSError as exc:
-        raise InputError(f"cannot write JSON: {exc.strerror or exc}", source=str(path)) from None
+def note(message: str) -> None:
+    """A line for whoever runs the command, on standard error (never in the JSON)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    """`--json`: the result as one JSON document on standard output, instead of the table."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON document on standard output instead of the table",
+    )
+
+
+def print_json(document: Any) -> None:
+    """`document` as indented JSON on standard output (deterministic: keys as given)."""
+    data = orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+    sys.stdout.write(data.decode() + "\n")
+    sys.stdout.flush()
+
+
+def write_json(path: Path, document: Any) -> None:
+    """`document` as indented JSON in the file `path`, written whole (see `write_atomically`)."""
+    write_atomically(path, orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 def silence_solver_banner() -> None:
@@ -56,20 +82,6 @@ def silence_solver_banner() -> None:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def warn_unmatched(table: Any, jobs: Any, source: str) -> None:
-    """Say so when a throughput file names no workload of the jobs: it would be read and
-    silently never used (a different naming, or the wrong file)."""
-    known = {w for (w, _), _ in table.items()} | {o for (_, c), _ in table.items() for o in c}
-    wanted = {t.workload for j in jobs for t in j.tasks}
-    if known and not known & wanted:
-        example = sorted(wanted)[0] if wanted else "?"
-        print(
-            f"warning: {source}: none of its {len(known)} workloads appears in the jobs "
-            f"(theirs are like {example!r}): its throughputs will not be used",
-            file=sys.stderr,
-        )
 
 
 def add_min_throughput(parser: argparse.ArgumentParser) -> None:

@@ -10,22 +10,32 @@ back to a default silently).
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+import msgspec
 
-from app.files import read_config_file
-from app.state_config import StateConfig, parse_state_config
-from app.validation import Identifier, Positive, Seconds, Strict, parse_model
+from app.files import CONFIG_LIMIT, read_toml
+from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
-from provisioners.config import ProvisionerConfig, parse_config
+from provisioners.config import (
+    ClusterId,
+    EC2Table,
+    GuardrailsTable,
+    ProvisionerConfig,
+    Region,
+    build_provisioner_config,
+    parse_config,
+)
+from provisioners.documents import FieldError, Strict, convert, dotted, number, text, whole
 
 if TYPE_CHECKING:
     from autoscaler.planner import EvaPlanner
@@ -34,38 +44,63 @@ if TYPE_CHECKING:
 CONFIG_ENV = "AUTOSCALER_CONFIG"
 DEFAULT_CONFIG_NAME = "autoscaler.toml"
 
-_TABLES = frozenset(
-    {
-        "cluster",
-        "cloud",
-        "api",
-        "metrics",
-        "storage",
-        "secrets",
-        "planner",
-        "timeouts",
-        "limits",
-        "ec2",
-        "guardrails",
-        "state",
-    }
-)
-
-
 #: The round's own defaults (`autoscaler.decide`): the tables below default to them, so
 #: each default lives once.
 _DEFAULTS = ControlOptions()
 
+#: A period or timeout longer than a month is a mistake (a unit slip), not a setting.
+MAX_SECONDS = 30 * 86400.0
+
+
+def seconds(*, ge: float | None = None, gt: float | None = None) -> Any:
+    return number(ge=ge, gt=gt, le=MAX_SECONDS)
+
+
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """(host, port) of `HOST:PORT` (an IPv6 host in brackets); ValueError naming the form.
+
+    What the daemon binds and what workers dial: a host name of letters, digits,
+    '-' and '.', an IPv4 address or a bracketed IPv6 one, and a port 1-65535.
+    """
+    form = "must be HOST:PORT, such as '127.0.0.1:7443' or '[::1]:7443'"
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit():
+        raise ValueError(form)
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"{form}: the port must be from 1 to 65535")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(form)
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{form}: {host} is not an IPv6 address") from None
+        return host, int(port)
+    try:
+        ipaddress.IPv4Address(host)
+        return host, int(port)
+    except ValueError:
+        pass
+    if host[-1:].isdigit() and all(p.isdigit() for p in host.split(".")):
+        raise ValueError(f"{form}: {host} is not an IPv4 address")
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.split(".")):
+        raise ValueError(f"{form}: {host!r} is not a host name")
+    return host, int(port)
+
+
+Address = text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")
+
 
 class ClusterTable(Strict):
-    name: Identifier
-    region: str = "us-east-1"
+    name: ClusterId
+    region: Region = "us-east-1"
     # Between scheduling rounds, and between the steps that carry a round's plan
     # out; each reads the state, so faster than these only loads the database.
-    interval_s: Annotated[float, Field(ge=1.0, le=30 * 86400, allow_inf_nan=False)] = (
-        ROUND_INTERVAL_S
-    )
-    step_s: Annotated[float, Field(ge=0.5, le=30 * 86400, allow_inf_nan=False)] = 5.0
+    interval_s: seconds(ge=1.0) = ROUND_INTERVAL_S
+    step_s: seconds(ge=0.5) = 5.0
 
 
 class CloudTable(Strict):
@@ -75,73 +110,99 @@ class CloudTable(Strict):
     # ec2: the workers' wheelhouse (`autoscaler deploy wheelhouse`: the agent and every
     # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
     # worker installs offline.
-    wheelhouse: str = ""
+    wheelhouse: text(max_length=4096) = ""
 
 
-def _address(value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("must be HOST:PORT, such as '127.0.0.1:7443'")
-    return value
+def _check_address(value: str, name: str, *, optional: bool = False) -> None:
+    if optional and not value:
+        return
+    try:
+        parse_address(value)
+    except ValueError as exc:
+        raise FieldError(str(exc), name) from None
 
 
 class ApiTable(Strict):
-    listen: str = "127.0.0.1:7443"  # where the daemon serves users and worker enrollment
-    advertise: str = ""  # the address users and workers dial (default: listen)
+    listen: Address = "127.0.0.1:7443"  # where the daemon serves users and worker enrollment
+    advertise: Address = ""  # the address users and workers dial (default: listen)
     # The workers' port, mutual TLS only (default: listen's port + 1, on the same host).
-    worker_listen: str = ""
+    worker_listen: Address = ""
 
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, value: str) -> str:
-        return _address(value)
-
-    @field_validator("worker_listen")
-    @classmethod
-    def _check_worker_listen(cls, value: str) -> str:
-        return _address(value) if value else value
-
-    @field_validator("advertise")
-    @classmethod
-    def _check_advertise(cls, value: str) -> str:
-        return _address(value) if value else value
+    def check(self) -> None:
+        _check_address(self.listen, "listen")
+        _check_address(self.advertise, "advertise", optional=True)
+        _check_address(self.worker_listen, "worker_listen", optional=True)
 
 
 class MetricsTable(Strict):
-    listen: str = "127.0.0.1:9464"  # Prometheus metrics; "" turns them off
+    listen: Address = "127.0.0.1:9464"  # Prometheus metrics; "" turns them off
 
-    @field_validator("listen")
-    @classmethod
-    def _check(cls, value: str) -> str:
-        return _address(value) if value else value
+    def check(self) -> None:
+        _check_address(self.listen, "listen", optional=True)
+
+
+#: S3's rules for a bucket name: 3-63 lowercase letters, digits, '.' and '-', starting
+#: and ending with a letter or digit.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+#: The bucket `autoscaler init` writes when it is given none: accepted in the file (the
+#: commands that read the state and the catalog need no bucket), refused at daemon start.
+PLACEHOLDER_BUCKET = "REPLACE-WITH-YOUR-BUCKET"
+
+
+def storage_problem(url: str) -> str | None:
+    """Why `url` is not a storage URL the daemon and workers can open (None: it is)."""
+    from urllib.parse import unquote, urlsplit
+
+    form = "must be s3://BUCKET[/PREFIX] or file:///ABSOLUTE/DIR"
+    if url.startswith("s3://"):
+        bucket = urlsplit(url).netloc
+        if not bucket:
+            return f"{form}: it names no bucket"
+        if bucket == PLACEHOLDER_BUCKET:
+            return None
+        if not _BUCKET.match(bucket) or ".." in bucket:
+            return f"{form}: {bucket!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.', '-')"
+        return None
+    if url.startswith("file://"):
+        parts = urlsplit(url)
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            return f"{form}: a file URL needs an absolute path"
+        if path.strip("/") == "":
+            return f"{form}: it names the root directory, not a directory for the cluster"
+        if "\x00" in path or parts.query or parts.fragment:
+            return f"{form}: the path holds '?', '#' or a NUL byte (write them %-encoded)"
+        return None
+    return form
 
 
 class StorageTable(Strict):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
-    url: str = "file:///var/lib/autoscaler/storage"
+    url: text(max_length=4096) = "file:///var/lib/autoscaler/storage"
     #: Days a finished job's checkpoints are kept before the daemon deletes them (its
     #: logs stay until the bucket's lifecycle rule expires them).
-    checkpoint_retention_days: float = Field(7.0, ge=0, allow_inf_nan=False)
+    checkpoint_retention_days: number(ge=0, le=36_500.0, description="a number of days >= 0") = 7.0
 
-    @field_validator("url")
-    @classmethod
-    def _check(cls, value: str) -> str:
-        if value.startswith("s3://") and len(value) > 5:
-            return value.rstrip("/")
-        if value.startswith("file:///"):
-            return value.rstrip("/") or value
-        raise ValueError("must be s3://BUCKET[/PREFIX] or file:///ABSOLUTE/DIR")
+    def check(self) -> None:
+        problem = storage_problem(self.url)
+        if problem:
+            raise FieldError(problem, "url")
 
 
 class SecretsTable(Strict):
-    dir: str = "secrets"  # CA, certificates and tokens, each a 0600 file
+    dir: text(max_length=4096, pattern=r"\S", description="a directory") = "secrets"
+
+
+PlannerName = Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"]
 
 
 class PlannerTable(Strict):
-    name: Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"] = "eva"
-    default_throughput: float = Field(_DEFAULTS.default_throughput, gt=0, le=1, allow_inf_nan=False)
+    name: PlannerName = "eva"
+    default_throughput: number(gt=0, le=1) = _DEFAULTS.default_throughput
     # No task is co-located where it is expected below this share of its full speed.
-    min_throughput: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    min_throughput: number(ge=0, le=1) = 0.0
 
     def planner(self) -> EvaPlanner:
         """The planner this table names, with its options."""
@@ -151,17 +212,65 @@ class PlannerTable(Strict):
 
 
 class TimeoutsTable(Strict):
-    boot_s: Seconds = _DEFAULTS.timeouts.boot_s
-    register_s: Seconds = _DEFAULTS.timeouts.register_s
-    start_s: Seconds = _DEFAULTS.timeouts.start_s
-    checkpoint_s: Seconds = _DEFAULTS.timeouts.checkpoint_s
-    heartbeat_s: Seconds = 60.0  # a worker silent this long is lost
+    boot_s: seconds(gt=0) = _DEFAULTS.timeouts.boot_s
+    register_s: seconds(gt=0) = _DEFAULTS.timeouts.register_s
+    start_s: seconds(gt=0) = _DEFAULTS.timeouts.start_s
+    checkpoint_s: seconds(gt=0) = _DEFAULTS.timeouts.checkpoint_s
+    heartbeat_s: seconds(gt=0) = 60.0  # a worker silent this long is lost
 
 
 class LimitsTable(Strict):
-    max_attempts: int = Field(_DEFAULTS.max_attempts, ge=1, le=100)
-    max_context_mb: Positive = Field(256.0, le=16_384.0)  # a build context, not a data set
-    orphan_grace_s: Seconds = _DEFAULTS.orphans.grace_s
+    max_attempts: whole(ge=1, le=100) = _DEFAULTS.max_attempts
+    max_context_mb: number(gt=0, le=16_384.0) = 256.0  # a build context, not a data set
+    orphan_grace_s: seconds(gt=0) = _DEFAULTS.orphans.grace_s
+
+
+class ClusterConfigFile(Strict):
+    """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
+
+    cluster: ClusterTable
+    cloud: CloudTable = msgspec.field(default_factory=CloudTable)
+    api: ApiTable = msgspec.field(default_factory=ApiTable)
+    metrics: MetricsTable = msgspec.field(default_factory=MetricsTable)
+    storage: StorageTable = msgspec.field(default_factory=StorageTable)
+    secrets: SecretsTable = msgspec.field(default_factory=SecretsTable)
+    state: StateTable = msgspec.field(default_factory=StateTable)
+    planner: PlannerTable = msgspec.field(default_factory=PlannerTable)
+    timeouts: TimeoutsTable = msgspec.field(default_factory=TimeoutsTable)
+    limits: LimitsTable = msgspec.field(default_factory=LimitsTable)
+    ec2: EC2Table = msgspec.field(default_factory=EC2Table)
+    guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
+
+    def check(self) -> None:
+        # The cluster's name and region are said once, in [cluster]; [ec2] may not
+        # contradict them.
+        for key, value in (("cluster_id", self.cluster.name), ("region", self.cluster.region)):
+            given = getattr(self.ec2, key)
+            if given is not None and given != value:
+                raise FieldError(
+                    f"contradicts [cluster] ({value!r}); say it once, in [cluster]",
+                    f"ec2.{key}",
+                    given,
+                )
+        try:
+            self.ec2.check_zones(self.cluster.region)
+        except FieldError as exc:
+            raise FieldError(exc.message, "ec2.zones", exc.value) from None
+        api = self.api.advertise or self.api.listen
+        if self.metrics.listen and self.metrics.listen in (self.api.listen, api):
+            raise FieldError(
+                "is the API's address: give the metrics their own port",
+                "metrics.listen",
+                self.metrics.listen,
+            )
+
+
+def config_where(path: list[Any] | tuple[Any, ...]) -> tuple[str | None, str | None]:
+    """`[table]` and the field within it, for errors in the cluster's TOML file."""
+    table, _, rest = dotted(path).partition(".")
+    if not table:
+        return None, None
+    return f"[{table}]", rest or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,75 +383,211 @@ def config_path(explicit: str | Path | None) -> Path:
 def load_cluster_config(path: str | Path | None) -> ClusterConfig:
     """Read and check the whole configuration file (one-line InputError on any problem)."""
     p = config_path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         raise InputError(
             "configuration file not found; create one with `autoscaler init` "
             f"or name it with --config or ${CONFIG_ENV}",
             source=str(p),
         )
-    data = read_config_file(p)
-    return parse_cluster_config(data, p)
+    return parse_cluster_config(read_toml(p, "configuration", CONFIG_LIMIT), p)
 
 
 def load_provisioner_config(path: str | Path | None) -> ProvisionerConfig:
-    """The `[ec2]` and `[guardrails]` tables of a file alone (the defaults when `path` is None):
-    what the catalog commands need, from a file that may hold only those tables."""
+    """The `[ec2]` and `[guardrails]` tables of a file (the defaults when `path` is None):
+    what the catalog commands need. A file with a `[cluster]` table is a cluster's and is
+    read whole (its name and region are said there); one with only these tables is read
+    for them alone."""
     if path is None:
         return ProvisionerConfig()
     p = Path(path)
-    return parse_config(read_config_file(p), source=str(p), base_dir=p.parent)
+    data = read_toml(p, "configuration", CONFIG_LIMIT)
+    if "cluster" in data:
+        return parse_cluster_config(data, p).provisioner
+    return parse_config(data, source=str(p), base_dir=p.parent)
 
 
 def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
     source = str(path)
-    unknown = sorted(set(data) - _TABLES)
-    if unknown:
-        raise InputError(
-            f"unknown table [{unknown[0]}] (known: {', '.join(sorted(_TABLES))})", source=source
-        )
     if "cluster" not in data:
         raise InputError(
             "has no [cluster] table: every cluster needs a name (run `autoscaler init`)",
             source=source,
         )
-
-    def table(name: str, model: type[Strict]) -> Any:
-        return parse_model(model, data.get(name, {}), source=source, where=f"[{name}]")
-
-    cluster = table("cluster", ClusterTable)
-    # The cluster's name and region are said once, in [cluster]; [ec2] may not contradict them.
-    ec2 = dict(data.get("ec2", {})) if isinstance(data.get("ec2", {}), Mapping) else data["ec2"]
-    if isinstance(ec2, dict):
-        for key, value in (("cluster_id", cluster.name), ("region", cluster.region)):
-            if key in ec2 and ec2[key] != value:
-                raise InputError(
-                    f"contradicts [cluster] ({value!r}); say it once, in [cluster]",
-                    source=source,
-                    where="[ec2]",
-                    field=key,
-                    value=ec2[key],
-                    has_value=True,
-                )
-            ec2[key] = value
+    document = convert(data, ClusterConfigFile, source=source, where_of=config_where)
     base = path.parent
-    provisioner = parse_config({**data, "ec2": ec2}, source=source, base_dir=base)
-    secrets_table = table("secrets", SecretsTable)
-    secrets_dir = Path(secrets_table.dir).expanduser()
+    ec2 = msgspec.structs.replace(
+        document.ec2, cluster_id=document.cluster.name, region=document.cluster.region
+    )
+    provisioner = build_provisioner_config(ec2, document.guardrails, source=source, base_dir=base)
+    secrets_dir = Path(document.secrets.dir).expanduser()
     if not secrets_dir.is_absolute():
         secrets_dir = base / secrets_dir
-    storage = table("storage", StorageTable)
+    storage = document.storage
+    url = storage.url.rstrip("/") if storage.url.startswith("s3://") else storage.url
+    if url.startswith("file:///"):
+        url = url.rstrip("/") or url
     return ClusterConfig(
         path=path,
-        cluster=cluster,
-        cloud=table("cloud", CloudTable),
-        api=table("api", ApiTable),
-        metrics=table("metrics", MetricsTable),
-        storage=storage,
+        cluster=document.cluster,
+        cloud=document.cloud,
+        api=document.api,
+        metrics=document.metrics,
+        storage=StorageTable(url=url),
         secrets=Secrets(secrets_dir),
-        planner=table("planner", PlannerTable),
-        timeouts=table("timeouts", TimeoutsTable),
-        limits=table("limits", LimitsTable),
+        planner=document.planner,
+        timeouts=document.timeouts,
+        limits=document.limits,
         provisioner=provisioner,
-        state=parse_state_config(data, source=source, base_dir=base),
+        state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
     )
+
+
+def check_daemon_config(config: ClusterConfig) -> list[str]:
+    """Check what `autoscaler daemon` needs before it starts, as its start reads it, and
+    say what was found; the first problem is an `InputError` naming the field and value.
+
+    The same checks run at every daemon start (before anything is opened) and for
+    `autoscaler daemon --check`, so a configuration the check accepts does not
+    stop the daemon at start: the addresses parse, the secrets exist as regular
+    files only their owner reads (keys and tokens), the CA and the certificate
+    load, the storage URL names a bucket or a directory, the database URL parses
+    by the database layer's own parser (a SQLite file's directory exists), the
+    catalog the cluster plans with is not empty, and an EC2 cluster has what it
+    launches with (its guardrails allow its region, a wheel for its workers, an
+    S3 bucket).
+    """
+    from executor.security import Authority, read_secret, read_token
+
+    source = str(config.path)
+    found: list[str] = []
+
+    def refuse(problem: str, where: str, field: str, value: Any = None) -> InputError:
+        return InputError(
+            problem,
+            source=source,
+            where=where,
+            field=field,
+            value=value,
+            has_value=value is not None,
+        )
+
+    for where, field_name, value in (
+        ("[api]", "listen", config.api.listen),
+        ("[api]", "advertise", config.api.advertise),
+        ("[api]", "worker_listen", config.api.worker_listen),
+        ("[metrics]", "listen", config.metrics.listen),
+    ):
+        if value:
+            try:
+                parse_address(value)
+            except ValueError as exc:
+                raise refuse(str(exc), where, field_name, value) from None
+    found.append(f"API on {config.api.listen}, dialled at {config.api_address}")
+
+    secrets = config.secrets
+    if not secrets.dir.is_dir():
+        raise refuse(
+            "is not a directory: create the secrets with `autoscaler init --dir "
+            f"{config.path.parent}`",
+            "[secrets]",
+            "dir",
+            str(secrets.dir),
+        )
+    try:
+        # The server CA's key may be kept offline: the daemon needs only its certificate.
+        for path in (secrets.ca_cert, secrets.server_cert):
+            if not path.is_file():
+                raise OSError(f"{path}: missing (or not a regular file)")
+        read_secret(secrets.server_key)
+        Authority.load(secrets.worker_ca_cert, secrets.worker_ca_key)
+        read_token(secrets.api_token)
+    except (OSError, ValueError) as exc:  # missing, unsafe mode, not PEM, not UTF-8 text
+        raise refuse(
+            f"{_one_line(exc)}; `autoscaler init --dir {config.path.parent}` creates what "
+            "is missing",
+            "[secrets]",
+            "dir",
+            str(secrets.dir),
+        ) from None
+    found.append(f"secrets in {secrets.dir} (owner-only)")
+
+    problem = storage_problem(config.storage.url)
+    if problem:
+        raise refuse(problem, "[storage]", "url", config.storage.url)
+    found.append(f"storage {config.storage.url}")
+
+    from app.state_config import database_url_problem
+
+    problem = database_url_problem(config.state.url)
+    if problem:
+        raise refuse(problem, "[state]", "url", config.state.url)
+    database = config.state.sqlite_path
+    if database is not None and not database.parent.is_dir():
+        raise refuse(
+            f"its directory {database.parent} does not exist", "[state]", "path", str(database)
+        )
+    found.append(f"state {config.state.url.split('@')[-1]}")
+
+    from provisioners.catalog import cached_or_bundled_catalog
+
+    ec2 = config.provisioner.ec2
+    catalog = cached_or_bundled_catalog(ec2)
+    if config.cloud.provider == "local" and not len(catalog.catalog):
+        notes = "; ".join(catalog.notes) or "no instance type is allowed"
+        raise refuse(f"leaves the local cloud no instance type: {notes}", "[ec2]", "families")
+    found.append(f"catalog of {len(catalog.catalog)} types ({catalog.origin})")
+
+    if config.cloud.provider == "ec2":
+        from autoscaler.cloud import CloudError
+
+        try:
+            config.provisioner.guardrails.check_region(ec2.region)
+        except CloudError as exc:
+            raise refuse(_one_line(exc), "[guardrails]", "allowed_regions") from None
+        problems = ec2.launch_problems()
+        if problems:
+            raise refuse(
+                f"cannot launch yet; set {', '.join(problems)}", "[ec2]", problems[0].split()[0]
+            )
+        missing = config.provisioner.guardrails.unattended_problems()
+        if missing:
+            raise refuse(
+                f"set {', '.join(missing)}: a daemon on EC2 spends money unattended",
+                "[guardrails]",
+                missing[0],
+            )
+        house = Path(config.cloud.wheelhouse).expanduser()
+        if not config.cloud.wheelhouse:
+            raise refuse(
+                'is required for provider = "ec2": the directory of the workers\' wheelhouse '
+                "the daemon publishes (build it with `autoscaler deploy wheelhouse --out DIR`)",
+                "[cloud]",
+                "wheelhouse",
+            )
+        if not house.is_absolute():
+            house = config.path.parent / house
+        if not (house / "requirements.txt").is_file():
+            raise refuse(
+                "holds no requirements.txt: not a wheelhouse `autoscaler deploy wheelhouse` built",
+                "[cloud]",
+                "wheelhouse",
+                config.cloud.wheelhouse,
+            )
+        url = config.storage.url
+        if not url.startswith("s3://") or PLACEHOLDER_BUCKET in url:
+            raise refuse(
+                'must be s3://BUCKET/PREFIX for provider = "ec2": workers fetch contexts, '
+                "checkpoints and the agent from it",
+                "[storage]",
+                "url",
+                url,
+            )
+        found.append(f"EC2 in {ec2.region}, cluster {ec2.cluster_id}")
+    else:
+        found.append("local cloud (agents on this host)")
+    return found
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

@@ -263,6 +263,7 @@ class Daemon:
             from prometheus_client import start_http_server
 
             host, _, port = self.config.metrics.listen.rpartition(":")
+            host = host.removeprefix("[").removesuffix("]")  # an IPv6 address, bracketed
             start_http_server(int(port), addr=host, registry=self.metrics.registry)
             _event("metrics", listen=self.config.metrics.listen)
 
@@ -349,5 +350,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("apscheduler", "botocore", "urllib3", "docker"):
+    # Libraries' INFO lines are not the daemon's story: Alembic says "Context impl
+    # SQLiteImpl" and "Will assume transactional DDL" at every start.
+    for noisy in ("apscheduler", "botocore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

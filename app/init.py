@@ -18,14 +18,24 @@ Workers get no shared secret: each proves its own instance when it enrolls.
 Running `init` again keeps everything that exists (a secret is never
 overwritten), except the server certificate when it no longer matches the
 server CA or the advertised host (move the daemon, run `init` again).
+
+Its arguments are checked before anything is written, and the configuration
+is parsed back before it is written: every string goes into the TOML escaped
+(a `"` or a newline in `--dir` makes no broken file), and the API, worker and
+metrics ports are ones no other process on this host (another cluster's daemon)
+listens on.
 """
 
 from __future__ import annotations
 
+import os
 import secrets as _random
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
+from app.config import PLACEHOLDER_BUCKET, ClusterConfig, parse_cluster_config
 from autoscaler.decide import ControlOptions
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
@@ -37,8 +47,15 @@ from executor.security import (
     new_token,
     write_secret,
 )
+from provisioners.config import ClusterId, Region
+from provisioners.documents import Strict, convert, parse_toml, text
 
 __all__ = ["DAEMON_NAME", "InitResult", "config_template", "init_cluster", "new_cluster_name"]
+
+
+#: The ports `init` offers first: the API's (gRPC, TLS) and the metrics' (Prometheus).
+DEFAULT_API_PORT = 7443
+DEFAULT_METRICS_PORT = 9464
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,54 @@ def new_cluster_name() -> str:
     return f"cluster-{_random.token_hex(4)}"
 
 
+Bucket = text(
+    max_length=63,
+    pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+    description="an S3 bucket name: 3-63 of a-z, 0-9, '.' and '-', starting and ending "
+    "with a letter or digit",
+)
+
+
+class InitArguments(Strict):
+    """What `autoscaler init` is given, checked before anything is written."""
+
+    name: ClusterId | None = None
+    region: Region = "us-east-1"
+    bucket: Bucket | None = None
+
+
+def check_arguments(
+    directory: Path, name: str | None, region: str, bucket: str | None
+) -> InitArguments:
+    """The arguments, or a one-line InputError naming the flag and value."""
+    arguments = convert(
+        {"name": name, "region": region, "bucket": bucket},
+        InitArguments,
+        source=None,
+        where_of=lambda path: (None, f"--{path[0]}" if path else None),
+    )
+    if arguments.bucket is not None and ".." in arguments.bucket:
+        raise InputError("is not an S3 bucket name", field="--bucket", value=bucket, has_value=True)
+    shown = str(directory)
+    if not shown.strip() or "\x00" in shown:
+        raise InputError("must name a directory", field="--dir", value=shown, has_value=True)
+    if directory.exists() and not directory.is_dir():
+        raise InputError(
+            "exists and is not a directory", field="--dir", value=shown, has_value=True
+        )
+    parent = directory
+    while not parent.exists():  # the nearest directory that exists must let us create in it
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(
+            f"cannot be created or written ({parent} is not a writable directory)",
+            field="--dir",
+            value=shown,
+            has_value=True,
+        )
+    return arguments
+
+
 def init_cluster(
     directory: Path,
     *,
@@ -62,18 +127,41 @@ def init_cluster(
     bucket: str | None = None,
 ) -> InitResult:
     """Write the configuration and the secrets into `directory`, keeping what exists."""
-    directory.mkdir(parents=True, exist_ok=True)
+    arguments = check_arguments(directory, name, region, bucket)
+    config = directory / "autoscaler.toml"
+    text_ = None
+    if not config.exists():
+        text_ = config_template(
+            arguments.name or new_cluster_name(),
+            directory,
+            local=local,
+            region=arguments.region,
+            bucket=arguments.bucket,
+        )
+        _reads_back(text_, config, directory, local)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot be created: {exc.strerror or exc}",
+            field="--dir",
+            value=str(directory),
+            has_value=True,
+        ) from None
     written: list[Path] = []
     kept: list[Path] = []
-    config = directory / "autoscaler.toml"
-    if config.exists():
+    if text_ is None:
         kept.append(config)
     else:
-        text = config_template(
-            name or new_cluster_name(), directory, local=local, region=region, bucket=bucket
-        )
-        config.write_text(text, encoding="utf-8")
-        written.append(config)
+        try:
+            with open(config, "x", encoding="utf-8") as handle:  # never over one made meanwhile
+                handle.write(text_)
+        except FileExistsError:
+            kept.append(config)
+        except OSError as exc:
+            raise InputError(f"cannot write: {exc.strerror or exc}", source=str(config)) from None
+        else:
+            written.append(config)
     secrets_dir = directory / "secrets"
     label = name or "autoscaler"
     authorities: dict[str, Authority | None] = {}
@@ -130,6 +218,59 @@ def _advertised_host(config: Path) -> list[str]:
     return [host] if host and host != DAEMON_NAME else []
 
 
+def toml_string(value: str) -> str:
+    """`value` as a TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for char in value:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def file_url(path: Path) -> str:
+    """`file:///...` for an absolute path, %-encoded so every character survives."""
+    return "file://" + quote(str(path), safe="/")
+
+
+def free_port(preferred: int, avoid: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    """The first port from `preferred` on that nothing on this host listens on (another
+    cluster's daemon, say) and that is not in `avoid`; InputError if none of 100 is free."""
+    for port in range(preferred, preferred + 100):
+        if port in avoid:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise InputError(
+        f"ports {preferred} to {preferred + 99} are all in use on 127.0.0.1: "
+        "set [api] listen and [metrics] listen by hand"
+    )
+
+
+def _reads_back(text_: str, path: Path, directory: Path, local: bool) -> ClusterConfig:
+    """The configuration `text_` as the commands will read it, or an InputError naming
+    --dir when what it says is not what was meant (a path that does not survive)."""
+    config = parse_cluster_config(parse_toml(text_, str(path)), path)
+    if local:
+        meant = directory.resolve() / "storage"
+        read = Path(unquote(urlsplit(config.storage.url).path))
+        if read != meant:
+            raise InputError(
+                "cannot be written into a storage URL that reads back the same",
+                field="--dir",
+                value=str(directory),
+                has_value=True,
+            )
+    return config
+
+
 def config_template(
     name: str, directory: Path, *, local: bool, region: str, bucket: str | None
 ) -> str:
@@ -144,12 +285,16 @@ def config_template(
     eva_interval = f"Eva uses {ROUND_INTERVAL_S:g}"
     throughput = f"default_throughput = {defaults.default_throughput:g}"
     grace = f"orphan_grace_s = {defaults.orphans.grace_s:g}"
+    # Ports no other process here listens on: two clusters on one host do not collide.
+    api_port = free_port(DEFAULT_API_PORT)
+    while free_port(api_port + 1) != api_port + 1:  # the workers' port: listen's + 1
+        api_port = free_port(api_port + 2)
+    metrics_port = free_port(DEFAULT_METRICS_PORT, {api_port, api_port + 1})
     if local:
-        storage = f'url = "file://{directory.resolve()}/storage"'
+        storage = f"url = {toml_string(file_url(directory.resolve() / 'storage'))}"
         state = 'path = "state.db"                  # a SQLite file beside this one'
     else:
-        target = f"s3://{bucket}/{name}" if bucket else f"s3://REPLACE-WITH-YOUR-BUCKET/{name}"
-        storage = f'url = "{target}"'
+        storage = f"url = {toml_string(f's3://{bucket or PLACEHOLDER_BUCKET}/{name}')}"
         state = (
             'path = "state.db"                  # a SQLite file; for production use PostgreSQL:\n'
             '# url = "postgresql+psycopg://autoscaler@db.internal:5432/autoscaler"'
@@ -166,8 +311,8 @@ def config_template(
 # marked; an unknown key is an error. Relative paths are relative to this file.
 
 [cluster]
-{f'name = "{name}"':<34} # required, unique per account: tags, tokens and keys use it
-{f'region = "{region}"':<34} # EC2 region (the catalog's prices are per region)
+{f"name = {toml_string(name)}":<34} # required, unique per account: tags, tokens, keys use it
+{f"region = {toml_string(region)}":<34} # EC2 region (the catalog's prices are per region)
 {f"interval_s = {interval:g}":<34} # seconds between scheduling rounds ({eva_interval})
 {f"step_s = {step:g}":<34} # seconds between the steps that carry a round's plan out
 
@@ -180,12 +325,12 @@ emulate_delays = false             # local only: wait the catalog's launch delay
 # wheelhouse = "wheelhouse"
 
 [api]
-listen = "127.0.0.1:7443"          # users (TLS, a token on every call) and worker enrollment
+{f'listen = "127.0.0.1:{api_port}"':<34} # users (TLS, a token on every call) and worker enrollment
 # advertise = "10.0.0.5:7443"      # the address users and workers dial, if not `listen`
 # worker_listen = "127.0.0.1:7444" # the workers' port, mutual TLS (default: listen's port + 1)
 
 [metrics]
-listen = "127.0.0.1:9464"          # Prometheus metrics over HTTP; "" turns them off
+{f'listen = "127.0.0.1:{metrics_port}"':<34} # Prometheus metrics over HTTP; "" turns them off
 
 [storage]
 # build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine

@@ -31,12 +31,11 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+import msgspec
 
-from app.files import decode_text, read_input_file
-from app.validation import Delay, Identifier, NonNegative, Positive, Strict, parse_model
+from app.files import CONFIG_LIMIT, Vector, read_input_file
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
 from autoscaler.jobs import (
@@ -52,74 +51,143 @@ from autoscaler.jobs import (
     validate_against_catalog,
     workload_key,
 )
+from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S
 from autoscaler.resources import Resources
 from executor.packing import pack_context as pack_context  # what `submit` uploads
+from provisioners.documents import (
+    FieldError,
+    Strict,
+    convert,
+    decode_utf8,
+    dotted,
+    number,
+    parse_json,
+    parse_toml,
+    text,
+    whole,
+)
 
-Vector = tuple[NonNegative, NonNegative, NonNegative]
+#: Ids of jobs, tasks and clusters: safe in file names, S3 keys, tags and task ids.
+Identifier = text(
+    max_length=63,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+    description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+)
+Delay = number(ge=0, le=MAX_DELAY_S)
+Family = text(
+    max_length=64,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+    description="an instance family such as 'c7i', or 'any'",
+)
+EnvName = text(
+    max_length=256,
+    pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+    description="an environment variable name (letters, digits, '_'; not a digit first)",
+)
+#: The most replicas one task may ask for.
+MAX_REPLICAS = 1000
+
+
+def check_demand(demand: Mapping[str, tuple[float, float, float]]) -> None:
+    """The demand rules (`autoscaler.jobs.demand_problem`), naming the vector at fault."""
+    for family, vector in demand.items():
+        problem = demand_problem(vector)
+        if problem is not None:
+            at = problem.component
+            raise FieldError(
+                problem.message,
+                f"demand.{family}" if at is None else f"demand.{family}[{at}]",
+                list(vector) if at is None else vector[at],
+            )
 
 
 class TaskFile(Strict):
-    context: str | None = None
-    image: str | None = None
-    command: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    demand: dict[str, Vector]
-    shm_size_gb: Positive | None = None
+    """`[tasks.NAME]` of a job file."""
+
+    demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
+    context: text(min_length=1, max_length=4096) | None = None
+    image: text(min_length=1, max_length=1024) | None = None
+    command: Annotated[tuple[text(max_length=65536), ...], msgspec.Meta(max_length=4096)] = ()
+    env: Annotated[dict[EnvName, text(max_length=65536)], msgspec.Meta(max_length=4096)] = (
+        msgspec.field(default_factory=dict)
+    )
+    shm_size_gb: number(gt=0, le=MAX_CAPACITY[2]) | None = None
     network: bool = False
-    replicas: int = Field(1, ge=1, le=1000)
+    replicas: whole(ge=1, le=MAX_REPLICAS) = 1
     fetch_s: Delay = DEFAULT_FETCH_S
     build_s: Delay = DEFAULT_BUILD_IMAGE_S
     kill_s: Delay = DEFAULT_KILL_S
     upload_s: Delay = DEFAULT_UPLOAD_S
 
-    @field_validator("demand")
-    @classmethod
-    def _demands(cls, value: dict[str, Vector]) -> dict[str, Vector]:
-        if not value:
-            raise ValueError("needs at least one vector: { any = [gpu, cpu, ram_gb] }")
-        for family, vector in value.items():
-            if not family or not family.replace("-", "").isalnum():
-                raise ValueError(f"{family!r} is not an instance family (or 'any')")
-            problem = demand_problem(vector)
-            if problem is not None:
-                raise ValueError(f"{family} {problem.message}")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if (
-                not name
-                or not (name[0].isalpha() or name[0] == "_")
-                or not all(c.isalnum() or c == "_" for c in name)
-            ):
-                raise ValueError(f"{name!r} is not an environment variable name")
+    def check(self) -> None:
+        check_demand(self.demand)
+        for name in self.env:
             if name.startswith("AUTOSCALER_"):
-                raise ValueError(f"{name} is reserved: the worker sets AUTOSCALER_* itself")
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> TaskFile:
+                raise FieldError(
+                    f"{name} is reserved: the worker sets AUTOSCALER_* itself", "env", name
+                )
         if (self.context is None) == (self.image is None):
-            raise ValueError("give either 'context' (a directory with a Dockerfile) or 'image'")
-        return self
+            raise FieldError("give either 'context' (a directory with a Dockerfile) or 'image'")
 
 
 class JobFile(Strict):
-    id: Identifier | None = None
-    name: Identifier
-    full_throughput: Positive | None = None
-    max_tasks_per_instance: int | None = Field(None, ge=1)
-    init_delay_s: Delay = DEFAULT_INIT_S
-    tasks: dict[Identifier, TaskFile]
+    """A job file (TOML): the job, and its tasks by name."""
 
-    @field_validator("tasks")
-    @classmethod
-    def _some(cls, value: dict[str, TaskFile]) -> dict[str, TaskFile]:
-        if not value:
-            raise ValueError("needs at least one task: [tasks.NAME]")
-        return value
+    name: Identifier
+    tasks: Annotated[dict[Identifier, TaskFile], msgspec.Meta(min_length=1, max_length=1000)]
+    id: Identifier | None = None
+    full_throughput: number(gt=0, le=1e12) | None = None
+    max_tasks_per_instance: whole(ge=1, le=100_000) | None = None
+    init_delay_s: Delay = DEFAULT_INIT_S
+
+    def check(self) -> None:
+        # Task names the job's tasks run under: a key, or its replicas KEY-0, KEY-1, ...
+        # Two that are equal but for case would share a checkpoint directory on a
+        # case-insensitive file system, and one named like another's replica would
+        # take its place.
+        owner: dict[str, str] = {}
+        total = 0
+        for key, task in self.tasks.items():
+            names = [key] if task.replicas == 1 else [f"{key}-{n}" for n in range(task.replicas)]
+            total += len(names)
+            for name in names:
+                other = owner.setdefault(name.lower(), key)
+                if other != key:
+                    raise FieldError(
+                        f"task {key!r} makes a task named {name!r}, which task {other!r} "
+                        "makes too (replicas are named KEY-0, KEY-1, ...; names are compared "
+                        "ignoring case): rename one",
+                        ("tasks", key),
+                    )
+        if total > MAX_REPLICAS * 10:
+            raise FieldError(f"makes {total:,} tasks; a job has at most {MAX_REPLICAS * 10:,}")
+
+
+class EvaTask(Strict):
+    """One task of Eva's `config.json`."""
+
+    demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
+    name: Identifier = "task"
+    dir: text(min_length=1, max_length=4096) = "."
+    shm_size: number(gt=0, le=MAX_CAPACITY[2]) | None = None
+    full_throughput: number(gt=0, le=1e12) | None = None
+
+    def check(self) -> None:
+        check_demand(self.demand)
+
+
+class EvaJobConfig(Strict):
+    """Eva's `config.json`: a job of `tasks` (names may repeat), and its delays."""
+
+    name: Identifier
+    tasks: Annotated[list[EvaTask], msgspec.Meta(min_length=1, max_length=1000)]
+    total_iters: number(gt=0, le=1e18) | None = None
+    duration: number(gt=0, le=1e11) | None = None
+    init_delay: Delay | None = None
+    fetch_delay: Delay | None = None
+    build_image_delay: Delay | None = None
+    kill_delay: Delay | None = None
+    upload_delay: Delay | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +198,15 @@ class Submission:
     contexts: Mapping[str, Path]
 
 
+def _job_where(path: Any) -> tuple[str | None, str | None]:
+    parts = list(path)
+    if len(parts) >= 2 and parts[0] == "tasks":
+        task = parts[1]
+        label = f"tasks[{task}]" if isinstance(task, int) else f"task {str(task)!r}"
+        return label, dotted(parts[2:]) or None
+    return None, dotted(parts) or None
+
+
 def load_job_file(path: str | Path, catalog: Catalog | None) -> Submission:
     """Read, check and resolve one job file (ours in TOML, or Eva's config.json).
 
@@ -137,62 +214,48 @@ def load_job_file(path: str | Path, catalog: Catalog | None) -> Submission:
     the file is found before any daemon is asked for its catalog.
     """
     p = Path(path)
-    text = decode_text(read_input_file(p, "job"), "job", str(p))
+    source = str(p)
+    text_ = decode_utf8(read_input_file(p, "job", CONFIG_LIMIT), "job", source)
     if p.suffix == ".json":
-        import json
-
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        data = parse_json(text_, source)
+        if not isinstance(data, Mapping):
             raise InputError(
-                f"malformed JSON at line {exc.lineno}: {exc.msg}", source=str(p)
-            ) from None
-        data = _from_eva(data, str(p))
+                "must be an object with a 'tasks' list (Eva's config.json)", source=source
+            )
+        parsed = _from_eva(convert(data, EvaJobConfig, source=source, where_of=_job_where))
     else:
-        import tomllib
-
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"malformed TOML: {exc}", source=str(p)) from None
-    parsed = parse_model(JobFile, data, source=str(p))
-    submission = _resolve(parsed, p.parent, str(p))
+        parsed = convert(parse_toml(text_, source), JobFile, source=source, where_of=_job_where)
+    submission = _resolve(parsed, p.parent, source)
     if catalog is not None:
-        validate_against_catalog((submission.job,), catalog, source=str(p))
+        validate_against_catalog((submission.job,), catalog, source=source)
     return submission
 
 
-def _from_eva(data: Any, source: str) -> Any:
+def _from_eva(config: EvaJobConfig) -> JobFile:
     """Eva's `config.json` in our schema (its task names may repeat: tasks are numbered)."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("tasks"), list):
-        raise InputError("must be an object with a 'tasks' list (Eva's config.json)", source=source)
     delays = {
-        "fetch_s": data.get("fetch_delay"),
-        "build_s": data.get("build_image_delay"),
-        "kill_s": data.get("kill_delay"),
-        "upload_s": data.get("upload_delay"),
+        "fetch_s": config.fetch_delay,
+        "build_s": config.build_image_delay,
+        "kill_s": config.kill_delay,
+        "upload_s": config.upload_delay,
     }
-    tasks: dict[str, Any] = {}
-    throughputs = []
-    for i, task in enumerate(data["tasks"]):
-        if not isinstance(task, Mapping):
-            raise InputError("must be an object", source=source, where=f"tasks[{i}]")
-        entry = {
-            "context": task.get("dir", "."),
-            "demand": task.get("demand"),
-            **{k: v for k, v in delays.items() if v is not None},
-        }
-        if task.get("shm_size") is not None:
-            entry["shm_size_gb"] = task["shm_size"]
-        tasks[f"{task.get('name', 'task')}-{i}"] = entry
-        if task.get("full_throughput") is not None:
-            throughputs.append(task["full_throughput"])
-    out: dict[str, Any] = {"name": data.get("name"), "tasks": tasks}
-    if throughputs:
-        out["full_throughput"] = min(throughputs)
-    if data.get("init_delay") is not None:
-        out["init_delay_s"] = data["init_delay"]
-    return out
+    given = {k: v for k, v in delays.items() if v is not None}
+    tasks = {
+        f"{task.name}-{i}": TaskFile(
+            context=task.dir,
+            demand=task.demand,
+            shm_size_gb=task.shm_size,
+            **given,  # type: ignore[arg-type]
+        )
+        for i, task in enumerate(config.tasks)
+    }
+    speeds = [t.full_throughput for t in config.tasks if t.full_throughput is not None]
+    return JobFile(
+        name=config.name,
+        tasks=tasks,
+        full_throughput=min(speeds) if speeds else None,
+        init_delay_s=config.init_delay if config.init_delay is not None else DEFAULT_INIT_S,
+    )
 
 
 def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
@@ -202,26 +265,7 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
     for key, task in parsed.tasks.items():
         directory = None
         if task.context is not None:
-            directory = (base / task.context).resolve()
-            where = f"task {key!r}"
-            if not directory.is_dir():
-                raise InputError(
-                    "is not a directory",
-                    source=source,
-                    where=where,
-                    field="context",
-                    value=task.context,
-                    has_value=True,
-                )
-            if not (directory / "Dockerfile").is_file():
-                raise InputError(
-                    "has no Dockerfile",
-                    source=source,
-                    where=where,
-                    field="context",
-                    value=task.context,
-                    has_value=True,
-                )
+            directory = _context_directory(base, task.context, source, f"task {key!r}")
         names = [key] if task.replicas == 1 else [f"{key}-{n}" for n in range(task.replicas)]
         for name in names:
             task_id = f"{job_id}/{name}"
@@ -258,6 +302,36 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
         max_tasks_per_instance=parsed.max_tasks_per_instance,
     )
     return Submission(job, contexts)
+
+
+#: The largest `.dockerignore` read (its patterns, not data).
+DOCKERIGNORE_LIMIT = 1024 * 1024
+
+
+def _context_directory(base: Path, context: str, source: str, where: str) -> Path:
+    """The build context's directory, checked as far as packing it will need: it exists
+    (no symlink loop on the way), holds a Dockerfile, and its `.dockerignore` is text."""
+
+    def refuse(problem: str) -> InputError:
+        return InputError(
+            problem, source=source, where=where, field="context", value=context, has_value=True
+        )
+
+    try:
+        directory = (base / context).resolve(strict=True)
+    except FileNotFoundError:
+        raise refuse("is not a directory") from None
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long, no permission
+        raise refuse(f"cannot be resolved: {getattr(exc, 'strerror', None) or exc}") from None
+    if not directory.is_dir():
+        raise refuse("is not a directory")
+    if not (directory / "Dockerfile").is_file():
+        raise refuse("has no Dockerfile")
+    ignore = directory / ".dockerignore"
+    if ignore.exists():
+        raw = read_input_file(ignore, ".dockerignore", DOCKERIGNORE_LIMIT)
+        decode_utf8(raw, ".dockerignore", str(ignore))
+    return directory
 
 
 def with_contexts(job: JobSpec, refs: Mapping[str, str]) -> JobSpec:

@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.files import read_config_file
 from autoscaler.errors import InputError
-
-KNOWN_KEYS = frozenset({"url", "path"})
+from provisioners.documents import FieldError, Strict, convert, dotted, text
 
 
 def default_state_path() -> Path:
@@ -48,9 +46,64 @@ class StateConfig:
     url: str  # a SQLAlchemy URL
     source: str | None = None  # the file it came from; None for the default
 
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file of this state, when it is one (what no command may overwrite)."""
+        if not self.url.startswith(("sqlite:///", "sqlite+pysqlite:///")):
+            return None
+        path = self.url.split(":///", 1)[1].split("?", 1)[0]
+        return Path(path) if path else None
+
 
 def default_state_config() -> StateConfig:
     return StateConfig(sqlite_url(default_state_path()))
+
+
+NonEmpty = text(max_length=4096, pattern=r"\S", description="a non-empty string")
+
+
+class StateTable(Strict):
+    """The `[state]` table: a database URL, or the path of a SQLite file; not both."""
+
+    url: NonEmpty | None = None
+    path: NonEmpty | None = None
+
+    def check(self) -> None:
+        if self.url is not None and self.path is not None:
+            raise FieldError("give either 'url' or 'path' (a SQLite file), not both")
+        if self.url is not None:
+            problem = database_url_problem(self.url)
+            if problem:
+                raise FieldError(problem, "url", self.url)
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why the state cannot be opened at `url` (None: it parses and names a database we
+    support), by the very parser the daemon opens it with, so a URL that passes here
+    never crashes the daemon's start."""
+    from sqlalchemy.exc import ArgumentError
+
+    from state.database import database_url
+
+    try:
+        parsed = database_url(url)
+        _ = parsed.port  # a port that is no number fails here, not at the first connect
+    except InputError as exc:
+        return exc.problem
+    except (ArgumentError, ValueError, TypeError) as exc:
+        return f"is not a database URL ({exc}); use sqlite:////PATH or postgresql+psycopg://USER@HOST:PORT/DB"
+    return None
+
+
+def state_config_from(table: StateTable, source: str, base_dir: Path | None) -> StateConfig:
+    if table.url is not None:
+        return StateConfig(table.url, source)
+    if table.path is not None:
+        path = Path(table.path).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        return StateConfig(sqlite_url(path), source)
+    return StateConfig(default_state_config().url, source)
 
 
 def parse_state_config(
@@ -60,52 +113,25 @@ def parse_state_config(
     raw = data.get("state", {})
     if not isinstance(raw, Mapping):
         raise InputError("must be a table", source=source, field="state", value=raw, has_value=True)
-    unknown = sorted(set(raw) - KNOWN_KEYS)
-    if unknown:
-        raise InputError(
-            f"unknown field (known: {', '.join(sorted(KNOWN_KEYS))})",
-            source=source,
-            where="[state]",
-            field=unknown[0],
-        )
-    for key in ("url", "path"):
-        value = raw.get(key)
-        if key in raw and (not isinstance(value, str) or not value.strip()):
-            raise InputError(
-                "must be a non-empty string",
-                source=source,
-                where="[state]",
-                field=key,
-                value=value,
-                has_value=True,
-            )
-    if "url" in raw and "path" in raw:
-        raise InputError(
-            "give either 'url' or 'path' (a SQLite file), not both",
-            source=source,
-            where="[state]",
-        )
-    if "url" in raw:
-        return StateConfig(raw["url"], source)
-    if "path" in raw:
-        path = Path(raw["path"]).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        return StateConfig(sqlite_url(path), source)
-    return StateConfig(default_state_config().url, source)
+    table = convert(raw, StateTable, source=source, where_of=lambda p: ("[state]", dotted(p)))
+    return state_config_from(table, source, base_dir)
 
 
 def load_state_config(path: str | Path | None) -> StateConfig:
     """Read the `[state]` table of the configuration file; the default when `path` is None."""
+    from app.files import CONFIG_LIMIT, read_toml
+
     if path is None:
         return default_state_config()
     p = Path(path)
-    data = read_config_file(p)
-    return parse_state_config(data, source=str(p), base_dir=p.parent)
+    return parse_state_config(read_toml(p, "configuration", CONFIG_LIMIT), str(p), p.parent)
 
 
 def database_url_for(url: str | None, config_path: str | Path | None) -> str:
     """The database to use: `--url` if given, else the config file's `[state]`, else the default."""
     if url is not None:
+        problem = database_url_problem(url)
+        if problem:
+            raise InputError(problem, field="--url", value=url, has_value=True)
         return url
     return load_state_config(config_path).url

@@ -1,12 +1,15 @@
 """The core: what to run where, and the round that gets there — no I/O, no clock.
 
 - The domain: `resources`, `catalog` (instance types and prices), `jobs`
-  (job and task specs, demand rules), `configuration` (instances and the tasks
-  on them), `view` (what a planner sees).
+  (job and task specs, demand rules), `work` (a job's work alone at full
+  speed: the one reading of a trace's duration and iterations),
+  `configuration` (instances and the tasks on them), `view` (what a planner
+  sees).
 - Pricing and learning: `pricing` (reservation price, TNRP; Eva §4.2, §4.4),
   `throughput` (the co-location table; §4.3), `lp` and `patterns`
   (CvxCluster's shadow prices; the configuration LP), `fluid` (two-stage
-  packing for many distinct demands).
+  packing for many distinct demands), `bounds` (honest yardsticks: the
+  whole-task and configuration LPs' bounds, the MIP optimum of small inputs).
 - Deciding: `reconfiguration` (Full and Partial Reconfiguration; Algorithm 1),
   `criterion` (the migration criterion S·D̂ − M), `planner` (the planners by
   name), `decide` (a round and a step as pure functions of a snapshot).

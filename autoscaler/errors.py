@@ -31,66 +31,21 @@ class InputError(ValueError):
         if where:
             parts.append(where)
         if field is not None:
-            parts.append(f"field {field!r}" + (f" = {value!r}" if has_value else ""))
+            parts.append(f"field {field!r}" + (f" = {shown(value)}" if has_value else ""))
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {problem}" if prefix else problem)
 
 
-def check_number(
-    value: object,
-    *,
-    field: str,
-    where: str,
-    source: str | None,
-    minimum: float | None = 0.0,
-    strictly_positive: bool = False,
-    maximum: float | None = None,
-) -> float:
-    """Return `value` as a float, or raise InputError naming the field and value."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(
-            "must be a number",
-            source=source,
-            where=where,
-            field=field,
-            value=value,
-            has_value=True,
-        )
-    number = float(value)
-    if number != number or number in (float("inf"), float("-inf")):
-        raise InputError(
-            "must be a finite number",
-            source=source,
-            where=where,
-            field=field,
-            value=value,
-            has_value=True,
-        )
-    if strictly_positive and number <= 0:
-        raise InputError(
-            "must be positive",
-            source=source,
-            where=where,
-            field=field,
-            value=value,
-            has_value=True,
-        )
-    if minimum is not None and number < minimum:
-        raise InputError(
-            f"must be at least {minimum:g}",
-            source=source,
-            where=where,
-            field=field,
-            value=value,
-            has_value=True,
-        )
-    if maximum is not None and number > maximum:
-        raise InputError(
-            f"must be at most {maximum:,g}",
-            source=source,
-            where=where,
-            field=field,
-            value=value,
-            has_value=True,
-        )
-    return number
+#: The longest value an error message repeats: a megabyte-long string stays one short line.
+MAX_SHOWN = 100
+
+
+def shown(value: object) -> str:
+    """`repr(value)`, cut to `MAX_SHOWN` characters (a huge value in a bad file must not
+    make a huge error line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        digits = int(value.bit_length() * 0.30103)  # type: ignore[attr-defined]
+        text = f"<an integer of about {digits:,} digits>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"

@@ -15,19 +15,19 @@ Trace format (`pai_200.json`): `{job_id: {"name", "tasks": {task_id: {"name",
 "demand": {family_or_any: [gpu, cpu, ram_gb]}, ...}}, ...}}`. Only `tasks` and
 each task's `demand` are required; the rest (arrival time, duration, delays)
 is used by the simulator and the migration criterion when present. One field
-is ours: `max_tasks_per_instance` (anti-affinity).
+is ours: `max_tasks_per_instance` (anti-affinity). Its strict schema and reader
+are the application's (`app.files.TraceJob`, `jobs_from_eva`): the core reads
+no files.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType
-from autoscaler.errors import InputError, check_number
-from autoscaler.limits import MAX_DELAY_S
+from autoscaler.errors import InputError
 from autoscaler.resources import Resources
 
 #: Table 1 of the Eva paper averages job checkpointing at 8 s and job launch at
@@ -145,232 +145,6 @@ class JobSpec:
         """The per-instance limit when it can bind (fewer than all tasks), else None."""
         limit = self.max_tasks_per_instance
         return limit if limit is not None and limit < len(self.tasks) else None
-
-
-#: Parsed demand blocks by their raw form (`jobs_from_eva` validates each block once).
-_DemandCache = dict[tuple[Any, ...], Demands]
-
-
-def jobs_from_eva(data: object, source: str = "jobs") -> tuple[JobSpec, ...]:
-    """Parse and validate the Eva trace structure into jobs (in file order)."""
-    if not isinstance(data, Mapping):
-        raise InputError("must be a JSON object mapping job ids to jobs", source=source)
-    if not data:
-        raise InputError("contains no jobs", source=source)
-    # Traces repeat a few dozen demand blocks over many tasks: each distinct
-    # block is validated once and its parsed form shared.
-    demand_cache: _DemandCache = {}
-    return tuple(_job(str(job_id), spec, source, demand_cache) for job_id, spec in data.items())
-
-
-def _number(
-    spec: Mapping[str, Any],
-    key: str,
-    default: float | None,
-    where: str,
-    source: str,
-    positive: bool = False,
-    maximum: float | None = None,
-) -> float | None:
-    """An optional numeric field; the common well-formed case stays cheap."""
-    value = spec.get(key)
-    if value is None:
-        return default
-    if (
-        type(value) in (int, float)
-        and (value > 0 if positive else value >= 0)
-        and value != math.inf
-        and (maximum is None or value <= maximum)
-    ):
-        return float(value)
-    return check_number(
-        value, field=key, where=where, source=source, strictly_positive=positive, maximum=maximum
-    )
-
-
-def _job(job_id: str, spec: Any, source: str, demand_cache: _DemandCache) -> JobSpec:
-    if type(spec) is not dict and not isinstance(spec, Mapping):
-        raise InputError("must be an object", source=source, where=f"job {job_id!r}")
-    _check_id(job_id, "job id", source, f"job {job_id!r}")
-    name = spec.get("name", job_id)
-    raw_tasks = spec.get("tasks")
-    if type(name) is not str or not name or type(raw_tasks) is not dict or not raw_tasks:
-        _reject_job(job_id, name, raw_tasks, source)
-    assert isinstance(raw_tasks, Mapping)  # else _reject_job raised
-    where = f"job {job_id!r}"
-    tasks = tuple(
-        _task(job_id, name, str(task_key), task_spec, source, demand_cache)
-        for task_key, task_spec in raw_tasks.items()
-    )
-    return JobSpec(
-        job_id=job_id,
-        name=name,
-        tasks=tasks,
-        full_throughput=_number(spec, "full_throughput", None, where, source, positive=True),
-        init_delay_s=_number(spec, "init_delay", DEFAULT_INIT_S, where, source, maximum=MAX_DELAY_S)
-        or 0.0,
-        max_tasks_per_instance=_limit(spec.get("max_tasks_per_instance"), where, source),
-        trace=TraceFacts(
-            arrival_time_s=_number(spec, "arrival_time", 0.0, where, source) or 0.0,
-            duration_s=_number(spec, "duration", None, where, source, positive=True),
-            total_iters=_number(spec, "total_iters", None, where, source, positive=True),
-        ),
-    )
-
-
-def _check_id(value: str, what: str, source: str, where: str) -> None:
-    """Job ids and task keys make task ids (`job/task`) and storage keys: no '/', no
-    whitespace or control characters, not empty."""
-    if not value or "/" in value or not value.isprintable() or value != value.strip():
-        raise InputError(
-            f"a {what} may not be empty or hold '/', spaces at its ends or control characters "
-            "(task ids are '<job>/<task>')",
-            source=source,
-            where=where,
-            value=value,
-            has_value=True,
-        )
-
-
-def _reject_job(job_id: str, name: object, raw_tasks: object, source: str) -> None:
-    where = f"job {job_id!r}"
-    if not isinstance(name, str) or not name:
-        raise InputError(
-            "must be a non-empty string",
-            source=source,
-            where=where,
-            field="name",
-            value=name,
-            has_value=True,
-        )
-    if not isinstance(raw_tasks, Mapping) or not raw_tasks:
-        raise InputError(
-            "must be a non-empty object of tasks",
-            source=source,
-            where=where,
-            field="tasks",
-            value=raw_tasks,
-            has_value=raw_tasks is not None,
-        )
-
-
-def _limit(value: object, where: str, source: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(
-            "must be a positive integer",
-            source=source,
-            where=where,
-            field="max_tasks_per_instance",
-            value=value,
-            has_value=True,
-        )
-    return value
-
-
-_DELAY_FIELDS = (
-    ("kill_delay", DEFAULT_KILL_S),
-    ("upload_delay", DEFAULT_UPLOAD_S),
-    ("fetch_delay", DEFAULT_FETCH_S),
-    ("build_image_delay", DEFAULT_BUILD_IMAGE_S),
-)
-
-
-def _task(
-    job_id: str, job_name: str, task_key: str, spec: Any, source: str, demand_cache: _DemandCache
-) -> TaskSpec:
-    if type(spec) is not dict and not isinstance(spec, Mapping):
-        raise InputError(
-            "must be an object", source=source, where=f"job {job_id!r} task {task_key!r}"
-        )
-    _check_id(task_key, "task key", source, f"job {job_id!r} task {task_key!r}")
-    name = spec.get("name", task_key)
-    if type(name) is not str or not name:
-        raise InputError(
-            "must be a non-empty string",
-            source=source,
-            where=f"job {job_id!r} task {task_key!r}",
-            field="name",
-            value=name,
-            has_value=True,
-        )
-    raw_demand: Any = spec.get("demand")
-    try:
-        cache_key = tuple([(f, *v) for f, v in raw_demand.items()])
-        demands = demand_cache.get(cache_key)
-    except (AttributeError, TypeError):  # not a mapping of lists: validated below
-        cache_key, demands = None, None
-    if demands is None:
-        demands = _demands(raw_demand, f"job {job_id!r} task {task_key!r}", source)
-        if cache_key is not None:
-            demand_cache[cache_key] = demands
-    if any(key in spec for key, _ in _DELAY_FIELDS):
-        where = f"job {job_id!r} task {task_key!r}"
-        kill, upload, fetch, build = (
-            _number(spec, key, default, where, source, maximum=MAX_DELAY_S)
-            for key, default in _DELAY_FIELDS
-        )
-    else:
-        kill, upload, fetch, build = (default for _, default in _DELAY_FIELDS)
-    image = spec.get("image_id")
-    shm = spec.get("shm_size")
-    where = f"job {job_id!r} task {task_key!r}"
-    shm_gb = None if shm is None else _number(spec, "shm_size", None, where, source)
-    run = TaskRun(image=None if image is None else str(image), shm_size_gb=shm_gb)
-    return TaskSpec(
-        task_id=f"{job_id}/{task_key}",
-        job_id=job_id,
-        name=name,
-        workload=workload_key(job_name, name),
-        demands=demands,
-        kill_s=kill,  # type: ignore[arg-type]
-        upload_s=upload,  # type: ignore[arg-type]
-        fetch_s=fetch,  # type: ignore[arg-type]
-        build_image_s=build,  # type: ignore[arg-type]
-        run=run,
-    )
-
-
-def _demands(raw_demand: Any, where: str, source: str) -> Demands:
-    if not isinstance(raw_demand, Mapping) or not raw_demand:
-        raise InputError(
-            "must be an object mapping an instance family (or 'any') to [gpu, cpu, ram_gb]",
-            source=source,
-            where=where,
-            field="demand",
-            value=raw_demand,
-            has_value=raw_demand is not None,
-        )
-    demands = []
-    for family, vector in raw_demand.items():
-        fname = f"demand.{family}"
-        if not isinstance(vector, list) or len(vector) != 3:
-            raise InputError(
-                "must be a list [gpu, cpu, ram_gb]",
-                source=source,
-                where=where,
-                field=fname,
-                value=vector,
-                has_value=True,
-            )
-        values = [
-            check_number(v, field=f"{fname}[{i}]", where=where, source=source)
-            for i, v in enumerate(vector)
-        ]
-        problem = demand_problem(values)
-        if problem is not None:
-            at = problem.component
-            raise InputError(
-                problem.message,
-                source=source,
-                where=where,
-                field=fname if at is None else f"{fname}[{at}]",
-                value=vector if at is None else vector[at],
-                has_value=True,
-            )
-        demands.append((str(family), Resources.of(values)))
-    return tuple(sorted(demands))
 
 
 class DemandProblem(NamedTuple):

@@ -335,6 +335,12 @@ def _choose(candidates: Sequence[Candidate], d_hat: float, mode: Mode) -> tuple[
     )
 
 
+def task_classes(view: ClusterView) -> list[LPClass]:
+    """The view's tasks as the LP sees them: classes of equal demands (and anti-affinity
+    group), the input of the static bounds (`autoscaler.bounds`)."""
+    return _lp_classes(Packer(view))
+
+
 def _lp_classes(packer: Packer) -> list[LPClass]:
     """The packer's classes, as the LP sees them."""
     return _merge_lp_classes(

@@ -18,12 +18,9 @@ snapshot; the round that observes builds the next one.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-
-from autoscaler.errors import InputError
 
 #: Eva's default throughput for a pair never observed together (§4.3).
 DEFAULT_THROUGHPUT = 0.95
@@ -251,84 +248,3 @@ def _attribute(entries: Mapping[Key, ThroughputEntry], keys: list[Key], value: f
     if unrecorded:
         return most_colocated(unrecorded)  # rule 3
     return lowest(recorded)
-
-
-def contention_matrix_from_csv(
-    text: str, default: float = DEFAULT_THROUGHPUT, source: str = "contention matrix"
-) -> ThroughputTable:
-    """Pairwise throughputs from Eva's contention-matrix CSV.
-
-    Row = the workload whose throughput is given, column = the co-located
-    workload, `x` = not measured (left to the default).
-    """
-    rows = list(csv.reader(text.splitlines()))
-    rows = [r for r in rows if any(cell.strip() for cell in r)]
-    if len(rows) < 2 or len(rows[0]) < 2:
-        raise InputError("needs a header row of workloads and at least one data row", source=source)
-    columns = [c.strip() for c in rows[0][1:]]
-    if "" in columns:
-        raise InputError(
-            f"column {columns.index('') + 2} of the header names no workload",
-            source=source,
-            where="line 1",
-        )
-    entries: dict[Key, ThroughputEntry] = {}
-    for line_no, row in enumerate(rows[1:], start=2):
-        workload = row[0].strip()
-        if not workload:
-            raise InputError(
-                "the first cell must name the workload whose throughputs the row gives",
-                source=source,
-                where=f"line {line_no}",
-            )
-        if len(row) - 1 != len(columns):
-            raise InputError(
-                f"has {len(row) - 1} values, header has {len(columns)}",
-                source=source,
-                where=f"line {line_no} ({workload!r})",
-            )
-        for other, cell in zip(columns, row[1:], strict=True):
-            cell = cell.strip()
-            if cell.lower() == "x":
-                continue
-            where = f"line {line_no}"
-            if not cell:
-                raise InputError(
-                    "is empty: write a throughput in (0, 1], or 'x' for not measured",
-                    source=source,
-                    where=where,
-                    field=f"{workload}/{other}",
-                )
-            try:
-                value = float(cell)
-            except ValueError:
-                raise InputError(
-                    "must be a number or 'x'",
-                    source=source,
-                    where=where,
-                    field=f"{workload}/{other}",
-                    value=cell,
-                    has_value=True,
-                ) from None
-            if not 0.0 < value <= 1.0:
-                raise InputError(
-                    "must be in (0, 1]",
-                    source=source,
-                    where=where,
-                    field=f"{workload}/{other}",
-                    value=cell,
-                    has_value=True,
-                )
-            known = entries.get((workload, (other,)))
-            if known is not None and known.throughput != value:
-                raise InputError(
-                    f"repeats the pair {workload} next to {other} with another value "
-                    f"({known.throughput:g} before): say each pair once",
-                    source=source,
-                    where=where,
-                    field=f"{workload}/{other}",
-                    value=cell,
-                    has_value=True,
-                )
-            entries[(workload, (other,))] = ThroughputEntry(value)
-    return ThroughputTable(entries, default)

@@ -6,7 +6,15 @@ import sys
 
 from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
-from benchmarks import daemon_scale, limits, lp_scaling, migration, plan_scaling, replay_speed
+from benchmarks import (
+    daemon_scale,
+    inputs,
+    limits,
+    lp_scaling,
+    migration,
+    plan_scaling,
+    replay_speed,
+)
 
 BENCHMARKS = {
     "plan": plan_scaling.main,
@@ -15,6 +23,7 @@ BENCHMARKS = {
     "daemon": daemon_scale.main,
     "migration": migration.main,
     "limits": limits.main,
+    "inputs": inputs.main,
 }
 
 

@@ -28,9 +28,8 @@ from __future__ import annotations
 import argparse
 
 from app.bundled import bundled
-from app.files import load_catalog, load_contention_matrix, load_jobs
+from app.files import jobs_from_eva, load_catalog, load_contention_matrix, load_jobs
 from app.table import format_table
-from autoscaler.jobs import jobs_from_eva
 from benchmarks.timing import timed
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, replay

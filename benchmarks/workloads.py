@@ -66,8 +66,8 @@ SHAPES = {"users": _users, "cpu": _cpu, "small": _small, "memory": _memory, "gpu
 
 def distinct_jobs(n: int, seed: int = 0, shape: str = "users") -> tuple[JobSpec, ...]:
     """`n` single-task jobs with (almost surely) pairwise distinct demand vectors drawn
-    from one of `SHAPES`."""
-    draw = SHAPES[shape]
+    from one of `SHAPES` or `HELD_OUT`."""
+    draw = SHAPES_ALL[shape]
     rng = random.Random(seed)
     jobs = []
     for i in range(n):
@@ -77,3 +77,48 @@ def distinct_jobs(n: int, seed: int = 0, shape: str = "users") -> tuple[JobSpec,
         )
         jobs.append(JobSpec(job_id, f"w{i % 7}[{i}]", (task,)))
     return tuple(jobs)
+
+
+def _uniform_gpu(rng: random.Random) -> tuple[float, float, float]:
+    return (
+        rng.choice((0, 1, 2, 4, 8)),
+        round(rng.uniform(0.5, 32), 3),
+        round(rng.uniform(1, 200), 3),
+    )
+
+
+def _ram_heavy(rng: random.Random) -> tuple[float, float, float]:
+    cpu = rng.uniform(0.5, 8)
+    return 0, round(cpu, 3), round(cpu * rng.uniform(16, 64), 3)
+
+
+def _power_law(rng: random.Random) -> tuple[float, float, float]:
+    cpu = min(48.0, rng.paretovariate(1.5) * 0.5)  # many small, a long tail of large
+    gpu = 0
+    if rng.random() < 0.25:  # on a p3 (at most 32 cores): 1 GPU, or 2–4 for the large
+        cpu = min(cpu, 32.0)
+        gpu = 1 if cpu < 8 else rng.choice((2, 4))
+    return gpu, round(cpu, 3), round(cpu * rng.uniform(2, 8), 3)
+
+
+def _tiny_and_huge(rng: random.Random) -> tuple[float, float, float]:
+    if rng.random() < 0.02:
+        gpu = rng.choice((0, 4, 8))
+        cpu = rng.uniform(16, 32) if gpu else rng.uniform(32, 64)
+        return gpu, round(cpu, 2), round(rng.uniform(200, 480), 2)
+    return 0, round(rng.uniform(0.05, 0.5), 4), round(rng.uniform(0.1, 2), 4)
+
+
+#: Held-out distributions the packer was not tuned on, drawn with seeds fixed per run:
+#: `uniform-gpu` GPUs 0/1/2/4/8, CPU uniform 0.5–32, RAM uniform 1–200 GB; `ram-heavy`
+#: 0.5–8 CPU at 16–64 GB per CPU; `power-law` CPU Pareto(1.5) × 0.5 (capped at 48) at
+#: 2–8 GB per CPU, a quarter on GPUs (1, or 2–4 from 8 CPUs on); `tiny-and-huge` 98%
+#: of 0.05–0.5 CPU and 0.1–2 GB, 2% huge: 200–480 GB with 32–64 CPUs, or 4 or 8 GPUs
+#: with 16–32.
+HELD_OUT = {
+    "uniform-gpu": _uniform_gpu,
+    "ram-heavy": _ram_heavy,
+    "power-law": _power_law,
+    "tiny-and-huge": _tiny_and_huge,
+}
+SHAPES_ALL = {**SHAPES, **HELD_OUT}

@@ -1,6 +1,8 @@
 """The `Cloud` bindings: `ec2` (boto3) and `local` (worker agents on this host, whose
 containers it finds by the executor's labels); the instance `catalog` and its prices;
-`bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables).
+`bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables);
+`documents` (how every file is read: strict msgspec schemas, bounded reads, one-line
+errors — the application reads users' files by the same rules).
 
 Each cloud also says how its workers prove their instance when they enroll (an
 `executor.enrollment.IdentityVerifier`): `identity` checks EC2's signed instance

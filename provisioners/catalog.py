@@ -24,20 +24,39 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from autoscaler.catalog import Catalog, InstanceType, catalog_from_eva
+import msgspec
+
+from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType, LaunchDelays
 from autoscaler.cloud import CloudError, CloudRequestError
 from autoscaler.errors import InputError
+from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S, MAX_HOURLY_COST
 from autoscaler.resources import Resources
-from provisioners.aws import AwsCaller
-from provisioners.config import EC2Config, family_of
+from provisioners.config import EC2Config, Region, family_of
+from provisioners.documents import (
+    MIB,
+    FieldError,
+    Strict,
+    convert,
+    decode_utf8,
+    dotted,
+    number,
+    parse_json,
+    read_regular_file,
+    text,
+    whole,
+)
 from provisioners.images import UnsupportedFamily, accelerator_of, architecture_of
+
+if TYPE_CHECKING:
+    from provisioners.aws import AwsCaller
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +78,223 @@ _CATALOG_FORMAT = "ec2-batch-autoscaler catalog v1"
 _BUNDLED_REGION = "us-east-1"
 
 Origin = Literal["aws", "cache", "bundled"]
+
+
+# --- the formats ------------------------------------------------------------------------------
+
+#: The largest catalog, catalog cache or price table read: a region's whole catalog is ~1 MB.
+CATALOG_LIMIT = 64 * MIB
+#: How far in the future a cache's date may be (clocks disagree a little, not by days).
+CLOCK_SKEW_S = 300.0
+
+TypeName = text(
+    min_length=1,
+    max_length=64,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    description="an instance type name such as 'c7i.large'",
+)
+FamilyName = text(
+    min_length=1,
+    max_length=64,
+    pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+    description="an instance family such as 'c7i'",
+)
+Capacity = Annotated[
+    tuple[
+        Annotated[
+            float,
+            msgspec.Meta(
+                ge=0,
+                le=MAX_CAPACITY[0],
+                multiple_of=1,
+                description=f"a whole number of GPUs from 0 to {MAX_CAPACITY[0]:,.0f}",
+            ),
+        ],
+        number(ge=0, le=MAX_CAPACITY[1]),
+        number(ge=0, le=MAX_CAPACITY[2]),
+    ],
+    msgspec.Meta(description="a list [gpus, physical cores, GiB of RAM]"),
+]
+HourlyCost = number(
+    gt=0, le=MAX_HOURLY_COST, description=f"USD per hour in (0, {MAX_HOURLY_COST:,.0f}]"
+)
+Delay = number(ge=0, le=MAX_DELAY_S)
+Note = text(max_length=4096)
+
+
+class EvaInstanceType(Strict):
+    """One type of Eva's `ec2_config.json`: capacity, price and measured launch delays."""
+
+    family: FamilyName
+    capacity: Capacity
+    cost: HourlyCost
+    instantiate_delay: Delay | None = None
+    run_worker_delay: Delay | None = None
+    worker_register_delay: Delay | None = None
+    terminate_delay: Delay | None = None
+    # Eva's own launch settings, part of its format; the provisioner has its own.
+    num_sockets: whole(ge=1, le=64) | None = None
+    ssh_user: text(max_length=64) | None = None
+    launch_cfg: dict[text(max_length=64), text(max_length=1024)] | None = None
+
+    def check(self) -> None:
+        if self.family == ANY_FAMILY:
+            raise FieldError(
+                f"must not be {ANY_FAMILY!r} (a demand for {ANY_FAMILY!r} is one for every family)",
+                "family",
+                self.family,
+            )
+        gpu, *_ = self.capacity
+        if gpu != int(gpu):
+            raise FieldError("GPUs are whole devices", "capacity", list(self.capacity))
+        if not any(self.capacity):
+            raise FieldError("a type with no capacity hosts nothing", "capacity", [0, 0, 0])
+        later = ("run_worker_delay", "worker_register_delay", "terminate_delay")
+        given = [k for k in later if getattr(self, k) is not None]
+        if given and self.instantiate_delay is None:
+            raise FieldError(
+                f"is required with {', '.join(given)}: a type's measured delays come together "
+                "(without it the others would be ignored)",
+                "instantiate_delay",
+            )
+
+    def instance_type(self, name: str) -> InstanceType:
+        delays = None
+        if self.instantiate_delay is not None:
+            delays = LaunchDelays(
+                float(self.instantiate_delay),
+                float(self.run_worker_delay or 0.0) + float(self.worker_register_delay or 0.0),
+                float(self.terminate_delay if self.terminate_delay is not None else 1.0),
+            )
+        return InstanceType(
+            name=name,
+            family=self.family,
+            capacity=Resources(*map(float, self.capacity)),
+            hourly_cost=float(self.cost),
+            delays=delays,
+        )
+
+
+class EvaCatalogFile(Strict):
+    """Eva's `ec2_config.json`: instance types by name, and the region they are of."""
+
+    instance_types: Annotated[
+        dict[TypeName, EvaInstanceType], msgspec.Meta(min_length=1, max_length=100_000)
+    ]
+    region: Region | None = None
+
+
+class CachedInstanceType(Strict):
+    """One type of a catalog cache: Eva's fields, and what AWS said of it."""
+
+    family: FamilyName
+    capacity: Capacity
+    cost: HourlyCost
+    vcpus: whole(ge=1, le=100_000) | None = None
+    zones: Annotated[tuple[text(max_length=64), ...], msgspec.Meta(max_length=1000)] = ()
+
+    def check(self) -> None:
+        EvaInstanceType(family=self.family, capacity=self.capacity, cost=self.cost)
+
+
+class Selection(Strict):
+    families: Annotated[tuple[FamilyName, ...], msgspec.Meta(max_length=1000)] = ()
+    types: Annotated[tuple[TypeName, ...], msgspec.Meta(max_length=1000)] = ()
+
+
+class CatalogCacheFile(Strict):
+    """`catalog-<region>.json` in `[ec2] cache_dir`: what `catalog refresh` learnt from AWS."""
+
+    format: Literal["ec2-batch-autoscaler catalog v1"]
+    region: Region
+    instance_types: Annotated[dict[TypeName, CachedInstanceType], msgspec.Meta(max_length=100_000)]
+    fetched_at_s: number(ge=0, le=1e11) | None = None
+    fetched_at: text(max_length=64) | None = None
+    units: dict[text(max_length=64), text(max_length=256) | list[text(max_length=64)]] = (
+        msgspec.field(default_factory=dict)
+    )
+    prices: text(max_length=4096) = "unknown"
+    selection: Selection = msgspec.field(default_factory=Selection)
+    notes: Annotated[tuple[Note, ...], msgspec.Meta(max_length=1000)] = ()
+
+
+class PriceTableFile(Strict):
+    """`prices-<region>.json`: on-demand USD/hour by type, where and when they came from."""
+
+    format: Literal["ec2-batch-autoscaler prices v1"]
+    region: Region
+    prices: Annotated[dict[TypeName, HourlyCost], msgspec.Meta(max_length=100_000)]
+    retrieved: text(
+        max_length=10, pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date, YYYY-MM-DD"
+    )
+    currency: Literal["USD"] = "USD"
+    unit: text(max_length=256) = ""
+    source: text(max_length=1024) = ""
+    note: Note = ""
+
+    def check(self) -> None:
+        try:
+            date.fromisoformat(self.retrieved)
+        except ValueError:
+            raise FieldError("must be a date, YYYY-MM-DD", "retrieved", self.retrieved) from None
+
+
+def _catalog_where(path: Sequence[Any]) -> tuple[str | None, str | None]:
+    if len(path) >= 2 and path[0] in ("instance_types", "prices"):
+        if path[0] == "prices":
+            return None, dotted(path)
+        return f"instance type {str(path[1])!r}", dotted(path[2:]) or None
+    return None, dotted(path) or None
+
+
+def catalog_from_eva(data: object, source: str = "catalog") -> Catalog:
+    """A catalog from Eva's `ec2_config.json` structure, checked against its schema."""
+    if not isinstance(data, Mapping):
+        raise InputError("must be a JSON object with an 'instance_types' object", source=source)
+    document = convert(data, EvaCatalogFile, source=source, where_of=_catalog_where)
+    return Catalog(
+        [spec.instance_type(name) for name, spec in document.instance_types.items()],
+        document.region,
+    )
+
+
+def catalog_from_document(data: object, source: str = "catalog") -> Catalog:
+    """A catalog a user names: Eva's format, or our catalog cache (which extends it)."""
+    if isinstance(data, Mapping) and "format" in data:
+        cache = _cache_document(data, source)
+        return _cache_catalog(cache)
+    return catalog_from_eva(data, source)
+
+
+def _cache_document(data: object, source: str) -> CatalogCacheFile:
+    if not isinstance(data, Mapping) or data.get("format") != _CATALOG_FORMAT:
+        raise InputError(
+            f"not a catalog cache (expected format {_CATALOG_FORMAT!r}); delete it and run "
+            "`autoscaler catalog refresh`",
+            source=source,
+        )
+    document = convert(data, CatalogCacheFile, source=source, where_of=_catalog_where)
+    fetched = document.fetched_at_s
+    if fetched is not None and fetched > time.time() + CLOCK_SKEW_S:
+        raise InputError(
+            f"is dated in the future ({_iso(fetched)}), so it would never go stale; delete it "
+            "and run `autoscaler catalog refresh`",
+            source=source,
+            field="fetched_at_s",
+            value=fetched,
+            has_value=True,
+        )
+    return document
+
+
+def _cache_catalog(document: CatalogCacheFile) -> Catalog:
+    return Catalog(
+        [
+            InstanceType(name, t.family, Resources(*map(float, t.capacity)), float(t.cost))
+            for name, t in document.instance_types.items()
+        ],
+        document.region,
+    )
 
 
 # --- prices -----------------------------------------------------------------------------------
@@ -112,30 +348,17 @@ def catalog_cache_path(config: EC2Config) -> Path:
 
 def load_price_table(path: Path) -> PriceTable:
     """Read and validate a price table file."""
-    data = _read_document(path, "price table")
     source = str(path)
+    data = _read_document(path, "price table")
     if not isinstance(data, Mapping) or data.get("format") != _PRICES_FORMAT:
         raise InputError(f"not a price table (expected format {_PRICES_FORMAT!r})", source=source)
-    prices = data.get("prices")
-    if not isinstance(prices, Mapping):
-        raise InputError("must be an object", source=source, field="prices")
-    checked: dict[str, float] = {}
-    for name, price in prices.items():
-        if isinstance(price, bool) or not isinstance(price, (int, float)) or not price > 0:
-            raise InputError(
-                "must be a positive number",
-                source=source,
-                field=f"prices.{name}",
-                value=price,
-                has_value=True,
-            )
-        checked[str(name)] = float(price)
+    document = convert(data, PriceTableFile, source=source, where_of=_catalog_where)
     return PriceTable(
-        region=str(data.get("region", "")),
-        prices=checked,
-        retrieved=str(data.get("retrieved", "unknown date")),
-        source=str(data.get("source", source)),
-        note=str(data.get("note", "")),
+        region=document.region,
+        prices={name: float(price) for name, price in document.prices.items()},
+        retrieved=document.retrieved,
+        source=document.source or source,
+        note=document.note,
     )
 
 
@@ -146,11 +369,11 @@ def save_price_table(table: PriceTable, path: Path) -> None:
 def current_price_table(config: EC2Config) -> PriceTable | None:
     """The refreshed table in the cache directory, else the bundled one, else None."""
     refreshed = price_table_path(config)
-    if refreshed.exists():
-        return load_price_table(refreshed)
+    if refreshed.exists() or refreshed.is_symlink():
+        return _of_region(load_price_table(refreshed), config.region, refreshed)
     packaged = bundled_price_table_path(config.region)
     if packaged.exists():
-        return load_price_table(packaged)
+        return _of_region(load_price_table(packaged), config.region, packaged)
     return None
 
 
@@ -205,6 +428,20 @@ def refreshed_price_table(
         log.warning("prices not saved: %s", exc)
     log.info("prices: %d on-demand prices for %s from the Pricing API", len(fresh.prices), today)
     return fresh, None
+
+
+def _of_region(table: PriceTable, region: str, path: Path) -> PriceTable:
+    """A price table of another region is refused: its prices are not this region's."""
+    if table.region != region:
+        raise InputError(
+            f"holds the prices of {table.region}, and the cluster is in {region}; delete it "
+            "and run `autoscaler catalog refresh`",
+            source=str(path),
+            field="region",
+            value=table.region,
+            has_value=True,
+        )
+    return table
 
 
 def prices_from_products(price_list: Iterable[str], region: str) -> dict[str, float]:
@@ -456,7 +693,7 @@ def bundled_catalog(config: EC2Config, prices: PriceTable | None) -> EC2Catalog:
         )
     else:
         price_of = dict(prices.prices) if prices is not None else {}
-        eva = catalog_from_eva(_read_document(BUNDLED_CATALOG, "catalog"))
+        eva = catalog_from_eva(_read_document(BUNDLED_CATALOG, "catalog"), str(BUNDLED_CATALOG))
         allowed = [t for t in eva if config.allows(t.name)]
         if not allowed:
             selection = ", ".join([*config.families, *config.types]) or "nothing"
@@ -515,40 +752,39 @@ def save_catalog_cache(catalog: EC2Catalog, path: Path) -> None:
     _write_json_atomically(path, document)
 
 
-def load_catalog_cache(path: Path) -> EC2Catalog | None:
-    """The cached catalog, or None when there is none. A damaged cache is an `InputError`."""
-    if not path.exists():
+def load_catalog_cache(path: Path, region: str | None = None) -> EC2Catalog | None:
+    """The cached catalog, or None when there is none. A damaged cache, one dated in the
+    future, or (given `region`) one of another region is an `InputError`."""
+    if not path.exists() and not path.is_symlink():
         return None
-    data = _read_document(path, "catalog cache")
     source = str(path)
-    if not isinstance(data, Mapping) or data.get("format") != _CATALOG_FORMAT:
+    document = _cache_document(_read_document(path, "catalog cache"), source)
+    if region is not None and document.region != region:
         raise InputError(
-            f"not a catalog cache (expected format {_CATALOG_FORMAT!r}); delete it and run "
-            "`autoscaler catalog refresh`",
+            f"is the catalog of {document.region}, and the cluster is in {region}; delete it "
+            "and run `autoscaler catalog refresh`",
             source=source,
+            field="region",
+            value=document.region,
+            has_value=True,
         )
-    raw = data.get("instance_types")
-    # An empty cache is valid (every type was skipped); Eva's loader wants at least one type.
-    catalog = Catalog([], data.get("region")) if raw == {} else catalog_from_eva(data, source)
-    raw = raw or {}
-    fetched = data.get("fetched_at_s")
-    selection = data.get("selection", {})
+    raw = document.instance_types
     return EC2Catalog(
-        region=str(data.get("region")),
-        catalog=catalog,
-        zones={n: tuple(raw[n].get("zones") or ()) for n in raw},
-        vcpus={n: int(raw[n]["vcpus"]) for n in raw if raw[n].get("vcpus") is not None},
+        region=document.region,
+        catalog=_cache_catalog(document),
+        zones={n: tuple(t.zones) for n, t in raw.items()},
+        vcpus={n: t.vcpus for n, t in raw.items() if t.vcpus is not None},
         origin="cache",
-        prices=str(data.get("prices", "unknown")),
-        fetched_at_s=float(fetched) if isinstance(fetched, (int, float)) else None,
-        selection=(tuple(selection.get("families", ())), tuple(selection.get("types", ()))),
-        notes=tuple(str(n) for n in data.get("notes", ())),
+        prices=document.prices,
+        fetched_at_s=None if document.fetched_at_s is None else float(document.fetched_at_s),
+        selection=(tuple(document.selection.families), tuple(document.selection.types)),
+        notes=tuple(document.notes),
     )
 
 
 def cached_or_bundled_catalog(config: EC2Config) -> EC2Catalog:
     """What `catalog show` prints without calling AWS: the cache, else the bundled catalog."""
-    cached = load_catalog_cache(catalog_cache_path(config))
+    cached = load_catalog_cache(catalog_cache_path(config), config.region)
     if cached is not None:
         return cached.restricted_to(config)
     return bundled_catalog(config, current_price_table(config))
@@ -571,7 +807,7 @@ def current_catalog(
     """
     path = catalog_cache_path(config)
     try:
-        cached = load_catalog_cache(path)
+        cached = load_catalog_cache(path, config.region)
     except InputError as exc:
         log.warning("ignoring the damaged catalog cache: %s", exc)
         cached = None
@@ -639,23 +875,10 @@ def _write_json_atomically(path: Path, document: Mapping[str, Any]) -> None:
         raise
 
 
-#: The largest catalog cache or price table read: a region's whole catalog is ~1 MB.
-MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
-
-
 def _read_document(path: Path, what: str) -> Any:
-    """A JSON file this binding wrote (cache, price table) or bundles, read with a bound;
-    any problem is an `InputError` naming the file."""
-    try:
-        with open(path, "rb") as handle:
-            if not os.path.isfile(path):
-                raise InputError(f"{what} is not a regular file", source=str(path))
-            raw = handle.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"cannot read {what}: {exc.strerror or exc}", source=str(path)) from None
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise InputError(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes", source=str(path))
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{what} is not JSON: {exc}", source=str(path)) from None
+    """A JSON file this binding wrote (cache, price table) or bundles, read by the rules
+    of `provisioners.documents`: a regular file, within `CATALOG_LIMIT`, no duplicate key."""
+    source = str(path)
+    return parse_json(
+        decode_utf8(read_regular_file(path, what, CATALOG_LIMIT), what, source), source
+    )

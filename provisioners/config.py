@@ -51,13 +51,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
+
+from msgspec import Meta
 
 from autoscaler.cloud import Guardrails
 from autoscaler.errors import InputError
+from provisioners.documents import FieldError, Strict, convert, dotted, number, text, whole
 from provisioners.images import (
     SUGGESTED_IMAGES,
     UnsupportedFamily,
@@ -67,6 +70,7 @@ from provisioners.images import (
 )
 
 OrphanPolicy = Literal["report", "terminate"]
+TableT = TypeVar("TableT", bound=Strict)
 
 #: The CPU families of the bundled price table (Eva's types), allowed by default. Its p3
 #: types are not: their V100 GPUs need the proprietary NVIDIA driver, and AWS's image with
@@ -76,7 +80,7 @@ DEFAULT_FAMILIES: tuple[str, ...] = ("c7i", "r7i")
 #: Launches of one instance type within any hour, unless `[guardrails]` says otherwise.
 DEFAULT_LAUNCHES_PER_TYPE_HOUR = 10
 
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _FAMILY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _TYPE = re.compile(r"^[a-z0-9][a-z0-9-]*\.[a-z0-9-]+$")
@@ -156,8 +160,14 @@ class ProvisionerConfig:
     """Both tables, as parsed from one configuration file."""
 
     ec2: EC2Config = field(default_factory=EC2Config)
-    guardrails: Guardrails = field(default_factory=Guardrails)
+    guardrails: Guardrails = field(default_factory=lambda: default_guardrails())
     source: str | None = None
+
+
+def default_guardrails() -> Guardrails:
+    """The limits of a file without `[guardrails]`: only the launch rate bound (a daemon
+    on EC2 refuses to start without its spending limits)."""
+    return Guardrails(max_launches_per_type_hour=DEFAULT_LAUNCHES_PER_TYPE_HOUR)
 
 
 def family_of(instance_type: str) -> str:
@@ -169,21 +179,27 @@ def parse_config(
     data: Mapping[str, Any], source: str = "config", base_dir: Path | None = None
 ) -> ProvisionerConfig:
     """Validate the `[ec2]` and `[guardrails]` tables of a parsed TOML document."""
-    ec2 = _Table(data, "ec2", source)
-    region = ec2.get("region", _region, "us-east-1")
-    zones = ec2.get("zones", _list_of(_zone_in(region)), ())
-    families = ec2.get("families", _list_of(_family), DEFAULT_FAMILIES)
-    types = ec2.get("types", _list_of(_type), ())
-    if not families and not types:
+    ec2 = _table(data, "ec2", EC2Table, source)
+    try:
+        ec2.check_zones(ec2.effective_region)
+    except FieldError as exc:
         raise InputError(
-            "at least one of 'families' and 'types' must be non-empty "
-            "(an unrestricted catalog would let the planner pick any of ~800 types)",
+            exc.message,
             source=source,
             where="[ec2]",
-        )
-    cache_dir = ec2.get("cache_dir", _string, None)
-    cluster_id = ec2.get("cluster_id", _cluster_id, None)
-    if cluster_id is None:
+            field="zones",
+            value=list(ec2.zones),
+            has_value=True,
+        ) from None
+    rails = _table(data, "guardrails", GuardrailsTable, source)
+    return build_provisioner_config(ec2, rails, source=source, base_dir=base_dir)
+
+
+def build_provisioner_config(
+    ec2: EC2Table, rails: GuardrailsTable, *, source: str, base_dir: Path | None
+) -> ProvisionerConfig:
+    """The configuration the tables say (both already checked by their schemas)."""
+    if ec2.cluster_id is None:
         raise InputError(
             "missing: every deployment needs its own cluster id (its instances are tagged "
             "with it, and two deployments sharing one would adopt and terminate each other's "
@@ -192,281 +208,198 @@ def parse_config(
             where="[ec2]",
             field="cluster_id",
         )
-    ami = ec2.get("ami", _images, ())
-    if ami:
-        _check_images_cover(ami, families, types, source)
     ec2_config = EC2Config(
-        region=region,
-        zones=zones,
-        cluster_id=cluster_id,
-        subnet_ids=ec2.get("subnet_ids", _list_of(_prefixed("subnet-")), ()),
-        security_group_ids=ec2.get("security_group_ids", _list_of(_prefixed("sg-")), ()),
-        associate_public_ip=ec2.get("associate_public_ip", _bool, False),
-        iam_instance_profile=ec2.get("iam_instance_profile", _string, None),
-        ami=ami,
-        key_name=ec2.get("key_name", _string, None),
-        families=families,
-        types=types,
-        spot=ec2.get("spot", _list_of(_family_or_type), ()),
-        orphan_policy=ec2.get("orphan_policy", _orphan_policy, "report"),
-        dry_run=ec2.get("dry_run", _bool, True),
-        cache_dir=_path(cache_dir, base_dir) if cache_dir is not None else default_cache_dir(),
-        metadata_hop_limit=ec2.get("metadata_hop_limit", _whole_in(1, 64), 1),
-        root_volume_gb=ec2.get("root_volume_gb", _whole_in(8, 16384), 100),
-        root_volume_type=ec2.get("root_volume_type", _one_of(ROOT_VOLUME_TYPES), "gp3"),
-        root_volume_encrypted=ec2.get("root_volume_encrypted", _bool, True),
-        root_volume_kms_key=ec2.get("root_volume_kms_key", _kms_key, None),
-        identity_certificates=_optional_path(
-            ec2.get("identity_certificates", _string, None), base_dir
-        ),
+        region=ec2.effective_region,
+        zones=tuple(ec2.zones),
+        cluster_id=ec2.cluster_id,
+        subnet_ids=tuple(ec2.subnet_ids),
+        security_group_ids=tuple(ec2.security_group_ids),
+        associate_public_ip=ec2.associate_public_ip,
+        iam_instance_profile=ec2.iam_instance_profile,
+        ami=tuple(sorted(ec2.ami.items())) if ec2.ami is not None else (),
+        key_name=ec2.key_name,
+        families=tuple(ec2.families),
+        types=tuple(ec2.types),
+        spot=tuple(ec2.spot),
+        orphan_policy=ec2.orphan_policy,
+        dry_run=ec2.dry_run,
+        cache_dir=_path(ec2.cache_dir, base_dir)
+        if ec2.cache_dir is not None
+        else default_cache_dir(),
+        metadata_hop_limit=ec2.metadata_hop_limit,
+        root_volume_gb=ec2.root_volume_gb,
+        root_volume_type=ec2.root_volume_type,
+        root_volume_encrypted=ec2.root_volume_encrypted,
+        root_volume_kms_key=ec2.root_volume_kms_key,
+        identity_certificates=_path(ec2.identity_certificates, base_dir)
+        if ec2.identity_certificates is not None
+        else None,
     )
-    if ec2_config.root_volume_kms_key and not ec2_config.root_volume_encrypted:
-        raise InputError(
-            "a KMS key encrypts the root volume: set root_volume_encrypted = true or remove it",
-            source=source,
-            where="[ec2]",
-            field="root_volume_kms_key",
-            value=ec2_config.root_volume_kms_key,
-            has_value=True,
-        )
-    ec2.reject_unknown()
-
-    rails = _Table(data, "guardrails", source)
     guardrails = Guardrails(
-        max_instances=rails.get("max_instances", _count, None),
-        max_hourly_spend=rails.get("max_hourly_spend", _money, None),
-        allowed_regions=rails.get("allowed_regions", _list_of(_region), ()),
-        max_daily_spend=rails.get("max_daily_spend", _dollars, None),
-        max_launches_per_type_hour=rails.get(
-            "max_launches_per_type_hour", _positive_count, DEFAULT_LAUNCHES_PER_TYPE_HOUR
-        ),
+        max_instances=rails.max_instances,
+        max_hourly_spend=None if rails.max_hourly_spend is None else float(rails.max_hourly_spend),
+        allowed_regions=tuple(rails.allowed_regions),
+        max_daily_spend=None if rails.max_daily_spend is None else float(rails.max_daily_spend),
+        max_launches_per_type_hour=rails.max_launches_per_type_hour,
     )
-    rails.reject_unknown()
     return ProvisionerConfig(ec2_config, guardrails, source)
 
 
-def _optional_path(value: str | None, base_dir: Path | None) -> Path | None:
-    return None if value is None else _path(value, base_dir)
-
-
-# --- validation -------------------------------------------------------------------------------
-
-
-class _Invalid(ValueError):
-    """A value is wrong; the message says what was expected."""
-
-
-class _Table:
-    """One TOML table, read key by key so every error names `[table] field = value`."""
-
-    _KNOWN: Mapping[str, frozenset[str]] = {
-        "ec2": frozenset(
-            {
-                "region",
-                "zones",
-                "cluster_id",
-                "subnet_ids",
-                "security_group_ids",
-                "associate_public_ip",
-                "iam_instance_profile",
-                "ami",
-                "metadata_hop_limit",
-                "root_volume_gb",
-                "root_volume_type",
-                "root_volume_encrypted",
-                "root_volume_kms_key",
-                "key_name",
-                "families",
-                "types",
-                "spot",
-                "orphan_policy",
-                "dry_run",
-                "cache_dir",
-                "identity_certificates",
-            }
-        ),
-        "guardrails": frozenset(
-            {
-                "max_instances",
-                "max_hourly_spend",
-                "max_daily_spend",
-                "max_launches_per_type_hour",
-                "allowed_regions",
-            }
-        ),
-    }
-
-    def __init__(self, data: Mapping[str, Any], name: str, source: str) -> None:
-        raw = data.get(name, {})
-        self.name, self.source = name, source
-        if not isinstance(raw, Mapping):
-            raise InputError(
-                "must be a table", source=source, field=name, value=raw, has_value=True
-            )
-        self.raw = raw
-
-    def get(self, key: str, check: Callable[[Any], Any], default: Any) -> Any:
-        if key not in self.raw:
-            return default
-        value = self.raw[key]
-        try:
-            return check(value)
-        except _Invalid as exc:
-            raise InputError(
-                str(exc),
-                source=self.source,
-                where=f"[{self.name}]",
-                field=key,
-                value=value,
-                has_value=True,
-            ) from None
-
-    def reject_unknown(self) -> None:
-        unknown = sorted(set(self.raw) - self._KNOWN[self.name])
-        if unknown:
-            raise InputError(
-                f"unknown field (known: {', '.join(sorted(self._KNOWN[self.name]))})",
-                source=self.source,
-                where=f"[{self.name}]",
-                field=unknown[0],
-            )
-
-
-def _string(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _Invalid("must be a non-empty string")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid("must be true or false")
-    return value
-
-
-def _matching(pattern: re.Pattern[str], what: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or not pattern.match(value):
-            raise _Invalid(f"must be {what}")
-        return value
-
-    return check
-
-
-_region = _matching(_REGION, "an AWS region name such as 'us-east-1'")
-_cluster_id = _matching(
-    _CLUSTER_ID, "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
-)
-_family = _matching(_FAMILY, "an instance family such as 'c7i'")
-_type = _matching(_TYPE, "an instance type such as 'c7i.large'")
-
-
-def _family_or_type(value: Any) -> str:
-    if isinstance(value, str) and (_FAMILY.match(value) or _TYPE.match(value)):
-        return value
-    raise _Invalid("must be an instance type ('c7i.large') or family ('c7i')")
-
-
-def _prefixed(prefix: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or not value.startswith(prefix) or len(value) <= len(prefix):
-            raise _Invalid(f"must be an id starting with '{prefix}'")
-        return value
-
-    return check
-
-
-def _zone_in(region: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or not value.startswith(region) or value == region:
-            raise _Invalid(f"must be an availability zone of region {region}, such as '{region}a'")
-        return value
-
-    return check
-
-
-def _list_of(item: Callable[[Any], str]) -> Callable[[Any], tuple[str, ...]]:
-    def check(value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            raise _Invalid("must be a list")
-        checked: list[str] = []
-        for v in value:
-            try:
-                checked.append(item(v))
-            except _Invalid as exc:
-                raise _Invalid(f"entry {v!r} {exc}") from None
-        items = tuple(checked)
-        if len(set(items)) != len(items):
-            raise _Invalid("must not repeat an entry")
-        return items
-
-    return check
-
-
-def _whole_in(low: int, high: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise _Invalid(f"must be a whole number from {low} to {high}")
-        return value
-
-    return check
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in choices:
-            raise _Invalid(f"must be one of {', '.join(repr(c) for c in choices)}")
-        return value  # type: ignore[no-any-return]
-
-    return check
-
+# --- the schema -------------------------------------------------------------------------------
 
 _KMS_KEY = re.compile(
     r"^(arn:aws[a-z-]*:kms:\S+|alias/[A-Za-z0-9/_-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$"
 )
 
+Region = text(
+    max_length=32, pattern=_REGION.pattern, description="an AWS region name such as 'us-east-1'"
+)
+ClusterId = text(
+    max_length=63,
+    pattern=_CLUSTER_ID.pattern,
+    description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+)
+Family = text(
+    max_length=64, pattern=_FAMILY.pattern, description="an instance family such as 'c7i'"
+)
+TypeName = text(
+    max_length=64, pattern=_TYPE.pattern, description="an instance type such as 'c7i.large'"
+)
+FamilyOrType = text(
+    max_length=64,
+    pattern=f"({_FAMILY.pattern})|({_TYPE.pattern})",
+    description="an instance type ('c7i.large') or family ('c7i')",
+)
+Zone = text(
+    max_length=40,
+    pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z](-[a-z0-9]+)?$",
+    description="an availability zone such as 'us-east-1a'",
+)
+SubnetId = text(
+    max_length=64, pattern=r"^subnet-[0-9A-Za-z]+$", description="an id starting with 'subnet-'"
+)
+GroupId = text(max_length=64, pattern=r"^sg-[0-9A-Za-z]+$", description="an id starting with 'sg-'")
+Name = text(max_length=2048, pattern=r"\S", description="a non-empty string")
+KmsKey = text(
+    max_length=2048,
+    pattern=_KMS_KEY.pattern,
+    description="a KMS key id, key ARN, alias ARN or 'alias/<name>'",
+)
+#: The most entries a list of the [ec2] table may have.
+MAX_ENTRIES = 1000
+#: A budget no cluster reaches: US dollars per hour.
+MAX_HOURLY_SPEND = 10_000_000.0
 
-def _kms_key(value: Any) -> str:
-    if not isinstance(value, str) or not _KMS_KEY.match(value):
-        raise _Invalid("must be a KMS key id, key ARN, alias ARN or 'alias/<name>'")
-    return value
+
+class EC2Table(Strict):
+    """The `[ec2]` table as written (see the module docstring for each key)."""
+
+    region: Region | None = None  # us-east-1; in a cluster's file, [cluster] region
+    cluster_id: ClusterId | None = None
+    zones: Annotated[tuple[Zone, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    subnet_ids: Annotated[tuple[SubnetId, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    security_group_ids: Annotated[tuple[GroupId, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    associate_public_ip: bool = False
+    iam_instance_profile: Name | None = None
+    ami: dict[text(max_length=64), text(max_length=2048)] | None = None
+    metadata_hop_limit: whole(ge=1, le=64, description="a whole number from 1 to 64") = 1
+    root_volume_gb: whole(ge=8, le=16384, description="a whole number from 8 to 16384") = 100
+    root_volume_type: Literal["gp3", "gp2", "io1", "io2"] = "gp3"
+    root_volume_encrypted: bool = True
+    root_volume_kms_key: KmsKey | None = None
+    key_name: Name | None = None
+    families: Annotated[tuple[Family, ...], Meta(max_length=MAX_ENTRIES)] = DEFAULT_FAMILIES
+    types: Annotated[tuple[TypeName, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    spot: Annotated[tuple[FamilyOrType, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    orphan_policy: Literal["report", "terminate"] = "report"
+    dry_run: bool = True  # left out: a configuration that forgets it launches nothing
+    cache_dir: Name | None = None
+    # PEM certificates of AWS's instance-identity signing keys, one file per region
+    # (default: the bundled ones; tests point this at their own).
+    identity_certificates: Name | None = None
+
+    def check_zones(self, region: str) -> None:
+        """Every zone is one of `region` (the table's, or in a cluster's file [cluster]'s)."""
+        for zone in self.zones:
+            if not zone.startswith(region) or zone == region:
+                raise FieldError(
+                    f"entry {zone!r} must be an availability zone of region {region}, "
+                    f"such as '{region}a'",
+                    "zones",
+                    self.zones,
+                )
+
+    @property
+    def effective_region(self) -> str:
+        return self.region or "us-east-1"
+
+    def check(self) -> None:
+        for name in ("zones", "subnet_ids", "security_group_ids", "families", "types", "spot"):
+            items = getattr(self, name)
+            if len(set(items)) != len(items):
+                raise FieldError("must not repeat an entry", name)
+        if self.region is not None:
+            self.check_zones(self.region)
+        if not self.families and not self.types:
+            raise FieldError(
+                "at least one of 'families' and 'types' must be non-empty "
+                "(an unrestricted catalog would let the planner pick any of ~800 types)"
+            )
+        if self.root_volume_kms_key and not self.root_volume_encrypted:
+            raise FieldError(
+                "a KMS key encrypts the root volume: set root_volume_encrypted = true or remove it",
+                "root_volume_kms_key",
+            )
+        if self.ami is not None:
+            _check_images(self.ami, self.families, self.types)
 
 
-def _images(value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, Mapping):
-        raise _Invalid(
-            "must be a table of images by kind, such as "
-            f"{{ x86_64 = {SUGGESTED_IMAGES['x86_64']!r} }} (see `autoscaler init`)"
-        )
-    images = []
-    for kind, reference in value.items():
-        try:
-            check_kind(kind)
-            if not isinstance(reference, str):
-                raise ValueError("must be a string")
-            check_image_reference(reference)
-        except ValueError as exc:
-            raise _Invalid(f"entry {kind!r}: {exc}") from None
-        images.append((kind, reference))
-    if not images:
-        raise _Invalid("must name at least one image")
-    return tuple(sorted(images))
+class GuardrailsTable(Strict):
+    """The `[guardrails]` table as written."""
+
+    max_instances: whole(ge=0, le=1_000_000, description="a whole number >= 0") | None = None
+    max_hourly_spend: (
+        number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0")
+        | None
+    ) = None
+    allowed_regions: Annotated[tuple[Region, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    max_daily_spend: (
+        number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0") | None
+    ) = None
+    max_launches_per_type_hour: whole(ge=1, le=1_000_000, description="a whole number >= 1") = (
+        DEFAULT_LAUNCHES_PER_TYPE_HOUR
+    )
+
+    def check(self) -> None:
+        if len(set(self.allowed_regions)) != len(self.allowed_regions):
+            raise FieldError("must not repeat an entry", "allowed_regions")
 
 
-def _check_images_cover(
-    images: tuple[tuple[str, str], ...],
-    families: tuple[str, ...],
-    types: tuple[str, ...],
-    source: str,
-) -> None:
+def _table(data: Mapping[str, Any], name: str, schema: type[TableT], source: str) -> TableT:
+    raw = data.get(name, {})
+    if not isinstance(raw, Mapping):
+        raise InputError("must be a table", source=source, field=name, value=raw, has_value=True)
+    where = f"[{name}]"
+    return convert(raw, schema, source=source, where_of=lambda path: (where, dotted(path)))
+
+
+def _check_images(images: Mapping[str, str], families: list[str], types: list[str]) -> None:
     """Every allowed family (and single type) has an image of its architecture and
     accelerator: an x86_64 image does not boot on Graviton, and GPUs need drivers."""
-    kinds = {kind for kind, _ in images}
+    if not images:
+        raise FieldError("must name at least one image", "ami")
+    for kind, reference in images.items():
+        try:
+            check_kind(kind)
+            check_image_reference(reference)
+        except ValueError as exc:
+            raise FieldError(f"entry {kind!r}: {exc}", "ami") from None
+    kinds = set(images)
     for name in (*families, *(family_of(t) for t in types)):
         try:
             needed = image_kind(name)
         except UnsupportedFamily as exc:
-            raise InputError(str(exc), source=source, where="[ec2]", field="families") from None
+            raise FieldError(str(exc), "families", shown=False) from None
         if needed in kinds:
             continue
         hint = SUGGESTED_IMAGES.get(needed)
@@ -480,52 +413,13 @@ def _check_images_cover(
             why = "NVIDIA GPUs need an image with the driver and the NVIDIA container toolkit"
         else:
             why = "an image of its architecture and accelerator"
-        raise InputError(
+        raise FieldError(
             f"no image for {needed}, which {name} needs ({why}); add "
             + (f"{needed} = {hint!r}" if hint else f"{needed} = <image>")
             + f" to [ec2.ami], or remove {name} from the allowed families and types",
-            source=source,
-            where="[ec2]",
-            field="ami",
+            "ami",
+            shown=False,
         )
-
-
-def _orphan_policy(value: Any) -> OrphanPolicy:
-    if value == "report":
-        return "report"
-    if value == "terminate":
-        return "terminate"
-    raise _Invalid("must be 'report' or 'terminate'")
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Invalid("must be a whole number >= 0")
-    return value
-
-
-def _money(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid("must be a number of US dollars per hour")
-    number = float(value)
-    if not number >= 0 or number == float("inf"):
-        raise _Invalid("must be a finite number >= 0")
-    return number
-
-
-def _dollars(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid("must be a number of US dollars")
-    number = float(value)
-    if not number >= 0 or number == float("inf"):
-        raise _Invalid("must be a finite number >= 0")
-    return number
-
-
-def _positive_count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _Invalid("must be a whole number >= 1")
-    return value
 
 
 def _path(text: str, base_dir: Path | None) -> Path:
@@ -555,15 +449,21 @@ def ec2_config_template(
     unless given; `EC2Cloud` refuses to launch until they are set.
     `parse_config` accepts the result.
     """
-    cluster = _checked(_cluster_id, cluster_id, "cluster_id")
-    region = _checked(_region, region, "region")
-    subnets = _checked(_list_of(_prefixed("subnet-")), list(subnet_ids), "subnet_ids")
-    groups = _checked(_list_of(_prefixed("sg-")), list(security_group_ids), "security_group_ids")
-    profile = (
-        _checked(_string, iam_instance_profile, "iam_instance_profile")
-        if iam_instance_profile is not None
-        else None
+    settings = convert(
+        {
+            "cluster_id": cluster_id,
+            "region": region,
+            "subnet_ids": list(subnet_ids),
+            "security_group_ids": list(security_group_ids),
+            **({"iam_instance_profile": iam_instance_profile} if iam_instance_profile else {}),
+        },
+        EC2Table,
+        source=None,
+        where_of=lambda path: ("[ec2]", dotted(path)),
     )
+    cluster, region = settings.cluster_id, settings.effective_region
+    subnets, groups = tuple(settings.subnet_ids), tuple(settings.security_group_ids)
+    profile = settings.iam_instance_profile
 
     def setting(key: str, value: str | None, example: str) -> str:
         return f"{key} = {value}" if value is not None else f"# {key} = {example}"
@@ -677,10 +577,3 @@ max_launches_per_type_hour = {DEFAULT_LAUNCHES_PER_TYPE_HOUR}
 # The daemon refuses to start in any other region.
 allowed_regions = ["{region}"]
 """
-
-
-def _checked(check: Callable[[Any], Any], value: Any, name: str) -> Any:
-    try:
-        return check(value)
-    except _Invalid as exc:
-        raise InputError(str(exc), where="[ec2]", field=name, value=value, has_value=True) from None

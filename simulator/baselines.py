@@ -41,6 +41,7 @@ from autoscaler.pricing import PriceBook, price_book_for, tnrp
 from autoscaler.resources import EPSILON
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
+from autoscaler.work import job_work
 
 
 @dataclass(slots=True)
@@ -292,12 +293,12 @@ def _host_bin(host: _Host, bin_of) -> int:
 
 
 def _remaining_s(job: JobSpec, done: float) -> float:
-    facts = job.trace
-    if facts.total_iters is not None and job.full_throughput:
-        return max(1.0, (facts.total_iters - done) / job.full_throughput)
-    if facts.duration_s is not None:
-        return max(1.0, facts.duration_s - done)
-    return 1.0
+    """Seconds of work left alone at full speed, `done` iterations in (`job_work`)."""
+    try:
+        work = job_work(job)
+    except ValueError:
+        return 1.0
+    return max(1.0, (work.iterations - done) / work.speed)
 
 
 def _cheapest_for(tasks: list[TaskSpec], view: ClusterView) -> InstanceType | None:

@@ -1,7 +1,8 @@
 """The clairvoyant limits of a trace: how far every scheduler is from them.
 
 Integrate over time the LP bound (`autoscaler.lp`) for the tasks present at
-each moment, job j being present during [arrival, arrival + duration] — no
+each moment, job j being present during [arrival, arrival + its work alone at full speed]
+(`autoscaler.work`: the same work the simulator runs) — no
 start-up delays, no interference, no migrations, perfect packing of resources
 across instances of a type. No scheduler can cost less. The classes are the
 trace's distinct demand vectors, fixed for the whole trace, so every solve
@@ -44,22 +45,13 @@ from autoscaler.jobs import JobSpec
 from autoscaler.lp import LPClass, ShadowPricer
 from autoscaler.patterns import covering_model
 from autoscaler.throughput import ThroughputTable
+from autoscaler.work import solo_seconds
 
 #: Past this many compositions of one interval's tasks on one type, the
 #: interval counts at its fluid bound in `per_interval_limits` (and is counted).
 MAX_COMPOSITIONS = 200_000
 
 Row = tuple[tuple[float, float, float] | None, ...]  # a class's demand per type; None: not there
-
-
-def job_duration_s(job: JobSpec) -> float:
-    """The job's running time alone at full speed, as the trace gives it."""
-    facts = job.trace
-    if facts.duration_s is not None:
-        return facts.duration_s
-    if facts.total_iters is not None and job.full_throughput:
-        return facts.total_iters / job.full_throughput
-    raise ValueError(f"job {job.job_id!r} has neither a duration nor total_iters")
 
 
 def clairvoyant_bound(jobs: Sequence[JobSpec], catalog: Catalog) -> float:
@@ -147,7 +139,7 @@ def waiting_limit(
     counts = [0] * len(rows)
     work = [0.0] * len(rows)
     for spec, classes in zip(jobs, per_job, strict=True):
-        hours = job_duration_s(spec) / 3600.0
+        hours = solo_seconds(spec) / 3600.0
         for c, n in classes.items():
             counts[c] += n
             work[c] += n * hours
@@ -203,7 +195,7 @@ def _intervals(
     for j, job in enumerate(jobs):
         start = job.trace.arrival_time_s
         events.setdefault(start, []).append((j, 1))
-        events.setdefault(start + job_duration_s(job), []).append((j, -1))
+        events.setdefault(start + solo_seconds(job), []).append((j, -1))
     present = [0] * n_classes
     for now, after in pairwise(sorted(events)):
         for j, sign in events[now]:

@@ -19,6 +19,7 @@ from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
+from autoscaler.work import check_work, solo_seconds
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
 from simulator.engine import ARRIVAL, ROUND, EventLoop
 from simulator.world import SimulatedCloud, SimulatedExecutor, World
@@ -135,7 +136,10 @@ def replay(
     anew before every round and every step, as a daemon restarted there would
     be: the result must not change (nothing the loop needs lives in memory).
     `planner_options` go to Eva's planners (ablations: `job_slowdown="whole"`).
+    A job whose work the trace does not give, or gives twice in disagreement,
+    is refused before anything runs (`autoscaler.work`).
     """
+    check_work(jobs)
     engine = EventLoop()
     dirty = [False]
 
@@ -175,7 +179,7 @@ def replay(
     horizon_s = MAX_DAYS * 86400
     if jobs:
         last = max(j.trace.arrival_time_s for j in jobs)
-        longest = max(j.trace.duration_s or 0.0 for j in jobs)
+        longest = max(solo_seconds(j) for j in jobs)
         horizon_s = min(horizon_s, last + MAX_SLOWDOWN * longest + 86400)
     samples: list[tuple[float, float, int, tuple[float, float, float], int]] = []
     planning: list[float] = []

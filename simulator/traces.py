@@ -16,6 +16,7 @@ from typing import Any
 
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec
+from autoscaler.work import job_work
 
 
 def synthesize(
@@ -106,13 +107,10 @@ def check_replay_span(jobs: Sequence[JobSpec], source: str) -> None:
     """Refuse a trace a replay could not finish in reasonable time, naming the job and field."""
     for job in jobs:
         facts = job.trace
-        # As the simulated world reads it: iterations at the solo speed when both are given.
-        work, work_field = facts.duration_s, "duration"
-        if facts.total_iters is not None and job.full_throughput:
-            work, work_field = (
-                facts.total_iters / job.full_throughput,
-                "total_iters / full_throughput",
-            )
+        # As the simulated world reads it (`autoscaler.work`).
+        work = job_work(job, source).seconds
+        iterated = facts.total_iters is not None and job.full_throughput is not None
+        work_field = "total_iters / full_throughput" if iterated else "duration"
         for field, seconds in (("arrival_time", facts.arrival_time_s), (work_field, work)):
             if seconds is not None and seconds > MAX_REPLAY_SPAN_S:
                 days = seconds / 86400

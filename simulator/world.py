@@ -37,6 +37,7 @@ from autoscaler.cloud import (
 from autoscaler.execution import TERMINAL_TASK_STATES, ExecutorReport, TaskLaunch, TaskReport
 from autoscaler.jobs import JobSpec
 from autoscaler.throughput import ThroughputTable
+from autoscaler.work import job_work
 from simulator.engine import EventLoop
 
 
@@ -116,7 +117,8 @@ class World:
         self.no_capacity: set[str] = set()  # types the cloud refuses (tests of capacity errors)
         self._ids = 0
         for job in jobs:
-            total, speed = _work(job)
+            work = job_work(job)
+            total, speed = work.iterations, work.speed
             self.jobs[job.job_id] = SimJob(job, total, speed)
             for t in job.tasks:
                 self.tasks[t.task_id] = SimTask(t.task_id, job.job_id, t.workload)
@@ -347,16 +349,6 @@ class World:
         if job.active:
             return job.done + job.rate * (self.engine.now() - job.since)
         return job.done
-
-
-def _work(job: JobSpec) -> tuple[float, float]:
-    """(total iterations, iterations per second alone) of a job."""
-    facts = job.trace
-    if facts.total_iters is not None and job.full_throughput is not None:
-        return facts.total_iters, job.full_throughput
-    if facts.duration_s is not None:
-        return facts.duration_s, 1.0  # seconds of work at one "iteration" per second
-    raise ValueError(f"job {job.job_id!r} has neither total_iters/full_throughput nor duration")
 
 
 class SimulatedCloud:

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from app.bundled import bundled
-from app.files import load_jobs
-from autoscaler.jobs import TraceFacts, jobs_from_eva
+from app.files import jobs_from_eva, load_jobs
+from autoscaler.jobs import TraceFacts
 from autoscaler.store import (
     ActionRecord,
     DuplicateJob,

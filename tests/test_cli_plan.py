@@ -40,24 +40,9 @@ TABLE3_JOBS = {
 def test_plan_writes_the_documented_json(tmp_path, capsys):
     catalog = write(tmp_path, "catalog.json", TABLE3_CATALOG)
     jobs = write(tmp_path, "jobs.json", TABLE3_JOBS)
-    out = tmp_path / "plan.json"
-    assert (
-        main(
-            [
-                "plan",
-                "--catalog",
-                str(catalog),
-                "--jobs",
-                str(jobs),
-                "--default-throughput",
-                "1.0",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
-    doc = json.loads(out.read_text())
+    args = ["plan", "--catalog", str(catalog), "--jobs", str(jobs), "--default-throughput", "1.0"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # the document alone on standard output
     assert doc["hourly_cost"] == pytest.approx(12.8)
     assert doc["no_packing_hourly_cost"] == pytest.approx(16.2)
     assert isinstance(doc["seconds"], float) and doc["seconds"] >= 0
@@ -65,36 +50,38 @@ def test_plan_writes_the_documented_json(tmp_path, capsys):
         ("it1", ["1/1", "2/2", "4/4"]),
         ("it3", ["3/3"]),
     ]
+    assert main(args) == 0
     text = capsys.readouterr().out
     assert "$12.80/h" in text and "$16.20/h" in text and "$3.40/h (21.0%)" in text
 
 
 def test_plan_on_bundled_data_saves_money(tmp_path, capsys):
-    out = tmp_path / "plan.json"
-    assert main(["plan", "--json", str(out), "--limit", "5"]) == 0
-    doc = json.loads(out.read_text())
+    assert main(["plan", "--json", "--limit", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     tasks = [t for inst in doc["instances"] for t in inst["tasks"]]
     assert len(tasks) == len(set(tasks)) == 200
     assert doc["hourly_cost"] < doc["no_packing_hourly_cost"]
+    assert main(["plan", "--limit", "5"]) == 0
     assert "more instances" in capsys.readouterr().out
 
 
-def test_plan_with_contention_matrix_packs_less_than_without(tmp_path):
-    neutral, measured = tmp_path / "neutral.json", tmp_path / "measured.json"
-    main(["plan", "--default-throughput", "1.0", "--json", str(neutral)])
-    main(["plan", "--throughput", str(bundled("contention_matrix.csv")), "--json", str(measured)])
-    a, b = json.loads(neutral.read_text()), json.loads(measured.read_text())
+def test_plan_with_contention_matrix_packs_less_than_without(tmp_path, capsys):
+    main(["plan", "--default-throughput", "1.0", "--json"])
+    a = json.loads(capsys.readouterr().out)
+    main(["plan", "--throughput", str(bundled("contention_matrix.csv")), "--json"])
+    b = json.loads(capsys.readouterr().out)
     assert a["hourly_cost"] <= b["hourly_cost"]
     assert len(a["instances"]) < len(b["instances"])
 
 
 @pytest.mark.parametrize("pop", [[], ["--pop-threshold", "10", "--pop-parts", "2"]])
-def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(tmp_path, pop):
+def test_plan_with_a_minimum_throughput_co_locates_nothing_that_would_break_it(
+    tmp_path, pop, capsys
+):
     # At the default 0.95 every co-location is expected below 1.0: nothing shares,
     # whether planned whole or in POP parts.
-    out = tmp_path / "plan.json"
-    assert main(["plan", "--min-throughput", "1.0", *pop, "--json", str(out)]) == 0
-    doc = json.loads(out.read_text())
+    assert main(["plan", "--min-throughput", "1.0", *pop, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     assert doc["min_throughput"] == 1.0 and doc["partitions"] == (2 if pop else 1)
     assert doc["instances"] and all(len(i["tasks"]) == 1 for i in doc["instances"])
     assert doc["hourly_cost"] == pytest.approx(doc["no_packing_hourly_cost"])
@@ -122,7 +109,10 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
             r"job '2' task '2': field 'demand': fits no instance type in the catalog "
             r"\(demand any: \[9, 4, 10\]; closest: it1 \[4, 16, 244\]\)",
         ),
-        ({"any": [1, -4, 10]}, r"job '2' task '2': field 'demand.any\[1\]' = -4: must be at least"),
+        (
+            {"any": [1, -4, 10]},
+            r"job '2' task '2': field 'demand.any\[1\]' = -4: must be a number >= 0",
+        ),
         (
             {"any": [1, "four", 10]},
             r"job '2' task '2': field 'demand.any\[1\]' = 'four': must be a number",
@@ -149,21 +139,21 @@ def test_bad_task_is_one_line_naming_job_task_and_field(tmp_path, demand, expect
     ("field", "extra", "expected"),
     [
         # an LP over a $1e300/h type or a 8e300-GPU one ended in a HiGHS traceback
-        ("cost", {"cost": 1e300}, "field 'cost' = 1e+300: must be at most 100,000"),
+        ("cost", {"cost": 1e300}, "field 'cost' = 1e+300: must be USD per hour in (0, 100,000]"),
         (
             "capacity",
             {"capacity": [8e300, 96, 1536]},
-            "field 'capacity[0]' = 8e+300: must be at most",
+            "field 'capacity[0]' = 8e+300: must be a whole number of GPUs from 0 to 1,024",
         ),
         # accepted before, and planned on: half a GPU, a type nothing fits, a family
         # that every "any" demand would also name
         (
             "gpu",
             {"capacity": [0.5, 96, 1536]},
-            "field 'capacity' = [0.5, 96.0, 1536.0]: GPUs are whole",
+            "field 'capacity[0]' = 0.5: must be a whole number of GPUs",
         ),
-        ("empty", {"capacity": [0, 0, 0]}, "field 'capacity' = [0.0, 0.0, 0.0]: a type with no"),
-        ("any", {"family": "any"}, "field 'family' = 'any': must be a non-empty string other"),
+        ("empty", {"capacity": [0, 0, 0]}, "field 'capacity' = [0, 0, 0]: a type with no"),
+        ("any", {"family": "any"}, "field 'family' = 'any': must not be 'any'"),
         # a replay waited 10^12 s of simulated time for the instance to boot
         (
             "delay",
@@ -183,7 +173,7 @@ def test_an_instance_type_with_an_empty_name_is_refused(tmp_path):
     spec = {"family": "p3", "capacity": [8, 96, 1536], "cost": 1.0}
     catalog = write(tmp_path, "cat.json", {"instance_types": {" ": spec}})
     line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
-    assert "cat.json: instance type ' ': an instance type's name must be non-empty" in line
+    assert "cat.json: instance type ' ': is not a valid key: must be an instance type name" in line
 
 
 @pytest.mark.parametrize("where", ["job", "task"])
@@ -193,7 +183,7 @@ def test_a_delay_longer_than_a_day_is_refused_before_a_replay_waits_for_it(tmp_p
     (spec if where == "job" else task)["init_delay" if where == "job" else "fetch_delay"] = 1e12
     path = write(tmp_path, "t.json", {"0": spec})
     line = one_line_error(run_cli("replay", "--trace", str(path), "--scheduler", "eva"))
-    assert "_delay' = 1000000000000.0: must be at most 86,400" in line
+    assert "_delay' = 1000000000000.0: must be a number <= 86,400" in line
 
 
 def test_missing_and_malformed_files_are_one_line_errors(tmp_path):
@@ -208,7 +198,7 @@ def test_missing_and_malformed_files_are_one_line_errors(tmp_path):
         {"instance_types": {"x": {"family": "f", "capacity": [1, 2, 3], "cost": -1}}},
     )
     line = one_line_error(run_cli("plan", "--catalog", str(catalog)))
-    assert "instance type 'x': field 'cost' = -1: must be positive" in line
+    assert "instance type 'x': field 'cost' = -1: must be USD per hour in (0, 100,000]" in line
 
 
 def test_a_minimum_throughput_above_one_is_refused_by_name():
@@ -243,14 +233,14 @@ def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_before_the_replay
 
 def test_json_nested_deeper_than_the_parser_goes_is_a_one_line_error(tmp_path):
     deep = tmp_path / "jobs.json"
-    deep.write_text("[" * 100_000 + "]" * 100_000)
+    deep.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     result = run_cli("plan", "--jobs", str(deep))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "malformed JSON: nested too deeply" in one_line_error(result)
 
 
-def test_an_unwritable_json_output_is_refused_before_planning(tmp_path):
-    result = run_cli("plan", "--json", str(tmp_path / "missing-dir" / "out.json"))
+def test_an_unwritable_output_is_refused_before_the_work(tmp_path):
+    result = run_cli("replay", "--plot", str(tmp_path / "missing-dir" / "out.png"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "missing-dir' does not exist" in result.stderr
     assert result.stdout == ""  # nothing was planned: the mistake costs no waiting
@@ -280,3 +270,24 @@ def test_no_saving_reads_zero_not_minus_zero():
     assert 0.3 - (0.1 + 0.2) < 0
     assert f"{_saved(0.3, 0.1 + 0.2):.4f}" == "0.0000"
     assert _saved(1.428, 1.16) == pytest.approx(0.268)
+
+
+def test_plan_json_reports_the_whole_task_bounds_beside_the_fluid_one(tmp_path, capsys):
+    # Table 3 at full speed: the plan is Algorithm 1's $12.8/h, and nothing hosting τ1's
+    # two GPUs is cheaper, so the MIP proves it optimal; the fluid LP pools resources
+    # and stays below.
+    catalog = write(tmp_path, "catalog.json", TABLE3_CATALOG)
+    jobs = write(tmp_path, "jobs.json", TABLE3_JOBS)
+    args = ["plan", "--catalog", str(catalog), "--jobs", str(jobs), "--default-throughput", "1"]
+    assert main([*args, "--bounds", "exact", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    bounds = doc["bounds"]
+    assert bounds["fluid"] == doc["lower_bound_hourly_cost"] < 12.8
+    assert bounds["fluid"] <= bounds["configuration"]["lower_bound"] <= 12.8 + 1e-9
+    assert bounds["mip"]["optimal"] and bounds["mip"]["hourly_cost"] == pytest.approx(12.8)
+    assert doc["tightest_lower_bound_hourly_cost"] == pytest.approx(12.8)
+    assert doc["gap_to_tightest_bound"] == pytest.approx(0.0, abs=1e-9)
+    assert main([*args, "--bounds", "exact"]) == 0
+    assert "Optimum (MIP)           $12.80/h" in capsys.readouterr().out
+    assert main([*args, "--bounds", "fluid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bounds"] is None

@@ -16,6 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
+from app.config import ClusterConfigFile
+from app.files import Trace
+from app.jobfile import EvaJobConfig, JobFile
+from provisioners.catalog import EvaCatalogFile
+from tests.schema_strategies import documents, mutated, toml_document
 
 #: A tiny input that runs longer than this is a hang (generous: the machine may be busy).
 TIME_BOUND_S = 60
@@ -228,3 +233,106 @@ def test_malformed_job_files_are_one_line(tmp_path, text):
     path.write_bytes(text.encode("latin-1", errors="replace"))
     code, _, err = run("plan", "--jobs", str(path))
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+
+# -- documents drawn from the formats' own schemas ------------------------------------------------
+#
+# Each format's strict schema (msgspec) is read by `tests/schema_strategies.py`: the
+# documents it describes, and the same broken in one place. Every entry point that
+# reads the format must take the first or refuse the second in one line naming the
+# file, in bounded time.
+
+SCHEMA_FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+    derandomize=True,
+)
+
+
+def assert_one_line_naming(code: int, err: str, path: str) -> None:
+    assert code in (0, 2), (code, err)
+    assert "Traceback" not in err, err
+    if code == 2:
+        [line] = [line for line in err.splitlines() if line.startswith("autoscaler: error:")]
+        assert path in line, line
+        assert len(line) < 2_000, line[:200]  # a megabyte value is never repeated whole
+
+
+def as_strict_json(value) -> str:
+    return json.dumps(value)  # ensure_ascii: a lone surrogate travels as its escape
+
+
+@SCHEMA_FUZZ
+@given(document=st.one_of(documents(Trace), mutated(Trace)))
+def test_a_trace_drawn_from_its_schema_is_planned_or_refused_naming_the_file(tmp_path, document):
+    path = write(tmp_path, "jobs.json", as_strict_json(document))
+    code, _, err = run("plan", "--jobs", path, "--limit", "1")
+    assert_one_line_naming(code, err, path)
+
+
+@SCHEMA_FUZZ
+@given(document=st.one_of(documents(EvaCatalogFile), mutated(EvaCatalogFile)))
+def test_a_catalog_drawn_from_its_schema_is_used_or_refused_naming_the_file(tmp_path, document):
+    path = write(tmp_path, "catalog.json", as_strict_json(document))
+    jobs = write(tmp_path, "jobs.json", '{"a": {"tasks": {"0": {"demand": {"any": [0, 1, 1]}}}}}')
+    code, _, err = run("plan", "--catalog", path, "--jobs", jobs, "--limit", "1")
+    if code == 2 and path not in err:  # the catalog is fine; the job fits none of its types
+        assert "fits no instance type" in err or "has family" in err, err
+        return
+    assert_one_line_naming(code, err, path)
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory) -> Path:
+    """A local cluster made by `autoscaler init`, for the commands that need one."""
+    directory = tmp_path_factory.mktemp("cluster")
+    assert run("init", "--local", "--dir", str(directory), "--name", "fuzz")[0] == 0
+    return directory / "autoscaler.toml"
+
+
+def toml_or_none(document) -> str | None:
+    try:
+        return toml_document(document) if isinstance(document, dict) else None
+    except ValueError:  # None, a lone surrogate: nothing a TOML file can say
+        return None
+
+
+@SCHEMA_FUZZ
+@given(document=st.one_of(documents(JobFile), mutated(JobFile)))
+def test_a_job_file_drawn_from_its_schema_is_planned_or_refused(tmp_path, local_cluster, document):
+    text = toml_or_none(document)
+    if text is None:
+        return
+    (tmp_path / "train").mkdir(exist_ok=True)
+    (tmp_path / "train" / "Dockerfile").write_text("FROM scratch\n")
+    path = write(tmp_path, "job.toml", text)
+    code, _, err = run("cost-report", "--config", str(local_cluster), "--dry-run", path)
+    assert_one_line_naming(code, err, path)
+
+
+@SCHEMA_FUZZ
+@given(document=st.one_of(documents(EvaJobConfig), mutated(EvaJobConfig)))
+def test_an_eva_config_json_drawn_from_its_schema_is_planned_or_refused(
+    tmp_path, local_cluster, document
+):
+    path = write(tmp_path, "config.json", as_strict_json(document))
+    code, _, err = run("cost-report", "--config", str(local_cluster), "--dry-run", path)
+    assert_one_line_naming(code, err, path)
+
+
+@SCHEMA_FUZZ
+@given(document=st.one_of(documents(ClusterConfigFile), mutated(ClusterConfigFile)))
+def test_a_cluster_configuration_drawn_from_its_schema_is_checked_or_refused(tmp_path, document):
+    text = toml_or_none(document)
+    if text is None:
+        return
+    path = write(tmp_path, "autoscaler.toml", text)
+    for command in (("catalog", "show"), ("daemon", "--check")):
+        code, _, err = run(*command, "--config", path)
+        assert_one_line_naming(code, err, path)

@@ -2,8 +2,9 @@
 
 import pytest
 
+from app.files import jobs_from_eva
 from autoscaler.errors import InputError
-from autoscaler.jobs import DEFAULT_INIT_S, jobs_from_eva, workload_key
+from autoscaler.jobs import DEFAULT_INIT_S, workload_key
 
 
 @pytest.mark.parametrize(
@@ -38,7 +39,7 @@ def test_jobs_sharing_a_demand_block_still_get_their_own_errors():
 @pytest.mark.parametrize("limit", [0, -1, 1.5, "2", True])
 def test_anti_affinity_limit_must_be_a_positive_integer(limit):
     spec = {"tasks": {"0": {"demand": {"any": [1, 4, 8]}}}, "max_tasks_per_instance": limit}
-    with pytest.raises(InputError, match=r"max_tasks_per_instance.*positive integer"):
+    with pytest.raises(InputError, match=rf"max_tasks_per_instance' = {limit!r}: must be a whole"):
         jobs_from_eva({"j": spec})
 
 

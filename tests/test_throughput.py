@@ -3,9 +3,9 @@
 import pytest
 
 from app.bundled import bundled
-from app.files import load_contention_matrix
+from app.files import contention_matrix_from_csv, load_contention_matrix
 from autoscaler.errors import InputError
-from autoscaler.throughput import ThroughputTable, contention_matrix_from_csv
+from autoscaler.throughput import ThroughputTable
 
 
 def test_alone_is_full_throughput():
@@ -145,7 +145,7 @@ def test_contention_csv_errors_name_the_cell():
         contention_matrix_from_csv(",b,c\na,0.9,x\nb,0.8,\n")
     with pytest.raises(InputError, match=r"line 2.*first cell must name the workload"):
         contention_matrix_from_csv(",b\n,0.9\n")
-    with pytest.raises(InputError, match=r"line 1.*column 3 of the header names no workload"):
+    with pytest.raises(InputError, match=r"line 1 column 3: names no workload"):
         contention_matrix_from_csv(",b,\na,0.9,0.8\n")
 
 

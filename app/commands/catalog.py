@@ -18,8 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.cli_io import add_json, print_json
 from app.config import load_provisioner_config
 from app.table import format_table, output_width, wrap
+from app.validation import same_file
+from autoscaler.errors import InputError
 from provisioners.config import EC2Config
 
 if TYPE_CHECKING:
@@ -46,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and their bundled prices) when `catalog refresh` has never run. Does not call AWS.",
     )
     _config_argument(show)
+    add_json(show)
     show.set_defaults(func=cmd_catalog_show)
 
     refresh = actions.add_parser(
@@ -56,8 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reached, keeps and prints what was cached and exits with status 1.",
     )
     _config_argument(refresh)
+    add_json(refresh)
     refresh.add_argument(
         "--endpoint-url",
+        type=endpoint_url,
         default=None,
         metavar="URL",
         help="send AWS requests to URL (moto_server, a VPC endpoint); AWS_ENDPOINT_URL works too",
@@ -81,13 +87,59 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def endpoint_url(text: str) -> str:
+    """An argparse `type=` for `--endpoint-url`: http(s)://HOST[:PORT][/PATH]."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # a port that is no number fails here, not inside botocore
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in text)
+        or (port is not None and not 0 < port < 65536)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be http://HOST[:PORT] or https://HOST[:PORT], got {text!r}"
+        )
+    return text
+
+
 def cmd_catalog_show(args: argparse.Namespace) -> int:
     from provisioners.catalog import cached_or_bundled_catalog, catalog_cache_path
 
     config = load_provisioner_config(args.config).ec2
     catalog = cached_or_bundled_catalog(config)
+    if args.json:
+        print_json(catalog_document(catalog, time.time()))
+        return 0
     print(render_catalog(catalog, config, time.time(), catalog_cache_path(config)))
     return 0
+
+
+def catalog_document(catalog: EC2Catalog, now_s: float) -> dict[str, object]:
+    """The catalog as `catalog show --json` prints it: where it came from, and each type."""
+    return {
+        "region": catalog.region,
+        "origin": catalog.origin,
+        "age_s": catalog.age_s(now_s),
+        "prices": catalog.prices,
+        "notes": list(catalog.notes),
+        "instance_types": {
+            t.name: {
+                "family": t.family,
+                "capacity": list(t.capacity.as_tuple()),
+                "cost": t.hourly_cost,
+                "vcpus": catalog.vcpus.get(t.name),
+                "zones": list(catalog.zones.get(t.name, ())),
+            }
+            for t in sorted(catalog.catalog, key=lambda t: t.name)
+        },
+    }
 
 
 def cmd_catalog_refresh(args: argparse.Namespace) -> int:
@@ -106,6 +158,14 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
     )
 
     config = load_provisioner_config(args.config).ec2
+    if args.config is not None:
+        for path in (price_table_path(config), catalog_cache_path(config)):
+            if same_file(path, args.config):
+                raise InputError(
+                    f"[ec2] cache_dir makes the cache {path} the configuration itself: "
+                    "choose another cache_dir",
+                    source=str(args.config),
+                )
     now = time.time()
     failed = False
     if not args.no_prices:
@@ -114,9 +174,10 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
             today = datetime.fromtimestamp(now, UTC).date().isoformat()
             table = fetch_price_table(AwsCaller(pricing), config.region, today)
             save_price_table(table, price_table_path(config))
-            print(
+            _say(
+                args,
                 f"Prices: {len(table.prices)} on-demand prices for {config.region} fetched "
-                f"from the AWS Pricing API, saved to {price_table_path(config)}"
+                f"from the AWS Pricing API, saved to {price_table_path(config)}",
             )
         except CloudError as exc:
             failed = True
@@ -137,8 +198,16 @@ def cmd_catalog_refresh(args: argparse.Namespace) -> int:
         failed = True
         catalog = cached_or_bundled_catalog(config)
         _warn(f"catalog not refreshed: {exc}. Showing the {_origin_word(catalog)} catalog instead")
-    print(render_catalog(catalog, config, now, catalog_cache_path(config)))
+    if args.json:
+        print_json(catalog_document(catalog, now))
+    else:
+        print(render_catalog(catalog, config, now, catalog_cache_path(config)))
     return 1 if failed else 0
+
+
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A line about what was done: on standard output, or on standard error with --json."""
+    print(message, file=sys.stderr if args.json else sys.stdout)
 
 
 def _warn(message: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import textwrap
 import time
 from collections.abc import Sequence
@@ -18,11 +17,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app.cli_io import progress, write_json
+from app.cli_io import add_json, note, print_json, progress
 from app.config import ClusterConfig, load_cluster_config
 from app.table import format_table, money, shorten
-from app.validation import PLOT_FORMATS, number_arg, output_path
-from autoscaler.catalog import catalog_from_eva
+from app.validation import (
+    PLOT_FORMATS,
+    atomic_output,
+    check_outputs,
+    number_arg,
+    output_path,
+    parse_since,
+    state_files,
+)
 from autoscaler.errors import InputError
 
 FINAL = ("completed", "cancelled", "failed")
@@ -45,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     init.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
     init.add_argument("--bucket", default=None, help="S3 bucket for contexts and checkpoints")
+    add_json(init)
     init.set_defaults(func=cmd_init)
 
     daemon = sub.add_parser(
@@ -59,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="decide and record every round, launch and terminate nothing",
     )
+    daemon.add_argument(
+        "--check",
+        action="store_true",
+        help="check the configuration as the daemon's start does (addresses, secrets and "
+        "their modes, storage, the database URL, the catalog), print what it found and exit",
+    )
     daemon.set_defaults(func=cmd_daemon)
 
     submit = sub.add_parser(
@@ -69,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("job_file", type=Path, nargs="+", metavar="JOB")
     submit.add_argument("--wait", action="store_true", help="wait until the job(s) finish")
-    submit.add_argument("--json", action="store_true", help="print the job ids as JSON")
+    add_json(submit)
     _config(submit)
     submit.set_defaults(func=cmd_submit)
 
@@ -81,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Jobs stay queued: the next `autoscaler daemon` places them again.",
     )
     down.add_argument("--yes", action="store_true", help="do it (without it: only list)")
+    add_json(down)
     _config(down)
     down.set_defaults(func=cmd_down)
 
@@ -94,19 +108,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="first wait until every unfinished job has finished (exit 1 if one did not complete)",
     )
-    jobs.add_argument("--json", action="store_true", help="print JSON")
+    add_json(jobs)
     _config(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
     job.add_argument("job_id", metavar="ID", help="a job id, or the name of one job")
-    job.add_argument("--json", action="store_true", help="print JSON")
+    add_json(job)
     _config(job)
     job.set_defaults(func=cmd_job)
 
     cancel = sub.add_parser("cancel", help="cancel a job (its tasks stop, its instances drain)")
     cancel.add_argument("job_id", metavar="ID")
-    cancel.add_argument("--json", action="store_true", help="print JSON")
+    add_json(cancel)
     _config(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
@@ -128,6 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     drain.add_argument(
         "--wait", action="store_true", help="with --job: first wait until its tasks run"
     )
+    add_json(drain)
     _config(drain)
     drain.set_defaults(func=cmd_drain)
 
@@ -137,12 +152,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     logs.add_argument(
         "--tail", type=number_arg(0, 10**7, integer=True), default=0, help="last N lines of each"
     )
-    logs.add_argument("--json", action="store_true", help="print JSON")
+    add_json(logs)
     _config(logs)
     logs.set_defaults(func=cmd_logs)
 
     status = sub.add_parser("status", help="instances, $/h, and the last round's choice and why")
-    status.add_argument("--json", action="store_true", help="print JSON")
+    add_json(status)
     _config(status)
     status.set_defaults(func=cmd_status)
 
@@ -154,10 +169,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "bound, the savings. --dry-run adds jobs hypothetically and shows what the next round "
         "would launch.",
     )
-    cost.add_argument("--since", default=None, help="epoch seconds, an ISO time, or 24h / 7d")
     cost.add_argument(
-        "--json", type=output_path(), default=None, metavar="OUT", help="also write JSON"
+        "--since",
+        default=None,
+        metavar="T",
+        help="only spend from T on: an ISO 8601 date or time (2026-11-23, 20261123T1000Z), "
+        "a span back from now (12h, 7d, 2w), or epoch seconds marked with @ (@1700000000)",
     )
+    add_json(cost)
     cost.add_argument(
         "--plot",
         type=output_path(".png", PLOT_FORMATS),
@@ -165,7 +184,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="OUT.png",
         help="draw spend",
     )
-    cost.add_argument("--dry-run", type=Path, nargs="+", default=None, metavar="JOBS")
+    cost.add_argument(
+        "--dry-run",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JOBS",
+        help="job files added hypothetically: what the next round would launch for them",
+    )
     _config(cost)
     cost.set_defaults(func=cmd_cost_report)
 
@@ -194,6 +220,15 @@ def cmd_init(args: argparse.Namespace) -> int:
         from app.wiring import open_state
 
         open_state(config, create=True).close()  # a local database is ready to report from
+    if args.json:
+        print_json(
+            {
+                "config": str(result.config),
+                "written": [str(p) for p in result.written],
+                "kept": [str(p) for p in result.kept],
+            }
+        )
+        return 0
     for path in result.written:
         print(f"wrote {path}")
     for path in result.kept:
@@ -225,11 +260,16 @@ def _init_policies(config: ClusterConfig) -> None:
 def cmd_daemon(args: argparse.Namespace) -> int:
     import signal
 
+    from app.config import check_daemon_config
     from app.daemon import Daemon, configure_logging
     from app.wiring import build_bindings, daemon_security, worker_security
 
-    configure_logging()
     config = load_cluster_config(args.config)
+    found = check_daemon_config(config)
+    if args.check:
+        print(f"{config.path}: the daemon would start: {'; '.join(found)}")
+        return 0
+    configure_logging()
     bindings = build_bindings(config)
     credentials, tokens = daemon_security(config)
     daemon = Daemon(
@@ -252,6 +292,22 @@ def cmd_down(args: argparse.Namespace) -> int:
     cloud = build_cloud(config)
     listed = cloud.list()
     if not args.yes:
+        if args.json:
+            print_json(
+                {
+                    "terminated": [],
+                    "would_terminate": [
+                        {
+                            "instance": inst.instance_id,
+                            "cloud_id": inst.cloud_id,
+                            "type": inst.instance_type,
+                            "state": inst.state,
+                        }
+                        for inst in listed
+                    ],
+                }
+            )
+            return 0
         for inst in listed:
             print(
                 f"would terminate {inst.instance_id or '?'} ({inst.cloud_id}, "
@@ -277,6 +333,9 @@ def cmd_down(args: argparse.Namespace) -> int:
             leader.release()
     finally:
         store.close()
+    if args.json:
+        print_json({"terminated": gone, "would_terminate": []})
+        return 0
     print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
     return 0
 
@@ -292,12 +351,12 @@ def connect(config: ClusterConfig):
     try:
         ca = secrets.ca_cert.read_bytes()
         token = read_token(secrets.api_token)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # missing, unsafe mode, not UTF-8 text
         raise InputError(
             f"cannot read the cluster's secrets: {exc}", source=str(config.path)
         ) from None
     channel = secure_channel(config.api_address, ca, token, server_name=DAEMON_NAME)
-    return ApiClient(channel, config.api_address)
+    return ApiClient(channel, config.api_address, str(secrets.ca_cert))
 
 
 def _client(args: argparse.Namespace):
@@ -307,11 +366,12 @@ def _client(args: argparse.Namespace):
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.jobfile import load_job_file, pack_context, with_contexts
     from autoscaler.jobs import validate_against_catalog
+    from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
     with _client(args) as client:
-        catalog = catalog_from_eva(client.catalog(), source="the daemon's catalog")
+        catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
         for path, submission in zip(args.job_file, submissions, strict=True):
             validate_against_catalog((submission.job,), catalog, source=str(path))
         packed: dict[Path, tuple[bytes, str]] = {}
@@ -329,7 +389,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             }
             ids.append(client.submit(with_contexts(submission.job, contexts), owner))
         if args.json:
-            print(json.dumps({"jobs": ids}))
+            print_json({"jobs": ids})
         else:
             for job_id, submission in zip(ids, submissions, strict=True):
                 print(f"submitted {job_id} ({len(submission.job.tasks)} task(s))")
@@ -361,7 +421,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             code = _wait(client, waiting, quiet=args.json)
         document = client.jobs(args.status or (), args.limit)
     if args.json:
-        print(json.dumps(document, indent=2))
+        print_json(document)
         return code
     rows = [
         (
@@ -392,7 +452,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         detail = client.job(_job_id(client, args.job_id))
     if args.json:
-        print(json.dumps(detail, indent=2))
+        print_json(detail)
         return 0
     print(
         f"{detail['job']} ({detail['name']}, {detail['owner']}): {detail['status']}"
@@ -427,7 +487,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
         cancelled, status = client.cancel(args.job_id)
     if args.json:
-        print(json.dumps({"job": args.job_id, "cancelled": cancelled, "status": status}))
+        print_json({"job": args.job_id, "cancelled": cancelled, "status": status})
     elif cancelled:
         print(f"cancelled {args.job_id}: its tasks stop and its instances drain")
     else:
@@ -442,12 +502,18 @@ def cmd_drain(args: argparse.Namespace) -> int:
             if args.job is None
             else _instances_of(client, args.job, wait=args.wait)
         )
+        drained = []
         for instance_id in targets:
             draining, status = client.drain(instance_id)
+            drained.append({"instance": instance_id, "draining": draining, "status": status})
+            if args.json:
+                continue
             if draining:
                 print(f"draining {instance_id}: its tasks move at the next round, then it ends")
             else:
                 print(f"{instance_id} is {status}: nothing to drain")
+    if args.json:
+        print_json({"instances": drained})
     return 0
 
 
@@ -506,7 +572,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         document = client.logs(_job_id(client, args.job_id), args.task, args.tail)
     if args.json:
-        print(json.dumps(document, indent=2))
+        print_json(document)
         return 0
     if not document["logs"]:
         print(f"no logs yet for {args.job_id} (a log is saved when an attempt ends)")
@@ -520,7 +586,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         status = client.status()
     if args.json:
-        print(json.dumps(status, indent=2))
+        print_json(status)
         return 0
     print(render_status(status))
     return 0
@@ -575,11 +641,30 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     from app.jobfile import load_job_file
     from app.reports import cost_report
     from app.wiring import offline_catalog, open_state
+    from provisioners.catalog import catalog_cache_path, price_table_path
 
     config = load_cluster_config(args.config)
-    catalog = offline_catalog(config)
     now = time.time()
     since = parse_since(args.since, now) if args.since else 0.0
+    ec2 = config.provisioner.ec2
+    check_outputs(
+        {"--plot": args.plot},
+        [
+            ("the cluster's configuration", config.path),
+            *state_files(config.state.sqlite_path),
+            ("the catalog cache", catalog_cache_path(ec2)),
+            ("the price table", price_table_path(ec2)),
+            *(("a --dry-run job file", p) for p in args.dry_run or ()),
+        ],
+    )
+    catalog = offline_catalog(config)
+    if args.dry_run and not len(catalog):
+        raise InputError(
+            f"the cluster's catalog is empty (region {ec2.region}, families "
+            f"{', '.join(ec2.families) or '-'}, types {', '.join(ec2.types) or '-'}): "
+            "nothing to plan the --dry-run jobs on; see `autoscaler catalog show`",
+            source=str(config.path),
+        )
     hypothetical = [load_job_file(p, catalog).job for p in args.dry_run or ()]
     store = open_state(config)
     try:
@@ -595,16 +680,17 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
         uptime = store.uptime()
     finally:
         store.close()
-    print(render_cost_report(report))
-    if args.json is not None:
-        write_json(args.json, report)
+    if args.json:
+        print_json(report)
+    else:
+        print(render_cost_report(report))
     if args.plot is not None:
         from app.reports import timeline
 
         plot_costs(
             timeline(uptime, since or _first(uptime, now), now), args.plot, config.cluster.name
         )
-        print(f"plot written to {args.plot}")
+        note(f"plot written to {args.plot}")
     return 0
 
 
@@ -677,38 +763,13 @@ def plot_costs(points: list[tuple[float, float, float]], path: Path, title: str)
     fig.autofmt_xdate()
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise InputError(f"cannot write plot: {exc.strerror or exc}", source=str(path)) from None
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    except (OSError, ValueError) as exc:
+        message = getattr(exc, "strerror", None) or exc
+        raise InputError(f"cannot write plot: {message}", source=str(path)) from None
     finally:
         plt.close(fig)
-
-
-def parse_since(text: str, now: float) -> float:
-    """Epoch seconds, an ISO date/time (UTC unless it says), or a span back from now."""
-    value = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if value and value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
-        # a span longer than the epoch's age means everything recorded
-        return max(0.0, now - float(value[:-1]) * units[value[-1]])
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if number is not None and number == number and 0 <= number < 1e11:
-        return number
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise InputError(
-            "must be epoch seconds, an ISO time (2026-11-23T10:00) or a span (24h, 7d)",
-            field="--since",
-            value=text,
-            has_value=True,
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
 
 
 def _first(uptime: Sequence[Any], now: float) -> float:

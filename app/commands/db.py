@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.cli_io import add_json, print_json
 from app.state_config import database_url_for, default_state_path
 
 
@@ -58,6 +59,7 @@ def _database_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOML",
         help="daemon configuration file whose [state] table names the database",
     )
+    add_json(parser)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -70,7 +72,9 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         before, after = upgrade(engine)
     finally:
         engine.dispose()
-    if before == after:
+    if args.json:
+        print_json({"url": shown, "before": before, "after": after})
+    elif before == after:
         print(f"{shown}: schema already at revision {after}; nothing to do")
     elif before is None:
         print(f"{shown}: schema created at revision {after}")
@@ -81,12 +85,31 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_db_status(args: argparse.Namespace) -> int:
     from state.database import create_state_engine
-    from state.migrate import schema_status
+    from state.migrate import missing_columns, schema_status
 
     engine = create_state_engine(database_url_for(args.url, args.config))
     try:
         status = schema_status(engine)
+        missing = missing_columns(engine) if status.up_to_date else []
     finally:
         engine.dispose()
-    print(status.describe())
-    return 0 if status.up_to_date else 1
+    healthy = status.up_to_date and not missing
+    if args.json:
+        print_json(
+            {
+                "url": status.url,
+                "current": status.current,
+                "head": status.head,
+                "known": status.known,
+                "up_to_date": status.up_to_date,
+                "missing": missing,
+            }
+        )
+    elif missing:
+        print(
+            f"{status.url}: schema revision {status.current}, but {', '.join(missing)} "
+            "missing: the database was changed outside the autoscaler"
+        )
+    else:
+        print(status.describe())
+    return 0 if healthy else 1

@@ -8,13 +8,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.cli_io import add_min_throughput, load_inputs, progress, warn_unmatched, write_json
-from app.files import load_contention_matrix
+from app.cli_io import add_json, add_min_throughput, load_inputs, print_json, progress
+from app.files import check_workloads, load_contention_matrix
 from app.table import format_table, money, shorten, wrap_hanging
-from app.validation import number_arg, output_path
+from app.validation import number_arg
+from autoscaler.bounds import (
+    CONFIGURATION_TIME_LIMIT_S,
+    MIP_MAX_TASKS,
+    MIP_TIME_LIMIT_S,
+    StaticBounds,
+    static_bounds,
+)
 from autoscaler.catalog import Catalog
 from autoscaler.jobs import JobSpec
-from autoscaler.planner import FLUID_MIN_CLASSES, PLANNER_NAMES, Plan, planner_by_name
+from autoscaler.planner import (
+    FLUID_MIN_CLASSES,
+    PLANNER_NAMES,
+    Plan,
+    planner_by_name,
+    task_classes,
+)
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.view import ClusterView
 
@@ -81,12 +94,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="POP sub-problems, 2 to 256 (default 2)",
     )
     plan.add_argument(
-        "--json",
-        type=output_path(),
-        default=None,
-        metavar="OUT",
-        help="also write the plan as JSON to OUT",
+        "--bounds",
+        choices=("fluid", "configuration", "exact"),
+        default="configuration",
+        help="lower bounds to report beside the plan: the fluid LP's; also the "
+        "configuration LP's (whole tasks; column generation stopped after "
+        f"{CONFIGURATION_TIME_LIMIT_S:g} s with Farley's bound; the default); also, up to "
+        f"{MIP_MAX_TASKS} tasks, the exact optimum by MIP (up to {MIP_TIME_LIMIT_S:g} s more)",
     )
+    add_json(plan)
     plan.add_argument(
         "--limit",
         type=number_arg(0, 10**9, integer=True),
@@ -103,7 +119,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     progress(f"planning {sum(len(j.tasks) for j in jobs):,} tasks …")
     if args.throughput is not None:
         table = load_contention_matrix(args.throughput, args.default_throughput)
-        warn_unmatched(table, jobs, str(args.throughput))
+        check_workloads(table, jobs, str(args.throughput))
     else:
         table = ThroughputTable(default=args.default_throughput)
     view = ClusterView(catalog=catalog, jobs=jobs, throughput=table)
@@ -116,11 +132,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     plan = planner.plan(view)
     seconds = time.perf_counter() - started
+    bounds = None
+    if plan.lower_bound is not None and args.bounds != "fluid":
+        progress("bounding …")
+        bounds = static_bounds(
+            catalog,
+            task_classes(view),
+            plan.lower_bound.lower_bound,
+            exact=args.bounds == "exact",
+            upper_bound=plan.hourly_cost,
+        )
 
-    document = plan_document(plan, seconds, planner.name, args.min_throughput)
-    print(render_plan(plan, jobs, catalog, seconds, args.limit))
-    if args.json is not None:
-        write_json(args.json, document)
+    if args.json:
+        print_json(plan_document(plan, seconds, planner.name, args.min_throughput, bounds))
+    else:
+        print(render_plan(plan, jobs, catalog, seconds, args.limit, bounds))
     return 0
 
 
@@ -131,13 +157,19 @@ def _saved(base: float, cost: float) -> float:
 
 
 def plan_document(
-    plan: Plan, seconds: float, planner_name: str = "eva", min_throughput: float = 0.0
+    plan: Plan,
+    seconds: float,
+    planner_name: str = "eva",
+    min_throughput: float = 0.0,
+    bounds: StaticBounds | None = None,
 ) -> dict[str, Any]:
-    """The plan as the JSON document `autoscaler plan --json` writes."""
+    """The plan as the JSON document `autoscaler plan --json` writes. `bounds`: the
+    configuration LP's and the MIP's beside the fluid one, when computed."""
     cost = plan.hourly_cost
     base = plan.no_packing_hourly_cost
     bound = plan.lower_bound
     saved = _saved(base, cost)
+    tightest = bounds.tightest if bounds is not None else (bound.lower_bound if bound else None)
     return {
         "hourly_cost": cost,
         "no_packing_hourly_cost": base,
@@ -145,6 +177,9 @@ def plan_document(
         "gap_to_lower_bound": None
         if not bound or not bound.lower_bound
         else cost / bound.lower_bound - 1.0,
+        "bounds": None if bounds is None else bounds.document(),
+        "tightest_lower_bound_hourly_cost": tightest,
+        "gap_to_tightest_bound": None if not tightest else cost / tightest - 1.0,
         "savings_per_hour": saved,
         "savings_fraction": saved / base if base else 0.0,
         "seconds": seconds,
@@ -173,7 +208,12 @@ def plan_document(
 
 
 def render_plan(
-    plan: Plan, jobs: Sequence[JobSpec], catalog: Catalog, seconds: float, limit: int
+    plan: Plan,
+    jobs: Sequence[JobSpec],
+    catalog: Catalog,
+    seconds: float,
+    limit: int,
+    bounds: StaticBounds | None = None,
 ) -> str:
     n_tasks = sum(len(j.tasks) for j in jobs)
     instances = sorted(
@@ -203,7 +243,7 @@ def render_plan(
     if len(shown) < len(instances):
         out.append(
             f"… {len(instances) - len(shown)} more instances "
-            "(--limit 0 shows all; --json writes all)"
+            "(--limit 0 shows all; --json prints all)"
         )
     by_type: dict[str, list[int]] = {}
     for inst in instances:
@@ -235,6 +275,37 @@ def render_plan(
             f"LP lower bound          {money(bound)}/h — this plan is "
             f"{cost / bound - 1:.2%} above it (no plan can cost less, before interference)"
         )
+    if bounds is not None and bounds.whole_tasks is not None:
+        out.append(
+            f"Whole-task LP bound     {money(bounds.whole_tasks)}/h — "
+            f"{cost / bounds.whole_tasks - 1:.2%} above it (the LP with dual-feasible-function "
+            "rows)"
+        )
+    if bounds is not None and bounds.configuration is not None:
+        config = bounds.configuration
+        value = max(bounds.fluid, config.lower_bound)
+        how = (
+            "converged"
+            if config.converged
+            else f"Farley's bound after {config.iterations} iterations, {config.seconds:.1f} s"
+        )
+        out.append(
+            f"Configuration bound     {money(value)}/h — {cost / value - 1:.2%} above it "
+            f"(configuration LP, {how})"
+        )
+    if bounds is not None and bounds.mip is not None:
+        mip = bounds.mip
+        if mip.optimal:
+            out.append(
+                f"Optimum (MIP)           {money(mip.lower_bound)}/h — this plan is "
+                f"{cost / mip.lower_bound - 1:.2%} above it"
+            )
+        else:
+            out.append(
+                f"Optimum (MIP)           not proven in {mip.seconds:.0f} s: at least "
+                f"{money(mip.lower_bound)}/h"
+                + ("" if mip.hourly_cost is None else f", found {money(mip.hourly_cost)}/h")
+            )
     split = f", {plan.partitions} POP parts" if plan.partitions > 1 else ""
     configs = {c.configuration for c in plan.candidates}
     how = (

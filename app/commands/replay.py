@@ -18,16 +18,26 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
+
 from app.bundled import bundled
-from app.cli_io import add_min_throughput, load_inputs, warn_unmatched, write_json
-from app.files import load_contention_matrix, read_json
+from app.cli_io import add_json, add_min_throughput, load_inputs, note, print_json
+from app.files import check_workloads, jobs_from_eva, load_contention_matrix, load_jobs
 from app.replay_report import comparison_table, document, plot
 from app.table import output_width, wrap
-from app.validation import PLOT_FORMATS, number_arg, output_path
+from app.validation import (
+    PLOT_FORMATS,
+    atomic_output,
+    check_outputs,
+    number_arg,
+    output_path,
+    seconds_arg,
+    write_atomically,
+)
 from autoscaler.errors import InputError
-from autoscaler.jobs import jobs_from_eva
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.throughput import DEFAULT_THROUGHPUT
+from autoscaler.work import check_work
 from simulator.bound import clairvoyant_bound
 from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
@@ -79,10 +89,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rp.add_argument(
         "--interval",
-        type=number_arg(1.0, 86400.0),
+        type=seconds_arg(1.0, 86400.0),
         default=ROUND_INTERVAL_S,
         metavar="S",
-        help=f"seconds between scheduling rounds, 1 to 86400 (default {ROUND_INTERVAL_S:g})",
+        help="time between scheduling rounds: seconds, or with a unit (5m), 1 s to 1 d "
+        f"(default {ROUND_INTERVAL_S:g})",
     )
     rp.add_argument(
         "--seed",
@@ -115,9 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="replays run side by side in N processes, each scheduler's and the bound's "
         "(default: one per core available; 1 = one after another); the results are the same",
     )
-    rp.add_argument(
-        "--json", type=output_path(), default=None, metavar="OUT", help="write results as JSON"
-    )
+    add_json(rp)
     rp.add_argument(
         "--plot",
         type=output_path(".png", PLOT_FORMATS),
@@ -152,9 +161,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     syn.add_argument("--seed", type=number_arg(0, 2**32 - 1, integer=True), default=0)
     syn.add_argument(
         "--rate",
-        type=number_arg(0.0, 10_000.0, low_open=True),
+        type=number_arg(MIN_RATE_PER_HOUR, 10_000.0),
         default=3.0,
-        help="arrivals per hour (default 3: one every 20 minutes on average)",
+        help=f"arrivals per hour, {MIN_RATE_PER_HOUR:g} to 10,000 (default 3: one every 20 "
+        "minutes on average)",
     )
     syn.add_argument(
         "--multi-task",
@@ -163,42 +173,53 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SHARE",
         help="share of jobs duplicated into 2- or 4-task jobs (default 0)",
     )
-    syn.add_argument("--out", type=output_path(), required=True)
+    syn.add_argument(
+        "--out", type=output_path(), required=True, help="the trace to write (never --from)"
+    )
+    add_json(syn)
     syn.set_defaults(func=cmd_synthesize)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    trace_path = args.trace or bundled("pai_200.json")
+    contention_path = args.contention or bundled("contention_matrix.csv")
+    catalog_path = args.catalog or bundled("ec2_config.json")
+    check_outputs(
+        {"--plot": args.plot},
+        [
+            ("the trace", trace_path),
+            ("the catalog", catalog_path),
+            ("the contention matrix", contention_path),
+        ],
+    )
     catalog, jobs = load_inputs(args.catalog, args.trace)
-    source = str(args.trace or bundled("pai_200.json"))
+    source = str(trace_path)
     if args.synthesize is not None:
         jobs = jobs_from_eva(
             synthesize(jobs, args.synthesize, args.seed), source=f"synthetic from {source}"
         )
         source = f"synthetic: {args.synthesize} jobs from {source}, seed {args.seed}"
-    for job in jobs:
-        facts = job.trace
-        if facts.duration_s is None and (facts.total_iters is None or job.full_throughput is None):
-            raise InputError(
-                "a replay needs 'duration' or 'total_iters' and 'full_throughput'",
-                source=source,
-                where=f"job {job.job_id!r}",
-                field="duration",
-            )
+    check_work(jobs, source)  # one definition of a job's work, or one line saying why not
     jobs, offset = start_at_first_arrival(jobs)
     check_replay_span(jobs, source)
     if offset:
-        print(
+        note(
             wrap(
                 f"note: {source}: arrival times start at {offset:,.0f} s (Unix timestamps?); "
                 f"replaying from the first arrival instead of {offset / 86400 / 365:,.1f} years "
                 "of empty rounds"
-            ),
-            file=sys.stderr,
+            )
         )
-    contention_path = args.contention or bundled("contention_matrix.csv")
     contention = load_contention_matrix(contention_path)
-    warn_unmatched(contention, jobs, str(contention_path))
+    if args.contention is not None:
+        check_workloads(contention, jobs, str(contention_path))
+    elif not _names_any(contention, jobs):
+        note(
+            f"warning: {contention_path}: none of its workloads appears in the jobs: "
+            "every pair runs at --unknown-throughput"
+        )
     truth = ground_truth(contention, args.unknown_throughput)
+    _announce(jobs, args.interval)
     names = list(dict.fromkeys(args.scheduler or DEFAULT_SCHEDULERS))
     if "no-packing" not in names:
         names.append("no-packing")  # the yardstick every cost is normalized to
@@ -211,6 +232,52 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
         return 1
 
+    if args.json:
+        print_json(
+            document(
+                results,
+                trace=source,
+                interval_s=args.interval,
+                seed=args.seed,
+                min_throughput=args.min_throughput,
+                clairvoyant_bound=round(limit, 6),
+            )
+        )
+    else:
+        _print_results(results, jobs, catalog, source, args, limit)
+    if args.plot is not None:
+        with atomic_output(args.plot) as tmp:
+            try:
+                plot(results, tmp, f"Replay of {len(jobs)} jobs")
+            except (OSError, ValueError) as exc:
+                raise InputError(
+                    f"cannot write plot: {getattr(exc, 'strerror', None) or exc}",
+                    source=str(args.plot),
+                ) from None
+        note(f"plot written to {args.plot}")
+    unfinished = [
+        f"{n} ({r.jobs_completed}/{r.jobs_total} jobs)"
+        for n, r in results.items()
+        if not r.finished
+    ]
+    if unfinished:
+        note(
+            f"warning: not every job finished under {', '.join(unfinished)}: a replay stops "
+            f"once the last job to arrive has had {MAX_SLOWDOWN:.0f} times the longest job's "
+            "duration (cost up to then; JCT over the jobs that finished)"
+        )
+        return 1
+    return 0
+
+
+def _print_results(
+    results: dict[str, ReplayResult],
+    jobs: tuple[JobSpec, ...],
+    catalog: Catalog,
+    source: str,
+    args: argparse.Namespace,
+    limit: float,
+) -> None:
     print(
         wrap(
             f"Replay of {len(jobs)} jobs ({source}) over {len(catalog)} instance types, "
@@ -246,54 +313,85 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "alloc is allocated ÷ provisioned GPU/CPU/RAM; plan ms is planning time per round."
         )
     )
-    if args.json is not None:
-        write_json(
-            args.json,
-            document(
-                results,
-                trace=source,
-                interval_s=args.interval,
-                seed=args.seed,
-                min_throughput=args.min_throughput,
-                clairvoyant_bound=round(limit, 6),
-            ),
+
+
+#: Task-rounds (rounds times the tasks present) above which a replay says how long it
+#: will be before it starts: pai_200 at the default interval is ~60,000.
+ANNOUNCE_TASK_ROUNDS = 2_000_000
+
+
+def _announce(jobs: tuple[JobSpec, ...], interval_s: float) -> None:
+    """Say how much work a replay is before it starts, when it is a lot: the simulated
+    span over the round interval, and the rounds times the tasks each job keeps present."""
+    end = 0.0
+    task_rounds = 0.0
+    for job in jobs:
+        facts = job.trace
+        work = facts.duration_s
+        if facts.total_iters is not None and job.full_throughput:
+            work = facts.total_iters / job.full_throughput
+        work = work or 0.0
+        end = max(end, facts.arrival_time_s + work)
+        task_rounds += work / interval_s * len(job.tasks)
+    if task_rounds < ANNOUNCE_TASK_ROUNDS:
+        return
+    rounds = end / interval_s
+    note(
+        wrap(
+            f"note: this replay simulates {end / 86400:,.1f} days in rounds every "
+            f"{interval_s:g} s: about {rounds:,.0f} rounds and {task_rounds:,.0f} task-rounds "
+            "per scheduler, which may take a long time"
+            + (" (progress below; Ctrl-C stops it)" if sys.stderr.isatty() else "")
+            + "; a longer --interval or a shorter trace is quicker"
         )
-    if args.plot is not None:
-        try:
-            plot(results, args.plot, f"Replay of {len(jobs)} jobs")
-        except OSError as exc:
-            raise InputError(
-                f"cannot write plot: {exc.strerror or exc}", source=str(args.plot)
-            ) from None
-        print(f"plot written to {args.plot}")  # with its .png, as matplotlib wrote it
-    unfinished = [
-        f"{n} ({r.jobs_completed}/{r.jobs_total} jobs)"
-        for n, r in results.items()
-        if not r.finished
-    ]
-    if unfinished:
-        print(
-            f"warning: not every job finished under {', '.join(unfinished)}: a replay stops "
-            f"once the last job to arrive has had {MAX_SLOWDOWN:.0f} times the longest job's "
-            "duration (cost up to then; JCT over the jobs that finished)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    )
+
+
+def _names_any(table: ThroughputTable, jobs: tuple[JobSpec, ...]) -> bool:
+    known = {w for (w, _), _ in table.items()} | {o for (_, c), _ in table.items() for o in c}
+    return not known or bool(known & {t.workload for j in jobs for t in j.tasks})
+
+
+#: The slowest arrival rate `trace synthesize` takes (one job every 100 hours).
+MIN_RATE_PER_HOUR = 0.01
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
     source_path = args.source or bundled("pai_200.json")
-    source = jobs_from_eva(read_json(source_path, "trace"), source=str(source_path))
+    check_outputs({"--out": args.out}, [("the source trace (--from)", source_path)])
+    span_s = args.jobs / args.rate * 3600.0
+    if span_s > MAX_SYNTHETIC_SPAN_S:
+        raise InputError(
+            f"with --jobs {args.jobs:,} the arrivals would span about {span_s / 86400 / 365:,.0f} "
+            f"years; at most {MAX_SYNTHETIC_SPAN_S / 86400 / 365:,.0f} (raise --rate)",
+            field="--rate",
+            value=args.rate,
+            has_value=True,
+        )
+    source = load_jobs(source_path)
     trace = synthesize(source, args.jobs, args.seed, args.rate, args.multi_task)
-    write_json(args.out, trace)
+    write_atomically(args.out, orjson.dumps(trace, option=orjson.OPT_INDENT_2) + b"\n")
     tasks = sum(len(j["tasks"]) for j in trace.values())
     last = max(j["arrival_time"] for j in trace.values())
-    print(
-        f"wrote {len(trace)} jobs ({tasks} tasks) arriving over {last / 86400:.1f} days "
-        f"to {args.out}"
-    )
+    summary = {
+        "out": str(args.out),
+        "jobs": len(trace),
+        "tasks": tasks,
+        "days": round(last / 86400, 3),
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print(
+            f"wrote {len(trace)} jobs ({tasks} tasks) arriving over {last / 86400:.1f} days "
+            f"to {args.out}"
+        )
     return 0
+
+
+#: The longest span of arrivals `trace synthesize` writes (a trace must stay readable:
+#: arrivals are bounded by `app.files.MAX_TRACE_SECONDS`).
+MAX_SYNTHETIC_SPAN_S = 1000 * 365 * 86400.0
 
 
 def _run_replays(
@@ -362,13 +460,14 @@ def _run_in_workers(
         while waiting or running:
             while waiting and len(running) < workers:
                 name = waiting.pop(0)
-                running[name] = context.Process(
+                process = context.Process(
                     target=_worker,
                     args=(name, messages, inputs, board.tty),
                     name=f"replay {name}",
                 )
                 with _sigint_held():
-                    running[name].start()
+                    process.start()
+                running[name] = process  # started: one Ctrl-C ends it below
             _receive(messages, board, finished, running, timeout=0.2)
             for name, process in list(running.items()):
                 if not process.is_alive():
@@ -377,9 +476,13 @@ def _run_in_workers(
                     if name in running:
                         raise _WorkerDied(name, process.exitcode)
     finally:
-        for process in running.values():  # on an error or Ctrl-C, none goes on alone
+        # On an error or Ctrl-C none goes on alone. A Ctrl-C that came just before a fork
+        # is raised inside `start()`: that process never got a handle (and, orphaned,
+        # ends itself at its next round: `_worker`).
+        started = [p for p in running.values() if p.pid is not None]
+        for process in started:
             process.terminate()
-        for process in running.values():
+        for process in started:
             process.join()
 
 

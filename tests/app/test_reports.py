@@ -9,10 +9,11 @@ import time
 import pytest
 
 from app.cli import main
-from app.commands.cluster import parse_since, render_status
+from app.commands.cluster import render_status
 from app.config import load_cluster_config
 from app.metrics import Metrics
 from app.reports import attribute, cluster_status, timeline
+from app.validation import parse_since
 from app.wiring import open_state
 from autoscaler.store import Placement, TaskUpdate, UptimeInterval
 from state.memory import InMemoryStore
@@ -74,14 +75,10 @@ def history(cluster_dir):
 
 def test_cost_report_sums_equal_the_ledger_and_work_without_a_daemon(history, tmp_path, capsys):
     config, _ = history
-    out = tmp_path / "cost.json"
     plot = tmp_path / "cost"
-    assert (
-        main(["cost-report", "--config", str(config.path), "--json", str(out), "--plot", str(plot)])
-        == 0
-    )
-    text = capsys.readouterr().out
-    report = json.loads(out.read_text())
+    assert main(["cost-report", "--config", str(config.path), "--json", "--plot", str(plot)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # --json: the document alone on standard output
     store = open_state(config)
     ledger = store.cost_between(0, report["until"])
     store.close()
@@ -91,8 +88,10 @@ def test_cost_report_sums_equal_the_ledger_and_work_without_a_daemon(history, tm
     # i-1 ran 0..7300 at $0.357/h: idle 0-100 and 7200-7300; a and b shared it 100-3700.
     assert report["spend_by_job"]["a"] == pytest.approx(0.357 * (3600 / 2 + 3500) / 3600, rel=1e-6)
     assert report["hourly_cost_now"] == pytest.approx(0.08925)  # only i-2 bills now
+    assert "plot written to" in captured.err and (tmp_path / "cost.png").stat().st_size > 10_000
+    assert main(["cost-report", "--config", str(config.path)]) == 0
+    text = capsys.readouterr().out
     assert "Spend" in text and "(idle: no task on the instance)" in text
-    assert "plot written to" in text and (tmp_path / "cost.png").stat().st_size > 10_000
 
 
 def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
@@ -118,8 +117,11 @@ def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("86400", 86400.0),
+        ("@86400", 86400.0),
         ("24h", 1e6 - 86400),
+        ("19700102", 86400.0),  # ISO 8601 basic: a date, never epoch seconds
+        ("19700102T0100+0100", 86400.0),
+        ("1970-01-02T01:00:00+01:00", 86400.0),
         ("7d", 1e6 - 7 * 86400),
         ("1970-01-02", 86400.0),
         ("99999999999999999999d", 0.0),  # longer than the epoch's age: everything

@@ -101,13 +101,16 @@ OK = "demand = { any = [0, 1, 2] }\n"
 
 BAD = [
     (A + "demand = { any = [0, 0, 0] }", "asks for nothing"),
-    (A + "demand = { any = [0, -1, 2] }", "demand.any.1"),
-    (A + "demand = { any = [0, nan, 2] }", "demand.any.1"),
-    (A + "demand = { any = [0, inf, 2] }", "demand.any.1"),
+    (
+        A + "demand = { any = [0, -1, 2] }",
+        "task 'a': field 'demand.any[1]' = -1: must be a number >= 0",
+    ),
+    (A + "demand = { any = [0, nan, 2] }", "task 'a': field 'demand.any[1]' = nan"),
+    (A + "demand = { any = [0, inf, 2] }", "task 'a': field 'demand.any[1]' = inf"),
     (A + "demand = { any = [0, 1] }", "demand.any"),
-    (A + "demand = { any = [0.5, 1, 2] }", "asks for 0.5 GPUs"),
-    (A + "demand = { any = [0, 'one', 2] }", "demand.any.1"),
-    (A + "demand = {}", "needs at least one vector"),
+    (A + "demand = { any = [0.5, 1, 2] }", "field 'demand.any[0]' = 0.5: must be a whole number"),
+    (A + "demand = { any = [0, 'one', 2] }", "field 'demand.any[1]' = 'one': must be a number"),
+    (A + "demand = {}", "field 'demand' = {}: must not be empty"),
     (A + "demand = { gpu9 = [0, 1, 2] }", "no instance type in the catalog has family 'gpu9'"),
     (A + "demand = { any = [9, 1, 2] }", "fits no instance type"),
     (A + "demand = { any = [0, 999, 2] }", "fits no instance type"),
@@ -115,21 +118,31 @@ BAD = [
     (A.replace("'train'", "'.'") + OK, "has no Dockerfile"),
     ("name = 'x'\n[tasks.a]\n" + OK, "give either 'context'"),
     (A + "image = 'i'\n" + OK, "give either 'context'"),
-    (A + OK + "replicas = 0", "field 'tasks.a.replicas' = 0"),
-    (A + OK + "shm_size_gb = -1", "tasks.a.shm_size_gb"),
-    (A + OK + "fetch_s = 1e12", "field 'tasks.a.fetch_s' = 1000000000000.0"),
+    (A + OK + "replicas = 0", "task 'a': field 'replicas' = 0"),
+    (A + OK + "shm_size_gb = -1", "task 'a': field 'shm_size_gb' = -1"),
+    (A + OK + "fetch_s = 1e12", "task 'a': field 'fetch_s' = 1000000000000.0"),
     (A + OK + "env = { AUTOSCALER_JOB_ID = 'x' }", "is reserved"),
-    (A + OK + "env = { '1BAD' = 'x' }", "not an environment variable name"),
-    (A + OK + "colour = 'red'", "field 'tasks.a.colour': unknown field"),
-    (A.replace("tasks.a", "tasks.'a/b'") + OK, "tasks.a/b"),
-    ("name = 'x'\ntasks = {}", "needs at least one task"),
+    (A + OK + "env = { '1BAD' = 'x' }", "must be an environment variable name"),
+    (A + OK + "colour = 'red'", "task 'a': field 'colour': unknown field"),
+    (A.replace("tasks.a", "tasks.'a/b'") + OK, "task 'a/b': is not a valid key"),
+    ("name = 'x'\ntasks = {}", "field 'tasks' = {}: must not be empty"),
     ("[tasks.a]\ncontext = 'train'\n" + OK, "field 'name': is required"),
     (A.replace("'x'", "'x y'") + OK, "field 'name' = 'x y'"),
     ("id = '../etc'\n" + A + OK, "field 'id' = '../etc'"),
     ("full_throughput = 0\n" + A + OK, "field 'full_throughput' = 0"),
     ("max_tasks_per_instance = 0\n" + A + OK, "field 'max_tasks_per_instance' = 0"),
     ("name = 'x'\n[tasks.a\ncontext = 'train'", "malformed TOML"),
-    (A + "command = 'python train.py'\n" + OK, "tasks.a.command"),
+    (A + "command = 'python train.py'\n" + OK, "task 'a': field 'command' = 'python train.py'"),
+    (A + OK + "network = 1", "task 'a': field 'network' = 1: must be true or false"),
+    (A + OK + "replicas = 2.0", "task 'a': field 'replicas' = 2.0: must be a whole number"),
+    (A + "demand = { any = [true, true, 2] }", "field 'demand.any[0]' = True: must be a number"),
+    (
+        A.replace("[tasks.a]", "[tasks.a]\nreplicas = 2")
+        + OK
+        + "[tasks.a-1]\ncontext = 'train'\n"
+        + OK,
+        "task 'a-1': task 'a-1' makes a task named 'a-1', which task 'a' makes too",
+    ),
 ]
 
 

@@ -104,7 +104,7 @@ def test_everything_the_daemon_writes_is_in_a_writable_path(unit, tmp_path):
     # is then writable; the configuration and its secrets stay read-only.
     import tomllib
 
-    text = config_template("c1", tmp_path, local=False, region="us-east-1", bucket="b")
+    text = config_template("c1", tmp_path, local=False, region="us-east-1", bucket="bucket-b")
     text = text.replace('path = "state.db"', 'path = "/var/lib/autoscaler/state.db"')
     config_file = PurePosixPath(env["AUTOSCALER_CONFIG"])
     config = parse_cluster_config(tomllib.loads(text), Path(config_file))

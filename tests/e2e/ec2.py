@@ -86,7 +86,7 @@ def client(service: str, endpoint: str) -> Any:
 
 def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None) -> ClusterConfig:
     """`autoscaler init` for EC2, then what an operator fills in: the account's network, an
-    image, the workers' instance profile, a bucket, the agent wheel; short rounds."""
+    image, the workers' instance profile, a bucket, the wheelhouse; short rounds."""
     ec2 = client("ec2", endpoint)
     ami = register_worker_image(ec2)
     subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]

@@ -14,7 +14,6 @@ tasks are real containers built from the examples, their contexts and checkpoint
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -145,10 +144,7 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
         ]
         assert any(k.endswith(".tar.gz") for k in keys), keys
 
-        report_path = tmp_path / "cost.json"
-        code, out = cli("cost-report", "--json", str(report_path), *at)
-        assert code == 0, out
-        report = json.loads(report_path.read_text())
+        report = cli_json("cost-report", *at)
         with state_of(config) as store:
             ledger = store.cost_between(0, report["until"])
             known = {i.cloud_id for i in store.instances(include_finished=True)}

@@ -166,5 +166,5 @@ def test_bad_configuration_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         f"autoscaler: error: {config}: [ec2]: field 'orphan_policy' = 'kill': "
-        "must be 'report' or 'terminate'"
+        "must be one of 'report', 'terminate'"
     ]

@@ -156,10 +156,12 @@ def test_waiting_never_costs_more_than_the_trace_s_own_timing(seed):
     assert pooled.dollars <= waiting.dollars * (1 + 1e-9)
 
 
-def test_no_scheduler_replays_a_trace_below_its_waiting_limit():
-    # The limit claims to bound every schedule the simulator can run: each of our
-    # schedulers, replayed under the same interference, must pay at least it (on
-    # pai_200's first 40 jobs eva comes within 5% of it).
+def test_no_scheduler_replays_a_trace_below_any_of_its_limits():
+    # The limits claim to bound what the simulator can run: each of our schedulers,
+    # replayed under the same interference, must pay at least every one of them (on
+    # pai_200's first 40 jobs eva comes within 5% of the waiting limit). Each of these
+    # jobs gives its work twice (duration, and total_iters at full_throughput), so the
+    # bounds and the world must read the same one.
     from app.bundled import bundled
     from app.files import load_catalog, load_contention_matrix, load_jobs
     from simulator.replay import SCHEDULERS, replay
@@ -169,9 +171,45 @@ def test_no_scheduler_replays_a_trace_below_its_waiting_limit():
     catalog = load_catalog(bundled("ec2_config.json"))
     jobs, _ = start_at_first_arrival(load_jobs(bundled("pai_200.json"), catalog))
     jobs = tuple(sorted(jobs, key=lambda j: j.trace.arrival_time_s)[:40])
+    assert all(j.trace.duration_s and j.trace.total_iters and j.full_throughput for j in jobs)
     truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
     limit = waiting_limit(jobs, catalog, truth)
-    assert limit.exact
-    assert limit.dollars <= per_interval_limits(jobs, catalog, truth).with_interference
+    per_interval = per_interval_limits(jobs, catalog, truth)
+    assert limit.exact and per_interval.at_fluid == 0
+    assert limit.dollars <= per_interval.with_interference
+    bounds = {
+        "fluid": clairvoyant_bound(jobs, catalog),
+        "whole tasks": per_interval.whole_tasks,
+        "with interference": per_interval.with_interference,
+        "waiting": limit.dollars,
+    }
+    assert bounds["fluid"] == pytest.approx(per_interval.fluid)
     for name in SCHEDULERS:
-        assert replay(jobs, catalog, truth, name).total_cost >= limit.dollars, name
+        cost = replay(jobs, catalog, truth, name).total_cost
+        for bound, dollars in bounds.items():
+            assert cost >= dollars, (name, bound, cost, dollars)
+
+
+def test_a_trace_whose_duration_disagrees_with_its_iterations_is_neither_bounded_nor_replayed():
+    # Its duration twice its iterations: the bound once read the duration ($1.26 on
+    # such a trace) while the world ran the iterations, and every scheduler "beat" it.
+    from autoscaler.errors import InputError
+    from simulator.replay import replay
+
+    jobs = (
+        job(
+            "a",
+            (0, 4, 12),
+            full_throughput=1.0,
+            trace=TraceFacts(arrival_time_s=0.0, duration_s=7200.0, total_iters=3600.0),
+        ),
+    )
+    truth = ThroughputTable(default=1.0)
+    for compute in (
+        lambda: clairvoyant_bound(jobs, table3_catalog()),
+        lambda: waiting_limit(jobs, table3_catalog(), truth),
+        lambda: per_interval_limits(jobs, table3_catalog(), truth),
+        lambda: replay(jobs, table3_catalog(), truth, "eva"),
+    ):
+        with pytest.raises(InputError, match="job 'a': 'duration' = 7200 s but"):
+            compute()

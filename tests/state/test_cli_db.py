@@ -136,7 +136,7 @@ def test_state_table_url_path_and_default(tmp_path: Path, monkeypatch: pytest.Mo
         ({"url": "sqlite:///a.db", "path": "b.db"}, "give either 'url' or 'path'"),
         ({"ulr": "sqlite:///a.db"}, "field 'ulr': unknown field (known: path, url)"),
         ({"url": ""}, "field 'url' = '': must be a non-empty string"),
-        ({"path": 3}, "field 'path' = 3: must be a non-empty string"),
+        ({"path": 3}, "field 'path' = 3: must be a string, not a whole number"),
     ],
 )
 def test_state_table_mistakes_are_named(table: dict[str, object], message: str) -> None:

@@ -1,0 +1,756 @@
+"""Honest bounds on static packing: the configuration LP, and the exact optimum of small inputs.
+
+The fluid LP (`autoscaler.lp`) lets a task's demand spread over the resources
+of many instances, which whole tasks cannot: where tasks are large against
+their instances it is loose (tasks of 0.6 of an instance: the fluid bound pays
+0.6 instance per task, any real configuration one). Tighter yardsticks:
+
+- **The whole-task LP** (`whole_task_bound`): the fluid LP with one more row
+  per type, resource and dual feasible function of bin packing; as small as
+  the fluid LP, it counts tasks larger than half an instance whole.
+
+- **The configuration LP** (Gilmore–Gomory): a column is a pattern, an
+  instance type and a multiset of task classes that fits it, of cost C_k;
+  minimise Σ C_k y_p subject to Σ_p a_cp y_p ≥ n_c. Solved by column
+  generation: the restricted master's duals u_c price one integer knapsack
+  per type (`patterns.best_composition`, exact branch and bound), and a
+  pattern with C_k − Σ_c u_c a_c < 0 enters. Stopped early (a time or
+  iteration budget) it still gives a valid bound, Farley's (A. A. Farley, "A
+  note on bounding a class of linear programming problems, including cutting
+  stock problems", Operations Research 38(5), 1990): with K_k(u) the best
+  knapsack value of type k, u / max(1, max_k K_k(u)/C_k) is feasible for the
+  full master's dual, so z_master / max(1, max_k K_k(u)/C_k) is a lower
+  bound; at convergence the ratio is 1 and the bound is z_master. Where a
+  knapsack search is cut short, K_k is replaced by an upper bound on it (the
+  knapsack's resource-rate bound), which keeps the bound valid.
+- **The MIP optimum** (HiGHS branch and cut) for inputs up to a few hundred
+  tasks: instance slots per type, each opened or not, integer counts of each
+  class on each slot. Slots per type are capped by an upper bound on the
+  optimum (a slot costing more than a known plan is never opened), dominated
+  types are dropped (a type no cheaper and no larger than another the same
+  tasks may use), and opened slots come first (symmetry). Stopped by its time
+  limit, HiGHS' own dual bound is reported instead, with `optimal` False.
+
+Interference is left out, as in the fluid bound: each is a bound on the
+hourly cost of any configuration that hosts every task, whatever the tasks'
+speed once there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+from autoscaler.catalog import Catalog
+from autoscaler.lp import LPClass
+from autoscaler.patterns import (
+    Demand,
+    Pattern,
+    PatternClass,
+    TypeShape,
+    _cheapest,
+    _fitting,
+    best_composition,
+    covering_model,
+)
+from autoscaler.resources import EPSILON, fits
+from autoscaler.stopwatch import stopwatch
+
+#: The exact MIP is attempted up to this many tasks (and within `MIP_TIME_LIMIT_S`).
+MIP_MAX_TASKS = 300
+MIP_TIME_LIMIT_S = 20.0
+#: The exact MIP lists every composition when there are at most this many.
+MIP_MAX_PATTERNS = 100_000
+#: Column generation stops here and reports Farley's bound (valid, if looser).
+CONFIGURATION_TIME_LIMIT_S = 10.0
+CONFIGURATION_MAX_ITERATIONS = 2_000
+#: Past this many task classes neither the whole-task LP nor the configuration LP is
+#: computed (building them takes longer than the plans they judge): the fluid bound stands.
+STATIC_BOUNDS_MAX_CLASSES = 5_000
+#: One knapsack search; past it K_k is replaced by its resource-rate upper bound.
+KNAPSACK_NODE_LIMIT = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigurationBound:
+    """The configuration LP's lower bound ($/h) and how it was reached."""
+
+    lower_bound: float  # no configuration of whole tasks costs less
+    master: float  # the restricted master's optimum at the stop (≥ lower_bound)
+    converged: bool  # no column could enter: lower_bound is the LP's optimum
+    iterations: int
+    columns: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class MipOptimum:
+    """The exact optimum ($/h) of a small input, or HiGHS' bounds when time ran out."""
+
+    hourly_cost: float | None  # best configuration found (None: none within the time)
+    lower_bound: float  # = hourly_cost when optimal
+    optimal: bool
+    seconds: float
+
+
+def _shapes(catalog: Catalog) -> list[TypeShape]:
+    return [TypeShape(t.name, t.hourly_cost, t.capacity.as_tuple()) for t in catalog.types]
+
+
+def _pattern_classes(classes: Sequence[LPClass]) -> list[PatternClass]:
+    return [
+        PatternClass(c.count, c.demands, 0.0, c.group, c.group_limit)
+        for c in classes
+        if c.count > 0
+    ]
+
+
+def configuration_bound(
+    catalog: Catalog,
+    classes: Sequence[LPClass],
+    time_limit_s: float = CONFIGURATION_TIME_LIMIT_S,
+    max_iterations: int = CONFIGURATION_MAX_ITERATIONS,
+    node_limit: int = KNAPSACK_NODE_LIMIT,
+) -> ConfigurationBound:
+    """The configuration LP's bound for `classes` on `catalog`'s types (see the module).
+
+    Every class must fit some type alone. Per iteration and type: the knapsack's
+    LP relaxation bounds K_k from above (a type it shows no column can enter is
+    not searched); a greedy fill by dual density, then a short branch and bound,
+    look for entering columns; only when none enters anywhere do the cut-short
+    searches run again with `node_limit` nodes. The bound kept is the best
+    Farley bound over the iterations (each is valid; the last is not always the
+    best).
+    """
+    elapsed = stopwatch()
+    types = _shapes(catalog)
+    pclasses = _pattern_classes(classes)
+    if not pclasses:
+        return ConfigurationBound(0.0, 0.0, True, 0, 0, elapsed())
+    highs = covering_model([c.count for c in pclasses])
+    seen: set[Pattern] = set()
+
+    def add(pattern: Pattern) -> bool:
+        if pattern in seen:
+            return False
+        seen.add(pattern)
+        comp = pattern.composition
+        highs.addCol(
+            types[pattern.type_index].cost,
+            0.0,
+            highspy.kHighsInf,
+            len(comp),
+            np.array([c for c, _ in comp], np.int32),
+            np.array([float(n) for _, n in comp]),
+        )
+        return True
+
+    for c, cls in enumerate(pclasses):
+        add(Pattern(_cheapest(cls, types), ((c, 1),)))
+    relaxations = [_KnapsackRelaxation(k, shape, pclasses) for k, shape in enumerate(types)]
+    best_bound = 0.0
+    master = 0.0
+    converged = False
+    iterations = 0
+    short = min(node_limit, 2_000)
+    while iterations < max_iterations:
+        iterations += 1
+        highs.run()
+        if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            raise RuntimeError("configuration LP master not solved to optimality")
+        master = highs.getObjectiveValue()
+        duals = [max(0.0, u) for u in highs.getSolution().row_dual]
+        ratio = 1.0
+        entered = 0
+        unproven: list[tuple[int, float]] = []  # (type, upper bound on K_k) cut short
+        for k, shape in enumerate(types):
+            relaxed = relaxations[k].upper_bound(duals)
+            if relaxed <= shape.cost * (1 + 1e-9) + 1e-9:
+                continue  # no pattern of this type can enter; K_k ≤ relaxed ≤ C_k
+            for filled in relaxations[k].greedy(duals):
+                if sum(duals[c] * n for c, n in filled) > shape.cost * (1 + 1e-9) + 1e-9:
+                    entered += add(Pattern(k, filled))
+            comp, value, complete, _ = best_composition(
+                k, shape, pclasses, duals, None, short, None, relaxations[k].fitting
+            )
+            if comp and value > shape.cost * (1 + 1e-9) + 1e-9:
+                entered += add(Pattern(k, comp))
+            if complete:
+                ratio = max(ratio, value / shape.cost)
+            else:
+                unproven.append((k, relaxed))
+        if not entered:
+            for k, relaxed in unproven:
+                shape = types[k]
+                comp, value, complete, _ = best_composition(
+                    k, shape, pclasses, duals, None, node_limit, None, relaxations[k].fitting
+                )
+                if comp and value > shape.cost * (1 + 1e-9) + 1e-9:
+                    entered += add(Pattern(k, comp))
+                ratio = max(ratio, (value if complete else relaxed) / shape.cost)
+        else:
+            ratio = max([ratio] + [relaxed / types[k].cost for k, relaxed in unproven])
+        best_bound = max(best_bound, master / ratio)
+        if not entered:
+            converged = ratio <= 1 + 1e-9
+            break
+        if elapsed() > time_limit_s:
+            break
+    if converged:
+        best_bound = max(best_bound, master)
+    return ConfigurationBound(best_bound, master, converged, iterations, len(seen), elapsed())
+
+
+class _KnapsackRelaxation:
+    """Type k's pricing knapsack relaxed to an LP (an upper bound on K_k(u)), and greedy
+    fills by dual density that find entering columns without a search."""
+
+    def __init__(self, k: int, shape: TypeShape, classes: Sequence[PatternClass]) -> None:
+        self.shape = shape
+        self.fitting = _fitting(k, shape, classes)
+        self.classes = classes
+        self.k = k
+        self.most: list[int] = []
+        for c in self.fitting:
+            d = classes[c].demands[k]
+            assert d is not None
+            most = classes[c].count
+            for r in range(3):
+                if d[r] > EPSILON:
+                    most = min(most, int((shape.capacity[r] + EPSILON) // d[r]))
+            self.most.append(most)
+        self.highs: highspy.Highs | None = None
+        if self.fitting:
+            self.highs = self._build()
+
+    def _build(self) -> highspy.Highs:
+        k, classes, cap = self.k, self.classes, self.shape.capacity
+        groups = sorted(
+            {g for c in self.fitting if (g := classes[c].group) and classes[c].group_limit}
+        )
+        lp = highspy.HighsLp()
+        n = len(self.fitting)
+        lp.num_col_ = n
+        lp.num_row_ = 3 + len(groups)
+        lp.col_cost_ = np.zeros(n)
+        lp.col_lower_ = np.zeros(n)
+        lp.col_upper_ = np.array([float(m) for m in self.most])
+        limits = [
+            float(next(classes[c].group_limit or 0 for c in self.fitting if classes[c].group == g))
+            for g in groups
+        ]
+        lp.row_lower_ = np.full(3 + len(groups), -highspy.kHighsInf)
+        lp.row_upper_ = np.array([*cap, *limits])
+        starts, index, value = [0], [], []
+        for c in self.fitting:
+            d = classes[c].demands[k]
+            assert d is not None
+            for r in range(3):
+                if d[r] > 0:
+                    index.append(r)
+                    value.append(d[r])
+            g = classes[c].group
+            if g in groups:
+                index.append(3 + groups.index(g))
+                value.append(1.0)
+            starts.append(len(index))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+        lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
+        highs = highspy.Highs()
+        highs.setOptionValue("output_flag", False)
+        highs.passModel(lp)
+        return highs
+
+    def upper_bound(self, duals: Sequence[float]) -> float:
+        """Max Σ u_c a_c over the relaxed knapsack (0 ≤ a_c ≤ what fits): ≥ K_k(u)."""
+        if self.highs is None:
+            return 0.0
+        n = len(self.fitting)
+        self.highs.changeColsCost(
+            n, np.arange(n, dtype=np.int32), np.array([-duals[c] for c in self.fitting])
+        )
+        self.highs.run()
+        if self.highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return math.inf  # stays valid: no bound claimed from this type
+        return -self.highs.getObjectiveValue()
+
+    def greedy(self, duals: Sequence[float]) -> list[tuple[tuple[int, int], ...]]:
+        """Fills in order of dual value per unit of the type's capacity, summed and per
+        resource (ties: class order)."""
+        cap = self.shape.capacity
+        items = [(c, m) for c, m in zip(self.fitting, self.most, strict=True) if duals[c] > 1e-12]
+        if not items:
+            return []
+        weights = [
+            (1 / cap[0] if cap[0] > 0 else 0.0, 1 / cap[1], 1 / cap[2]),
+            (0.0, 1 / cap[1], 0.0),
+            (0.0, 0.0, 1 / cap[2]),
+        ]
+        out = []
+        for w in weights:
+
+            def density(item: tuple[int, int], w: tuple[float, float, float] = w) -> float:
+                d = self.classes[item[0]].demands[self.k]
+                assert d is not None
+                size = d[0] * w[0] + d[1] * w[1] + d[2] * w[2]
+                return duals[item[0]] / size if size > 0 else math.inf
+
+            free = list(cap)
+            used: dict[str, int] = {}
+            comp = []
+            for c, most in sorted(items, key=lambda it: (-density(it), it[0])):
+                d = self.classes[c].demands[self.k]
+                assert d is not None
+                n = most
+                for r in range(3):
+                    if d[r] > EPSILON:
+                        n = min(n, int((free[r] + EPSILON) // d[r]))
+                g, limit = self.classes[c].group, self.classes[c].group_limit
+                if g is not None and limit:
+                    n = min(n, limit - used.get(g, 0))
+                if n > 0:
+                    comp.append((c, n))
+                    free = [free[r] - n * d[r] for r in range(3)]
+                    if g is not None and limit:
+                        used[g] = used.get(g, 0) + n
+            if comp:
+                out.append(tuple(sorted(comp)))
+        return out
+
+
+def _dual_feasible_functions() -> list[Callable[[float], float]]:
+    """Dual feasible functions f of bin packing: any items whose sizes sum to at most 1
+    have f-values summing to at most 1 (Fekete and Schepers, "New classes of fast
+    lower bounds for bin packing problems", Math. Programming 91, 2001): u^(k) for
+    k = 1, 2, 3 (whole multiples of 1/(k+1) keep their size, the rest round down to
+    a multiple of 1/k) and U^(ε) for ε = 1/3, 1/4 (items above 1 − ε count whole,
+    below ε nothing)."""
+
+    def rounding(k: int) -> Callable[[float], float]:
+        def f(x: float) -> float:
+            scaled = (k + 1) * x
+            if abs(scaled - round(scaled)) < 1e-9:
+                return x
+            return math.floor(scaled) / k
+
+        return f
+
+    def threshold(eps: float) -> Callable[[float], float]:
+        def f(x: float) -> float:
+            if x > 1 - eps + 1e-12:
+                return 1.0
+            return x if x >= eps - 1e-12 else 0.0
+
+        return f
+
+    return [rounding(1), rounding(2), rounding(3), threshold(1 / 3), threshold(1 / 4)]
+
+
+def whole_task_bound(catalog: Catalog, classes: Sequence[LPClass]) -> float:
+    """The fluid LP strengthened by the rows Σ_c f(D_ck^r / Q_k^r) x_ck ≤ z_k, one per
+    type, resource and dual feasible function f: an instance of type k holds tasks
+    whose r-demands fit Q_k^r, so their f-values sum to at most 1. Valid for whole
+    tasks, as small as the fluid LP, and much tighter where tasks are large against
+    their instances (tasks of 0.6 of an instance: one instance each). Anti-affinity
+    is left out (the bound only gets lower)."""
+    types = catalog.types
+    functions = _dual_feasible_functions()
+    cols: list[tuple[float, list[tuple[int, float]]]] = []
+    n_cls = len(classes)
+    rows = n_cls
+    cap_row: dict[tuple[int, int], int] = {}
+    for k, itype in enumerate(types):
+        for r, q in enumerate(itype.capacity.as_tuple()):
+            if q > 0:
+                cap_row[k, r] = rows
+                rows += 1 + len(functions)
+    for c, cls in enumerate(classes):
+        for k, itype in enumerate(types):
+            d = cls.demands[k]
+            if d is None or not fits(d, itype.capacity.as_tuple()):
+                continue
+            entries = [(c, 1.0)]
+            for r in range(3):
+                if (k, r) in cap_row and d[r] > 0:
+                    row = cap_row[k, r]
+                    q = itype.capacity.as_tuple()[r]
+                    entries.append((row, d[r]))
+                    for i, f in enumerate(functions):
+                        value = f(min(1.0, d[r] / q))
+                        if value > 0:
+                            entries.append((row + 1 + i, value))
+            cols.append((0.0, entries))
+    for k, itype in enumerate(types):
+        entries = []
+        for r, q in enumerate(itype.capacity.as_tuple()):
+            if (k, r) in cap_row:
+                row = cap_row[k, r]
+                entries.append((row, -q))
+                entries += [(row + 1 + i, -1.0) for i in range(len(functions))]
+        cols.append((itype.hourly_cost, entries))
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(cols)
+    lp.num_row_ = rows
+    lp.col_cost_ = np.array([cost for cost, _ in cols])
+    lp.col_lower_ = np.zeros(len(cols))
+    lp.col_upper_ = np.full(len(cols), highspy.kHighsInf)
+    counts = [float(c.count) for c in classes]
+    lp.row_lower_ = np.array(counts + [-highspy.kHighsInf] * (rows - n_cls))
+    lp.row_upper_ = np.array(counts + [0.0] * (rows - n_cls))
+    starts: list[int] = [0]
+    index: list[int] = []
+    values: list[float] = []
+    for _, entries in cols:
+        index += [i for i, _ in entries]
+        values += [v for _, v in entries]
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(values, dtype=np.float64)
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.passModel(lp)
+    highs.run()
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError("whole-task LP not solved to optimality")
+    return float(highs.getObjectiveValue())
+
+
+def _dominated(k: int, types: Sequence[TypeShape], classes: Sequence[PatternClass]) -> bool:
+    """True when another type hosts every class type k hosts, at the same demands, is at
+    least as large in every resource and no dearer (ties: the lower index is kept)."""
+    mine = types[k]
+    for j, other in enumerate(types):
+        if j == k or other.cost > mine.cost + 1e-12:
+            continue
+        if not all(o + EPSILON >= m for o, m in zip(other.capacity, mine.capacity, strict=True)):
+            continue
+        if other.cost == mine.cost and other.capacity == mine.capacity and j > k:
+            continue
+        if all(cls.demands[k] is None or cls.demands[j] == cls.demands[k] for cls in classes):
+            return True
+    return False
+
+
+def mip_optimum(
+    catalog: Catalog,
+    classes: Sequence[LPClass],
+    upper_bound: float | None = None,
+    time_limit_s: float = MIP_TIME_LIMIT_S,
+    lower_bound: float = 0.0,
+    max_patterns: int = MIP_MAX_PATTERNS,
+) -> MipOptimum:
+    """The cheapest configuration hosting every task of `classes`, by MIP (HiGHS).
+
+    Where every composition of the tasks on every (undominated) type can be listed
+    (at most `max_patterns`), the integer configuration program over all of them is
+    solved: exact, and its relaxation is the configuration LP, so it closes fast.
+    Otherwise an assignment MIP over instance slots. `upper_bound`: the cost of a
+    known configuration (caps the slots per type and prunes; default: one cheapest
+    instance per task). `lower_bound`: a known bound (the configuration LP's).
+    """
+    elapsed = stopwatch()
+    types = _shapes(catalog)
+    pclasses = _pattern_classes(classes)
+    if not pclasses:
+        return MipOptimum(0.0, 0.0, True, elapsed())
+    if upper_bound is None:
+        upper_bound = sum(types[_cheapest(c, types)].cost * c.count for c in pclasses)
+    kept = [k for k in range(len(types)) if not _dominated(k, types, pclasses)]
+    patterns = _all_patterns(types, pclasses, kept, max_patterns)
+    if patterns is not None:
+        return _pattern_mip(types, pclasses, patterns, upper_bound, time_limit_s, elapsed)
+    # Slots: (type index, the classes that fit it, how many tasks of each at most).
+    slots: list[tuple[int, list[tuple[int, int]]]] = []
+    for k in kept:
+        shape = types[k]
+        fit = []
+        for c in _fitting(k, shape, pclasses):
+            d = pclasses[c].demands[k]
+            assert d is not None
+            most = pclasses[c].count
+            for r in range(3):
+                if d[r] > EPSILON:
+                    most = min(most, int((shape.capacity[r] + EPSILON) // d[r]))
+            fit.append((c, most))
+        if not fit or shape.cost <= 0:
+            continue
+        tasks = sum(pclasses[c].count for c, _ in fit)
+        count = min(tasks, math.floor(upper_bound / shape.cost + 1e-9))
+        slots += [(k, fit)] * count
+    groups = sorted({c.group for c in pclasses if c.group is not None and c.group_limit})
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    # Rows: one per class (= n_c), then per slot its capacity rows and group rows.
+    counts = [float(c.count) for c in pclasses]
+    row_lower: list[float] = list(counts)
+    row_upper: list[float] = list(counts)
+    columns: list[tuple[float, float, float, bool, list[tuple[int, float]]]] = []
+    z_of_slot: list[int] = []
+    previous_z: dict[int, int] = {}  # type -> row of "z_prev - z ≥ 0" to add the next z
+    for k, fit in slots:
+        shape = types[k]
+        cap_rows = {}
+        for r in range(3):
+            cap_rows[r] = len(row_lower)
+            row_lower.append(-inf)
+            row_upper.append(0.0)
+        group_rows = {}
+        for g in groups:
+            if any(pclasses[c].group == g for c, _ in fit):
+                group_rows[g] = len(row_lower)
+                row_lower.append(-inf)
+                row_upper.append(0.0)
+        link_row = len(row_lower)  # Σ x ≤ (most tasks) z: ties zero-demand classes to z
+        row_lower.append(-inf)
+        row_upper.append(0.0)
+        z_entries = [(cap_rows[r], -shape.capacity[r]) for r in range(3)]
+        for g, row in group_rows.items():
+            limit = next(c.group_limit for c in pclasses if c.group == g)
+            assert limit is not None
+            z_entries.append((row, -float(limit)))
+        z_entries.append((link_row, -float(sum(m for _, m in fit))))
+        if k in previous_z:  # this slot opens only after the one before it (symmetry)
+            z_entries.append((previous_z[k], -1.0))
+        order_row = len(row_lower)  # z_this − z_next ≥ 0, completed by the next slot
+        row_lower.append(0.0)
+        row_upper.append(inf)
+        z_entries.append((order_row, 1.0))
+        previous_z[k] = order_row
+        z_of_slot.append(len(columns))
+        columns.append((shape.cost, 0.0, 1.0, True, z_entries))
+        for c, most in fit:
+            d = pclasses[c].demands[k]
+            assert d is not None
+            entries = [(c, 1.0), (link_row, 1.0)]
+            entries += [(cap_rows[r], d[r]) for r in range(3) if d[r] > 0]
+            group = pclasses[c].group
+            if group is not None and group in group_rows:
+                entries.append((group_rows[group], 1.0))
+            columns.append((0.0, 0.0, float(most), True, entries))
+    if lower_bound > 0:  # Σ C z ≥ a known bound: prunes the search, changes no optimum
+        row = len(row_lower)
+        row_lower.append(lower_bound * (1 - 1e-9))
+        row_upper.append(inf)
+        for j in z_of_slot:
+            columns[j][4].append((row, columns[j][0]))
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(columns)
+    lp.num_row_ = len(row_lower)
+    lp.col_cost_ = np.array([col[0] for col in columns])
+    lp.col_lower_ = np.array([col[1] for col in columns])
+    lp.col_upper_ = np.array([col[2] for col in columns])
+    lp.row_lower_ = np.array(row_lower)
+    lp.row_upper_ = np.array(row_upper)
+    starts, index, value = [0], [], []
+    for col in columns:
+        entries = sorted(col[4])
+        index += [i for i, _ in entries]
+        value += [v for _, v in entries]
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(columns)
+    highs.passModel(lp)
+    highs.setOptionValue("objective_bound", upper_bound * (1 + 1e-9))
+    highs.run()
+    return _outcome(highs, lower_bound, elapsed)
+
+
+def _outcome(highs: highspy.Highs, lower_bound: float, elapsed: Callable[[], float]) -> MipOptimum:
+    status = highs.getModelStatus()
+    info = highs.getInfo()
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    cost = highs.getObjectiveValue() if has_solution else None
+    if optimal:
+        assert cost is not None
+        return MipOptimum(cost, cost, True, elapsed())
+    dual = info.mip_dual_bound
+    bound = max(lower_bound, dual if math.isfinite(dual) else 0.0)
+    return MipOptimum(cost, bound, False, elapsed())
+
+
+def _all_patterns(
+    types: Sequence[TypeShape],
+    classes: Sequence[PatternClass],
+    kept: Sequence[int],
+    limit: int,
+) -> list[Pattern] | None:
+    """Every non-empty composition of the tasks on each type in `kept`, or None past
+    `limit` of them."""
+    out: list[Pattern] = []
+    for k in kept:
+        fitting = _fitting(k, types[k], classes)
+        if not _compositions(k, types[k].capacity, classes, fitting, limit, out):
+            return None
+    return out
+
+
+def _compositions(
+    k: int,
+    capacity: Demand,
+    classes: Sequence[PatternClass],
+    fitting: Sequence[int],
+    limit: int,
+    out: list[Pattern],
+) -> bool:
+    """Append type k's compositions to `out` (depth first over `fitting`, each class
+    0..count times); False once `out` would pass `limit`."""
+    chosen: list[tuple[int, int]] = []
+    used: dict[str, int] = {}
+
+    def visit(i: int, free: tuple[float, ...]) -> bool:
+        if i == len(fitting):
+            if chosen:
+                if len(out) >= limit:
+                    return False
+                out.append(Pattern(k, tuple(chosen)))
+            return True
+        if not visit(i + 1, free):
+            return False
+        c = fitting[i]
+        d = classes[c].demands[k]
+        assert d is not None
+        g, cap = classes[c].group, classes[c].group_limit
+        limited = g is not None and bool(cap)
+        n = 0
+        ok = True
+        while n < classes[c].count:
+            if any(d[r] > free[r] + EPSILON for r in range(3)):
+                break
+            if limited and used.get(g, 0) >= cap:  # type: ignore[arg-type, operator]
+                break
+            free = tuple(free[r] - d[r] for r in range(3))
+            n += 1
+            if limited:
+                used[g] = used.get(g, 0) + 1  # type: ignore[index, arg-type]
+            chosen.append((c, n))
+            ok = visit(i + 1, free)
+            chosen.pop()
+            if not ok:
+                break
+        if limited:
+            used[g] -= n  # type: ignore[index]
+        return ok
+
+    return visit(0, capacity)
+
+
+def _pattern_mip(
+    types: Sequence[TypeShape],
+    classes: Sequence[PatternClass],
+    patterns: Sequence[Pattern],
+    upper_bound: float,
+    time_limit_s: float,
+    elapsed: Callable[[], float],
+) -> MipOptimum:
+    """min Σ C_k y_p, Σ_p a_cp y_p ≥ n_c, y integer: exact over every composition."""
+    highs = covering_model([c.count for c in classes])
+    highs.setOptionValue("time_limit", float(time_limit_s))
+    for p in patterns:
+        comp = p.composition
+        highs.addCol(
+            types[p.type_index].cost,
+            0.0,
+            highspy.kHighsInf,
+            len(comp),
+            np.array([c for c, _ in comp], np.int32),
+            np.array([float(n) for _, n in comp]),
+        )
+    highs.changeColsIntegrality(
+        len(patterns),
+        np.arange(len(patterns), dtype=np.int32),
+        np.array([highspy.HighsVarType.kInteger] * len(patterns)),
+    )
+    highs.setOptionValue("objective_bound", upper_bound * (1 + 1e-9))
+    highs.run()
+    return _outcome(highs, 0.0, elapsed)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticBounds:
+    """The bounds computed for one static packing problem, loosest first ($/h)."""
+
+    fluid: float
+    configuration: ConfigurationBound | None = None
+    mip: MipOptimum | None = None
+    whole_tasks: float | None = None  # the fluid LP with dual-feasible-function rows
+
+    @property
+    def tightest(self) -> float:
+        """The highest valid lower bound computed (the configuration LP's optimum is at
+        least the fluid one, so the fluid bound also bounds it from below)."""
+        values = [self.fluid]
+        if self.whole_tasks is not None:
+            values.append(self.whole_tasks)
+        if self.configuration is not None:
+            values.append(self.configuration.lower_bound)
+        if self.mip is not None:
+            values.append(self.mip.lower_bound)
+        return max(values)
+
+    def document(self) -> dict[str, object]:
+        """The figures as `autoscaler plan --json` writes them."""
+        config, mip = self.configuration, self.mip
+        return {
+            "fluid": self.fluid,
+            "whole_tasks": self.whole_tasks,
+            "configuration": None
+            if config is None
+            else {
+                "lower_bound": max(self.fluid, config.lower_bound),
+                "farley": config.lower_bound,
+                "master": config.master,
+                "converged": config.converged,
+                "iterations": config.iterations,
+                "columns": config.columns,
+                "seconds": config.seconds,
+            },
+            "mip": None
+            if mip is None
+            else {
+                "hourly_cost": mip.hourly_cost,
+                "lower_bound": mip.lower_bound,
+                "optimal": mip.optimal,
+                "seconds": mip.seconds,
+            },
+            "tightest": self.tightest,
+        }
+
+
+def static_bounds(
+    catalog: Catalog,
+    classes: Sequence[LPClass],
+    fluid: float,
+    configuration: bool = True,
+    exact: bool = False,
+    upper_bound: float | None = None,
+    time_limit_s: float = CONFIGURATION_TIME_LIMIT_S,
+    mip_time_limit_s: float = MIP_TIME_LIMIT_S,
+    mip_max_tasks: int = MIP_MAX_TASKS,
+) -> StaticBounds:
+    """Beside the `fluid` bound: up to `STATIC_BOUNDS_MAX_CLASSES` classes, the whole-task
+    LP's and (with `configuration`) the configuration LP's; with `exact` and at most
+    `mip_max_tasks` tasks, the MIP optimum (`upper_bound`: a known plan's cost)."""
+    if len(classes) > STATIC_BOUNDS_MAX_CLASSES:
+        return StaticBounds(fluid)
+    whole = whole_task_bound(catalog, classes)
+    config = configuration_bound(catalog, classes, time_limit_s) if configuration else None
+    mip = None
+    if exact and sum(c.count for c in classes) <= mip_max_tasks:
+        known = max(fluid, whole, config.lower_bound if config is not None else 0.0)
+        mip = mip_optimum(catalog, classes, upper_bound, mip_time_limit_s, known)
+    return StaticBounds(fluid, config, mip, whole)

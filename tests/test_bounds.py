@@ -1,0 +1,116 @@
+"""Honest bounds on static packing: fluid ≤ configuration LP ≤ MIP optimum ≤ any plan."""
+
+import random
+
+import pytest
+
+from autoscaler.bounds import configuration_bound, mip_optimum, static_bounds, whole_task_bound
+from autoscaler.catalog import Catalog
+from autoscaler.lp import LPClass, solve_lp
+from autoscaler.planner import planner_by_name, task_classes
+from autoscaler.throughput import ThroughputTable
+from autoscaler.view import ClusterView
+from tests.builders import itype, job, table3_catalog
+
+
+def test_tasks_of_six_tenths_of_an_instance_cost_one_instance_each_not_six_tenths():
+    # Five tasks of 6 of an instance's 10 CPUs: two never share one. The fluid LP
+    # pools the CPUs (3 instances' worth); whole tasks need 5 instances.
+    catalog = Catalog([itype("one", 0, 10, 100, 1.0)])
+    classes = [LPClass(((0, 6, 10),), 5)]
+    assert solve_lp(catalog, classes).lower_bound == pytest.approx(3.0)
+    config = configuration_bound(catalog, classes)
+    assert config.converged
+    assert config.lower_bound == pytest.approx(5.0)
+    assert mip_optimum(catalog, classes).lower_bound == pytest.approx(5.0)
+    # The fluid LP with dual-feasible-function rows counts each such task whole too.
+    assert whole_task_bound(catalog, classes) == pytest.approx(5.0)
+
+
+def test_the_configuration_bound_sees_what_fits_beside_what_on_two_types():
+    # Tasks of 5 CPUs: a small type (8 CPUs, $0.8) holds one, a large one (16, $1.5)
+    # three. Fluid: $0.09375 per CPU on the large type, $0.46875 a task. Whole: 3 on
+    # a large at $0.5 a task; 4 tasks cost one large + one small = $2.3, or two
+    # large $3.0: optimum $2.3; the configuration LP takes 4/3 large = $2.0.
+    catalog = Catalog([itype("small", 0, 8, 64, 0.8), itype("large", 0, 16, 128, 1.5)])
+    classes = [LPClass(((0, 5, 8), (0, 5, 8)), 4)]
+    assert solve_lp(catalog, classes).lower_bound == pytest.approx(1.875)
+    assert configuration_bound(catalog, classes).lower_bound == pytest.approx(2.0)
+    mip = mip_optimum(catalog, classes)
+    assert mip.optimal and mip.hourly_cost == pytest.approx(2.3)
+
+
+@pytest.mark.parametrize("max_patterns", [100_000, 0])
+def test_the_exact_optimum_of_eva_s_table_3_is_algorithm_1_s(max_patterns):
+    # Eva §4.2, Table 3: τ1 (2, 8, 24), τ2 (1, 4, 10), τ4 (0, 4, 12) on it1, τ3
+    # (0, 6, 20) on it3: $12.8/h, and nothing cheaper hosts τ1's two GPUs beside
+    # the rest. max_patterns=0 takes the assignment MIP over instance slots.
+    catalog = table3_catalog()
+    jobs = [
+        job("1", (2, 8, 24)),
+        job("2", (1, 4, 10)),
+        job("3", (0, 6, 20)),
+        job("4", (0, 4, 12)),
+    ]
+    classes = task_classes(ClusterView(catalog, tuple(jobs)))
+    mip = mip_optimum(catalog, classes, max_patterns=max_patterns)
+    assert mip.optimal
+    assert mip.hourly_cost == pytest.approx(12.8)
+
+
+def test_anti_affinity_is_a_constraint_of_every_pattern():
+    # Two tasks of one job, at most one per instance: two instances, though both fit one.
+    catalog = Catalog([itype("one", 0, 16, 100, 1.0)])
+    classes = [LPClass(((0, 4, 8),), 2, group="j", group_limit=1)]
+    assert configuration_bound(catalog, classes).lower_bound == pytest.approx(2.0)
+    assert mip_optimum(catalog, classes).hourly_cost == pytest.approx(2.0)
+    assert mip_optimum(catalog, classes, max_patterns=0).hourly_cost == pytest.approx(2.0)
+
+
+def test_stopped_early_the_bound_is_farley_s_and_still_below_the_optimum():
+    rng = random.Random(7)
+    catalog = table3_catalog()
+    classes = [
+        LPClass(((0, c, r),) * 4, rng.randint(1, 3))
+        for c, r in ((rng.uniform(0.5, 6), rng.uniform(1, 20)) for _ in range(25))
+    ]
+    full = configuration_bound(catalog, classes)
+    early = configuration_bound(catalog, classes, max_iterations=1)
+    assert full.converged and not early.converged
+    assert early.lower_bound <= full.lower_bound * (1 + 1e-9)
+    assert early.lower_bound <= early.master
+    assert early.lower_bound > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_bound_lies_between_the_one_below_and_any_plan(seed):
+    # Fluid ≤ configuration LP ≤ MIP optimum ≤ the cost of eva's plan (no interference).
+    rng = random.Random(seed)
+    catalog = table3_catalog()
+    jobs = tuple(
+        job(
+            str(i),
+            (rng.choice((0, 0, 0, 1, 2)), rng.uniform(0.5, 8), rng.uniform(1, 30)),
+        )
+        for i in range(rng.randint(4, 14))
+    )
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+    plan = planner_by_name("eva").plan(view)
+    fluid = plan.lower_bound_hourly_cost
+    bounds = static_bounds(
+        catalog, task_classes(view), fluid, exact=True, upper_bound=plan.hourly_cost
+    )
+    assert bounds.configuration is not None and bounds.mip is not None
+    config = bounds.configuration.lower_bound
+    assert bounds.mip.optimal
+    optimum = bounds.mip.lower_bound
+    assert fluid <= config * (1 + 1e-9) + 1e-9
+    assert bounds.whole_tasks is not None
+    assert fluid <= bounds.whole_tasks * (1 + 1e-9) + 1e-9
+    assert bounds.whole_tasks <= optimum * (1 + 1e-6) + 1e-9
+    assert config <= optimum * (1 + 1e-6) + 1e-9
+    assert optimum <= plan.hourly_cost * (1 + 1e-6) + 1e-9
+    assert bounds.tightest == pytest.approx(optimum)
+    # The assignment MIP over slots finds the same optimum.
+    slots = mip_optimum(catalog, task_classes(view), plan.hourly_cost, max_patterns=0)
+    assert slots.optimal and slots.hourly_cost == pytest.approx(optimum, rel=1e-6)
