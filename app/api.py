@@ -42,9 +42,10 @@ from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
-from autoscaler.store import DuplicateJob, Store, UnknownEntity
+from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, UnknownEntity
 from executor.packing import inflated_size
 from executor.storage import (
+    CHECKPOINT,
     CONTEXTS_PREFIX,
     StorageError,
     context_key,
@@ -79,6 +80,10 @@ HIDDEN = "(hidden)"
 
 #: How long an uploaded context may wait for the job that uses it before it is collected.
 ORPHAN_CONTEXT_AGE_S = 24 * 3600.0
+
+#: Jobs finished longer ago than their checkpoints' retention plus this are not swept
+#: again (the bucket's lifecycle rule expires what a daemon stopped that long missed).
+CHECKPOINT_SWEEP_WINDOW_S = 7 * 86400.0
 
 #: Deadline of every call the client makes (uploads get one per MiB on top).
 CALL_TIMEOUT_S = 30.0
@@ -404,6 +409,27 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
             if age is not None and age >= older_than_s:
                 self.storage.delete(key)
                 deleted.append(key)
+        return deleted
+
+    def collect_finished_checkpoints(
+        self, *, retention_s: float, window_s: float = CHECKPOINT_SWEEP_WINDOW_S
+    ) -> list[str]:
+        """Delete the checkpoints of jobs that finished (completed, failed or cancelled)
+        at least `retention_s` ago: nothing resumes from them, and they are most of what a
+        cluster stores. Logs are kept (`autoscaler logs`), until the lifecycle rule expires
+        them. Only jobs finished less than `window_s` past their retention are listed, so
+        an hourly sweep costs a few LIST calls whatever the cluster's history."""
+        now = self.now()
+        deleted = []
+        for job in self.store.jobs(sorted(FINAL_JOB_STATUSES)):
+            if job.finished_at is None or not (
+                retention_s <= now - job.finished_at < retention_s + window_s
+            ):
+                continue
+            for key in self.storage.list(job_prefix(job.job_id)):
+                if key.rpartition("/")[2].startswith(CHECKPOINT):
+                    self.storage.delete(key)
+                    deleted.append(key)
         return deleted
 
 

@@ -294,6 +294,13 @@ class Daemon:
         scheduler.add_job(
             self.api.collect_orphan_contexts, "interval", seconds=3600, id="collect-contexts"
         )
+        scheduler.add_job(
+            self.api.collect_finished_checkpoints,
+            "interval",
+            seconds=3600,
+            id="collect-checkpoints",
+            kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
+        )
         scheduler.start()
         self.scheduler = scheduler
 

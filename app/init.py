@@ -303,6 +303,14 @@ def config_template(
             'path = "state.db"                  # a SQLite file; for production use PostgreSQL:\n'
             '# url = "postgresql+psycopg://autoscaler@db.internal:5432/autoscaler"'
         )
+    lifecycle = (
+        ""
+        if local
+        else "\n# S3 expires jobs/ and instances/ under the prefix after 30 days with the lifecycle"
+        "\n# rule `autoscaler deploy policy` writes (s3-lifecycle.json); apply it once with"
+        f"\n#   aws s3api put-bucket-lifecycle-configuration --bucket {bucket or 'BUCKET'} \\"
+        "\n#     --lifecycle-configuration file://s3-lifecycle.json"
+    )
     return f"""# Cluster configuration, written by `autoscaler init`. Every key is optional unless
 # marked; an unknown key is an error. Relative paths are relative to this file.
 
@@ -315,9 +323,10 @@ def config_template(
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
 emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
-# ec2: the worker agent's wheel, which the daemon publishes to [storage] for workers to
-# install at boot (required for "ec2"; build it with `pip wheel --no-deps . -w dist`)
-# agent_wheel = "dist/ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+# ec2: the workers' wheelhouse (the agent and every dependency, hash-pinned), which the
+# daemon publishes to [storage] for workers to install offline at boot (required for
+# "ec2"; build it with `autoscaler deploy wheelhouse --out wheelhouse`)
+# wheelhouse = "wheelhouse"
 
 [api]
 {f'listen = "127.0.0.1:{api_port}"':<34} # users (TLS, a token on every call) and worker enrollment
@@ -330,6 +339,7 @@ emulate_delays = false             # local only: wait the catalog's launch delay
 [storage]
 # build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine
 {storage}
+checkpoint_retention_days = 7      # a finished job's checkpoints are deleted after this{lifecycle}
 
 [secrets]
 dir = "secrets"                    # the two CAs, certificates, the API token (0600, never logged)

@@ -252,6 +252,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for path in result.kept:
         print(f"kept  {path} (exists; never overwritten)")
+    if config.cloud.provider == "ec2":
+        _init_policies(config)
     print(
         f"\nthe admin's token is in {admin_token} (mode 0600; the CLI uses it by default)\n"
         f"next: autoscaler daemon --config {result.config}\n"
@@ -259,6 +261,21 @@ def cmd_init(args: argparse.Namespace) -> int:
         f"      autoscaler user add NAME --role submit --config {result.config}  (teammates)"
     )
     return 0
+
+
+def _init_policies(config: ClusterConfig) -> None:
+    """The IAM policies and lifecycle rule of an EC2 cluster, written beside its
+    configuration once its bucket is known (else `deploy policy` writes them later)."""
+    from app.commands.deploy import write_cluster_policies
+
+    if "REPLACE-WITH-YOUR-BUCKET" in config.storage.url:
+        print(
+            "\nset [storage] url to your bucket, then write the cluster's IAM policies and "
+            f"S3 lifecycle rule:\n  autoscaler deploy policy --config {config.path}"
+        )
+        return
+    for path in write_cluster_policies(config):
+        print(f"wrote {path} (from the configuration: write again after changing it)")
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -674,6 +691,8 @@ def render_status(status: dict[str, Any]) -> str:
                 f"  planned {money(last['hourly_cost'])}/h"
                 + (f", LP lower bound {money(bound)}/h" if bound else "")
             )
+        for itype, why in last.get("held", {}).items():
+            out.append(f"  {itype} {why}")
         for task, why in last.get("infeasible", {}).items():
             out.append(f"  waiting: {task}: {why}")
     return "\n".join(out)
