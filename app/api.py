@@ -205,7 +205,8 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                         has_value=True,
                     )
             current().target = job.job_id
-            self.store.submit_job(job, owner=current().caller.name, at=self.now())
+            caller = current().caller
+            self.store.submit_job(job, owner=caller.name, at=self.now(), team=caller.team or "")
         except InputError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DuplicateJob as exc:

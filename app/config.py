@@ -1,8 +1,8 @@
 """The cluster configuration: one TOML file, written by `autoscaler init`, read by every command.
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
-`[storage]`, `[secrets]`, `[planner]`, `[timeouts]` and `[limits]` are read
-here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
+`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]` and `[teams.NAME]`
+are read here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
 `app.state_config`. Relative paths are relative to the file. Every value is
 checked where it is read, and an unknown key is an error (a typo never falls
 back to a default silently).
@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from app.files import CONFIG_LIMIT, read_toml
+from app.files import CONFIG_LIMIT, Name, read_toml
 from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
+from autoscaler.fairshare import TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import (
+    MAX_HOURLY_SPEND,
     ClusterId,
     EC2Table,
     GuardrailsTable,
@@ -225,6 +227,23 @@ class LimitsTable(Strict):
     orphan_grace_s: seconds(gt=0) = _DEFAULTS.orphans.grace_s
 
 
+class TeamTable(Strict):
+    """A team's weight in the fair share of a binding `max_hourly_spend`, and its own
+    limits (`autoscaler.fairshare`): `[teams.NAME]`, NAME the team users are added to."""
+
+    weight: number(gt=0, le=1e6, description="a positive number") = 1.0
+    max_hourly_spend: (
+        number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0")
+        | None
+    ) = None
+    max_share: number(gt=0, le=1, description="a share of [guardrails] max_hourly_spend") | None = (
+        None
+    )
+
+    def limits(self) -> TeamLimits:
+        return TeamLimits(self.weight, self.max_hourly_spend, self.max_share)
+
+
 class ClusterConfigFile(Strict):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
@@ -240,6 +259,7 @@ class ClusterConfigFile(Strict):
     limits: LimitsTable = msgspec.field(default_factory=LimitsTable)
     ec2: EC2Table = msgspec.field(default_factory=EC2Table)
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
+    teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -328,6 +348,7 @@ class ClusterConfig:
     provisioner: ProvisionerConfig
     state: StateConfig
     raw: Mapping[str, Any] = field(default_factory=dict)
+    teams: Mapping[str, TeamTable] = field(default_factory=dict)
 
     @property
     def api_address(self) -> str:
@@ -363,6 +384,10 @@ class ClusterConfig:
             # A daemon's instances boot for real: a type whose workers never register
             # backs off, then is held (replays, whose workers always register, do not).
             boot_backoff=BootBackoff(),
+            # With [teams.NAME] tables, teams share a binding max_hourly_spend by weight.
+            teams=TeamPolicy({n: t.limits() for n, t in self.teams.items()})
+            if self.teams
+            else None,
         )
 
     @property
@@ -440,6 +465,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         provisioner=provisioner,
         state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
+        teams=document.teams,
     )
 
 

@@ -196,6 +196,8 @@ class TraceJob(Strict):
     init_delay: Delay | UnsetType | None = UNSET
     max_tasks_per_instance: whole(ge=1, le=100_000) | UnsetType | None = UNSET
     support_throughput_aware: bool | UnsetType | None = UNSET  # Eva's; ours always learn
+    # The team whose fair share of a binding budget the job spends (ours; none: no team).
+    team: Name | UnsetType = UNSET
 
 
 Trace = Annotated[dict[Key, TraceJob], msgspec.Meta(min_length=1)]
@@ -369,6 +371,7 @@ def _jobs(trace: Mapping[str, TraceJob], source: str) -> tuple[tuple[JobSpec, ..
                     arrival_time_s=_or(job.arrival_time, 0.0),
                     duration_s=_or(job.duration, None),
                     total_iters=_or(job.total_iters, None),
+                    team="" if job.team is UNSET else job.team,
                 ),
             )
         )

@@ -40,9 +40,10 @@ from autoscaler.cloud import (
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
+from autoscaler.fairshare import Admission, Claim, TeamPolicy, admit
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
-from autoscaler.pricing import cheapest_type
+from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources
 from autoscaler.store import (
     ActionRecord,
@@ -134,6 +135,9 @@ class ControlOptions:
     # Launches of a type whose workers never register back off, then are held (None: never,
     # as in replay, where every simulated worker registers).
     boot_backoff: BootBackoff | None = None
+    # Teams share a binding `guardrails.max_hourly_spend` by weight (`autoscaler.fairshare`);
+    # None: no admission, every job is planned and the guardrails alone refuse launches.
+    teams: TeamPolicy | None = None
 
 
 # -- a round --------------------------------------------------------------------------------
@@ -322,6 +326,9 @@ def decide(
         if not any(t.task_id in infeasible for t in j.spec.tasks)
         and (spec := _unfinished(j.spec, snapshot)) is not None
     )
+    admission = _admission(snapshot, jobs, usable, options)
+    if admission is not None:
+        jobs = tuple(j for j in jobs if j.job_id in admission.admitted)
     planned_tasks = {t.task_id for j in jobs for t in j.tasks}
     current = current_configuration(snapshot, catalog, live, planned_tasks)
     if not jobs and not current.instances:
@@ -336,7 +343,7 @@ def decide(
             targets={tid: None for tid in snapshot.tasks},
             infeasible=infeasible,
             orphans=judged,
-            numbers=_held_numbers(held),
+            numbers={**_held_numbers(held), **_admission_numbers(admission)},
         )
 
     progress = {
@@ -383,8 +390,47 @@ def decide(
         moves=diff.moves,
         infeasible=infeasible,
         orphans=judged,
-        numbers={**plan_numbers(plan, len(usable)), **_held_numbers(held)},
+        numbers={
+            **plan_numbers(plan, len(usable)),
+            **_held_numbers(held),
+            **_admission_numbers(admission),
+        },
     )
+
+
+def _admission(
+    snapshot: StateSnapshot, jobs: Sequence[JobSpec], usable: Catalog, options: ControlOptions
+) -> Admission | None:
+    """The jobs the round may plan when teams share the budget (None: no team policy).
+
+    Each job claims its reservation price (Eva §4.2) for the planner's `jobs`, which
+    exclude infeasible and finished work."""
+    if options.teams is None:
+        return None
+    records = {j.job_id: j for j in snapshot.jobs}
+    claims = [
+        Claim(
+            job.job_id,
+            records[job.job_id].team,
+            sum(reservation_price(t, usable) for t in job.tasks),
+            submitted_at=records[job.job_id].submitted_at,
+        )
+        for job in jobs
+    ]
+    return admit(claims, options.teams, options.guardrails.max_hourly_spend)
+
+
+def _admission_numbers(admission: Admission | None) -> dict[str, Any]:
+    """What a round records of the teams' fair share: demands, shares, who waits and why."""
+    if admission is None:
+        return {}
+    return {
+        "fair_share": {
+            "demands": dict(admission.demands),
+            "shares": dict(admission.shares),
+            "waiting": dict(admission.waiting),
+        }
+    }
 
 
 def _held_numbers(held: Sequence[UnavailableOffering]) -> dict[str, Any]:

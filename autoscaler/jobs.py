@@ -89,6 +89,7 @@ class TraceFacts:
     arrival_time_s: float = 0.0
     duration_s: float | None = None
     total_iters: float | None = None
+    team: str = ""  # whose fair share of a binding budget it spends ("": no team)
 
 
 #: A task's demand per instance family it may run on: `(family or "any", demand)`, sorted.

@@ -108,6 +108,9 @@ class JobRecord:
     reason: str = ""  # why it failed (or was cancelled)
     # Iterations per second when the job ran alone, learned when the spec gave none.
     solo_throughput: float | None = None
+    # The owner's team when the job was submitted ("": none): whose share of a binding
+    # budget it spends (`autoscaler.fairshare`).
+    team: str = ""
 
     @property
     def job_id(self) -> str:
@@ -314,8 +317,8 @@ class Store(Protocol):
     """Persistent state of the cluster, changed only by the transitions below."""
 
     # -- jobs -------------------------------------------------------------
-    def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
-        """Queue a job and its tasks (pending); raises DuplicateJob."""
+    def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
+        """Queue a job and its tasks (pending), owned by `owner` of `team`; raises DuplicateJob."""
         ...
 
     def cancel_job(self, job_id: str, at: float) -> bool:

@@ -86,12 +86,14 @@ class InstanceStep:
 # -- jobs -------------------------------------------------------------------------------------
 
 
-def submitted_job(spec: JobSpec, owner: str, at: float) -> tuple[JobRecord, tuple[TaskRecord, ...]]:
+def submitted_job(
+    spec: JobSpec, owner: str, at: float, team: str = ""
+) -> tuple[JobRecord, tuple[TaskRecord, ...]]:
     """A job just submitted: queued, each of its tasks pending since `at`."""
     tasks = tuple(
         TaskRecord(t.task_id, spec.job_id, updated_at=at, status_since=at) for t in spec.tasks
     )
-    return JobRecord(spec, "queued", owner, at), tasks
+    return JobRecord(spec, "queued", owner, at, team=team), tasks
 
 
 def start_job(job: JobRecord, at: float) -> JobRecord | None:

@@ -171,7 +171,7 @@ def replay(
     for job in sorted(jobs, key=lambda j: (j.trace.arrival_time_s, j.job_id)):
 
         def submit(job: JobSpec = job) -> None:
-            store.submit_job(job, owner="trace", at=engine.now())
+            store.submit_job(job, owner="trace", at=engine.now(), team=job.trace.team)
             arrived[0] += 1
 
         engine.at(job.trace.arrival_time_s, submit, priority=ARRIVAL)

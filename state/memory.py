@@ -58,11 +58,11 @@ class InMemoryStore(Store):
         self._delays = MeasuredDelays()
 
     # -- jobs -------------------------------------------------------------
-    def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
+    def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
         with self._lock:
             if job.job_id in self._jobs:
                 raise DuplicateJob(job.job_id)
-            record, tasks = transitions.submitted_job(job, owner, at)
+            record, tasks = transitions.submitted_job(job, owner, at, team)
             self._jobs[job.job_id] = record
             self._active[job.job_id] = None
             self._tasks_of[job.job_id] = [t.task_id for t in tasks]

@@ -151,6 +151,8 @@ class Job(Base):
     job_id: Mapped[str] = mapped_column(String, unique=True)
     name: Mapped[str] = mapped_column(String)
     owner: Mapped[str] = mapped_column(String)
+    #: The owner's team at submission ("": none): whose fair share the job spends.
+    team: Mapped[str] = mapped_column(String, server_default="")
     status: Mapped[str] = mapped_column(String(16), index=True)
     submitted_at: Mapped[float] = mapped_column(Double)
     started_at: Mapped[float | None] = mapped_column(Double)

@@ -172,8 +172,8 @@ class SqlStore(Store):
         return f"SqlStore({self._engine.url.render_as_string(hide_password=True)!r})"
 
     # -- jobs -------------------------------------------------------------
-    def submit_job(self, job: JobSpec, *, owner: str, at: float) -> JobRecord:
-        record, tasks = transitions.submitted_job(job, owner, at)
+    def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
+        record, tasks = transitions.submitted_job(job, owner, at, team)
         try:
             with write_transaction(self._engine) as conn:
                 taken = conn.execute(select(JOBS.c.id).where(JOBS.c.job_id == job.job_id))
@@ -184,6 +184,7 @@ class SqlStore(Store):
                         job_id=job.job_id,
                         name=job.name,
                         owner=owner,
+                        team=team,
                         submitted_at=at,
                         spec=spec_document(job),
                         **_columns(record, JOB_COLUMNS),
@@ -856,6 +857,7 @@ def _job(row: Row[Any], spec: JobSpec) -> JobRecord:
         row.finished_at,
         row.reason,
         row.solo_throughput,
+        row.team,
     )
 
 
