@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoscaler.catalog import Catalog
+from autoscaler.cloud import Guardrails
 from autoscaler.control import ControlLoop, ControlOptions, Planner
+from autoscaler.fairshare import TeamPolicy
 from autoscaler.jobs import JobSpec
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
@@ -126,6 +128,8 @@ def replay(
     store: Store | None = None,
     rebuild: bool = False,
     planner_options: dict[str, Any] | None = None,
+    max_hourly_spend: float | None = None,
+    teams: TeamPolicy | None = None,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
@@ -136,6 +140,8 @@ def replay(
     anew before every round and every step, as a daemon restarted there would
     be: the result must not change (nothing the loop needs lives in memory).
     `planner_options` go to Eva's planners (ablations: `job_slowdown="whole"`).
+    `max_hourly_spend` is the cluster's budget (`Guardrails`); with `teams`, the trace's
+    teams (`TraceFacts.team`) share it by weight when it binds (`autoscaler.fairshare`).
     A job whose work the trace does not give, or gives twice in disagreement,
     is refused before anything runs (`autoscaler.work`).
     """
@@ -149,7 +155,12 @@ def replay(
     world = World(engine, catalog, truth, jobs, on_change=mark)
     store = store if store is not None else InMemoryStore()
     cloud, executor = SimulatedCloud(world), SimulatedExecutor(world)
-    options = ControlOptions(default_throughput=default_throughput, instance_prefix="inst-")
+    options = ControlOptions(
+        default_throughput=default_throughput,
+        instance_prefix="inst-",
+        guardrails=Guardrails(max_hourly_spend=max_hourly_spend),
+        teams=teams,
+    )
 
     def new_loop() -> ControlLoop:
         planner = make_planner(scheduler, truth, **(planner_options or {}))
