@@ -236,9 +236,14 @@ class TeamTable(Strict):
         number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0")
         | None
     ) = None
-    max_share: number(gt=0, le=1, description="a share of [guardrails] max_hourly_spend") | None = (
-        None
-    )
+    max_share: (
+        number(
+            gt=0,
+            le=1,
+            description="a share of [guardrails] max_hourly_spend, above 0 and at most 1",
+        )
+        | None
+    ) = None
 
     def limits(self) -> TeamLimits:
         return TeamLimits(self.weight, self.max_hourly_spend, self.max_share)

@@ -12,6 +12,7 @@ from app.cli import main
 from app.config import load_cluster_config
 from app.init import init_cluster
 from autoscaler.errors import InputError
+from autoscaler.fairshare import TeamLimits
 from executor.security import Authority, certificate_names, issued_by
 
 SECRETS = (
@@ -187,3 +188,35 @@ def test_a_daemon_on_ec2_refuses_to_start_without_each_spending_limit(tmp_path):
             _cloud(config, publish=True)
     path.write_text(written)
     assert load_cluster_config(path).provisioner.ec2.dry_run  # and its first run is dry
+
+
+def test_teams_tables_give_the_round_its_fair_share_policy(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    assert load_cluster_config(path).control_options().teams is None  # no tables: no policy
+    path.write_text(
+        path.read_text()
+        + '\n[teams.research]\nweight = 2.0\n\n[teams."ml ops"]\nmax_hourly_spend = 3.0\n'
+        + "max_share = 0.5\n"
+    )
+    teams = load_cluster_config(path).control_options().teams
+    assert teams is not None
+    assert teams.limits("research") == TeamLimits(weight=2.0)
+    assert teams.limits("ml ops") == TeamLimits(1.0, 3.0, 0.5)
+    assert teams.limits("anyone else") == TeamLimits()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("weight = 0", "t.weight. = 0: must be a positive number"),
+        ("max_share = 1.5", "at most 1"),
+        ("wait = 1", "wait"),
+    ],
+)
+def test_a_bad_team_table_names_its_field(tmp_path, table, message):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + f"\n[teams.t]\n{table}\n")
+    with pytest.raises(InputError, match=message):
+        load_cluster_config(path)

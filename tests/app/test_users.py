@@ -67,6 +67,19 @@ def test_a_job_belongs_to_the_user_who_submitted_it_not_to_what_the_client_says(
     assert api.store.job("j1").owner == "alice"
 
 
+def test_a_job_spends_the_share_of_its_owners_team(api):
+    with admin(api) as root:
+        tokens = {
+            "alice": root.add_user("alice", "submit", "research")["token"],
+            "bob": root.add_user("bob", "submit")["token"],
+        }
+    with client(api, tokens["alice"]) as alice:
+        alice.submit(job("j1"))
+    with client(api, tokens["bob"]) as bob:
+        bob.submit(job("j2"))
+    assert (api.store.job("j1").team, api.store.job("j2").team) == ("research", "")
+
+
 def test_a_submit_user_cannot_cancel_anothers_job_nor_read_the_audit_log(api):
     tokens = users(api, ("alice", "submit"), ("bob", "submit"))
     with client(api, tokens["alice"]) as alice, client(api, tokens["bob"]) as bob:
