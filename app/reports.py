@@ -154,6 +154,8 @@ def cost_report(
         "spend": round(total, 6),
         "spend_by_type": {k: round(v, 6) for k, v in sorted(per_type.items()) if v > 0},
         "spend_by_job": {k: round(v, 6) for k, v in sorted(per_job.items())},
+        "spend_by_user": _rounded(spend_by(per_job, records, "user")),
+        "spend_by_team": _rounded(spend_by(per_job, records, "team")),
         "idle": round(idle, 6),
         "attribution": "each second of an instance's uptime split among the tasks on it by "
         "dominant resource share; seconds with no task are idle",
@@ -179,6 +181,32 @@ def cost_report(
         document["dry_run"] = dry_run(snapshot, catalog, planner, options, now, hypothetical)
         document["dry_run"]["hourly_cost_before"] = round(now_hourly, 6)
     return document
+
+
+#: The team column of a job whose owner had no team when it was submitted.
+NO_TEAM_LABEL = "(no team)"
+
+
+def spend_by(
+    per_job: Mapping[str, float], records: Mapping[str, JobRecord], key: str
+) -> dict[str, float]:
+    """Each job's attributed spend summed by its owner (`key` "user") or by the team it
+    was submitted under ("team"): the same total as by job, grouped otherwise."""
+    grouped: dict[str, float] = defaultdict(float)
+    for job_id, spent in per_job.items():
+        record = records.get(job_id)
+        if record is None:
+            name = "?"
+        elif key == "user":
+            name = record.owner
+        else:
+            name = record.team or NO_TEAM_LABEL
+        grouped[name] += spent
+    return dict(grouped)
+
+
+def _rounded(spend: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in sorted(spend.items())}
 
 
 def _rp(prices: PriceBook, task: Any) -> float:

@@ -185,6 +185,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_json(cost)
     cost.add_argument(
+        "--by",
+        choices=("job", "user", "team"),
+        default="job",
+        help="group the spend by job (default), by the job's owner, or by the team it was "
+        "submitted under: the same total, split otherwise",
+    )
+    cost.add_argument(
         "--plot",
         type=output_path(".png", PLOT_FORMATS),
         default=None,
@@ -751,7 +758,7 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
     else:
-        print(render_cost_report(report))
+        print(render_cost_report(report, by=args.by))
     if args.plot is not None:
         from app.reports import timeline
 
@@ -762,7 +769,7 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_cost_report(report: dict[str, Any]) -> str:
+def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
     out = [
         f"Spend {_when(report['since']) if report['since'] else 'since the first record'}"
         f" until {_when(report['until'])}: {money(report['spend'])}",
@@ -778,12 +785,17 @@ def render_cost_report(report: dict[str, Any]) -> str:
             "",
         ]
     jobs = report["spend_by_job"]
-    if jobs:
+    if jobs and by == "job":
         rows = [
             (j, report["jobs"].get(j, {}).get("status", "?"), money(v)) for j, v in jobs.items()
         ]
         rows.append(("(idle: no task on the instance)", "", money(report["idle"])))
         out += [format_table(["job", "status", "spend"], rows, [False, False, True]), ""]
+    if jobs and by != "job":
+        grouped = [(k, money(v)) for k, v in report[f"spend_by_{by}"].items()]
+        grouped.append(("(idle: no task on the instance)", money(report["idle"])))
+        out += [format_table([by, "spend"], grouped, [False, True]), ""]
+    if jobs:
         out += textwrap.wrap(f"Shared instances: {report['attribution']}.", 96)
         out.append("")
     bound = report["lower_bound_hourly_cost_now"]

@@ -58,7 +58,7 @@ def history(cluster_dir):
     config = load_cluster_config(cluster_dir / "autoscaler.toml")
     store = open_state(config, create=True)
     t0 = time.time() - 10 * 3600  # a history of the last ten hours
-    store.submit_job(job("a", (0, 2, 8)), owner="ana", at=t0)
+    store.submit_job(job("a", (0, 2, 8)), owner="ana", at=t0, team="ml")
     store.submit_job(job("b", (0, 2, 8)), owner="bo", at=t0)
     request(store, "i-1", "c7i.2xlarge", 0.357, t0)
     store.transition_instance("i-1", "running", t0 + 10, cloud_id="c-1")
@@ -92,6 +92,28 @@ def test_cost_report_sums_equal_the_ledger_and_work_without_a_daemon(history, tm
     assert main(["cost-report", "--config", str(config.path)]) == 0
     text = capsys.readouterr().out
     assert "Spend" in text and "(idle: no task on the instance)" in text
+
+
+def test_cost_report_by_user_and_by_team_keeps_the_total(history, capsys):
+    config, _ = history
+    assert main(["cost-report", "--config", str(config.path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    store = open_state(config)
+    ledger = store.cost_between(0, report["until"])
+    store.close()
+    # a (ana, team ml) shared i-1 with b for 3600 s, then had it alone for 3500 s.
+    a_spend = 0.357 * (3600 / 2 + 3500) / 3600
+    for by in ("spend_by_user", "spend_by_team"):
+        assert sum(report[by].values()) + report["idle"] == pytest.approx(ledger, abs=1e-5)
+    assert report["spend_by_user"]["ana"] == pytest.approx(a_spend, abs=1e-5)
+    assert report["spend_by_team"]["ml"] == pytest.approx(a_spend, abs=1e-5)
+    assert report["spend_by_team"]["(no team)"] == pytest.approx(
+        ledger - a_spend - report["idle"], abs=1e-5
+    )
+    assert main(["cost-report", "--config", str(config.path), "--by", "team"]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split()[0] for line in text.splitlines() if line.strip()}
+    assert {"team", "ml", "(no"} <= rows and not {"bo", "ana", "a", "b"} & rows
 
 
 def test_a_dry_run_shows_what_the_next_round_would_launch_and_changes_nothing(
