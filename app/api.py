@@ -41,6 +41,7 @@ from app.v1 import api_pb2, api_pb2_grpc
 from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
+from autoscaler.fairshare import MAX_PRIORITY
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
 from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, UnknownEntity
 from executor.packing import inflated_size
@@ -625,6 +626,16 @@ def parse_submitted(spec_json: str) -> JobSpec:
         )
     if not job.tasks:
         raise InputError("needs at least one task", where=f"job {job.job_id!r}", field="tasks")
+    if job.priority is not None and (
+        type(job.priority) is not int or abs(job.priority) > MAX_PRIORITY
+    ):
+        raise InputError(
+            f"must be a whole number from -{MAX_PRIORITY} to {MAX_PRIORITY}",
+            where=f"job {job.job_id!r}",
+            field="priority",
+            value=job.priority,
+            has_value=True,
+        )
     seen: set[str] = set()
     for task in job.tasks:
         key = task.task_id.removeprefix(f"{job.job_id}/")

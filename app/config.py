@@ -25,7 +25,7 @@ from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
-from autoscaler.fairshare import TeamLimits, TeamPolicy
+from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import (
     MAX_HOURLY_SPEND,
@@ -244,9 +244,14 @@ class TeamTable(Strict):
         )
         | None
     ) = None
+    # The priority of the team's jobs that state none, and the most one may ask for.
+    priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) = 0
+    max_priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) | None = None
 
     def limits(self) -> TeamLimits:
-        return TeamLimits(self.weight, self.max_hourly_spend, self.max_share)
+        return TeamLimits(
+            self.weight, self.max_hourly_spend, self.max_share, self.priority, self.max_priority
+        )
 
 
 class ClusterConfigFile(Strict):

@@ -7,6 +7,7 @@ Our format (TOML):
     full_throughput = 2.5           # optional: iterations per second alone
     max_tasks_per_instance = 1      # optional: spread the tasks (anti-affinity)
     init_delay_s = 10               # optional: how long it takes to resume
+    priority = 5                    # optional: queue place in its team (higher first)
 
     [tasks.node0]
     context = "train"               # a directory holding a Dockerfile (relative to this file)
@@ -38,6 +39,7 @@ import msgspec
 from app.files import CONFIG_LIMIT, Vector, read_input_file
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
+from autoscaler.fairshare import MAX_PRIORITY
 from autoscaler.jobs import (
     DEFAULT_BUILD_IMAGE_S,
     DEFAULT_FETCH_S,
@@ -139,6 +141,7 @@ class JobFile(Strict):
     full_throughput: number(gt=0, le=1e12) | None = None
     max_tasks_per_instance: whole(ge=1, le=100_000) | None = None
     init_delay_s: Delay = DEFAULT_INIT_S
+    priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) | None = None
 
     def check(self) -> None:
         # Task names the job's tasks run under: a key, or its replicas KEY-0, KEY-1, ...
@@ -300,6 +303,7 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
         full_throughput=parsed.full_throughput,
         init_delay_s=parsed.init_delay_s,
         max_tasks_per_instance=parsed.max_tasks_per_instance,
+        priority=parsed.priority,
     )
     return Submission(job, contexts)
 

@@ -413,7 +413,8 @@ def _admission(
             job.job_id,
             records[job.job_id].team,
             sum(reservation_price(t, usable) for t in job.tasks),
-            submitted_at=records[job.job_id].submitted_at,
+            options.teams.priority(records[job.job_id].team, job.priority),
+            records[job.job_id].submitted_at,
         )
         for job in jobs
     ]

@@ -16,7 +16,8 @@ applied each round to the unfinished jobs (queued and running alike):
    their weights. When the caps sum to at most B, every team gets its cap (nothing
    binds). Without a cluster budget each team gets its cap.
 4. **Within a team, the queue admits by priority, then age** (higher priority first,
-   then earlier submission, then job id): jobs are admitted in that order while the
+   then earlier submission, then job id; a job's priority is its own, else its team's
+   default, and never above its team's `max_priority`): jobs are admitted in that order while the
    team's admitted spend stays within its share; the first that does not fit stops the
    team's queue (no later, smaller job overtakes it).
 5. **What rounding leaves is redistributed**: the budget left unadmitted after rule 4
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 _EPS = 1e-9
 #: The team of a job whose owner has none.
 NO_TEAM = ""
+#: Priorities are whole numbers within ±this.
+MAX_PRIORITY = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class TeamLimits:
     weight: float = 1.0
     max_hourly_spend: float | None = None
     max_share: float | None = None  # of the cluster's max_hourly_spend, in (0, 1]
+    priority: int = 0  # of its jobs that state none
+    max_priority: int | None = None  # the most a job of the team may ask for (None: any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,13 @@ class TeamPolicy:
 
     def limits(self, team: str) -> TeamLimits:
         return self.teams.get(team, self.default)
+
+    def priority(self, team: str, asked: int | None) -> int:
+        """Rule 4's priority of a job of `team` that asked for `asked` (None: the team's
+        default): a job's override is held within its team's `max_priority`."""
+        limits = self.limits(team)
+        wanted = limits.priority if asked is None else asked
+        return wanted if limits.max_priority is None else min(wanted, limits.max_priority)
 
     def cap(self, team: str, demand: float, budget: float | None) -> float:
         """Rule 2: the most `team` may spend, its demand included."""

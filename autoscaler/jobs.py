@@ -147,6 +147,9 @@ class JobSpec:
     # one instance, e.g. 1 to spread replicas for fault tolerance. None: no limit.
     max_tasks_per_instance: int | None = None
     trace: TraceFacts = TraceFacts()
+    # Its place in its team's queue when the budget binds (higher first; None: the team's
+    # default), held within the team's bound (`autoscaler.fairshare`).
+    priority: int | None = None
 
     @property
     def is_multi_task(self) -> bool:

@@ -75,3 +75,11 @@ def test_two_teams_share_a_binding_budget_two_to_one() -> None:
     admission = admit(claims, policy, 6.0)
     running = {t: sum(1 for j in admission.admitted if j.startswith(t)) for t in policy.teams}
     assert running == {"research": 4, "prod": 2}
+
+
+def test_rule4_a_jobs_priority_defaults_to_its_teams_and_is_held_to_its_bound() -> None:
+    policy = TeamPolicy({"a": TeamLimits(priority=3, max_priority=5)})
+    assert policy.priority("a", None) == 3  # the team's default
+    assert policy.priority("a", 4) == 4  # an override within the bound
+    assert policy.priority("a", 50) == 5  # held to the bound
+    assert policy.priority("b", None) == 0 and policy.priority("b", 50) == 50  # no bound

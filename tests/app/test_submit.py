@@ -131,6 +131,8 @@ BAD = [
     ("id = '../etc'\n" + A + OK, "field 'id' = '../etc'"),
     ("full_throughput = 0\n" + A + OK, "field 'full_throughput' = 0"),
     ("max_tasks_per_instance = 0\n" + A + OK, "field 'max_tasks_per_instance' = 0"),
+    ("priority = 1001\n" + A + OK, "field 'priority' = 1001"),
+    ("priority = 1.5\n" + A + OK, "field 'priority' = 1.5: must be a whole number"),
     ("name = 'x'\n[tasks.a\ncontext = 'train'", "malformed TOML"),
     (A + "command = 'python train.py'\n" + OK, "task 'a': field 'command' = 'python train.py'"),
     (A + OK + "network = 1", "task 'a': field 'network' = 1: must be true or false"),
@@ -234,6 +236,19 @@ def test_a_spec_from_a_hand_made_client_is_checked_by_the_daemon_too(api):
     with connect(api.config) as client, pytest.raises(ApiRefused, match="must be 'j/<key>'"):
         client.submit(spec)
     assert api.store.jobs() == []
+    # a priority out of range, which the job file's schema would have refused
+    good = {**task, "task_id": "j/a", "demands": [["any", [0, 1, 2]]]}
+    spec = spec_from_document({"job_id": "j", "name": "x", "priority": 10**6, "tasks": [good]})
+    with connect(api.config) as client, pytest.raises(ApiRefused, match="priority"):
+        client.submit(spec)
+    assert api.store.jobs() == []
+
+
+def test_a_job_files_priority_reaches_the_queue(api, tmp_path, capsys):
+    path = write_job(tmp_path, "priority = 7\n" + GOOD)
+    assert submit(api, path, extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    assert api.store.job(job_id).spec.priority == 7
 
 
 def test_orphan_contexts_are_collected_after_a_day(api, tmp_path):

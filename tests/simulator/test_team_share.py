@@ -126,3 +126,32 @@ def test_control_loop_two_teams_share_a_binding_budget_two_to_one() -> None:
     assert len(store.snapshot(1.0).instances) == 6
     shares = store.rounds()[-1].numbers["fair_share"]["shares"]
     assert shares == {"research": 4.0, "prod": 2.0}
+
+
+def test_within_a_team_a_higher_priority_job_is_admitted_before_older_ones() -> None:
+    # One team, budget $2/h: two of three jobs run. The newest asks for priority 5, held
+    # to the team's bound of 3 — still above the others' default 0, so it runs.
+    jobs = team_jobs("prod", 3, 30000.0)
+    jobs[2] = dataclasses.replace(jobs[2], priority=5)
+    engine = EventLoop()
+    world = World(engine, one_task_type(), NO_INTERFERENCE, jobs)
+    store = InMemoryStore()
+    policy = TeamPolicy({"prod": TeamLimits(max_priority=3)})
+    options = ControlOptions(guardrails=Guardrails(max_hourly_spend=2.0), teams=policy)
+    loop = ControlLoop(
+        planner_by_name("eva", lower_bound=False),
+        SimulatedCloud(world),
+        SimulatedExecutor(world),
+        store,
+        engine,
+        options,
+    )
+    for j in jobs:
+        store.submit_job(j, owner="p", at=j.trace.arrival_time_s, team="prod")
+    engine.at(0.0, loop.schedule)
+    engine.after_batch = loop.progress
+    engine.at(300.0, lambda: None)
+    engine.run(until=lambda: engine.now() >= 300.0)
+    placed = {t.job_id for t in store.snapshot(1.0).tasks.values() if t.target_instance_id}
+    assert placed == {"prod0", "prod2"}
+    assert "prod1" in store.rounds()[-1].numbers["fair_share"]["waiting"]
