@@ -782,7 +782,7 @@ def static_bounds(
 
 #: The grouped configuration LP: finest grid tried (steps per largest capacity of a
 #: resource) and the most classes its column generation is given.
-GROUPED_GRID_STEPS = (64, 32, 16, 8, 4, 2)
+GROUPED_GRID_STEPS = (64, 32, 16, 8, 4)
 GROUPED_MAX_CLASSES = 150
 GROUPED_TIME_LIMIT_S = 5.0
 
@@ -846,6 +846,7 @@ def grouped_configuration_bound(
         [min((x for x in largest[:, r] if x > 0), default=1.0) for r in range(3)]
     )  # per resource: the largest capacity of the family where it is least
     base = np.nan_to_num(demand, nan=0.0)
+    first_of_family = [int(np.flatnonzero(fam == f)[0]) for f in range(len(families))]
     # per resource its own grid: the finest triple (fewest steps summed in log) that
     # leaves at most `max_classes`; a resource no task needs takes no part
     used = [bool((base[:, :, r] > 0).any()) for r in range(3)]
@@ -858,14 +859,15 @@ def grouped_configuration_bound(
         down = np.minimum(np.floor(base / step * (1 + 1e-12)) * step, base)
         down[~fit] = -1.0
         nonzero = (down > 0).any(axis=(1, 2))
+        # demands are per family: one type of each family stands for the rest
         keys = np.ascontiguousarray(
-            np.concatenate([down.reshape(len(live), -1), fit.astype(float)], axis=1)[nonzero]
+            np.concatenate([down[:, first_of_family].reshape(len(live), -1), fit], axis=1)[nonzero]
         )
         void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
         _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
         if len(first) <= max_classes:
             break
-    uniq = keys[first]
+    first = np.flatnonzero(nonzero)[first]
     inverse = inverse.reshape(-1)
     rest = np.where(fit[:, :, None], np.nan_to_num(demand, nan=0.0) - down, np.inf).min(axis=1)
     rest = np.maximum(rest, 0.0)  # classes x resources: the least rest over fitting types
@@ -879,10 +881,10 @@ def grouped_configuration_bound(
     )  # sets x resources
     rows = [(s, r) for s in range(len(sets)) for r in range(3) if need[s, r] > 1e-9]
 
-    n_cls = len(uniq)
+    n_cls = len(first)
     grouped_counts = np.bincount(inverse, weights=counts[nonzero], minlength=n_cls)
-    grouped_down = uniq[:, : n_types * 3].reshape(n_cls, n_types, 3)
-    grouped_fit = uniq[:, n_types * 3 :].astype(bool)
+    grouped_down = down[first]
+    grouped_fit = fit[first]
     pclasses = [
         PatternClass(
             int(grouped_counts[c] + 0.5),
@@ -948,6 +950,7 @@ def grouped_configuration_bound(
     relaxations = [_KnapsackRelaxation(k, shape, pclasses) for k, shape in enumerate(types)]
     best_bound, master, converged, iterations = 0.0, 0.0, False, 0
     short = min(node_limit, 500)
+    elapsed = stopwatch()  # the budget is the column generation's; grouping is linear
     while True:
         iterations += 1
         highs.run()
