@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
@@ -52,7 +52,8 @@ _DEFAULTS = ControlOptions()
 MAX_SECONDS = 30 * 86400.0
 
 
-def seconds(*, ge: float | None = None, gt: float | None = None) -> Any:
+def seconds(*, ge: float | None = None, gt: float | None = None) -> msgspec.Meta:
+    """The bounds of a period or timeout, `Annotated[float, seconds(...)]`."""
     return number(ge=ge, gt=gt, le=MAX_SECONDS)
 
 
@@ -91,7 +92,7 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-Address = text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")
+Address = Annotated[str, text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")]
 
 
 class ClusterTable(Strict):
@@ -99,8 +100,8 @@ class ClusterTable(Strict):
     region: Region = "us-east-1"
     # Between scheduling rounds, and between the steps that carry a round's plan
     # out; each reads the state, so faster than these only loads the database.
-    interval_s: seconds(ge=1.0) = ROUND_INTERVAL_S
-    step_s: seconds(ge=0.5) = 5.0
+    interval_s: Annotated[float, seconds(ge=1.0)] = ROUND_INTERVAL_S
+    step_s: Annotated[float, seconds(ge=0.5)] = 5.0
 
 
 class CloudTable(Strict):
@@ -109,7 +110,7 @@ class CloudTable(Strict):
     emulate_delays: bool = False
     # ec2: the worker agent's wheel (`pip wheel --no-deps .`), which the daemon publishes
     # to the cluster's bucket and every worker installs, pinned by its sha256.
-    agent_wheel: text(max_length=4096) = ""
+    agent_wheel: Annotated[str, text(max_length=4096)] = ""
 
 
 def _check_address(value: str, name: str, *, optional: bool = False) -> None:
@@ -179,7 +180,7 @@ def storage_problem(url: str) -> str | None:
 
 class StorageTable(Strict):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
-    url: text(max_length=4096) = "file:///var/lib/autoscaler/storage"
+    url: Annotated[str, text(max_length=4096)] = "file:///var/lib/autoscaler/storage"
 
     def check(self) -> None:
         problem = storage_problem(self.url)
@@ -188,7 +189,7 @@ class StorageTable(Strict):
 
 
 class SecretsTable(Strict):
-    dir: text(max_length=4096, pattern=r"\S", description="a directory") = "secrets"
+    dir: Annotated[str, text(max_length=4096, pattern=r"\S", description="a directory")] = "secrets"
 
 
 PlannerName = Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"]
@@ -196,9 +197,9 @@ PlannerName = Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"]
 
 class PlannerTable(Strict):
     name: PlannerName = "eva"
-    default_throughput: number(gt=0, le=1) = _DEFAULTS.default_throughput
+    default_throughput: Annotated[float, number(gt=0, le=1)] = _DEFAULTS.default_throughput
     # No task is co-located where it is expected below this share of its full speed.
-    min_throughput: number(ge=0, le=1) = 0.0
+    min_throughput: Annotated[float, number(ge=0, le=1)] = 0.0
 
     def planner(self) -> EvaPlanner:
         """The planner this table names, with its options."""
@@ -208,17 +209,19 @@ class PlannerTable(Strict):
 
 
 class TimeoutsTable(Strict):
-    boot_s: seconds(gt=0) = _DEFAULTS.timeouts.boot_s
-    register_s: seconds(gt=0) = _DEFAULTS.timeouts.register_s
-    start_s: seconds(gt=0) = _DEFAULTS.timeouts.start_s
-    checkpoint_s: seconds(gt=0) = _DEFAULTS.timeouts.checkpoint_s
-    heartbeat_s: seconds(gt=0) = 60.0  # a worker silent this long is lost
+    boot_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.boot_s
+    register_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.register_s
+    start_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.start_s
+    checkpoint_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.checkpoint_s
+    heartbeat_s: Annotated[float, seconds(gt=0)] = 60.0  # a worker silent this long is lost
 
 
 class LimitsTable(Strict):
-    max_attempts: whole(ge=1, le=100) = _DEFAULTS.max_attempts
-    max_context_mb: number(gt=0, le=16_384.0) = 256.0  # a build context, not a data set
-    orphan_grace_s: seconds(gt=0) = _DEFAULTS.orphans.grace_s
+    max_attempts: Annotated[int, whole(ge=1, le=100)] = _DEFAULTS.max_attempts
+    max_context_mb: Annotated[float, number(gt=0, le=16_384.0)] = (
+        256.0  # a build context, not a data set
+    )
+    orphan_grace_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.orphans.grace_s
 
 
 class ClusterConfigFile(Strict):

@@ -104,16 +104,18 @@ def number(
     le: float | None = None,
     lt: float | None = None,
     description: str | None = None,
-) -> Any:
-    """A float within bounds (both sides bounded: infinity and NaN never pass)."""
+) -> msgspec.Meta:
+    """The bounds of a float, `Annotated[float, number(...)]` (both sides bounded:
+    infinity and NaN never pass)."""
     if (ge is None and gt is None) or (le is None and lt is None):
         raise TypeError("a number in a schema is bounded on both sides")
-    return Annotated[float, msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)]
+    return msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)
 
 
-def whole(*, ge: int, le: int, description: str | None = None) -> Any:
-    """An integer within bounds (a boolean or 2.0 is refused)."""
-    return Annotated[int, msgspec.Meta(ge=ge, le=le, description=description)]
+def whole(*, ge: int, le: int, description: str | None = None) -> msgspec.Meta:
+    """The bounds of an integer, `Annotated[int, whole(...)]` (a boolean or 2.0 is
+    refused)."""
+    return msgspec.Meta(ge=ge, le=le, description=description)
 
 
 def text(
@@ -122,15 +124,12 @@ def text(
     min_length: int = 0,
     pattern: str | None = None,
     description: str | None = None,
-) -> Any:
-    """A string of bounded length, optionally matching `pattern` (described by
-    `description` in errors, never by the regex)."""
-    return Annotated[
-        str,
-        msgspec.Meta(
-            min_length=min_length, max_length=max_length, pattern=pattern, description=description
-        ),
-    ]
+) -> msgspec.Meta:
+    """The bounds of a string, `Annotated[str, text(...)]`: its length, and optionally
+    `pattern` (described by `description` in errors, never by the regex)."""
+    return msgspec.Meta(
+        min_length=min_length, max_length=max_length, pattern=pattern, description=description
+    )
 
 
 # -- reading files ---------------------------------------------------------------------------
