@@ -95,7 +95,7 @@ def parse_address(value: str) -> tuple[str, int]:
 Address = Annotated[str, text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")]
 
 
-class ClusterTable(Strict):
+class ClusterTable(Strict, frozen=True):
     name: ClusterId
     region: Region = "us-east-1"
     # Between scheduling rounds, and between the steps that carry a round's plan
@@ -104,7 +104,7 @@ class ClusterTable(Strict):
     step_s: Annotated[float, seconds(ge=0.5)] = 5.0
 
 
-class CloudTable(Strict):
+class CloudTable(Strict, frozen=True):
     provider: Literal["ec2", "local"] = "ec2"
     # local: emulate the catalog's launch delays (off: instances are ready at once)
     emulate_delays: bool = False
@@ -122,7 +122,7 @@ def _check_address(value: str, name: str, *, optional: bool = False) -> None:
         raise FieldError(str(exc), name) from None
 
 
-class ApiTable(Strict):
+class ApiTable(Strict, frozen=True):
     listen: Address = "127.0.0.1:7443"  # where the daemon serves users and worker enrollment
     advertise: Address = ""  # the address users and workers dial (default: listen)
     # The workers' port, mutual TLS only (default: listen's port + 1, on the same host).
@@ -134,7 +134,7 @@ class ApiTable(Strict):
         _check_address(self.worker_listen, "worker_listen", optional=True)
 
 
-class MetricsTable(Strict):
+class MetricsTable(Strict, frozen=True):
     listen: Address = "127.0.0.1:9464"  # Prometheus metrics; "" turns them off
 
     def check(self) -> None:
@@ -178,7 +178,7 @@ def storage_problem(url: str) -> str | None:
     return form
 
 
-class StorageTable(Strict):
+class StorageTable(Strict, frozen=True):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
     url: Annotated[str, text(max_length=4096)] = "file:///var/lib/autoscaler/storage"
 
@@ -188,14 +188,14 @@ class StorageTable(Strict):
             raise FieldError(problem, "url")
 
 
-class SecretsTable(Strict):
+class SecretsTable(Strict, frozen=True):
     dir: Annotated[str, text(max_length=4096, pattern=r"\S", description="a directory")] = "secrets"
 
 
 PlannerName = Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"]
 
 
-class PlannerTable(Strict):
+class PlannerTable(Strict, frozen=True):
     name: PlannerName = "eva"
     default_throughput: Annotated[float, number(gt=0, le=1)] = _DEFAULTS.default_throughput
     # No task is co-located where it is expected below this share of its full speed.
@@ -208,7 +208,7 @@ class PlannerTable(Strict):
         return planner_by_name(self.name, min_throughput=self.min_throughput)
 
 
-class TimeoutsTable(Strict):
+class TimeoutsTable(Strict, frozen=True):
     boot_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.boot_s
     register_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.register_s
     start_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.start_s
@@ -216,7 +216,7 @@ class TimeoutsTable(Strict):
     heartbeat_s: Annotated[float, seconds(gt=0)] = 60.0  # a worker silent this long is lost
 
 
-class LimitsTable(Strict):
+class LimitsTable(Strict, frozen=True):
     max_attempts: Annotated[int, whole(ge=1, le=100)] = _DEFAULTS.max_attempts
     max_context_mb: Annotated[float, number(gt=0, le=16_384.0)] = (
         256.0  # a build context, not a data set
@@ -224,7 +224,7 @@ class LimitsTable(Strict):
     orphan_grace_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.orphans.grace_s
 
 
-class ClusterConfigFile(Strict):
+class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
     cluster: ClusterTable

@@ -177,7 +177,7 @@ Family = Annotated[
 Demand = Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
 
 
-class TraceTask(Strict):
+class TraceTask(Strict, frozen=True):
     """One task of a trace's job: its demand per family, and Eva's per-task delays.
 
     Optional fields default to `UNSET` rather than None, so that a decoded trace
@@ -198,7 +198,7 @@ class TraceTask(Strict):
     shm_size: Annotated[float, number(ge=0, le=MAX_CAPACITY[2])] | UnsetType | None = UNSET
 
 
-class TraceJob(Strict):
+class TraceJob(Strict, frozen=True):
     """One job of a trace (Eva's `pai_200.json` format; `max_tasks_per_instance` is ours)."""
 
     tasks: Annotated[dict[Key, TraceTask], msgspec.Meta(min_length=1, max_length=100_000)]

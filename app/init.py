@@ -82,7 +82,7 @@ Bucket = Annotated[
 ]
 
 
-class InitArguments(Strict):
+class InitArguments(Strict, frozen=True):
     """What `autoscaler init` is given, checked before anything is written."""
 
     name: ClusterId | None = None

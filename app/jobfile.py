@@ -110,7 +110,7 @@ def check_demand(demand: Mapping[str, tuple[float, float, float]]) -> None:
             )
 
 
-class TaskFile(Strict):
+class TaskFile(Strict, frozen=True):
     """`[tasks.NAME]` of a job file."""
 
     demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
@@ -141,7 +141,7 @@ class TaskFile(Strict):
             raise FieldError("give either 'context' (a directory with a Dockerfile) or 'image'")
 
 
-class JobFile(Strict):
+class JobFile(Strict, frozen=True):
     """A job file (TOML): the job, and its tasks by name."""
 
     name: Identifier
@@ -174,7 +174,7 @@ class JobFile(Strict):
             raise FieldError(f"makes {total:,} tasks; a job has at most {MAX_REPLICAS * 10:,}")
 
 
-class EvaTask(Strict):
+class EvaTask(Strict, frozen=True):
     """One task of Eva's `config.json`."""
 
     demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
@@ -187,7 +187,7 @@ class EvaTask(Strict):
         check_demand(self.demand)
 
 
-class EvaJobConfig(Strict):
+class EvaJobConfig(Strict, frozen=True):
     """Eva's `config.json`: a job of `tasks` (names may repeat), and its delays."""
 
     name: Identifier

@@ -62,7 +62,7 @@ def default_state_config() -> StateConfig:
 NonEmpty = Annotated[str, text(max_length=4096, pattern=r"\S", description="a non-empty string")]
 
 
-class StateTable(Strict):
+class StateTable(Strict, frozen=True):
     """The `[state]` table: a database URL, or the path of a SQLite file; not both."""
 
     url: NonEmpty | None = None

@@ -124,7 +124,7 @@ Delay = Annotated[float, number(ge=0, le=MAX_DELAY_S)]
 Note = Annotated[str, text(max_length=4096)]
 
 
-class EvaInstanceType(Strict):
+class EvaInstanceType(Strict, frozen=True):
     """One type of Eva's `ec2_config.json`: capacity, price and measured launch delays."""
 
     family: FamilyName
@@ -179,7 +179,7 @@ class EvaInstanceType(Strict):
         )
 
 
-class EvaCatalogFile(Strict):
+class EvaCatalogFile(Strict, frozen=True):
     """Eva's `ec2_config.json`: instance types by name, and the region they are of."""
 
     instance_types: Annotated[
@@ -188,7 +188,7 @@ class EvaCatalogFile(Strict):
     region: Region | None = None
 
 
-class CachedInstanceType(Strict):
+class CachedInstanceType(Strict, frozen=True):
     """One type of a catalog cache: Eva's fields, and what AWS said of it."""
 
     family: FamilyName
@@ -203,12 +203,12 @@ class CachedInstanceType(Strict):
         EvaInstanceType(family=self.family, capacity=self.capacity, cost=self.cost)
 
 
-class Selection(Strict):
+class Selection(Strict, frozen=True):
     families: Annotated[tuple[FamilyName, ...], msgspec.Meta(max_length=1000)] = ()
     types: Annotated[tuple[TypeName, ...], msgspec.Meta(max_length=1000)] = ()
 
 
-class CatalogCacheFile(Strict):
+class CatalogCacheFile(Strict, frozen=True):
     """`catalog-<region>.json` in `[ec2] cache_dir`: what `catalog refresh` learnt from AWS."""
 
     format: Literal["ec2-batch-autoscaler catalog v1"]
@@ -225,7 +225,7 @@ class CatalogCacheFile(Strict):
     notes: Annotated[tuple[Note, ...], msgspec.Meta(max_length=1000)] = ()
 
 
-class PriceTableFile(Strict):
+class PriceTableFile(Strict, frozen=True):
     """`prices-<region>.json`: on-demand USD/hour by type, where and when they came from."""
 
     format: Literal["ec2-batch-autoscaler prices v1"]

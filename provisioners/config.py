@@ -297,7 +297,7 @@ MAX_ENTRIES = 1000
 MAX_HOURLY_SPEND = 10_000_000.0
 
 
-class EC2Table(Strict):
+class EC2Table(Strict, frozen=True):
     """The `[ec2]` table as written (see the module docstring for each key)."""
 
     region: Region | None = None  # us-east-1; in a cluster's file, [cluster] region
@@ -366,7 +366,7 @@ class EC2Table(Strict):
             _check_images(self.ami, self.families, self.types)
 
 
-class GuardrailsTable(Strict):
+class GuardrailsTable(Strict, frozen=True):
     """The `[guardrails]` table as written."""
 
     max_instances: (

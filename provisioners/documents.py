@@ -84,7 +84,9 @@ _UNCHECKED = contextvars.ContextVar("_UNCHECKED", default=False)
 class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, gc=False):
     """A schema that refuses unknown keys, in strict mode (no coercion). Subclasses
     inherit both. Cross-field rules go in `check` (raising `FieldError`), which runs on
-    every decode, so they are the schema's too."""
+    every decode, so they are the schema's too. Subclasses say `frozen=True` again:
+    msgspec inherits it, but a type checker reading `dataclass_transform` (PEP 681)
+    does not."""
 
     def __post_init__(self) -> None:
         if not _UNCHECKED.get():
