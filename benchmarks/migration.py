@@ -250,7 +250,7 @@ def s3_or_directory(work: Path) -> Iterator[tuple[str, dict[str, Any], str]]:
                 break
             except OSError:
                 time.sleep(0.05)
-        options = {
+        options: dict[str, Any] = {
             "endpoint_url": url,
             "aws_access_key_id": "bench",
             "aws_secret_access_key": "bench",
