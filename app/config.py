@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -264,7 +264,7 @@ class ClusterConfigFile(Strict, frozen=True):
             )
 
 
-def config_where(path: list[Any] | tuple[Any, ...]) -> tuple[str | None, str | None]:
+def config_where(path: Sequence[Any]) -> tuple[str | None, str | None]:
     """`[table]` and the field within it, for errors in the cluster's TOML file."""
     table, _, rest = dotted(path).partition(".")
     if not table:

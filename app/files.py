@@ -147,12 +147,13 @@ Vector = Annotated[
 _INVISIBLE = r"\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
 #: A job id, task key or name: one line of printable text that fits a task id
 #: (`<job>/<task>`) and a storage key.
+_KEY_PATTERN = r"^[^\s/%s]([^/%s]*[^\s/%s])?$" % ((_INVISIBLE,) * 3)
 Key = Annotated[
     str,
     text(
         min_length=1,
         max_length=256,
-        pattern=r"^[^\s/%s]([^/%s]*[^\s/%s])?$" % ((_INVISIBLE,) * 3),
+        pattern=_KEY_PATTERN,
         description="1-256 characters, no '/' and no spaces at either end",
     ),
 ]
@@ -310,7 +311,7 @@ _JOBS = msgspec.json.Decoder(list[TraceJob])
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 
 
-_KEY = re.compile(Key.__metadata__[0].pattern)
+_KEY = re.compile(_KEY_PATTERN)
 
 
 def _jobs(trace: Mapping[str, TraceJob], source: str) -> tuple[tuple[JobSpec, ...], int]:

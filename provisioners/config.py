@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -394,7 +394,7 @@ def _table(data: Mapping[str, Any], name: str, schema: type[TableT], source: str
     return convert(raw, schema, source=source, where_of=lambda path: (where, dotted(path)))
 
 
-def _check_images(images: Mapping[str, str], families: list[str], types: list[str]) -> None:
+def _check_images(images: Mapping[str, str], families: Sequence[str], types: Sequence[str]) -> None:
     """Every allowed family (and single type) has an image of its architecture and
     accelerator: an x86_64 image does not boot on Graviton, and GPUs need drivers."""
     if not images:

@@ -111,7 +111,9 @@ def number(
     infinity and NaN never pass)."""
     if (ge is None and gt is None) or (le is None and lt is None):
         raise TypeError("a number in a schema is bounded on both sides")
-    return msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)
+    # msgspec's stub has one overload per pair of bounds, so it refuses `ge` beside `gt`
+    # even as None; msgspec itself accepts None for an unused bound.
+    return msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)  # type: ignore[call-overload, misc]
 
 
 def whole(*, ge: int, le: int, description: str | None = None) -> msgspec.Meta:
@@ -361,7 +363,7 @@ def _encodable(value: str, source: str, at: tuple[Any, ...]) -> None:
 
 def convert(
     data: Any,
-    schema: type[T] | Any,
+    schema: type[T],
     *,
     source: str | None,
     where_of: Where | None = None,
