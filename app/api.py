@@ -518,6 +518,8 @@ class UserAuth(grpc.ServerInterceptor):
         if handler.response_streaming:
             raise TypeError(f"{method}: response streams are not audited")
         behavior = handler.stream_unary if handler.request_streaming else handler.unary_unary
+        if behavior is None:  # a unary or client-streaming method always has its behaviour
+            raise TypeError(f"{method}: no behaviour to audit")
 
         def audited(request: Any, context: grpc.ServicerContext) -> Any:
             call = Call(caller, method, target=_target(request))
@@ -745,7 +747,7 @@ class ApiClient:
 
     def _error(self, exc: grpc.RpcError) -> Exception:
         code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
+        details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
         if code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in _TLS_FAILURES):
             # Something answered, but not a daemon this cluster's CA vouches for: the fix is
             # the CA file or the daemon's certificate, not the daemon's address.

@@ -13,10 +13,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
@@ -54,7 +54,8 @@ _DEFAULTS = ControlOptions()
 MAX_SECONDS = 30 * 86400.0
 
 
-def seconds(*, ge: float | None = None, gt: float | None = None) -> Any:
+def seconds(*, ge: float | None = None, gt: float | None = None) -> msgspec.Meta:
+    """The bounds of a period or timeout, `Annotated[float, seconds(...)]`."""
     return number(ge=ge, gt=gt, le=MAX_SECONDS)
 
 
@@ -93,26 +94,26 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-Address = text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")
+Address = Annotated[str, text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")]
 
 
-class ClusterTable(Strict):
+class ClusterTable(Strict, frozen=True):
     name: ClusterId
     region: Region = "us-east-1"
     # Between scheduling rounds, and between the steps that carry a round's plan
     # out; each reads the state, so faster than these only loads the database.
-    interval_s: seconds(ge=1.0) = ROUND_INTERVAL_S
-    step_s: seconds(ge=0.5) = 5.0
+    interval_s: Annotated[float, seconds(ge=1.0)] = ROUND_INTERVAL_S
+    step_s: Annotated[float, seconds(ge=0.5)] = 5.0
 
 
-class CloudTable(Strict):
+class CloudTable(Strict, frozen=True):
     provider: Literal["ec2", "local"] = "ec2"
     # local: emulate the catalog's launch delays (off: instances are ready at once)
     emulate_delays: bool = False
     # ec2: the workers' wheelhouse (`autoscaler deploy wheelhouse`: the agent and every
     # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
     # worker installs offline.
-    wheelhouse: text(max_length=4096) = ""
+    wheelhouse: Annotated[str, text(max_length=4096)] = ""
 
 
 def _check_address(value: str, name: str, *, optional: bool = False) -> None:
@@ -124,7 +125,7 @@ def _check_address(value: str, name: str, *, optional: bool = False) -> None:
         raise FieldError(str(exc), name) from None
 
 
-class ApiTable(Strict):
+class ApiTable(Strict, frozen=True):
     listen: Address = "127.0.0.1:7443"  # where the daemon serves users and worker enrollment
     advertise: Address = ""  # the address users and workers dial (default: listen)
     # The workers' port, mutual TLS only (default: listen's port + 1, on the same host).
@@ -136,7 +137,7 @@ class ApiTable(Strict):
         _check_address(self.worker_listen, "worker_listen", optional=True)
 
 
-class MetricsTable(Strict):
+class MetricsTable(Strict, frozen=True):
     listen: Address = "127.0.0.1:9464"  # Prometheus metrics; "" turns them off
 
     def check(self) -> None:
@@ -180,12 +181,14 @@ def storage_problem(url: str) -> str | None:
     return form
 
 
-class StorageTable(Strict):
+class StorageTable(Strict, frozen=True):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
-    url: text(max_length=4096) = "file:///var/lib/autoscaler/storage"
+    url: Annotated[str, text(max_length=4096)] = "file:///var/lib/autoscaler/storage"
     #: Days a finished job's checkpoints are kept before the daemon deletes them (its
     #: logs stay until the bucket's lifecycle rule expires them).
-    checkpoint_retention_days: number(ge=0, le=36_500.0, description="a number of days >= 0") = 7.0
+    checkpoint_retention_days: Annotated[
+        float, number(ge=0, le=36_500.0, description="a number of days >= 0")
+    ] = 7.0
 
     def check(self) -> None:
         problem = storage_problem(self.url)
@@ -193,18 +196,18 @@ class StorageTable(Strict):
             raise FieldError(problem, "url")
 
 
-class SecretsTable(Strict):
-    dir: text(max_length=4096, pattern=r"\S", description="a directory") = "secrets"
+class SecretsTable(Strict, frozen=True):
+    dir: Annotated[str, text(max_length=4096, pattern=r"\S", description="a directory")] = "secrets"
 
 
 PlannerName = Literal["eva", "eva-plain", "eva-full-only", "eva-partial-only"]
 
 
-class PlannerTable(Strict):
+class PlannerTable(Strict, frozen=True):
     name: PlannerName = "eva"
-    default_throughput: number(gt=0, le=1) = _DEFAULTS.default_throughput
+    default_throughput: Annotated[float, number(gt=0, le=1)] = _DEFAULTS.default_throughput
     # No task is co-located where it is expected below this share of its full speed.
-    min_throughput: number(ge=0, le=1) = 0.0
+    min_throughput: Annotated[float, number(ge=0, le=1)] = 0.0
 
     def planner(self) -> EvaPlanner:
         """The planner this table names, with its options."""
@@ -213,40 +216,48 @@ class PlannerTable(Strict):
         return planner_by_name(self.name, min_throughput=self.min_throughput)
 
 
-class TimeoutsTable(Strict):
-    boot_s: seconds(gt=0) = _DEFAULTS.timeouts.boot_s
-    register_s: seconds(gt=0) = _DEFAULTS.timeouts.register_s
-    start_s: seconds(gt=0) = _DEFAULTS.timeouts.start_s
-    checkpoint_s: seconds(gt=0) = _DEFAULTS.timeouts.checkpoint_s
-    heartbeat_s: seconds(gt=0) = 60.0  # a worker silent this long is lost
+class TimeoutsTable(Strict, frozen=True):
+    boot_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.boot_s
+    register_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.register_s
+    start_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.start_s
+    checkpoint_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.checkpoint_s
+    heartbeat_s: Annotated[float, seconds(gt=0)] = 60.0  # a worker silent this long is lost
 
 
-class LimitsTable(Strict):
-    max_attempts: whole(ge=1, le=100) = _DEFAULTS.max_attempts
-    max_context_mb: number(gt=0, le=16_384.0) = 256.0  # a build context, not a data set
-    orphan_grace_s: seconds(gt=0) = _DEFAULTS.orphans.grace_s
+class LimitsTable(Strict, frozen=True):
+    max_attempts: Annotated[int, whole(ge=1, le=100)] = _DEFAULTS.max_attempts
+    max_context_mb: Annotated[float, number(gt=0, le=16_384.0)] = (
+        256.0  # a build context, not a data set
+    )
+    orphan_grace_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.orphans.grace_s
 
 
-class TeamTable(Strict):
+class TeamTable(Strict, frozen=True):
     """A team's weight in the fair share of a binding `max_hourly_spend`, and its own
     limits (`autoscaler.fairshare`): `[teams.NAME]`, NAME the team users are added to."""
 
-    weight: number(gt=0, le=1e6, description="a positive number") = 1.0
+    weight: Annotated[float, number(gt=0, le=1e6, description="a positive number")] = 1.0
     max_hourly_spend: (
-        number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0")
+        Annotated[
+            float,
+            number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0"),
+        ]
         | None
     ) = None
     max_share: (
-        number(
-            gt=0,
-            le=1,
-            description="a share of [guardrails] max_hourly_spend, above 0 and at most 1",
-        )
+        Annotated[
+            float,
+            number(
+                gt=0,
+                le=1,
+                description="a share of [guardrails] max_hourly_spend, above 0 and at most 1",
+            ),
+        ]
         | None
     ) = None
     # The priority of the team's jobs that state none, and the most one may ask for.
-    priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) = 0
-    max_priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) | None = None
+    priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    max_priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
 
     def limits(self) -> TeamLimits:
         return TeamLimits(
@@ -254,7 +265,7 @@ class TeamTable(Strict):
         )
 
 
-class ClusterConfigFile(Strict):
+class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
     cluster: ClusterTable
@@ -295,7 +306,7 @@ class ClusterConfigFile(Strict):
             )
 
 
-def config_where(path: list[Any] | tuple[Any, ...]) -> tuple[str | None, str | None]:
+def config_where(path: Sequence[Any]) -> tuple[str | None, str | None]:
     """`[table]` and the field within it, for errors in the cluster's TOML file."""
     table, _, rest = dotted(path).partition(".")
     if not table:

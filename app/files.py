@@ -122,7 +122,7 @@ def no_gc() -> Iterator[None]:
 #: timestamps fit (they are shifted to the first arrival); milliseconds of a decade do not.
 MAX_TRACE_SECONDS = 1e11
 
-Delay = number(ge=0, le=MAX_DELAY_S)
+Delay = Annotated[float, number(ge=0, le=MAX_DELAY_S)]
 #: A GPU count: a container is given whole devices (Docker's `--gpus`).
 Gpus = Annotated[
     float,
@@ -137,8 +137,8 @@ Gpus = Annotated[
 Vector = Annotated[
     tuple[
         Gpus,
-        number(ge=0, le=MAX_CAPACITY[1]),
-        number(ge=0, le=MAX_CAPACITY[2]),
+        Annotated[float, number(ge=0, le=MAX_CAPACITY[1])],
+        Annotated[float, number(ge=0, le=MAX_CAPACITY[2])],
     ],
     msgspec.Meta(description="a list [gpu, cpu cores, ram GiB]"),
 ]
@@ -147,28 +147,38 @@ Vector = Annotated[
 _INVISIBLE = r"\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff"
 #: A job id, task key or name: one line of printable text that fits a task id
 #: (`<job>/<task>`) and a storage key.
-Key = text(
-    min_length=1,
-    max_length=256,
-    pattern=r"^[^\s/%s]([^/%s]*[^\s/%s])?$" % ((_INVISIBLE,) * 3),
-    description="1-256 characters, no '/' and no spaces at either end",
-)
-Name = text(
-    min_length=1,
-    max_length=256,
-    pattern=r"^[^\s%s]([^%s]*[^\s%s])?$" % ((_INVISIBLE,) * 3),
-    description="1-256 characters, no spaces at either end",
-)
-Family = text(
-    min_length=1,
-    max_length=64,
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
-    description="an instance family such as 'c7i', or 'any'",
-)
+_KEY_PATTERN = r"^[^\s/%s]([^/%s]*[^\s/%s])?$" % ((_INVISIBLE,) * 3)
+Key = Annotated[
+    str,
+    text(
+        min_length=1,
+        max_length=256,
+        pattern=_KEY_PATTERN,
+        description="1-256 characters, no '/' and no spaces at either end",
+    ),
+]
+Name = Annotated[
+    str,
+    text(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^\s%s]([^%s]*[^\s%s])?$" % ((_INVISIBLE,) * 3),
+        description="1-256 characters, no spaces at either end",
+    ),
+]
+Family = Annotated[
+    str,
+    text(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+        description="an instance family such as 'c7i', or 'any'",
+    ),
+]
 Demand = Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
 
 
-class TraceTask(Strict):
+class TraceTask(Strict, frozen=True):
     """One task of a trace's job: its demand per family, and Eva's per-task delays.
 
     Optional fields default to `UNSET` rather than None, so that a decoded trace
@@ -180,21 +190,26 @@ class TraceTask(Strict):
     build_image_delay: Delay | UnsetType | None = UNSET
     kill_delay: Delay | UnsetType | None = UNSET
     upload_delay: Delay | UnsetType | None = UNSET
-    image_id: text(max_length=256) | whole(ge=0, le=2**62) | UnsetType | None = UNSET
-    shm_size: number(ge=0, le=MAX_CAPACITY[2]) | UnsetType | None = UNSET
+    image_id: (
+        Annotated[str, text(max_length=256)]
+        | Annotated[int, whole(ge=0, le=2**62)]
+        | UnsetType
+        | None
+    ) = UNSET
+    shm_size: Annotated[float, number(ge=0, le=MAX_CAPACITY[2])] | UnsetType | None = UNSET
 
 
-class TraceJob(Strict):
+class TraceJob(Strict, frozen=True):
     """One job of a trace (Eva's `pai_200.json` format; `max_tasks_per_instance` is ours)."""
 
     tasks: Annotated[dict[Key, TraceTask], msgspec.Meta(min_length=1, max_length=100_000)]
     name: Name | UnsetType = UNSET
-    arrival_time: number(ge=0, le=MAX_TRACE_SECONDS) | UnsetType | None = UNSET
-    duration: number(gt=0, le=MAX_TRACE_SECONDS) | UnsetType | None = UNSET
-    total_iters: number(gt=0, le=1e18) | UnsetType | None = UNSET
-    full_throughput: number(gt=0, le=1e12) | UnsetType | None = UNSET
+    arrival_time: Annotated[float, number(ge=0, le=MAX_TRACE_SECONDS)] | UnsetType | None = UNSET
+    duration: Annotated[float, number(gt=0, le=MAX_TRACE_SECONDS)] | UnsetType | None = UNSET
+    total_iters: Annotated[float, number(gt=0, le=1e18)] | UnsetType | None = UNSET
+    full_throughput: Annotated[float, number(gt=0, le=1e12)] | UnsetType | None = UNSET
     init_delay: Delay | UnsetType | None = UNSET
-    max_tasks_per_instance: whole(ge=1, le=100_000) | UnsetType | None = UNSET
+    max_tasks_per_instance: Annotated[int, whole(ge=1, le=100_000)] | UnsetType | None = UNSET
     support_throughput_aware: bool | UnsetType | None = UNSET  # Eva's; ours always learn
     # The team whose fair share of a binding budget the job spends (ours; none: no team).
     team: Name | UnsetType = UNSET
@@ -298,7 +313,7 @@ _JOBS = msgspec.json.Decoder(list[TraceJob])
 _ESCAPED_COLON = re.compile(rb"\\u003[aA]")
 
 
-_KEY = re.compile(Key.__metadata__[0].pattern)
+_KEY = re.compile(_KEY_PATTERN)
 
 
 def _jobs(trace: Mapping[str, TraceJob], source: str) -> tuple[tuple[JobSpec, ...], int]:

@@ -34,6 +34,7 @@ import secrets as _random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import quote, unquote, urlsplit
 
 from app.config import PLACEHOLDER_BUCKET, ClusterConfig, parse_cluster_config
@@ -71,15 +72,18 @@ def new_cluster_name() -> str:
     return f"cluster-{_random.token_hex(4)}"
 
 
-Bucket = text(
-    max_length=63,
-    pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
-    description="an S3 bucket name: 3-63 of a-z, 0-9, '.' and '-', starting and ending "
-    "with a letter or digit",
-)
+Bucket = Annotated[
+    str,
+    text(
+        max_length=63,
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="an S3 bucket name: 3-63 of a-z, 0-9, '.' and '-', starting and ending "
+        "with a letter or digit",
+    ),
+]
 
 
-class InitArguments(Strict):
+class InitArguments(Strict, frozen=True):
     """What `autoscaler init` is given, checked before anything is written."""
 
     name: ClusterId | None = None

@@ -70,22 +70,31 @@ from provisioners.documents import (
 )
 
 #: Ids of jobs, tasks and clusters: safe in file names, S3 keys, tags and task ids.
-Identifier = text(
-    max_length=63,
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
-    description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
-)
-Delay = number(ge=0, le=MAX_DELAY_S)
-Family = text(
-    max_length=64,
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
-    description="an instance family such as 'c7i', or 'any'",
-)
-EnvName = text(
-    max_length=256,
-    pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-    description="an environment variable name (letters, digits, '_'; not a digit first)",
-)
+Identifier = Annotated[
+    str,
+    text(
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    ),
+]
+Delay = Annotated[float, number(ge=0, le=MAX_DELAY_S)]
+Family = Annotated[
+    str,
+    text(
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+        description="an instance family such as 'c7i', or 'any'",
+    ),
+]
+EnvName = Annotated[
+    str,
+    text(
+        max_length=256,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="an environment variable name (letters, digits, '_'; not a digit first)",
+    ),
+]
 #: The most replicas one task may ask for.
 MAX_REPLICAS = 1000
 
@@ -103,19 +112,21 @@ def check_demand(demand: Mapping[str, tuple[float, float, float]]) -> None:
             )
 
 
-class TaskFile(Strict):
+class TaskFile(Strict, frozen=True):
     """`[tasks.NAME]` of a job file."""
 
     demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
-    context: text(min_length=1, max_length=4096) | None = None
-    image: text(min_length=1, max_length=1024) | None = None
-    command: Annotated[tuple[text(max_length=65536), ...], msgspec.Meta(max_length=4096)] = ()
-    env: Annotated[dict[EnvName, text(max_length=65536)], msgspec.Meta(max_length=4096)] = (
-        msgspec.field(default_factory=dict)
-    )
-    shm_size_gb: number(gt=0, le=MAX_CAPACITY[2]) | None = None
+    context: Annotated[str, text(min_length=1, max_length=4096)] | None = None
+    image: Annotated[str, text(min_length=1, max_length=1024)] | None = None
+    command: Annotated[
+        tuple[Annotated[str, text(max_length=65536)], ...], msgspec.Meta(max_length=4096)
+    ] = ()
+    env: Annotated[
+        dict[EnvName, Annotated[str, text(max_length=65536)]], msgspec.Meta(max_length=4096)
+    ] = msgspec.field(default_factory=dict)
+    shm_size_gb: Annotated[float, number(gt=0, le=MAX_CAPACITY[2])] | None = None
     network: bool = False
-    replicas: whole(ge=1, le=MAX_REPLICAS) = 1
+    replicas: Annotated[int, whole(ge=1, le=MAX_REPLICAS)] = 1
     fetch_s: Delay = DEFAULT_FETCH_S
     build_s: Delay = DEFAULT_BUILD_IMAGE_S
     kill_s: Delay = DEFAULT_KILL_S
@@ -132,16 +143,16 @@ class TaskFile(Strict):
             raise FieldError("give either 'context' (a directory with a Dockerfile) or 'image'")
 
 
-class JobFile(Strict):
+class JobFile(Strict, frozen=True):
     """A job file (TOML): the job, and its tasks by name."""
 
     name: Identifier
     tasks: Annotated[dict[Identifier, TaskFile], msgspec.Meta(min_length=1, max_length=1000)]
     id: Identifier | None = None
-    full_throughput: number(gt=0, le=1e12) | None = None
-    max_tasks_per_instance: whole(ge=1, le=100_000) | None = None
+    full_throughput: Annotated[float, number(gt=0, le=1e12)] | None = None
+    max_tasks_per_instance: Annotated[int, whole(ge=1, le=100_000)] | None = None
     init_delay_s: Delay = DEFAULT_INIT_S
-    priority: whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY) | None = None
+    priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
 
     def check(self) -> None:
         # Task names the job's tasks run under: a key, or its replicas KEY-0, KEY-1, ...
@@ -166,26 +177,26 @@ class JobFile(Strict):
             raise FieldError(f"makes {total:,} tasks; a job has at most {MAX_REPLICAS * 10:,}")
 
 
-class EvaTask(Strict):
+class EvaTask(Strict, frozen=True):
     """One task of Eva's `config.json`."""
 
     demand: Annotated[dict[Family, Vector], msgspec.Meta(min_length=1, max_length=64)]
     name: Identifier = "task"
-    dir: text(min_length=1, max_length=4096) = "."
-    shm_size: number(gt=0, le=MAX_CAPACITY[2]) | None = None
-    full_throughput: number(gt=0, le=1e12) | None = None
+    dir: Annotated[str, text(min_length=1, max_length=4096)] = "."
+    shm_size: Annotated[float, number(gt=0, le=MAX_CAPACITY[2])] | None = None
+    full_throughput: Annotated[float, number(gt=0, le=1e12)] | None = None
 
     def check(self) -> None:
         check_demand(self.demand)
 
 
-class EvaJobConfig(Strict):
+class EvaJobConfig(Strict, frozen=True):
     """Eva's `config.json`: a job of `tasks` (names may repeat), and its delays."""
 
     name: Identifier
     tasks: Annotated[list[EvaTask], msgspec.Meta(min_length=1, max_length=1000)]
-    total_iters: number(gt=0, le=1e18) | None = None
-    duration: number(gt=0, le=1e11) | None = None
+    total_iters: Annotated[float, number(gt=0, le=1e18)] | None = None
+    duration: Annotated[float, number(gt=0, le=1e11)] | None = None
     init_delay: Delay | None = None
     fetch_delay: Delay | None = None
     build_image_delay: Delay | None = None

@@ -14,9 +14,13 @@ import hashlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 
 def lock_key(cluster: str) -> int:
@@ -32,7 +36,7 @@ class LeaderLock:
         self.engine = engine
         self.cluster = cluster
         self._connection: Connection | None = None
-        self._file_lock = None
+        self._file_lock: BaseFileLock | None = None
 
     @property
     def holder(self) -> str:

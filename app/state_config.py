@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from autoscaler.errors import InputError
 from provisioners.documents import FieldError, Strict, convert, dotted, text
@@ -59,10 +59,10 @@ def default_state_config() -> StateConfig:
     return StateConfig(sqlite_url(default_state_path()))
 
 
-NonEmpty = text(max_length=4096, pattern=r"\S", description="a non-empty string")
+NonEmpty = Annotated[str, text(max_length=4096, pattern=r"\S", description="a non-empty string")]
 
 
-class StateTable(Strict):
+class StateTable(Strict, frozen=True):
     """The `[state]` table: a database URL, or the path of a SQLite file; not both."""
 
     url: NonEmpty | None = None

@@ -20,7 +20,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.errors import InputError
 from autoscaler.period import throughput_window_s
-from autoscaler.store import Store
+from autoscaler.store import InstanceStatus, Store
 
 
 def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
@@ -216,7 +216,7 @@ def bring_down(store: Store, cloud: Cloud, clock: Callable[[], float]) -> list[s
     for inst in snapshot.instances:
         if inst.status in ("terminating", "terminated", "failed"):
             continue
-        status = (
+        status: InstanceStatus = (
             "failed"
             if inst.cloud_id is None and inst.instance_id not in listing.by_instance
             else "terminating"

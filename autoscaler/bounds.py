@@ -38,6 +38,7 @@ speed once there.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -688,6 +689,7 @@ class StaticBounds:
     configuration: ConfigurationBound | None = None
     mip: MipOptimum | None = None
     whole_tasks: float | None = None  # the fluid LP with dual-feasible-function rows
+    grouped: ConfigurationBound | None = None  # demands rounded down, the rest fluid
 
     @property
     def tightest(self) -> float:
@@ -698,6 +700,8 @@ class StaticBounds:
             values.append(self.whole_tasks)
         if self.configuration is not None:
             values.append(self.configuration.lower_bound)
+        if self.grouped is not None:
+            values.append(self.grouped.lower_bound)
         if self.mip is not None:
             values.append(self.mip.lower_bound)
         return max(values)
@@ -718,6 +722,13 @@ class StaticBounds:
                 "iterations": config.iterations,
                 "columns": config.columns,
                 "seconds": config.seconds,
+            },
+            "grouped_configuration": None
+            if self.grouped is None
+            else {
+                "lower_bound": self.grouped.lower_bound,
+                "converged": self.grouped.converged,
+                "seconds": self.grouped.seconds,
             },
             "mip": None
             if mip is None
@@ -744,13 +755,260 @@ def static_bounds(
 ) -> StaticBounds:
     """Beside the `fluid` bound: up to `STATIC_BOUNDS_MAX_CLASSES` classes, the whole-task
     LP's and (with `configuration`) the configuration LP's; with `exact` and at most
-    `mip_max_tasks` tasks, the MIP optimum (`upper_bound`: a known plan's cost)."""
+    `mip_max_tasks` tasks, the MIP optimum (`upper_bound`: a known plan's cost). Above
+    the class limit, or where the configuration LP did not converge (with
+    `configuration`), the grouped configuration LP's too (`grouped_configuration_bound`),
+    whose size does not grow with the classes."""
     if len(classes) > STATIC_BOUNDS_MAX_CLASSES:
-        return StaticBounds(fluid)
+        if not configuration:
+            return StaticBounds(fluid)
+        return StaticBounds(fluid, grouped=grouped_configuration_bound(catalog, classes))
     whole = whole_task_bound(catalog, classes)
     config = configuration_bound(catalog, classes, time_limit_s) if configuration else None
+    grouped = None
+    if config is not None and not config.converged:  # Farley's bound may be weak: group
+        grouped = grouped_configuration_bound(catalog, classes)
     mip = None
     if exact and sum(c.count for c in classes) <= mip_max_tasks:
-        known = max(fluid, whole, config.lower_bound if config is not None else 0.0)
+        known = max(
+            fluid,
+            whole,
+            config.lower_bound if config is not None else 0.0,
+            grouped.lower_bound if grouped is not None else 0.0,
+        )
         mip = mip_optimum(catalog, classes, upper_bound, mip_time_limit_s, known)
-    return StaticBounds(fluid, config, mip, whole)
+    return StaticBounds(fluid, config, mip, whole, grouped)
+
+
+#: The grouped configuration LP: finest grid tried (steps per largest capacity of a
+#: resource) and the most classes its column generation is given.
+GROUPED_GRID_STEPS = (64, 32, 16, 8, 4)
+GROUPED_MAX_CLASSES = 150
+GROUPED_TIME_LIMIT_S = 5.0
+
+
+def grouped_configuration_bound(
+    catalog: Catalog,
+    classes: Sequence[LPClass],
+    max_classes: int = GROUPED_MAX_CLASSES,
+    time_limit_s: float = GROUPED_TIME_LIMIT_S,
+    node_limit: int = 20_000,
+) -> ConfigurationBound:
+    """A configuration LP bound for any number of classes: demands rounded *down*, the
+    rounded-off rest counted as fluid.
+
+    Each task's demand d on type k is split into d↓ (rounded down onto a grid of
+    `G` steps per resource, the step the largest capacity of that resource in the
+    smallest-capped family over G) and the rest d − d↓ ≥ 0. Tasks with equal d↓ on
+    every type and the same set S(τ) of types they fit alone form a class (a task
+    whose d↓ is zero everywhere is rest only); G is coarsened until at most
+    `max_classes` remain. The master over patterns p = (type k, class counts a):
+
+        minimise Σ_p C_k y_p  s.t.  Σ_p a_cp y_p ≥ n_c                (every class)
+                 Σ_{p: k(p) ∈ S} y_p (Q_k − Σ_c a_cp d↓_ck)_r ≥ R_S,r   (every S, r)
+
+    where R_S,r = Σ over tasks τ with S(τ) ⊆ S of min_{k ∈ S(τ)} (d_τk − d↓_τk)_r.
+    *Valid*: take any configuration of whole tasks and let y count its instances by
+    (type, classes of the tasks on them). Class rows hold with equality. An instance
+    of type k holds tasks whose true demands fit Q_k, so its leftover after their d↓
+    is at least the sum of their rests; tasks with S(τ) ⊆ S all sit on instances of
+    types in S; summing, the rest rows hold. So the configuration is feasible for
+    this LP at its own cost, and any lower bound on the LP bounds every
+    configuration. Column generation prices one knapsack per type with values
+    u_c − w_k·d↓_ck (w_k: the rest rows' duals of the sets containing k) against
+    C_k − w_k·Q_k; it is stopped with Farley's bound (see the module): any pattern's
+    ratio of dual value to cost is at most (w_k·Q_k + K'_k)/C_k, with K'_k the
+    knapsack's optimum or, where the search was cut short, its LP relaxation's.
+    Anti-affinity is left out (the bound only gets lower).
+    """
+    elapsed = stopwatch()
+    types = _shapes(catalog)
+    n_types = len(types)
+    live = [c for c in classes if c.count > 0]
+    if not live:
+        return ConfigurationBound(0.0, 0.0, True, 0, 0, elapsed())
+    caps = np.array([t.capacity for t in types], dtype=float)
+    costs = np.array([t.cost for t in types])
+    nan = (math.nan, math.nan, math.nan)
+    demand = np.array(
+        [[d if d is not None else nan for d in c.demands] for c in live], dtype=float
+    )  # classes x types x resources
+    counts = np.array([c.count for c in live], dtype=float)
+    fit = np.all(demand <= caps[None] + EPSILON, axis=2)  # NaN: False
+    if not fit.any(axis=1).all():
+        raise ValueError("a class fits no instance type")
+    families = sorted({t.family for t in catalog.types})
+    fam = np.array([families.index(t.family) for t in catalog.types])
+    largest = np.array(
+        [[caps[fam == f, r].max() for r in range(3)] for f in range(len(families))]
+    )  # family x resource
+    span = np.array(
+        [min((x for x in largest[:, r] if x > 0), default=1.0) for r in range(3)]
+    )  # per resource: the largest capacity of the family where it is least
+    base = np.nan_to_num(demand, nan=0.0)
+    first_of_family = [int(np.flatnonzero(fam == f)[0]) for f in range(len(families))]
+    # per resource its own grid: the finest triple (fewest steps summed in log) that
+    # leaves at most `max_classes`; a resource no task needs takes no part
+    used = [bool((base[:, :, r] > 0).any()) for r in range(3)]
+    grids = sorted(
+        itertools.product(*[GROUPED_GRID_STEPS if used[r] else (1,) for r in range(3)]),
+        key=lambda g: (-sum(math.log(x) for x in g), g),
+    )
+    for steps in grids:
+        step = span / np.array(steps, dtype=float)
+        down = np.minimum(np.floor(base / step * (1 + 1e-12)) * step, base)
+        down[~fit] = -1.0
+        nonzero = (down > 0).any(axis=(1, 2))
+        # demands are per family: one type of each family stands for the rest
+        keys = np.ascontiguousarray(
+            np.concatenate([down[:, first_of_family].reshape(len(live), -1), fit], axis=1)[nonzero]
+        )
+        void = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+        _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
+        if len(first) <= max_classes:
+            break
+    first = np.flatnonzero(nonzero)[first]
+    inverse = inverse.reshape(-1)
+    rest = np.where(fit[:, :, None], np.nan_to_num(demand, nan=0.0) - down, np.inf).min(axis=1)
+    rest = np.maximum(rest, 0.0)  # classes x resources: the least rest over fitting types
+    # the rest rows, one per distinct set S of fitting types (and resource)
+    sets, set_of = np.unique(fit, axis=0, return_inverse=True)
+    set_of = set_of.reshape(-1)
+    inside = np.all(sets[:, None, :] <= sets[None, :, :], axis=2)  # inside[a, b]: a ⊆ b
+    need = inside.T.astype(float) @ np.stack(
+        [np.bincount(set_of, weights=counts * rest[:, r], minlength=len(sets)) for r in range(3)],
+        axis=1,
+    )  # sets x resources
+    rows = [(s, r) for s in range(len(sets)) for r in range(3) if need[s, r] > 1e-9]
+
+    n_cls = len(first)
+    grouped_counts = np.bincount(inverse, weights=counts[nonzero], minlength=n_cls)
+    grouped_down = down[first]
+    grouped_fit = fit[first]
+    pclasses = [
+        PatternClass(
+            int(grouped_counts[c] + 0.5),
+            tuple(
+                (
+                    float(grouped_down[c, k, 0]),
+                    float(grouped_down[c, k, 1]),
+                    float(grouped_down[c, k, 2]),
+                )
+                if grouped_fit[c, k]
+                else None
+                for k in range(n_types)
+            ),
+            0.0,
+        )
+        for c in range(n_cls)
+    ]
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    lower = [float(c.count) for c in pclasses] + [float(need[s, r]) for s, r in rows]
+    highs.addRows(
+        len(lower),
+        np.array(lower),
+        np.full(len(lower), highspy.kHighsInf),
+        0,
+        np.array([], np.int32),
+        np.array([], np.int32),
+        np.array([], float),
+    )
+    rows_of_type = [
+        [(n_cls + i, r) for i, (s, r) in enumerate(rows) if sets[s, k]] for k in range(n_types)
+    ]
+    seen: set[Pattern] = set()
+
+    def add(pattern: Pattern) -> bool:
+        if pattern in seen:
+            return False
+        seen.add(pattern)
+        k = pattern.type_index
+        left = caps[k].copy()
+        for c, n in pattern.composition:
+            left -= n * grouped_down[c, k]
+        index = [c for c, _ in pattern.composition]
+        value = [float(n) for _, n in pattern.composition]
+        for row, r in rows_of_type[k]:
+            if left[r] > 0:
+                index.append(row)
+                value.append(float(left[r]))
+        highs.addCol(
+            float(costs[k]),
+            0.0,
+            highspy.kHighsInf,
+            len(index),
+            np.array(index, np.int32),
+            np.array(value),
+        )
+        return True
+
+    for k in range(n_types):
+        add(Pattern(k, ()))
+    for c, cls in enumerate(pclasses):
+        add(Pattern(_cheapest(cls, types), ((c, 1),)))
+    relaxations = [_KnapsackRelaxation(k, shape, pclasses) for k, shape in enumerate(types)]
+    best_bound, master, converged, iterations = 0.0, 0.0, False, 0
+    short = min(node_limit, 500)
+    elapsed = stopwatch()  # the budget is the column generation's; grouping is linear
+    while True:
+        iterations += 1
+        highs.run()
+        if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            raise RuntimeError("grouped configuration LP master not solved to optimality")
+        master = highs.getObjectiveValue()
+        duals = np.maximum(0.0, np.array(highs.getSolution().row_dual))
+        u = duals[:n_cls]
+        entered = 0
+        priced = []  # per type: (w·Q_k, values, reduced shape, upper bound on K'_k, proven)
+        for k, shape in enumerate(types):
+            w = np.zeros(3)
+            for row, r in rows_of_type[k]:
+                w[r] += duals[row]
+            wq = float(w @ caps[k])
+            values = np.where(grouped_fit[:, k], np.maximum(0.0, u - grouped_down[:, k] @ w), 0.0)
+            values_list = values.tolist()
+            reduced = TypeShape(shape.name, max(0.0, shape.cost - wq), shape.capacity)
+            relaxed = relaxations[k].upper_bound(values_list)
+            threshold = reduced.cost * (1 + 1e-9) + 1e-9
+            if relaxed <= threshold:
+                priced.append((wq, values_list, reduced, max(relaxed, reduced.cost), True))
+                continue
+            for filled in relaxations[k].greedy(values_list):
+                if sum(values_list[c] * n for c, n in filled) > threshold:
+                    entered += add(Pattern(k, filled))
+            comp, value, complete, _ = best_composition(
+                k, reduced, pclasses, values_list, None, short, None, relaxations[k].fitting
+            )
+            if comp and value > threshold:
+                entered += add(Pattern(k, comp))
+            top = max(value, reduced.cost) if complete else relaxed
+            priced.append((wq, values_list, reduced, top, complete))
+        if not entered:  # search the cut-short knapsacks through before concluding
+            for k, (wq, values_list, reduced, _, proven) in enumerate(priced):
+                if proven:
+                    continue
+                comp, value, complete, _ = best_composition(
+                    k,
+                    reduced,
+                    pclasses,
+                    values_list,
+                    None,
+                    node_limit,
+                    None,
+                    relaxations[k].fitting,
+                )
+                if comp and value > reduced.cost * (1 + 1e-9) + 1e-9:
+                    entered += add(Pattern(k, comp))
+                if complete:
+                    priced[k] = (wq, values_list, reduced, max(value, reduced.cost), True)
+        ratio = max([1.0] + [(p[0] + p[3]) / types[k].cost for k, p in enumerate(priced)])
+        best_bound = max(best_bound, master / ratio)
+        if not entered:
+            converged = ratio <= 1 + 1e-9
+            break
+        if elapsed() > time_limit_s:
+            break
+    if converged:
+        best_bound = max(best_bound, master)
+    return ConfigurationBound(best_bound, master, converged, iterations, len(seen), elapsed())

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     check_work(jobs, trace_name)
     jobs, _ = start_at_first_arrival(jobs)
     if args.jobs:
-        jobs = sorted(jobs, key=lambda j: j.trace.arrival_time_s)[: args.jobs]
+        jobs = tuple(sorted(jobs, key=lambda j: j.trace.arrival_time_s)[: args.jobs])
     truth = ground_truth(
         load_contention_matrix(args.contention or bundled("contention_matrix.csv")),
         args.unknown_throughput,

@@ -46,7 +46,7 @@ from typing import Any
 import grpc
 
 from app.table import format_table
-from autoscaler.execution import ExecutorReport, ResourceLimits, TaskLaunch
+from autoscaler.execution import ResourceLimits, TaskLaunch
 from autoscaler.jobs import TaskRun
 from autoscaler.resources import Resources
 from executor.agent import Agent, AgentConfig
@@ -203,8 +203,10 @@ class Daemon:
         self.agents.append(agent)
         return agent
 
-    def until(self, predicate: Callable[[ExecutorReport], bool], timeout: float = 600) -> float:
-        """Seconds until the report satisfies `predicate`."""
+    def until(self, predicate: Callable[..., bool], timeout: float = 600) -> float:
+        """Seconds until the report satisfies `predicate`, called with the report (a lambda
+        may bind a loop variable as a default, which `Callable[[ExecutorReport], bool]`
+        would refuse)."""
         started = time.perf_counter()
         while not predicate(self.executor.report()):
             if time.perf_counter() - started > timeout:
@@ -250,7 +252,7 @@ def s3_or_directory(work: Path) -> Iterator[tuple[str, dict[str, Any], str]]:
                 break
             except OSError:
                 time.sleep(0.05)
-        options = {
+        options: dict[str, Any] = {
             "endpoint_url": url,
             "aws_access_key_id": "bench",
             "aws_secret_access_key": "bench",

@@ -107,7 +107,9 @@ def _pai_and_synthetic(synthetic_jobs: int) -> None:
     pai = load_jobs(bundled("pai_200.json"), catalog)
     truth = ground_truth(load_contention_matrix(bundled("contention_matrix.csv")))
 
-    rows, seconds, costs = [], {}, {}
+    rows: list[list[object]] = []
+    seconds: dict[str, float] = {}
+    costs: dict[str, float] = {}
     for name in DEFAULT_SCHEDULERS:
         s, result = timed(lambda name=name: replay(pai, catalog, truth, name))
         seconds[name] = s
@@ -115,8 +117,8 @@ def _pai_and_synthetic(synthetic_jobs: int) -> None:
         costs[name] = result.total_cost
         print(f"  pai_200 {name}: {s:.1f} s", flush=True)
     base = seconds["no-packing"]
-    for row in rows:
-        row.append(f"{seconds[row[0]] / base:.2f}x")
+    for name, row in zip(DEFAULT_SCHEDULERS, rows, strict=True):
+        row.append(f"{seconds[name] / base:.2f}x")
     total = sum(seconds.values())
     print()
     print(

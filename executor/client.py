@@ -903,7 +903,9 @@ class _Registry(pb_grpc.RegistryServicer):
         self.executor = executor
 
     def _caller(self, context: grpc.ServicerContext) -> str:
-        return self.executor.identify(context.auth_context())
+        # gRPC maps each property to an iterable of bytes (its docstring and its behaviour);
+        # types-grpcio's stub says one bytes value.
+        return self.executor.identify(context.auth_context())  # type: ignore[arg-type]
 
     def Renew(self, request: pb.RenewRequest, context: grpc.ServicerContext) -> Any:
         try:

@@ -84,7 +84,7 @@ def ensure_python_image(
     Idempotent: an existing image of that name is kept as it is.
     """
     try:
-        return client.images.get(name).id
+        return _image_id(client, name)
     except docker.errors.ImageNotFound:
         pass
     python = python or default_python()
@@ -110,7 +110,15 @@ def ensure_python_image(
                 'CMD ["python3"]',
             ],
         )
-    return client.images.get(name).id
+    return _image_id(client, name)
+
+
+def _image_id(client: docker.DockerClient, name: str) -> str:
+    """The id of image `name` (the engine always sends one; docker-py's models allow none)."""
+    image_id = client.images.get(name).id
+    if image_id is None:
+        raise ImageError(f"the Docker engine returned image {name} without an id")
+    return image_id
 
 
 def _write_rootfs(tar: tarfile.TarFile, python: str, busybox: str) -> None:

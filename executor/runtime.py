@@ -256,6 +256,8 @@ class DockerRuntime:
             if "exec" in lowered and any(words in lowered for words in _NOT_EXECUTABLE):
                 raise CommandNotFound(message) from None
             raise RuntimeFailure(message) from None
+        if container.id is None:  # the engine always sends one; docker-py's models allow none
+            raise RuntimeFailure("the Docker engine created a container without an id")
         return container.id
 
     def _remove_stale(self, name: str) -> None:
@@ -281,7 +283,8 @@ class DockerRuntime:
                 log.warning("waiting for %s: %s; trying again", container_id[:12], exc)
                 time.sleep(1.0)
         state = container.attrs.get("State", {})
-        error = (result.get("Error") or {}).get("Message", "") if result else ""
+        failure = result.get("Error") if result else None
+        error = failure.get("Message", "") if failure else ""
         return ContainerExit(
             int(result.get("StatusCode", state.get("ExitCode", -1))),
             bool(state.get("OOMKilled")),
@@ -327,6 +330,7 @@ class DockerRuntime:
         return [
             ContainerInfo(c.id, dict(c.labels), c.status in ("running", "restarting"))
             for c in found
+            if c.id is not None  # always set on a listed container; docker-py's models allow none
         ]
 
 

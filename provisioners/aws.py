@@ -114,7 +114,10 @@ def make_client(
     )
     # Not boto3's default session, which is not thread-safe; pass one to share its caches.
     session = session or boto3.session.Session()
-    client = session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+    # boto3-stubs types `client` per literal service name; this factory takes any name.
+    client = session.client(  # type: ignore[call-overload]
+        service, region_name=region, endpoint_url=endpoint_url, config=config
+    )
     return explain_denials(client)
 
 
@@ -275,7 +278,8 @@ class AwsCaller:
         """Every page of a `NextToken`-paginated call, each page with the same backoff."""
         token: str | None = None
         while True:
-            page = self.call(operation, **params, **({"NextToken": token} if token else {}))
+            more: dict[str, Any] = {"NextToken": token} if token else {}
+            page = self.call(operation, **params, **more)
             yield page
             token = page.get("NextToken") or None
             if token is None:

@@ -87,18 +87,24 @@ CATALOG_LIMIT = 64 * MIB
 #: How far in the future a cache's date may be (clocks disagree a little, not by days).
 CLOCK_SKEW_S = 300.0
 
-TypeName = text(
-    min_length=1,
-    max_length=64,
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-    description="an instance type name such as 'c7i.large'",
-)
-FamilyName = text(
-    min_length=1,
-    max_length=64,
-    pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
-    description="an instance family such as 'c7i'",
-)
+TypeName = Annotated[
+    str,
+    text(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="an instance type name such as 'c7i.large'",
+    ),
+]
+FamilyName = Annotated[
+    str,
+    text(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+        description="an instance family such as 'c7i'",
+    ),
+]
 Capacity = Annotated[
     tuple[
         Annotated[
@@ -110,19 +116,20 @@ Capacity = Annotated[
                 description=f"a whole number of GPUs from 0 to {MAX_CAPACITY[0]:,.0f}",
             ),
         ],
-        number(ge=0, le=MAX_CAPACITY[1]),
-        number(ge=0, le=MAX_CAPACITY[2]),
+        Annotated[float, number(ge=0, le=MAX_CAPACITY[1])],
+        Annotated[float, number(ge=0, le=MAX_CAPACITY[2])],
     ],
     msgspec.Meta(description="a list [gpus, physical cores, GiB of RAM]"),
 ]
-HourlyCost = number(
-    gt=0, le=MAX_HOURLY_COST, description=f"USD per hour in (0, {MAX_HOURLY_COST:,.0f}]"
-)
-Delay = number(ge=0, le=MAX_DELAY_S)
-Note = text(max_length=4096)
+HourlyCost = Annotated[
+    float,
+    number(gt=0, le=MAX_HOURLY_COST, description=f"USD per hour in (0, {MAX_HOURLY_COST:,.0f}]"),
+]
+Delay = Annotated[float, number(ge=0, le=MAX_DELAY_S)]
+Note = Annotated[str, text(max_length=4096)]
 
 
-class EvaInstanceType(Strict):
+class EvaInstanceType(Strict, frozen=True):
     """One type of Eva's `ec2_config.json`: capacity, price and measured launch delays."""
 
     family: FamilyName
@@ -133,9 +140,11 @@ class EvaInstanceType(Strict):
     worker_register_delay: Delay | None = None
     terminate_delay: Delay | None = None
     # Eva's own launch settings, part of its format; the provisioner has its own.
-    num_sockets: whole(ge=1, le=64) | None = None
-    ssh_user: text(max_length=64) | None = None
-    launch_cfg: dict[text(max_length=64), text(max_length=1024)] | None = None
+    num_sockets: Annotated[int, whole(ge=1, le=64)] | None = None
+    ssh_user: Annotated[str, text(max_length=64)] | None = None
+    launch_cfg: (
+        dict[Annotated[str, text(max_length=64)], Annotated[str, text(max_length=1024)]] | None
+    ) = None
 
     def check(self) -> None:
         if self.family == ANY_FAMILY:
@@ -175,7 +184,7 @@ class EvaInstanceType(Strict):
         )
 
 
-class EvaCatalogFile(Strict):
+class EvaCatalogFile(Strict, frozen=True):
     """Eva's `ec2_config.json`: instance types by name, and the region they are of."""
 
     instance_types: Annotated[
@@ -184,52 +193,58 @@ class EvaCatalogFile(Strict):
     region: Region | None = None
 
 
-class CachedInstanceType(Strict):
+class CachedInstanceType(Strict, frozen=True):
     """One type of a catalog cache: Eva's fields, and what AWS said of it."""
 
     family: FamilyName
     capacity: Capacity
     cost: HourlyCost
-    vcpus: whole(ge=1, le=100_000) | None = None
-    zones: Annotated[tuple[text(max_length=64), ...], msgspec.Meta(max_length=1000)] = ()
+    vcpus: Annotated[int, whole(ge=1, le=100_000)] | None = None
+    zones: Annotated[
+        tuple[Annotated[str, text(max_length=64)], ...], msgspec.Meta(max_length=1000)
+    ] = ()
 
     def check(self) -> None:
         EvaInstanceType(family=self.family, capacity=self.capacity, cost=self.cost)
 
 
-class Selection(Strict):
+class Selection(Strict, frozen=True):
     families: Annotated[tuple[FamilyName, ...], msgspec.Meta(max_length=1000)] = ()
     types: Annotated[tuple[TypeName, ...], msgspec.Meta(max_length=1000)] = ()
 
 
-class CatalogCacheFile(Strict):
+class CatalogCacheFile(Strict, frozen=True):
     """`catalog-<region>.json` in `[ec2] cache_dir`: what `catalog refresh` learnt from AWS."""
 
     format: Literal["ec2-batch-autoscaler catalog v1"]
     region: Region
     instance_types: Annotated[dict[TypeName, CachedInstanceType], msgspec.Meta(max_length=100_000)]
-    fetched_at_s: number(ge=0, le=1e11) | None = None
-    fetched_at: text(max_length=64) | None = None
-    units: dict[text(max_length=64), text(max_length=256) | list[text(max_length=64)]] = (
-        msgspec.field(default_factory=dict)
-    )
-    prices: text(max_length=4096) = "unknown"
+    fetched_at_s: Annotated[float, number(ge=0, le=1e11)] | None = None
+    fetched_at: Annotated[str, text(max_length=64)] | None = None
+    units: dict[
+        Annotated[str, text(max_length=64)],
+        Annotated[str, text(max_length=256)] | list[Annotated[str, text(max_length=64)]],
+    ] = msgspec.field(default_factory=dict)
+    prices: Annotated[str, text(max_length=4096)] = "unknown"
     selection: Selection = msgspec.field(default_factory=Selection)
     notes: Annotated[tuple[Note, ...], msgspec.Meta(max_length=1000)] = ()
 
 
-class PriceTableFile(Strict):
+class PriceTableFile(Strict, frozen=True):
     """`prices-<region>.json`: on-demand USD/hour by type, where and when they came from."""
 
     format: Literal["ec2-batch-autoscaler prices v1"]
     region: Region
     prices: Annotated[dict[TypeName, HourlyCost], msgspec.Meta(max_length=100_000)]
-    retrieved: text(
-        max_length=10, pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date, YYYY-MM-DD"
-    )
+    retrieved: Annotated[
+        str,
+        text(
+            max_length=10, pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date, YYYY-MM-DD"
+        ),
+    ]
     currency: Literal["USD"] = "USD"
-    unit: text(max_length=256) = ""
-    source: text(max_length=1024) = ""
+    unit: Annotated[str, text(max_length=256)] = ""
+    source: Annotated[str, text(max_length=1024)] = ""
     note: Note = ""
 
     def check(self) -> None:

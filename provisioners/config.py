@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -251,47 +251,69 @@ _KMS_KEY = re.compile(
     r"^(arn:aws[a-z-]*:kms:\S+|alias/[A-Za-z0-9/_-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$"
 )
 
-Region = text(
-    max_length=32, pattern=_REGION.pattern, description="an AWS region name such as 'us-east-1'"
-)
-ClusterId = text(
-    max_length=63,
-    pattern=_CLUSTER_ID.pattern,
-    description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
-)
-Family = text(
-    max_length=64, pattern=_FAMILY.pattern, description="an instance family such as 'c7i'"
-)
-TypeName = text(
-    max_length=64, pattern=_TYPE.pattern, description="an instance type such as 'c7i.large'"
-)
-FamilyOrType = text(
-    max_length=64,
-    pattern=f"({_FAMILY.pattern})|({_TYPE.pattern})",
-    description="an instance type ('c7i.large') or family ('c7i')",
-)
-Zone = text(
-    max_length=40,
-    pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z](-[a-z0-9]+)?$",
-    description="an availability zone such as 'us-east-1a'",
-)
-SubnetId = text(
-    max_length=64, pattern=r"^subnet-[0-9A-Za-z]+$", description="an id starting with 'subnet-'"
-)
-GroupId = text(max_length=64, pattern=r"^sg-[0-9A-Za-z]+$", description="an id starting with 'sg-'")
-Name = text(max_length=2048, pattern=r"\S", description="a non-empty string")
-KmsKey = text(
-    max_length=2048,
-    pattern=_KMS_KEY.pattern,
-    description="a KMS key id, key ARN, alias ARN or 'alias/<name>'",
-)
+Region = Annotated[
+    str,
+    text(
+        max_length=32, pattern=_REGION.pattern, description="an AWS region name such as 'us-east-1'"
+    ),
+]
+ClusterId = Annotated[
+    str,
+    text(
+        max_length=63,
+        pattern=_CLUSTER_ID.pattern,
+        description="1-63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    ),
+]
+Family = Annotated[
+    str,
+    text(max_length=64, pattern=_FAMILY.pattern, description="an instance family such as 'c7i'"),
+]
+TypeName = Annotated[
+    str,
+    text(max_length=64, pattern=_TYPE.pattern, description="an instance type such as 'c7i.large'"),
+]
+FamilyOrType = Annotated[
+    str,
+    text(
+        max_length=64,
+        pattern=f"({_FAMILY.pattern})|({_TYPE.pattern})",
+        description="an instance type ('c7i.large') or family ('c7i')",
+    ),
+]
+Zone = Annotated[
+    str,
+    text(
+        max_length=40,
+        pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]+[a-z](-[a-z0-9]+)?$",
+        description="an availability zone such as 'us-east-1a'",
+    ),
+]
+SubnetId = Annotated[
+    str,
+    text(
+        max_length=64, pattern=r"^subnet-[0-9A-Za-z]+$", description="an id starting with 'subnet-'"
+    ),
+]
+GroupId = Annotated[
+    str, text(max_length=64, pattern=r"^sg-[0-9A-Za-z]+$", description="an id starting with 'sg-'")
+]
+Name = Annotated[str, text(max_length=2048, pattern=r"\S", description="a non-empty string")]
+KmsKey = Annotated[
+    str,
+    text(
+        max_length=2048,
+        pattern=_KMS_KEY.pattern,
+        description="a KMS key id, key ARN, alias ARN or 'alias/<name>'",
+    ),
+]
 #: The most entries a list of the [ec2] table may have.
 MAX_ENTRIES = 1000
 #: A budget no cluster reaches: US dollars per hour.
 MAX_HOURLY_SPEND = 10_000_000.0
 
 
-class EC2Table(Strict):
+class EC2Table(Strict, frozen=True):
     """The `[ec2]` table as written (see the module docstring for each key)."""
 
     region: Region | None = None  # us-east-1; in a cluster's file, [cluster] region
@@ -301,9 +323,15 @@ class EC2Table(Strict):
     security_group_ids: Annotated[tuple[GroupId, ...], Meta(max_length=MAX_ENTRIES)] = ()
     associate_public_ip: bool = False
     iam_instance_profile: Name | None = None
-    ami: dict[text(max_length=64), text(max_length=2048)] | None = None
-    metadata_hop_limit: whole(ge=1, le=64, description="a whole number from 1 to 64") = 1
-    root_volume_gb: whole(ge=8, le=16384, description="a whole number from 8 to 16384") = 100
+    ami: dict[Annotated[str, text(max_length=64)], Annotated[str, text(max_length=2048)]] | None = (
+        None
+    )
+    metadata_hop_limit: Annotated[
+        int, whole(ge=1, le=64, description="a whole number from 1 to 64")
+    ] = 1
+    root_volume_gb: Annotated[
+        int, whole(ge=8, le=16384, description="a whole number from 8 to 16384")
+    ] = 100
     root_volume_type: Literal["gp3", "gp2", "io1", "io2"] = "gp3"
     root_volume_encrypted: bool = True
     root_volume_kms_key: KmsKey | None = None
@@ -354,21 +382,30 @@ class EC2Table(Strict):
             _check_images(self.ami, self.families, self.types)
 
 
-class GuardrailsTable(Strict):
+class GuardrailsTable(Strict, frozen=True):
     """The `[guardrails]` table as written."""
 
-    max_instances: whole(ge=0, le=1_000_000, description="a whole number >= 0") | None = None
+    max_instances: (
+        Annotated[int, whole(ge=0, le=1_000_000, description="a whole number >= 0")] | None
+    ) = None
     max_hourly_spend: (
-        number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0")
+        Annotated[
+            float,
+            number(ge=0, le=MAX_HOURLY_SPEND, description="a number of US dollars per hour, >= 0"),
+        ]
         | None
     ) = None
     allowed_regions: Annotated[tuple[Region, ...], Meta(max_length=MAX_ENTRIES)] = ()
     max_daily_spend: (
-        number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0") | None
+        Annotated[
+            float,
+            number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0"),
+        ]
+        | None
     ) = None
-    max_launches_per_type_hour: whole(ge=1, le=1_000_000, description="a whole number >= 1") = (
-        DEFAULT_LAUNCHES_PER_TYPE_HOUR
-    )
+    max_launches_per_type_hour: Annotated[
+        int, whole(ge=1, le=1_000_000, description="a whole number >= 1")
+    ] = DEFAULT_LAUNCHES_PER_TYPE_HOUR
 
     def check(self) -> None:
         if len(set(self.allowed_regions)) != len(self.allowed_regions):
@@ -383,7 +420,7 @@ def _table(data: Mapping[str, Any], name: str, schema: type[TableT], source: str
     return convert(raw, schema, source=source, where_of=lambda path: (where, dotted(path)))
 
 
-def _check_images(images: Mapping[str, str], families: list[str], types: list[str]) -> None:
+def _check_images(images: Mapping[str, str], families: Sequence[str], types: Sequence[str]) -> None:
     """Every allowed family (and single type) has an image of its architecture and
     accelerator: an x86_64 image does not boot on Graviton, and GPUs need drivers."""
     if not images:

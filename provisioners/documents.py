@@ -84,7 +84,9 @@ _UNCHECKED = contextvars.ContextVar("_UNCHECKED", default=False)
 class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, gc=False):
     """A schema that refuses unknown keys, in strict mode (no coercion). Subclasses
     inherit both. Cross-field rules go in `check` (raising `FieldError`), which runs on
-    every decode, so they are the schema's too."""
+    every decode, so they are the schema's too. Subclasses say `frozen=True` again:
+    msgspec inherits it, but a type checker reading `dataclass_transform` (PEP 681)
+    does not."""
 
     def __post_init__(self) -> None:
         if not _UNCHECKED.get():
@@ -104,16 +106,20 @@ def number(
     le: float | None = None,
     lt: float | None = None,
     description: str | None = None,
-) -> Any:
-    """A float within bounds (both sides bounded: infinity and NaN never pass)."""
+) -> msgspec.Meta:
+    """The bounds of a float, `Annotated[float, number(...)]` (both sides bounded:
+    infinity and NaN never pass)."""
     if (ge is None and gt is None) or (le is None and lt is None):
         raise TypeError("a number in a schema is bounded on both sides")
-    return Annotated[float, msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)]
+    # msgspec's stub has one overload per pair of bounds, so it refuses `ge` beside `gt`
+    # even as None; msgspec itself accepts None for an unused bound.
+    return msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)  # type: ignore[call-overload, misc]
 
 
-def whole(*, ge: int, le: int, description: str | None = None) -> Any:
-    """An integer within bounds (a boolean or 2.0 is refused)."""
-    return Annotated[int, msgspec.Meta(ge=ge, le=le, description=description)]
+def whole(*, ge: int, le: int, description: str | None = None) -> msgspec.Meta:
+    """The bounds of an integer, `Annotated[int, whole(...)]` (a boolean or 2.0 is
+    refused)."""
+    return msgspec.Meta(ge=ge, le=le, description=description)
 
 
 def text(
@@ -122,15 +128,12 @@ def text(
     min_length: int = 0,
     pattern: str | None = None,
     description: str | None = None,
-) -> Any:
-    """A string of bounded length, optionally matching `pattern` (described by
-    `description` in errors, never by the regex)."""
-    return Annotated[
-        str,
-        msgspec.Meta(
-            min_length=min_length, max_length=max_length, pattern=pattern, description=description
-        ),
-    ]
+) -> msgspec.Meta:
+    """The bounds of a string, `Annotated[str, text(...)]`: its length, and optionally
+    `pattern` (described by `description` in errors, never by the regex)."""
+    return msgspec.Meta(
+        min_length=min_length, max_length=max_length, pattern=pattern, description=description
+    )
 
 
 # -- reading files ---------------------------------------------------------------------------
@@ -360,7 +363,7 @@ def _encodable(value: str, source: str, at: tuple[Any, ...]) -> None:
 
 def convert(
     data: Any,
-    schema: type[T] | Any,
+    schema: type[T],
     *,
     source: str | None,
     where_of: Where | None = None,

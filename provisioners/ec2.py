@@ -54,6 +54,7 @@ How it keeps money safe:
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import threading
@@ -263,7 +264,7 @@ class EC2Cloud:
             or held_s > self.catalog_max_age_s
             or (stale and held_s > CATALOG_RETRY_AFTER_OUTAGE_S)
         ):
-            self._catalog = current_catalog(
+            current = self._catalog = current_catalog(
                 self._ec2,
                 self.config,
                 now_s=now,
@@ -271,7 +272,7 @@ class EC2Cloud:
                 pricing=self._pricing,
             )
             self._catalog_loaded_at_s = now
-        return self._catalog
+        return current
 
     def catalog(self) -> Catalog:
         """Instance types this cluster may use, with on-demand prices."""
@@ -385,7 +386,7 @@ class EC2Cloud:
                 "launch token %s has %d instances: %s",
                 instance_id,
                 len(found),
-                ", ".join(i.instance_id for i in found),
+                ", ".join(i.cloud_id for i in found),
             )
         return _first_launched(found)
 
@@ -759,7 +760,7 @@ class EC2Cloud:
         for chunk in _chunks(ours, 500):
             self._terminate(chunk)
 
-    def _terminate(self, ids: list[str]) -> None:
+    def _terminate(self, ids: builtins.list[str]) -> None:
         """One `TerminateInstances` call; when EC2 does not know one of the ids, the whole
         call fails, so the ids are then terminated one by one (dry run stays dry)."""
         passthrough = frozenset({_DRY_RUN, "InvalidInstanceID.NotFound"})
@@ -782,7 +783,7 @@ class EC2Cloud:
             for instance_id in ids:
                 self._terminate([instance_id])
 
-    def _describe(self, filters: list[dict[str, Any]]) -> list[CloudInstance]:
+    def _describe(self, filters: builtins.list[dict[str, Any]]) -> builtins.list[CloudInstance]:
         instances = [
             _cloud_instance(raw)
             for page in self._ec2.pages("describe_instances", Filters=filters)

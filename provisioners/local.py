@@ -22,6 +22,7 @@ keeps agents (and anything their jobs run) from passing for each other.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import logging
@@ -152,7 +153,7 @@ class LocalCloud:
                 out.append(self._view(record))
             return sorted(out, key=lambda i: i.cloud_id)
 
-    def unavailable(self) -> list[UnavailableOffering]:
+    def unavailable(self) -> builtins.list[UnavailableOffering]:
         return self.availability.offerings(self.clock())
 
     # -- enrollment --------------------------------------------------------------------------
@@ -173,7 +174,7 @@ class LocalCloud:
 
     # -- cleaning up ----------------------------------------------------------------------
 
-    def terminate_all(self) -> list[str]:
+    def terminate_all(self) -> builtins.list[str]:
         """Stop every agent this cloud started (`autoscaler down`); returns their tokens."""
         records = [r for r in self._records() if r["state"] != "terminated"]
         self.terminate([r["cloud_id"] for r in records])
@@ -301,7 +302,7 @@ class LocalCloud:
         tmp.write_text(json.dumps(record))
         os.replace(tmp, directory / "instance.json")
 
-    def _records(self) -> list[dict[str, Any]]:
+    def _records(self) -> builtins.list[dict[str, Any]]:
         out = []
         for path in sorted((self.root / "instances").glob("*/instance.json")):
             try:

@@ -114,7 +114,7 @@ def per_interval_limits(
         at_fluid += not rates[3]
         if on_interval is not None:
             on_interval(i + 1, len(intervals))
-    return Limits(*totals, len(intervals), at_fluid)
+    return Limits(totals[0], totals[1], totals[2], len(intervals), at_fluid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +149,11 @@ def waiting_limit(
         )
         return WaitingLimit(slowed, True)
     except _TooMany:
+        # The pooled LP's right-hand sides are task-hours, not task counts: `LPClass.count`
+        # is an int for the planner, and the pricer reads it as a float.
         pooled = ShadowPricer().solve(
-            catalog, [LPClass(r, w) for r, w in zip(rows, work, strict=True)]
+            catalog,
+            [LPClass(r, w) for r, w in zip(rows, work, strict=True)],  # type: ignore[arg-type]
         )
         return WaitingLimit(pooled.lower_bound, False)
 

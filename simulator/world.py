@@ -22,6 +22,7 @@ contention matrix; unknown pairs at a default).
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -377,7 +378,7 @@ class SimulatedCloud:
     def list(self) -> list[CloudInstance]:
         return [_cloud_view(i) for i in self.world.live.values()]
 
-    def unavailable(self) -> list[UnavailableOffering]:
+    def unavailable(self) -> builtins.list[UnavailableOffering]:
         return self.availability.offerings(self.world.engine.now())
 
 

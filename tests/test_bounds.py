@@ -4,7 +4,13 @@ import random
 
 import pytest
 
-from autoscaler.bounds import configuration_bound, mip_optimum, static_bounds, whole_task_bound
+from autoscaler.bounds import (
+    configuration_bound,
+    grouped_configuration_bound,
+    mip_optimum,
+    static_bounds,
+    whole_task_bound,
+)
 from autoscaler.catalog import Catalog
 from autoscaler.lp import LPClass, solve_lp
 from autoscaler.planner import planner_by_name, task_classes
@@ -114,3 +120,47 @@ def test_each_bound_lies_between_the_one_below_and_any_plan(seed):
     # The assignment MIP over slots finds the same optimum.
     slots = mip_optimum(catalog, task_classes(view), plan.hourly_cost, max_patterns=0)
     assert slots.optimal and slots.hourly_cost == pytest.approx(optimum, rel=1e-6)
+
+
+def test_grouped_bound_counts_distinct_tasks_over_half_an_instance_whole():
+    # 40 tasks of 6.0–6.4 of an instance's 10 CPUs, each its own class: no two share
+    # an instance, so any configuration costs 40; the fluid LP pools them (≈ 24.8).
+    rng = random.Random(3)
+    catalog = Catalog([itype("one", 0, 10, 100, 1.0)])
+    classes = [LPClass(((0, 6 + 0.4 * rng.random(), 1.0),), 1) for _ in range(40)]
+    fluid = solve_lp(catalog, classes).lower_bound
+    grouped = grouped_configuration_bound(catalog, classes)
+    assert fluid < 26
+    assert grouped.converged
+    assert grouped.lower_bound == pytest.approx(40.0)
+
+
+def test_grouped_bound_keeps_small_tasks_fluid():
+    # 1,000 distinct tasks of 0.01–0.02 CPU round down to nothing: only their rest is
+    # counted, fluidly, so the bound is the fluid one (their CPUs over 10 per instance).
+    rng = random.Random(4)
+    catalog = Catalog([itype("one", 0, 10, 1000, 1.0)])
+    classes = [LPClass(((0, 0.01 + 0.01 * rng.random(), 0.1),), 1) for _ in range(1000)]
+    fluid = solve_lp(catalog, classes).lower_bound
+    grouped = grouped_configuration_bound(catalog, classes)
+    assert grouped.lower_bound == pytest.approx(fluid, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grouped_bound_is_below_the_optimum(seed):
+    # Demands rounded down onto grids this coarse still never bound above the MIP
+    # optimum, whatever the grid the class limit forces.
+    rng = random.Random(seed)
+    catalog = table3_catalog()
+    jobs = tuple(
+        job(str(i), (rng.choice((0, 0, 1, 2)), rng.uniform(0.5, 8), rng.uniform(1, 30)))
+        for i in range(rng.randint(6, 14))
+    )
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+    classes = task_classes(view)
+    mip = mip_optimum(catalog, classes)
+    assert mip.optimal
+    for max_classes in (2, 5, 50):
+        grouped = grouped_configuration_bound(catalog, classes, max_classes=max_classes)
+        assert grouped.lower_bound <= mip.lower_bound * (1 + 1e-6) + 1e-9
+        assert grouped.lower_bound > 0

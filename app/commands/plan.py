@@ -293,6 +293,13 @@ def render_plan(
             f"Configuration bound     {money(value)}/h — {cost / value - 1:.2%} above it "
             f"(configuration LP, {how})"
         )
+    if bounds is not None and bounds.grouped is not None:
+        grouped = bounds.grouped
+        value = max(bounds.fluid, grouped.lower_bound)
+        out.append(
+            f"Configuration bound     {money(value)}/h — {cost / value - 1:.2%} above it "
+            "(configuration LP on demands rounded down, the rest fluid)"
+        )
     if bounds is not None and bounds.mip is not None:
         mip = bounds.mip
         if mip.optimal:

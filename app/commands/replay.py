@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -517,7 +517,7 @@ MAX_SYNTHETIC_SPAN_S = 1000 * 365 * 86400.0
 
 def _run_replays(
     names: list[str],
-    jobs: list[JobSpec],
+    jobs: Sequence[JobSpec],
     catalog: Catalog,
     truth: ThroughputTable,
     interval_s: float,
@@ -546,7 +546,7 @@ def _run_replays(
     else:
         _run_in_workers(names, inputs, workers, board, finished, bound)
     limit = finished.pop(_BOUND, 0.0)
-    return {name: finished[name] for name in names}, limit  # type: ignore[misc]
+    return {name: finished[name] for name in names}, limit  # type: ignore[misc, return-value]
 
 
 _BOUND = "the clairvoyant bound"
@@ -590,7 +590,7 @@ def _run_in_workers(
         while waiting or running:
             while waiting and len(running) < workers:
                 name = waiting.pop(0)
-                process = context.Process(
+                process: multiprocessing.process.BaseProcess = context.Process(
                     target=_worker,
                     args=(name, messages, inputs, board.tty),
                     name=f"replay {name}",
