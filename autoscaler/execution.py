@@ -22,8 +22,11 @@ The contract, which every binding honours:
 - **Terminal states are reported until acknowledged.** `stopped`,
   `completed` and `failed` stay in every report until `acknowledge`, so a
   control loop that crashed before recording one sees it again.
-- **Failures carry their reason**: the image did not build, the process
-  exited with a code, it ran out of memory, its worker was lost.
+- **Failures carry their reason and their class** (`FailureClass`): the image
+  did not build, the process exited with a code, it ran out of memory, its
+  worker was lost — and whether that was the job's deterministic error, a
+  transient one, or the infrastructure's doing (which never counts against
+  the job).
 - **Readiness and liveness.** An instance can take tasks once its worker has
   registered (`ready_instances`); a worker silent past the heartbeat timeout
   is reported in `lost_instances` with the reason, and its tasks as `failed`.
@@ -44,6 +47,16 @@ from typing import Literal, Protocol, runtime_checkable
 from autoscaler.jobs import TaskRun
 
 TaskState = Literal["starting", "running", "checkpointing", "stopped", "completed", "failed"]
+
+#: Whose doing an attempt's end was, so only the job's own failures count against it:
+#: - "deterministic": the job's error, and a retry would repeat it (the build fails, the
+#:   image cannot be pulled, the command is not found, an exit code the job declares
+#:   fatal): fail the job at once, with the reason;
+#: - "transient": the job failed but a retry may not (a crash, out of memory, a runtime
+#:   error): retry with back-off, counting toward `max_attempts`;
+#: - "infrastructure": not the job's doing (stopped on request, worker or instance lost,
+#:   the agent going down, storage out of reach): never counts.
+FailureClass = Literal["deterministic", "transient", "infrastructure"]
 
 #: States after which an attempt does nothing more (reported until acknowledged).
 TERMINAL_TASK_STATES: frozenset[str] = frozenset({"stopped", "completed", "failed"})
@@ -88,6 +101,7 @@ class TaskReport:
     reason: str = ""  # why it failed or stopped
     phases: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds
     log_tail: tuple[str, ...] = ()
+    failure: FailureClass | None = None  # of a failed (or stopped) attempt: whose doing
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ A job spec has three parts, each read by a different component:
   family, the workload key throughputs are learned under, the delays a move
   costs, anti-affinity, the solo throughput a report is normalized by;
 - **what a worker runs** (`TaskRun`): a build context or an image, the
-  command, environment, shared-memory size, whether it may use the network;
+  command, environment, shared-memory size, whether it may use the network,
+  how often the job checkpoints on its own, which exit codes are fatal;
 - **trace facts** (`TraceFacts`): arrival, duration, total iterations — what
   a trace knows in advance and a real cluster only learns by running the job.
   Only the simulator (and the baselines it runs) reads them.
@@ -39,6 +40,10 @@ DEFAULT_FETCH_S = 1.0
 DEFAULT_BUILD_IMAGE_S = 10.0
 DEFAULT_INIT_S = 36.0
 
+#: How often a job checkpoints on its own unless its job file says otherwise: a crash of
+#: anything (agent, container, instance, daemon) loses at most this much work.
+DEFAULT_CHECKPOINT_EVERY_S = 900.0
+
 
 def workload_key(job_name: str, task_name: str) -> str:
     """Key under which a task's co-location throughput is learned.
@@ -69,6 +74,12 @@ class TaskRun:
     env: tuple[tuple[str, str], ...] = ()  # sorted (name, value) pairs
     shm_size_gb: float | None = None
     network: bool = False  # containers get no network unless the job asks for it
+    # How often the job checkpoints on its own (the reporter's `checkpoint_due()`); None:
+    # the worker's default, `DEFAULT_CHECKPOINT_EVERY_S`.
+    checkpoint_every_s: float | None = None
+    # Exit codes the job declares fatal: an attempt ending with one fails the job at once
+    # (a retry would fail the same way), where another non-zero code is retried.
+    fatal_exit_codes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,9 +244,10 @@ def spec_document(job: JobSpec) -> dict[str, Any]:
             **_fields(task, skip=("demands", "run")),
             "demands": [[family, list(demand)] for family, demand in task.demands],
             "run": {
-                **_fields(task.run, skip=("command", "env")),
+                **_fields(task.run, skip=("command", "env", "fatal_exit_codes")),
                 "command": list(task.run.command),
                 "env": [list(pair) for pair in task.run.env],
+                "fatal_exit_codes": list(task.run.fatal_exit_codes),
             },
         }
         for task in job.tasks
@@ -253,9 +265,10 @@ def spec_from_document(document: Mapping[str, Any]) -> JobSpec:
                 **_known(TaskSpec, task, skip=("demands", "run")),
                 demands=tuple((family, Resources(*vector)) for family, vector in task["demands"]),
                 run=TaskRun(
-                    **_known(TaskRun, run, skip=("command", "env")),
+                    **_known(TaskRun, run, skip=("command", "env", "fatal_exit_codes")),
                     command=tuple(run.get("command", ())),
                     env=tuple((name, value) for name, value in run.get("env", ())),
+                    fatal_exit_codes=tuple(run.get("fatal_exit_codes", ())),
                 ),
             )
         )

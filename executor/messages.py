@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from autoscaler.execution import ResourceLimits, TaskLaunch, TaskReport, TaskState
+from autoscaler.execution import FailureClass, ResourceLimits, TaskLaunch, TaskReport, TaskState
 from autoscaler.jobs import TaskRun
 from executor.protos import worker_pb2 as pb
 
@@ -22,6 +22,18 @@ _STATE_TO_PB: dict[str, int] = {
     "failed": pb.TASK_STATE_FAILED,
 }
 _STATE_FROM_PB: dict[int, str] = {number: name for name, number in _STATE_TO_PB.items()}
+
+_FAILURE_TO_PB: dict[str, int] = {
+    "deterministic": pb.FAILURE_CLASS_DETERMINISTIC,
+    "transient": pb.FAILURE_CLASS_TRANSIENT,
+    "infrastructure": pb.FAILURE_CLASS_INFRASTRUCTURE,
+}
+_FAILURE_FROM_PB: dict[int, str] = {number: name for name, number in _FAILURE_TO_PB.items()}
+
+#: The trailing metadata of a FAILED_PRECONDITION with which the daemon says why it gave an
+#: instance up: RELEASED (scale-in, drain, down: a normal end) or LOST.
+ENDED_KEY = "autoscaler-instance-ended"
+RELEASED, LOST = "released", "lost"
 
 #: Agent and daemon refuse task ids and attempts they could not name files or keys after.
 MAX_ID = 200
@@ -45,6 +57,16 @@ def state_from_pb(value: int) -> TaskState:
         raise BadMessage(f"unknown task state {value}") from None
 
 
+def failure_to_pb(failure: FailureClass | None) -> int:
+    return pb.FAILURE_CLASS_UNSPECIFIED if failure is None else _FAILURE_TO_PB[failure]
+
+
+def failure_from_pb(value: int) -> FailureClass | None:
+    """The class a status carries; None when unspecified (or a value this side does not
+    know: an agent newer than the daemon)."""
+    return cast("FailureClass | None", _FAILURE_FROM_PB.get(value))
+
+
 def launch_to_pb(
     launch: TaskLaunch, *, build_context_url: str = "", checkpoint_url: str = ""
 ) -> pb.StartTask:
@@ -63,6 +85,7 @@ def launch_to_pb(
             command=list(run.command),
             env=[pb.EnvVar(name=k, value=v) for k, v in run.env],
             network=run.network,
+            fatal_exit_codes=list(run.fatal_exit_codes),
         ),
         limits=pb.Limits(cpus=limits.cpus, memory_gb=limits.memory_gb, gpus=list(limits.gpus)),
         checkpoint=launch.checkpoint or "",
@@ -71,6 +94,8 @@ def launch_to_pb(
     )
     if run.shm_size_gb is not None:
         request.run.shm_size_gb = run.shm_size_gb
+    if run.checkpoint_every_s is not None:
+        request.run.checkpoint_every_s = run.checkpoint_every_s
     if limits.shm_size_gb is not None:
         request.limits.shm_size_gb = limits.shm_size_gb
     return request
@@ -87,6 +112,8 @@ def launch_from_pb(request: pb.StartTask) -> TaskLaunch:
     run = request.run
     if not run.build_context and not run.image:
         raise BadMessage("the task names neither a build context nor an image")
+    if run.HasField("checkpoint_every_s") and not run.checkpoint_every_s > 0:
+        raise BadMessage(f"checkpoint_every_s must be positive, got {run.checkpoint_every_s}")
     limits = request.limits
     if not limits.cpus > 0 or not limits.memory_gb > 0:
         raise BadMessage(
@@ -105,6 +132,10 @@ def launch_from_pb(request: pb.StartTask) -> TaskLaunch:
             env=tuple(sorted((e.name, e.value) for e in run.env)),
             shm_size_gb=run.shm_size_gb if run.HasField("shm_size_gb") else None,
             network=run.network,
+            checkpoint_every_s=(
+                run.checkpoint_every_s if run.HasField("checkpoint_every_s") else None
+            ),
+            fatal_exit_codes=tuple(run.fatal_exit_codes),
         ),
         limits=ResourceLimits(
             cpus=limits.cpus,
@@ -132,4 +163,5 @@ def report_from_pb(status: pb.TaskStatus, instance_id: str | None) -> TaskReport
         reason=status.reason,
         phases=dict(status.phases),
         log_tail=tuple(status.log_tail),
+        failure=failure_from_pb(status.failure) if state in ("failed", "stopped") else None,
     )

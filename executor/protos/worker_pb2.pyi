@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FailureClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_CLASS_UNSPECIFIED: _ClassVar[FailureClass]
+    FAILURE_CLASS_DETERMINISTIC: _ClassVar[FailureClass]
+    FAILURE_CLASS_TRANSIENT: _ClassVar[FailureClass]
+    FAILURE_CLASS_INFRASTRUCTURE: _ClassVar[FailureClass]
+
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
@@ -22,6 +29,10 @@ class ObjectKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OBJECT_KIND_UNSPECIFIED: _ClassVar[ObjectKind]
     OBJECT_KIND_CHECKPOINT: _ClassVar[ObjectKind]
     OBJECT_KIND_LOG: _ClassVar[ObjectKind]
+FAILURE_CLASS_UNSPECIFIED: FailureClass
+FAILURE_CLASS_DETERMINISTIC: FailureClass
+FAILURE_CLASS_TRANSIENT: FailureClass
+FAILURE_CLASS_INFRASTRUCTURE: FailureClass
 TASK_STATE_UNSPECIFIED: TaskState
 TASK_STATE_STARTING: TaskState
 TASK_STATE_RUNNING: TaskState
@@ -52,7 +63,7 @@ class AttemptRef(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("task_id", "attempt", "job_id", "state", "iterations", "throughput", "window_s", "checkpoint", "exit_code", "reason", "phases", "log_tail")
+    __slots__ = ("task_id", "attempt", "job_id", "state", "iterations", "throughput", "window_s", "checkpoint", "exit_code", "reason", "phases", "log_tail", "failure")
     class PhasesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +83,7 @@ class TaskStatus(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     attempt: int
     job_id: str
@@ -84,7 +96,8 @@ class TaskStatus(_message.Message):
     reason: str
     phases: _containers.ScalarMap[str, float]
     log_tail: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., job_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., iterations: _Optional[float] = ..., throughput: _Optional[float] = ..., window_s: _Optional[float] = ..., checkpoint: _Optional[str] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., phases: _Optional[_Mapping[str, float]] = ..., log_tail: _Optional[_Iterable[str]] = ...) -> None: ...
+    failure: FailureClass
+    def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., job_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., iterations: _Optional[float] = ..., throughput: _Optional[float] = ..., window_s: _Optional[float] = ..., checkpoint: _Optional[str] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., phases: _Optional[_Mapping[str, float]] = ..., log_tail: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[FailureClass, str]] = ...) -> None: ...
 
 class Ec2Identity(_message.Message):
     __slots__ = ("document", "pkcs7", "rsa2048")
@@ -111,16 +124,18 @@ class EnrollRequest(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., ec2: _Optional[_Union[Ec2Identity, _Mapping]] = ..., local_secret: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., held: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
 
 class EnrollResponse(_message.Message):
-    __slots__ = ("certificate_pem", "registry_address", "heartbeat_interval_s", "stop")
+    __slots__ = ("certificate_pem", "registry_address", "heartbeat_interval_s", "stop", "heartbeat_timeout_s")
     CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     certificate_pem: bytes
     registry_address: str
     heartbeat_interval_s: float
     stop: _containers.RepeatedCompositeFieldContainer[AttemptRef]
-    def __init__(self, certificate_pem: _Optional[bytes] = ..., registry_address: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    def __init__(self, certificate_pem: _Optional[bytes] = ..., registry_address: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
     __slots__ = ("csr_pem",)
@@ -147,14 +162,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., agent_version: _Optional[str] = ..., gpu_devices: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("acknowledged", "stop", "heartbeat_interval_s")
+    __slots__ = ("acknowledged", "stop", "heartbeat_interval_s", "heartbeat_timeout_s")
     ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     acknowledged: _containers.RepeatedCompositeFieldContainer[AttemptRef]
     stop: _containers.RepeatedCompositeFieldContainer[AttemptRef]
     heartbeat_interval_s: float
-    def __init__(self, acknowledged: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    def __init__(self, acknowledged: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., stop: _Optional[_Iterable[_Union[AttemptRef, _Mapping]]] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class CommandsRequest(_message.Message):
     __slots__ = ()
@@ -169,20 +186,24 @@ class EnvVar(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class TaskRun(_message.Message):
-    __slots__ = ("build_context", "image", "command", "env", "shm_size_gb", "network")
+    __slots__ = ("build_context", "image", "command", "env", "shm_size_gb", "network", "checkpoint_every_s", "fatal_exit_codes")
     BUILD_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     SHM_SIZE_GB_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_S_FIELD_NUMBER: _ClassVar[int]
+    FATAL_EXIT_CODES_FIELD_NUMBER: _ClassVar[int]
     build_context: str
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.RepeatedCompositeFieldContainer[EnvVar]
     shm_size_gb: float
     network: bool
-    def __init__(self, build_context: _Optional[str] = ..., image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., shm_size_gb: _Optional[float] = ..., network: _Optional[bool] = ...) -> None: ...
+    checkpoint_every_s: float
+    fatal_exit_codes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, build_context: _Optional[str] = ..., image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., shm_size_gb: _Optional[float] = ..., network: _Optional[bool] = ..., checkpoint_every_s: _Optional[float] = ..., fatal_exit_codes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Limits(_message.Message):
     __slots__ = ("cpus", "memory_gb", "gpus", "shm_size_gb")
