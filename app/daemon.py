@@ -40,6 +40,7 @@ from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
 from autoscaler.execution import Executor
+from autoscaler.failures import AttemptEnd
 from autoscaler.store import RoundRecord
 
 log = logging.getLogger("autoscaler.daemon")
@@ -108,6 +109,7 @@ class Daemon:
             self.clock,
             self.options,
             passed=self._passed,
+            attempt_ended=_attempt_ended,
         )
         self.api = SubmissionService(
             bindings.store,
@@ -295,6 +297,22 @@ class Daemon:
 def _event(event: str, **fields: Any) -> None:
     """One structured log line: what happened and why."""
     log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+def _attempt_ended(end: AttemptEnd) -> None:
+    """An attempt that ended without completing, with whose doing it was: in the
+    decision log, since what follows (retry now, after a back-off, or fail the job)
+    is decided by its class."""
+    _event(
+        "attempt_ended",
+        task=end.task_id,
+        attempt=end.attempt,
+        failure=end.failure,
+        counted=end.counted,
+        reason=end.reason,
+        retry_at=end.update.retry_at,
+        job_failed=end.job_failure or None,
+    )
 
 
 def _fault_from_env() -> Callable[[str], bool] | None:

@@ -352,12 +352,16 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
                 "instance": task.instance_id,
                 "target": task.target_instance_id,
                 "attempt": task.attempt,
-                "failures": task.failures,
+                "failures": task.failures,  # those counted toward max_attempts
+                "moves": task.moves,  # attempts the plan moved elsewhere
+                "retries": task.retries,  # attempts that failed and were started again
+                "failure": task.failure,  # class of the latest failure
+                "retry_at": task.retry_at,  # a transient failure's back-off ends
                 "progress": task.progress,
                 "throughput": task.throughput,
                 "checkpoint": task.checkpoint,
                 "reason": task.reason,
-                "migrations": max(0, len(history) - 1),
+                "migrations": max(0, len(history) - 1),  # instance changes, whatever the cause
                 "placements": history,
             }
         )

@@ -40,6 +40,7 @@ from autoscaler.cloud import (
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
+from autoscaler.failures import Backoff, attempt_ended
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type
@@ -98,7 +99,8 @@ class ControlOptions:
     guardrails: Guardrails = field(default_factory=Guardrails)
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    max_attempts: int = 3  # a task failing this many times fails its job
+    max_attempts: int = 3  # a task failing this many times fails its job (its own failures)
+    backoff: Backoff = field(default_factory=Backoff)  # before retrying a transient failure
     dry_run: bool = False  # decide and record, but launch, move and terminate nothing
     learn: bool = True  # update the throughput table from observed throughputs
     instance_prefix: str = "inst-"  # launch tokens are this prefix and a sequence number
@@ -725,10 +727,17 @@ def advance(
     timed_out = instance_timeouts(snapshot, now, options.timeouts)
     leaving = frozenset(t.instance_id for t in timed_out)
     ready_now = ready_instances(snapshot, ready, leaving)
-    given_up = given_up_tasks(snapshot, now, options.timeouts, options.max_attempts)
+    given_up = given_up_tasks(
+        snapshot, now, options.timeouts, options.max_attempts, options.backoff
+    )
     leaving_tasks = moves_out(snapshot, ready_now, leaving, given_up.task_ids)
     started = starts_on_ready(
-        snapshot, catalog, ready_now, occupancy_of(snapshot, catalog), set(given_up.failed_jobs)
+        snapshot,
+        catalog,
+        ready_now,
+        occupancy_of(snapshot, catalog),
+        set(given_up.failed_jobs),
+        now,
     )
     stray_stops = tuple(
         Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
@@ -814,10 +823,11 @@ class GivenUp(TaskChanges):
 
 
 def given_up_tasks(
-    snapshot: StateSnapshot, now: float, timeouts: Timeouts, max_attempts: int
+    snapshot: StateSnapshot, now: float, timeouts: Timeouts, max_attempts: int, backoff: Backoff
 ) -> GivenUp:
-    """A step that takes too long is given up, counted as a failed attempt; a task
-    failing `max_attempts` times fails its job, with its last reason."""
+    """A step that takes too long is given up: a transient failure of the attempt
+    (counted, retried after its back-off); a task failing `max_attempts` times fails
+    its job, with its last reason."""
     updates: list[TaskUpdate] = []
     stops: list[Stop] = []
     failed: dict[str, str] = {}
@@ -825,23 +835,14 @@ def given_up_tasks(
         stuck = _stuck(task, now, timeouts)
         if not stuck:
             continue
-        count = task.failures + 1
-        updates.append(
-            TaskUpdate(
-                task.task_id,
-                status="pending",
-                instance_id=None,
-                failures=count,
-                reason=stuck,
-                throughput=None,
-                gpus=(),
-            )
+        why = stuck.removeprefix(f"attempt {task.attempt} ")
+        end = attempt_ended(
+            task, "transient", why, now=now, max_attempts=max_attempts, backoff=backoff
         )
+        updates.append(end.update)
         stops.append(Stop(task.task_id, task.attempt, stuck))
-        if count >= max_attempts:
-            failed.setdefault(
-                task.job_id, f"task {task.task_id} failed {count} times; last: {stuck}"
-            )
+        if end.job_failure:
+            failed.setdefault(task.job_id, end.job_failure)
     return GivenUp(tuple(updates), tuple(stops), frozenset(u.task_id for u in updates), failed)
 
 
@@ -869,7 +870,10 @@ def moves_out(
             continue
         if target is None or target in ready_now:
             reason = "no longer planned" if target is None else f"moving to {target}"
-            updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
+            moves = None if target is None else task.moves + 1
+            updates.append(
+                TaskUpdate(task.task_id, status="checkpointing", reason=reason, moves=moves)
+            )
             stops.append(Stop(task.task_id, task.attempt, reason))
     return TaskChanges(tuple(updates), tuple(stops))
 
@@ -890,10 +894,12 @@ def starts_on_ready(
     ready_now: frozenset[str],
     occupied: Occupancy,
     failed_jobs: set[str],
+    now: float,
 ) -> Starts:
     """Pending tasks start on their target once it is ready and has room for them
     (the tasks leaving it still count until gone), in the snapshot's task order,
-    on the least-loaded GPUs; tasks of a job failing this step do not start."""
+    on the least-loaded GPUs; tasks of a job failing this step do not start, nor
+    tasks waiting out a transient failure's back-off (`retry_at`)."""
     instances = {i.instance_id: i for i in snapshot.instances}
     specs = _specs(snapshot)
     used = dict(occupied.used)
@@ -907,6 +913,7 @@ def starts_on_ready(
             or target is None
             or target not in ready_now
             or task.job_id in failed_jobs
+            or (task.retry_at is not None and now < task.retry_at)
         ):
             continue
         inst = instances[target]

@@ -358,7 +358,13 @@ class GrpcExecutor:
                         continue
                     seen = report_from_pb(status, worker.instance_id)
                     if worker.lost is not None and seen.state not in TERMINAL_TASK_STATES:
-                        seen = replace(seen, state="failed", reason=worker.lost, throughput=None)
+                        seen = replace(
+                            seen,
+                            state="failed",
+                            reason=worker.lost,
+                            throughput=None,
+                            failure="infrastructure",
+                        )
                     known = tasks.get(seen.task_id)
                     if known is None or known.attempt < seen.attempt:
                         tasks[seen.task_id] = seen
@@ -399,6 +405,7 @@ class GrpcExecutor:
                 request.progress,
                 checkpoint=request.checkpoint,
                 reason=reason,
+                failure="infrastructure",  # lost, unregistered, or its inputs out of reach
             )
         state: TaskState = "starting" if request.kind == "start" else "checkpointing"
         return TaskReport(

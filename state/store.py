@@ -894,6 +894,10 @@ def _task(row: Row[Any]) -> TaskRecord:
         row.reason,
         row.throughput,
         tuple(row.gpus),
+        row.moves,
+        row.retries,
+        row.failure,
+        row.retry_at,
     )
 
 

@@ -448,7 +448,8 @@ def cmd_job(args: argparse.Namespace) -> int:
             t["status"],
             t["instance"] or "-",
             t["attempt"],
-            t["migrations"],
+            t.get("moves", t["migrations"]),
+            _retries(t),
             f"{t['progress']:,.0f}",
             "-" if t["throughput"] is None else f"{t['throughput']:.3g}/s",
             shorten([t["reason"]], 44) if t["reason"] else "",
@@ -458,12 +459,31 @@ def cmd_job(args: argparse.Namespace) -> int:
     print()
     print(
         format_table(
-            ["task", "status", "instance", "attempt", "moves", "iterations", "rate", "why"],
+            [
+                "task",
+                "status",
+                "instance",
+                "attempt",
+                "moves",
+                "retries",
+                "iterations",
+                "rate",
+                "why",
+            ],
             rows,
-            [False, False, False, True, True, True, True, False],
+            [False, False, False, True, True, False, True, True, False],
         )
     )
     return 0
+
+
+def _retries(task: dict[str, Any]) -> str:
+    """Retries, with the class of the latest failure and how many counted toward
+    `max_attempts` (the job's own): "2 (transient, 1 counted)"."""
+    retries = task.get("retries", 0)
+    if not retries:
+        return "0"
+    return f"{retries} ({task.get('failure') or '?'}, {task.get('failures', 0)} counted)"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

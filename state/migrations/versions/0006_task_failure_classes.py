@@ -1,0 +1,35 @@
+"""Tasks: moves and retries counted apart, the class of the latest failure, the back-off.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-02
+
+Only the job's own failures count toward `max_attempts` (`failures`); the
+infrastructure's are retried at once, counted in `retries`; the plan's moves in
+`moves`. A transient failure's back-off (`retry_at`) is state, so a restarted
+daemon keeps it.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("tasks") as batch:
+        batch.add_column(sa.Column("moves", sa.Integer(), server_default="0", nullable=False))
+        batch.add_column(sa.Column("retries", sa.Integer(), server_default="0", nullable=False))
+        batch.add_column(sa.Column("failure", sa.String(16), nullable=True))
+        batch.add_column(sa.Column("retry_at", sa.Double(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("tasks") as batch:
+        for name in ("retry_at", "failure", "retries", "moves"):
+            batch.drop_column(name)
