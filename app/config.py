@@ -212,7 +212,19 @@ class TimeoutsTable(Strict):
     register_s: seconds(gt=0) = _DEFAULTS.timeouts.register_s
     start_s: seconds(gt=0) = _DEFAULTS.timeouts.start_s
     checkpoint_s: seconds(gt=0) = _DEFAULTS.timeouts.checkpoint_s
-    heartbeat_s: seconds(gt=0) = 60.0  # a worker silent this long is lost
+    # A worker heart-beats every `heartbeat_interval_s`; silent for `heartbeat_s` (two
+    # heartbeats by default) it is lost, and shown so at the next step: within seconds.
+    heartbeat_s: seconds(gt=0) = 10.0
+    heartbeat_interval_s: seconds(gt=0) = 5.0
+
+    def check(self) -> None:
+        if not self.heartbeat_s > self.heartbeat_interval_s:
+            raise FieldError(
+                f"must be longer than heartbeat_interval_s ({self.heartbeat_interval_s:g} s): "
+                "a worker would be lost between two heartbeats",
+                "heartbeat_s",
+                self.heartbeat_s,
+            )
 
 
 class LimitsTable(Strict):
