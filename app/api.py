@@ -27,7 +27,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
-from autoscaler.store import DuplicateJob, Store, UnknownEntity
+from autoscaler.store import DuplicateJob, Store, TaskUpdate, UnknownEntity
 from executor.storage import (
     CONTEXTS_PREFIX,
     StorageError,
@@ -176,6 +176,14 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         inst = self.store.instance(request.instance_id)
         if inst is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no instance {request.instance_id!r}")
+        if request.job_id:
+            return self._drain_job(request.job_id, inst, context)
+        on_it = [
+            t.task_id
+            for j in self.store.jobs(("queued", "running"))
+            for t in self.store.tasks_of(j.job_id)
+            if t.instance_id == inst.instance_id
+        ]
         draining = False
         if inst.status in ("pending", "running"):
             draining = self.store.transition_instance(
@@ -185,7 +193,29 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                 reason="drained by the operator: its tasks move at the next round",
             )
         record = self.store.instance(request.instance_id)
-        return api_pb2.DrainInstanceResponse(draining=draining, status=record.status)
+        return api_pb2.DrainInstanceResponse(
+            draining=draining, status=record.status, tasks=on_it if draining else []
+        )
+
+    def _drain_job(self, job_id: str, inst: Any, context: Any) -> Any:
+        """Move only this job's tasks off the instance (`drain --job`): the next round
+        places them elsewhere (`autoscaler.decide.drained_off`); the rest stays."""
+        job = self.store.job(job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        moving = [
+            TaskUpdate(
+                t.task_id,
+                drain_from=inst.instance_id,
+                reason=f"drained by the operator: moves off {inst.instance_id} at the next round",
+            )
+            for t in self.store.tasks_of(job_id)
+            if t.instance_id == inst.instance_id and t.status in ("starting", "running")
+        ]
+        moved = self.store.update_tasks(moving, self.now()) if moving else set()
+        return api_pb2.DrainInstanceResponse(
+            draining=bool(moved), status=inst.status, tasks=sorted(moved)
+        )
 
     def GetLogs(self, request, context):
         if self.store.job(request.job_id) is None:
@@ -408,11 +438,14 @@ class ApiClient:
         answer = self._call(self.stub.CancelJob, api_pb2.CancelJobRequest(job_id=job_id))
         return answer.cancelled, answer.status
 
-    def drain(self, instance_id: str) -> tuple[bool, str]:
+    def drain(self, instance_id: str, job_id: str = "") -> tuple[bool, str, list[str]]:
+        """Drain an instance (every task on it moves), or with `job_id` move only that
+        job's tasks off it: (draining, its status, the tasks that move)."""
         answer = self._call(
-            self.stub.DrainInstance, api_pb2.DrainInstanceRequest(instance_id=instance_id)
+            self.stub.DrainInstance,
+            api_pb2.DrainInstanceRequest(instance_id=instance_id, job_id=job_id),
         )
-        return answer.draining, answer.status
+        return answer.draining, answer.status, list(answer.tasks)
 
     def logs(self, job_id: str, task: str = "", tail: int = 0) -> dict[str, Any]:
         request = api_pb2.GetLogsRequest(job_id=job_id, task=task, tail=tail)

@@ -316,6 +316,9 @@ def decide(
     )
     alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)
+    drained = drained_off(plan.configuration, snapshot, usable)
+    if drained is not plan.configuration:
+        plan = dataclasses.replace(plan, configuration=drained)
     diff = _diff(snapshot, plan.configuration, current, catalog, options)
     return RoundDecision(
         at=now,
@@ -335,6 +338,59 @@ def decide(
         orphans=judged,
         numbers=plan_numbers(plan, len(usable)),
     )
+
+
+def drained_off(
+    configuration: Configuration, snapshot: StateSnapshot, catalog: Catalog
+) -> Configuration:
+    """The plan with each task the operator drained off an instance (`drain --job`:
+    `TaskRecord.drain_from`) placed elsewhere, when the plan left it there.
+
+    Only those tasks move — the instance and its other tasks stay. Each goes to
+    another instance of the plan with room for it (the fullest first, so the move
+    adds nothing), else to a new instance of its cheapest type. The same
+    configuration is returned when nothing was drained.
+    """
+    avoid = {
+        t.task_id: t.drain_from
+        for t in snapshot.tasks.values()
+        if t.drain_from is not None and t.instance_id == t.drain_from
+    }
+    if not any(
+        avoid.get(task) == inst.instance_id for inst in configuration for task in inst.tasks
+    ):
+        return configuration
+    specs = _specs(snapshot)
+    kept: list[Instance] = []
+    moving: list[str] = []
+    emptied: set[str] = set()
+    for inst in configuration:
+        stays = tuple(t for t in inst.tasks if t not in avoid or avoid[t] != inst.instance_id)
+        moving += [t for t in inst.tasks if t not in stays]
+        if inst.tasks and not stays and inst.instance_id is not None:
+            emptied.add(inst.instance_id)  # held only drained tasks: it drains
+        kept.append(Instance(inst.instance_id, inst.type, stays))
+    for task_id in moving:
+        spec = specs[task_id]
+        hosts = []
+        for position, inst in enumerate(kept):
+            demand = spec.demand_on(inst.type.family)
+            if inst.instance_id in (avoid[task_id], *emptied) or demand is None:
+                continue
+            used = _NOTHING
+            for other in inst.tasks:
+                other_demand = specs[other].demand_on(inst.type.family) if other in specs else None
+                used = used.plus(other_demand or _NOTHING)
+            after = used.plus(demand)
+            if after.fits_in(inst.type.capacity):
+                hosts.append((-len(inst.tasks), position))
+        if hosts:
+            _, position = min(hosts)
+            inst = kept[position]
+            kept[position] = Instance(inst.instance_id, inst.type, (*inst.tasks, task_id))
+        else:
+            kept.append(Instance(None, cheapest_type(spec, catalog), (task_id,)))
+    return Configuration(tuple(i for i in kept if i.instance_id not in emptied))
 
 
 def _usable(
@@ -949,6 +1005,7 @@ def starts_on_ready(
                 reason=f"attempt {attempt} on {target}"
                 + (" from its checkpoint" if task.checkpoint else ""),
                 gpus=gpus,
+                drain_from="" if task.drain_from not in (None, target) else None,
             )
         )
         used[target] = after

@@ -127,7 +127,9 @@ class TaskRecord:
     those that failed (of any class) and were started again, `failures` those
     that count toward `max_attempts` (the job's own failures, not the
     infrastructure's), `failure` the class of the latest (`FailureClass`), and
-    `retry_at` when a transient failure's back-off lets the next attempt start.
+    `retry_at` when a transient failure's back-off lets the next attempt start;
+    `drain_from` an instance the operator drained this task (only) off: the next
+    round places it elsewhere (cleared once it starts elsewhere).
     `status_since` is when it entered its status (timeouts are measured from
     it) and `reason` why.
     """
@@ -150,6 +152,7 @@ class TaskRecord:
     retries: int = 0
     failure: str | None = None  # "deterministic", "transient" or "infrastructure"
     retry_at: float | None = None
+    drain_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,7 @@ class TaskUpdate:
     retries: int | None = None
     failure: str | None = None
     retry_at: float | None = None
+    drain_from: str | None = None  # "": cleared
 
 
 @dataclass(frozen=True, slots=True)

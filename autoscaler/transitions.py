@@ -179,6 +179,7 @@ def update_task(
         task.retries if change.retries is None else change.retries,
         task.failure if change.failure is None else change.failure,
         task.retry_at if change.retry_at is None else change.retry_at,
+        task.drain_from if change.drain_from is None else (change.drain_from or None),
     )
     if new.instance_id == task.instance_id:
         return TaskStep(new, measured=change.phases)

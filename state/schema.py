@@ -187,6 +187,7 @@ class Task(Base):
     retries: Mapped[int] = mapped_column(Integer, server_default="0")  # failed, started again
     failure: Mapped[str | None] = mapped_column(String(16))  # class of the latest failure
     retry_at: Mapped[float | None] = mapped_column(Double)  # transient back-off until
+    drain_from: Mapped[str | None] = mapped_column(String)  # the operator moves it off
 
 
 class Instance(Base):

@@ -898,6 +898,7 @@ def _task(row: Row[Any]) -> TaskRecord:
         row.retries,
         row.failure,
         row.retry_at,
+        row.drain_from,
     )
 
 

@@ -582,3 +582,43 @@ def test_a_stuck_start_is_a_transient_failure_with_its_back_off():
     )
     assert (update.failure, update.failures) == ("transient", 2)
     assert update.retry_at == 1801.0 + OPTIONS.backoff.delay_s(2)
+
+
+# -- a round: drain --job --------------------------------------------------------------------------
+
+
+def test_a_task_drained_off_its_instance_alone_moves_and_its_neighbour_stays():
+    a, b = job("a", (0, 2, 8)), job("b", (0, 2, 8))
+    drained = dataclasses.replace(
+        task("a/0", "running", on="inst-1", target="inst-1"), drain_from="inst-1"
+    )
+    neighbour = task("b/0", "running", on="inst-1", target="inst-1")
+    snap = snapshot([record(a), record(b)], [drained, neighbour], [instance("inst-1")])
+    decision = round_at(snap, 100.0)  # the planner keeps both where they are
+    assert decision.targets["b/0"] == "inst-1"
+    assert decision.targets["a/0"] not in (None, "inst-1")
+    [launch] = decision.launches  # no other instance has room: the cheapest that fits
+    assert (launch.instance_type, launch.tasks) == ("cpu4", ("a/0",))
+    assert decision.drains == ()  # the instance stays
+
+
+def test_a_drained_task_goes_to_another_planned_instance_with_room_before_a_new_one():
+    a, b = job("a", (0, 2, 8)), job("b", (0, 2, 8))
+    drained = dataclasses.replace(
+        task("a/0", "running", on="inst-1", target="inst-1"), drain_from="inst-1"
+    )
+    elsewhere = task("b/0", "running", on="inst-2", target="inst-2")
+    snap = snapshot(
+        [record(a), record(b)], [drained, elsewhere], [instance("inst-1"), instance("inst-2")]
+    )
+    decision = round_at(snap, 100.0)
+    assert decision.targets["a/0"] == "inst-2" and decision.launches == ()
+    # inst-1 held only the drained task: the plan no longer uses it
+    assert [d.instance_id for d in decision.drains] == ["inst-1"]
+
+
+def test_a_drained_task_that_started_elsewhere_forgets_the_drain():
+    spec = job("a", (0, 2, 8))
+    leaving = dataclasses.replace(task("a/0", target="inst-2", attempt=1), drain_from="inst-1")
+    snap = snapshot([record(spec)], [leaving], [instance("inst-1"), instance("inst-2")])
+    assert updated(step_at(snap, 100.0), "a/0").drain_from == ""

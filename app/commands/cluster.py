@@ -126,21 +126,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     drain = sub.add_parser(
         "drain",
-        help="move every task off an instance, then terminate it",
+        help="move every task off an instance (then terminate it), or one job's tasks",
         description="Mark an instance draining: the next round places its tasks elsewhere; "
         "each keeps running until its new instance is ready, checkpoints, and resumes there. "
-        "The instance terminates once empty.",
+        "The instance terminates once empty. With --job, only that job's tasks move off the "
+        "instances they run on; the instances and their other tasks stay.",
     )
     target = drain.add_mutually_exclusive_group(required=True)
     target.add_argument("instance_id", metavar="INSTANCE", nargs="?")
     target.add_argument(
         "--job",
         metavar="JOB",
-        help="drain the instances this job's tasks run on (its id, or the name of one "
-        "unfinished job): see a migration without looking up an instance",
+        help="move only this job's tasks off the instances they run on (its id, or the "
+        "name of one unfinished job): see a migration without looking up an instance",
     )
     drain.add_argument(
-        "--wait", action="store_true", help="with --job: first wait until its tasks run"
+        "--wait",
+        action="store_true",
+        help="return once the moved tasks run again elsewhere (with --job: also first "
+        "wait until its tasks run)",
+    )
+    drain.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="with --wait: give up waiting after this long (the move goes on; default 900)",
     )
     add_json(drain)
     _config(drain)
@@ -500,24 +511,87 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        targets = (
-            [args.instance_id]
-            if args.job is None
-            else _instances_of(client, args.job, wait=args.wait)
-        )
+        job = ""
+        if args.job is None:
+            targets = [args.instance_id]
+        else:
+            job = _job_id(client, args.job, unfinished=True, field="--job")
+            targets = _instances_of(client, job, wait=args.wait)
         drained = []
+        leaving: dict[str, str] = {}  # task -> the instance it leaves
         for instance_id in targets:
-            draining, status = client.drain(instance_id)
-            drained.append({"instance": instance_id, "draining": draining, "status": status})
+            draining, status, tasks = client.drain(instance_id, job)
+            leaving.update({task: instance_id for task in tasks})
+            drained.append(
+                {"instance": instance_id, "draining": draining, "status": status, "tasks": tasks}
+            )
             if args.json:
                 continue
-            if draining:
+            if draining and job:
+                print(
+                    f"moving {len(tasks)} task(s) of {job} off {instance_id} at the next round; "
+                    "the instance and its other tasks stay"
+                )
+            elif draining:
                 print(f"draining {instance_id}: its tasks move at the next round, then it ends")
+            elif job:
+                print(f"no task of {job} runs on {instance_id} now: nothing to move")
             else:
                 print(f"{instance_id} is {status}: nothing to drain")
+        moved: dict[str, str] = {}
+        if args.wait and leaving:
+            if not args.json:
+                print(f"waiting up to {args.timeout:g} s for the moved tasks to run again")
+            moved = _wait_moved(client, leaving, timeout_s=args.timeout)
+            if not args.json:
+                for task, where in sorted(moved.items()):
+                    print(f"{task} runs on {where}")
     if args.json:
-        print_json({"instances": drained})
+        print_json({"instances": drained, "moved": moved})
     return 0
+
+
+class MoveTimeout(InputError):
+    """`drain --wait` gave up: the moved tasks did not all run again in time."""
+
+
+def _wait_moved(
+    client: Any, leaving: dict[str, str], *, timeout_s: float, poll_s: float = 2.0
+) -> dict[str, str]:
+    """Wait until each task in `leaving` runs a new attempt on another instance (or has
+    finished); returns task -> where it runs. Past `timeout_s`, fails naming those
+    still waiting and why."""
+    deadline = time.monotonic() + timeout_s
+    jobs = sorted({task.split("/", 1)[0] for task in leaving})
+    while True:
+        waiting: dict[str, str] = {}
+        moved: dict[str, str] = {}
+        for job in jobs:
+            detail = client.job(job)
+            for t in detail["task_list"]:
+                if t["task"] not in leaving:
+                    continue
+                here = t["instance"]
+                if t["status"] in FINAL:
+                    moved[t["task"]] = t["status"]
+                elif t["status"] == "running" and here and here != leaving[t["task"]]:
+                    moved[t["task"]] = here
+                else:
+                    waiting[t["task"]] = (
+                        f"{t['status']}: {t['reason']}" if t["reason"] else t["status"]
+                    )
+        if not waiting:
+            return moved
+        if time.monotonic() >= deadline:
+            still = "; ".join(f"{task} {why}" for task, why in sorted(waiting.items()))
+            raise MoveTimeout(
+                f"not yet running elsewhere after {timeout_s:g} s: {still} "
+                "(the move goes on; `autoscaler job` follows it)",
+                field="--timeout",
+                value=timeout_s,
+                has_value=True,
+            )
+        time.sleep(poll_s)
 
 
 def _job_id(client: Any, ref: str, *, unfinished: bool = False, field: str = "ID") -> str:

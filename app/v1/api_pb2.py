@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61pp/v1/api.proto\x12\x11\x61utoscaler.api.v1\")\n\x16MissingContextsRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"\x9b\x01\n\x17MissingContextsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x42\n\x04refs\x18\x02 \x03(\x0b\x32\x34.autoscaler.api.v1.MissingContextsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"$\n\x15UploadContextResponse\x12\x0b\n\x03ref\x18\x01 \x01(\t\"4\n\x10SubmitJobRequest\x12\x11\n\tspec_json\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x0fListJobsRequest\x12\x10\n\x08statuses\x18\x01 \x03(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\"+\n\x14\x44rainInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"9\n\x15\x44rainInstanceResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\"<\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04tail\x18\x03 \x01(\x05\"\x16\n\x14\x43lusterStatusRequest\"8\n\x11\x43ostReportRequest\x12\r\n\x05since\x18\x01 \x01(\x01\x12\x14\n\x0c\x64ry_run_json\x18\x02 \x01(\t\"\x13\n\x11GetCatalogRequest\"\x18\n\x08\x44ocument\x12\x0c\n\x04json\x18\x01 \x01(\t2\xc2\x07\n\nSubmission\x12h\n\x0fMissingContexts\x12).autoscaler.api.v1.MissingContextsRequest\x1a*.autoscaler.api.v1.MissingContextsResponse\x12\\\n\rUploadContext\x12\x1f.autoscaler.api.v1.ContextChunk\x1a(.autoscaler.api.v1.UploadContextResponse(\x01\x12V\n\tSubmitJob\x12#.autoscaler.api.v1.SubmitJobRequest\x1a$.autoscaler.api.v1.SubmitJobResponse\x12G\n\x06GetJob\x12 .autoscaler.api.v1.GetJobRequest\x1a\x1b.autoscaler.api.v1.Document\x12K\n\x08ListJobs\x12\".autoscaler.api.v1.ListJobsRequest\x1a\x1b.autoscaler.api.v1.Document\x12V\n\tCancelJob\x12#.autoscaler.api.v1.CancelJobRequest\x1a$.autoscaler.api.v1.CancelJobResponse\x12\x62\n\rDrainInstance\x12\'.autoscaler.api.v1.DrainInstanceRequest\x1a(.autoscaler.api.v1.DrainInstanceResponse\x12I\n\x07GetLogs\x12!.autoscaler.api.v1.GetLogsRequest\x1a\x1b.autoscaler.api.v1.Document\x12U\n\rClusterStatus\x12\'.autoscaler.api.v1.ClusterStatusRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nCostReport\x12$.autoscaler.api.v1.CostReportRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nGetCatalog\x12$.autoscaler.api.v1.GetCatalogRequest\x1a\x1b.autoscaler.api.v1.Documentb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61pp/v1/api.proto\x12\x11\x61utoscaler.api.v1\")\n\x16MissingContextsRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"\x9b\x01\n\x17MissingContextsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x42\n\x04refs\x18\x02 \x03(\x0b\x32\x34.autoscaler.api.v1.MissingContextsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"$\n\x15UploadContextResponse\x12\x0b\n\x03ref\x18\x01 \x01(\t\"4\n\x10SubmitJobRequest\x12\x11\n\tspec_json\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x0fListJobsRequest\x12\x10\n\x08statuses\x18\x01 \x03(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\";\n\x14\x44rainInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"H\n\x15\x44rainInstanceResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\r\n\x05tasks\x18\x03 \x03(\t\"<\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04tail\x18\x03 \x01(\x05\"\x16\n\x14\x43lusterStatusRequest\"8\n\x11\x43ostReportRequest\x12\r\n\x05since\x18\x01 \x01(\x01\x12\x14\n\x0c\x64ry_run_json\x18\x02 \x01(\t\"\x13\n\x11GetCatalogRequest\"\x18\n\x08\x44ocument\x12\x0c\n\x04json\x18\x01 \x01(\t2\xc2\x07\n\nSubmission\x12h\n\x0fMissingContexts\x12).autoscaler.api.v1.MissingContextsRequest\x1a*.autoscaler.api.v1.MissingContextsResponse\x12\\\n\rUploadContext\x12\x1f.autoscaler.api.v1.ContextChunk\x1a(.autoscaler.api.v1.UploadContextResponse(\x01\x12V\n\tSubmitJob\x12#.autoscaler.api.v1.SubmitJobRequest\x1a$.autoscaler.api.v1.SubmitJobResponse\x12G\n\x06GetJob\x12 .autoscaler.api.v1.GetJobRequest\x1a\x1b.autoscaler.api.v1.Document\x12K\n\x08ListJobs\x12\".autoscaler.api.v1.ListJobsRequest\x1a\x1b.autoscaler.api.v1.Document\x12V\n\tCancelJob\x12#.autoscaler.api.v1.CancelJobRequest\x1a$.autoscaler.api.v1.CancelJobResponse\x12\x62\n\rDrainInstance\x12\'.autoscaler.api.v1.DrainInstanceRequest\x1a(.autoscaler.api.v1.DrainInstanceResponse\x12I\n\x07GetLogs\x12!.autoscaler.api.v1.GetLogsRequest\x1a\x1b.autoscaler.api.v1.Document\x12U\n\rClusterStatus\x12\'.autoscaler.api.v1.ClusterStatusRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nCostReport\x12$.autoscaler.api.v1.CostReportRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nGetCatalog\x12$.autoscaler.api.v1.GetCatalogRequest\x1a\x1b.autoscaler.api.v1.Documentb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,19 +56,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELJOBRESPONSE']._serialized_start=550
   _globals['_CANCELJOBRESPONSE']._serialized_end=604
   _globals['_DRAININSTANCEREQUEST']._serialized_start=606
-  _globals['_DRAININSTANCEREQUEST']._serialized_end=649
-  _globals['_DRAININSTANCERESPONSE']._serialized_start=651
-  _globals['_DRAININSTANCERESPONSE']._serialized_end=708
-  _globals['_GETLOGSREQUEST']._serialized_start=710
-  _globals['_GETLOGSREQUEST']._serialized_end=770
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=772
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=794
-  _globals['_COSTREPORTREQUEST']._serialized_start=796
-  _globals['_COSTREPORTREQUEST']._serialized_end=852
-  _globals['_GETCATALOGREQUEST']._serialized_start=854
-  _globals['_GETCATALOGREQUEST']._serialized_end=873
-  _globals['_DOCUMENT']._serialized_start=875
-  _globals['_DOCUMENT']._serialized_end=899
-  _globals['_SUBMISSION']._serialized_start=902
-  _globals['_SUBMISSION']._serialized_end=1864
+  _globals['_DRAININSTANCEREQUEST']._serialized_end=665
+  _globals['_DRAININSTANCERESPONSE']._serialized_start=667
+  _globals['_DRAININSTANCERESPONSE']._serialized_end=739
+  _globals['_GETLOGSREQUEST']._serialized_start=741
+  _globals['_GETLOGSREQUEST']._serialized_end=801
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=803
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=825
+  _globals['_COSTREPORTREQUEST']._serialized_start=827
+  _globals['_COSTREPORTREQUEST']._serialized_end=883
+  _globals['_GETCATALOGREQUEST']._serialized_start=885
+  _globals['_GETCATALOGREQUEST']._serialized_end=904
+  _globals['_DOCUMENT']._serialized_start=906
+  _globals['_DOCUMENT']._serialized_end=930
+  _globals['_SUBMISSION']._serialized_start=933
+  _globals['_SUBMISSION']._serialized_end=1895
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
-"""Tasks: moves and retries counted apart, the class of the latest failure, the back-off.
+"""Tasks: moves and retries counted apart, the class of the latest failure, the back-off,
+and the instance the operator drained a task (only) off.
 
 Revision ID: 0006
 Revises: 0005
@@ -7,7 +8,8 @@ Create Date: 2026-12-02
 Only the job's own failures count toward `max_attempts` (`failures`); the
 infrastructure's are retried at once, counted in `retries`; the plan's moves in
 `moves`. A transient failure's back-off (`retry_at`) is state, so a restarted
-daemon keeps it.
+daemon keeps it. `drain_from`: `drain --job` moves one job's tasks off an
+instance, not every task on it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ def upgrade() -> None:
         batch.add_column(sa.Column("retries", sa.Integer(), server_default="0", nullable=False))
         batch.add_column(sa.Column("failure", sa.String(16), nullable=True))
         batch.add_column(sa.Column("retry_at", sa.Double(), nullable=True))
+        batch.add_column(sa.Column("drain_from", sa.String(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("tasks") as batch:
-        for name in ("retry_at", "failure", "retries", "moves"):
+        for name in ("drain_from", "retry_at", "failure", "retries", "moves"):
             batch.drop_column(name)
