@@ -160,7 +160,14 @@ def cost_report(
         "hourly_cost_now": round(now_hourly, 6),
         "no_packing_hourly_cost_now": round(no_packing_now, 6),
         "no_packing_spend": round(no_packing_so_far, 6),
-        "savings": round(no_packing_so_far - (total - idle), 6),
+        # Saved = what no packing would have cost − what was actually spent, idle spend
+        # included: idle seconds are a cost of packing (booting, draining, waiting).
+        "savings": round(no_packing_so_far - total, 6),
+        "savings_parts": {
+            "no_packing_spend": round(no_packing_so_far, 6),
+            "spend_on_tasks": round(total - idle, 6),
+            "idle": round(idle, 6),
+        },
         "savings_hourly_now": round(no_packing_now - now_hourly, 6),
         "lower_bound_hourly_cost_now": None,
         "jobs": {

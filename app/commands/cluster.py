@@ -794,12 +794,15 @@ def render_cost_report(report: dict[str, Any]) -> str:
         out += textwrap.wrap(f"Shared instances: {report['attribution']}.", 96)
         out.append("")
     bound = report["lower_bound_hourly_cost_now"]
+    parts = report["savings_parts"]
     out += [
         f"Hourly cost now          {money(report['hourly_cost_now'])}/h",
         f"No packing now           {money(report['no_packing_hourly_cost_now'])}/h",
         f"LP lower bound now       {money(bound)}/h" if bound is not None else "",
-        f"No packing so far        {money(report['no_packing_spend'])} "
-        f"(saved {money(report['savings'])})",
+        f"No packing so far        {money(report['no_packing_spend'])}",
+        f"  − spend on tasks       {money(parts['spend_on_tasks'])}",
+        f"  − idle spend           {money(parts['idle'])}",
+        f"  = saved                {money(report['savings'])}",
     ]
     dry = report.get("dry_run")
     if dry:
