@@ -361,6 +361,19 @@ def _document(value: Mapping[str, Any]) -> api_pb2.Document:
 # -- the client -----------------------------------------------------------------------------------
 
 
+#: What gRPC's core says when the handshake, not the connection, failed.
+_TLS_FAILURES = ("CERTIFICATE_VERIFY_FAILED", "Ssl handshake failed", "Peer name", "SSL_ERROR")
+
+
+def _tls_reason(details: str) -> str:
+    """The part of gRPC's message that says why the certificate was refused."""
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "Peer name"):
+        at = details.find(marker)
+        if at >= 0:
+            return details[at:].split(": OK")[0].strip()
+    return details.strip()
+
+
 class DaemonUnavailable(Exception):
     """The daemon could not be reached (not running, wrong address, network)."""
 
@@ -375,6 +388,7 @@ class ApiClient:
 
     channel: grpc.Channel
     address: str
+    ca_file: str = ""  # the CA the daemon's certificate is verified against, named in errors
 
     @property
     def stub(self) -> api_pb2_grpc.SubmissionStub:
@@ -400,6 +414,16 @@ class ApiClient:
     def _error(self, exc: grpc.RpcError) -> Exception:
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code == grpc.StatusCode.UNAVAILABLE and any(m in details for m in _TLS_FAILURES):
+            # Something answered, but not a daemon this cluster's CA vouches for: the fix is
+            # the CA file or the daemon's certificate, not the daemon's address.
+            return DaemonUnavailable(
+                f"TLS handshake with the daemon at {self.address} failed "
+                f"({_tls_reason(details)}): its certificate must be signed by "
+                f"{self.ca_file or 'the cluster CA'} and name the daemon; is that file this "
+                "cluster's server CA, and was the daemon's certificate reissued by "
+                "`autoscaler init` for it?"
+            )
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return DaemonUnavailable(
                 f"cannot reach the daemon at {self.address}: {details} "

@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from state.database import (
@@ -102,10 +102,44 @@ def schema_status(engine: Engine, script_location: Path = MIGRATIONS) -> SchemaS
 
 
 def check_schema(engine: Engine, script_location: Path = MIGRATIONS) -> None:
-    """Raise SchemaOutdated (saying what to run) unless the database is at the head revision."""
+    """Raise SchemaOutdated (saying what to run) unless the database is at the head
+    revision with every table and column this code reads (a table dropped by hand
+    would otherwise surface as a traceback deep inside a round)."""
     status = schema_status(engine, script_location)
     if not status.up_to_date:
         raise SchemaOutdated(status.describe())
+    missing = missing_columns(engine)
+    if missing:
+        raise SchemaOutdated(
+            f"{status.url}: schema revision {status.current} but {missing[0]} is missing: "
+            "the database was changed outside the autoscaler; restore it from a backup "
+            "or point [state] url at a new database"
+        )
+
+
+def missing_columns(engine: Engine) -> list[str]:
+    """Tables ('table x') and columns ('column x.y') of the state schema the database lacks."""
+    from state.schema import Base  # the ORM's tables: only needed once the revision matches
+
+    try:
+        inspector = inspect(engine)
+        present = {
+            table: {column["name"] for column in columns}
+            for (_, table), columns in inspector.get_multi_columns().items()
+        }
+    except DBAPIError as exc:
+        raise _unreachable(engine, exc) from None
+    missing: list[str] = []
+    for table in Base.metadata.sorted_tables:
+        if table.name not in present:
+            missing.append(f"table {table.name!r}")
+            continue
+        missing += [
+            f"column '{table.name}.{column.name}'"
+            for column in table.columns
+            if column.name not in present[table.name]
+        ]
+    return missing
 
 
 def upgrade(engine: Engine, script_location: Path = MIGRATIONS) -> tuple[str | None, str]:

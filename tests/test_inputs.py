@@ -238,9 +238,9 @@ def test_the_daemon_check_runs_what_its_start_runs(cluster):
     code, out, err = run("daemon", "--check", "--config", str(cluster))
     assert code == 0 and "the daemon would start" in out, err
     secrets = cluster.parent / "secrets"
-    (secrets / "ca.key").chmod(0o644)
-    refused(*run("daemon", "--check", "--config", str(cluster))[::2], "[secrets]", "ca.key")
-    (secrets / "ca.key").chmod(0o600)
+    (secrets / "worker-ca.key").chmod(0o644)  # the daemon signs workers with it
+    refused(*run("daemon", "--check", "--config", str(cluster))[::2], "[secrets]", "worker-ca.key")
+    (secrets / "worker-ca.key").chmod(0o600)
     (secrets / "api.token").write_bytes(b"\xff\xfe\n")
     os.chmod(secrets / "api.token", 0o600)
     refused(*run("daemon", "--check", "--config", str(cluster))[::2], "[secrets]")
@@ -388,10 +388,10 @@ def every_file_reads_back(directory: Path) -> None:
 
     config = load_cluster_config(directory / "autoscaler.toml")
     secrets = directory / "secrets"
-    Authority.load(secrets / "ca.pem", secrets / "ca.key")
-    for token in ("api.token", "worker.token"):
-        assert read_token(secrets / token)
-    assert stat.S_IMODE(os.stat(secrets / "ca.key").st_mode) == 0o600
+    for purpose in ("server", "worker"):
+        Authority.load(secrets / f"{purpose}-ca.pem", secrets / f"{purpose}-ca.key")
+        assert stat.S_IMODE(os.stat(secrets / f"{purpose}-ca.key").st_mode) == 0o600
+    assert read_token(secrets / "api.token")
     if config.cloud.provider == "local":
         from urllib.parse import unquote, urlsplit
 

@@ -350,7 +350,7 @@ def connect(config: ClusterConfig):
             f"cannot read the cluster's secrets: {exc}", source=str(config.path)
         ) from None
     channel = secure_channel(config.api_address, ca, token, server_name=DAEMON_NAME)
-    return ApiClient(channel, config.api_address)
+    return ApiClient(channel, config.api_address, str(secrets.ca_cert))
 
 
 def _client(args: argparse.Namespace):

@@ -85,13 +85,15 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_db_status(args: argparse.Namespace) -> int:
     from state.database import create_state_engine
-    from state.migrate import schema_status
+    from state.migrate import missing_columns, schema_status
 
     engine = create_state_engine(database_url_for(args.url, args.config))
     try:
         status = schema_status(engine)
+        missing = missing_columns(engine) if status.up_to_date else []
     finally:
         engine.dispose()
+    healthy = status.up_to_date and not missing
     if args.json:
         print_json(
             {
@@ -100,8 +102,14 @@ def cmd_db_status(args: argparse.Namespace) -> int:
                 "head": status.head,
                 "known": status.known,
                 "up_to_date": status.up_to_date,
+                "missing": missing,
             }
+        )
+    elif missing:
+        print(
+            f"{status.url}: schema revision {status.current}, but {', '.join(missing)} "
+            "missing: the database was changed outside the autoscaler"
         )
     else:
         print(status.describe())
-    return 0 if status.up_to_date else 1
+    return 0 if healthy else 1

@@ -81,6 +81,29 @@ def test_a_downgraded_database_is_refused(db_url: str) -> None:
         SqlStore(db_url)
 
 
+def test_a_database_at_head_missing_a_table_or_column_is_refused_in_one_line(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    engine = create_state_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE uptime_intervals"))
+        with pytest.raises(SchemaOutdated, match="table 'uptime_intervals' is missing"):
+            SqlStore(engine)
+        assert main(["db", "status", "--url", db_url]) == 1
+        assert "table 'uptime_intervals' missing" in capsys.readouterr().out
+        with engine.begin() as conn:
+            Base.metadata.tables["uptime_intervals"].create(conn)
+            conn.execute(text("ALTER TABLE rounds DROP COLUMN reason"))
+        with pytest.raises(SchemaOutdated, match=r"column 'rounds.reason' is missing") as refused:
+            SqlStore(engine)
+        assert "\n" not in str(refused.value)
+    finally:
+        engine.dispose()
+
+
 def test_a_schema_newer_than_the_code_is_refused_and_left_alone(db_url: str) -> None:
     engine = create_state_engine(db_url)
     try:
