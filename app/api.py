@@ -26,7 +26,13 @@ from app.v1 import api_pb2, api_pb2_grpc
 from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
-from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
+from autoscaler.jobs import (
+    JobSpec,
+    spec_document,
+    spec_from_document,
+    validate_against_catalog,
+    without_missing_families,
+)
 from autoscaler.store import DuplicateJob, Store, TaskUpdate, UnknownEntity
 from executor.storage import (
     CONTEXTS_PREFIX,
@@ -135,7 +141,9 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     def SubmitJob(self, request, context):
         try:
             job = parse_submitted(request.spec_json)
-            validate_against_catalog((job,), self.catalog(), source=f"job {job.job_id!r}")
+            catalog = self.catalog()
+            job, _ = without_missing_families(job, catalog)  # the client said so already
+            validate_against_catalog((job,), catalog, source=f"job {job.job_id!r}")
             for task in job.tasks:
                 ref = task.run.build_context
                 if ref and not self.storage.exists(_context_key_of(ref, task.task_id)):

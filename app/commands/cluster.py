@@ -9,6 +9,7 @@ alone, daemon running or not, and calls no cloud.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import textwrap
 import time
@@ -359,14 +360,18 @@ def _client(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.jobfile import load_job_file, pack_context, with_contexts
-    from autoscaler.jobs import validate_against_catalog
+    from autoscaler.jobs import validate_against_catalog, without_missing_families
     from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
     with _client(args) as client:
         catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
-        for path, submission in zip(args.job_file, submissions, strict=True):
+        for index, (path, submission) in enumerate(zip(args.job_file, submissions, strict=True)):
+            job, notes = without_missing_families(submission.job, catalog)
+            for note in notes:
+                progress(f"{path}: {note}")
+            submissions[index] = submission = dataclasses.replace(submission, job=job)
             validate_against_catalog((submission.job,), catalog, source=str(path))
         packed: dict[Path, tuple[bytes, str]] = {}
         for submission in submissions:
