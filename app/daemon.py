@@ -209,6 +209,14 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        unfinished = store.jobs(("queued", "running"))
+        if unfinished:  # never a silent relaunch: say what the first round plans again
+            _event(
+                "resuming",
+                jobs=[j.job_id for j in unfinished],
+                reason=f"{len(unfinished)} unfinished job(s) in the database are planned "
+                "again at the first round, each task from its newest checkpoint",
+            )
         try:
             self._serve()
             self._schedule()
