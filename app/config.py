@@ -367,6 +367,7 @@ class ClusterConfig:
             timeouts=Timeouts(t.boot_s, t.register_s, t.start_s, t.checkpoint_s),
             max_attempts=self.limits.max_attempts,
             dry_run=dry_run,
+            progress_at_steps=True,  # what `job` shows is one step old
             instance_prefix=f"{self.cluster.name}-",
         )
 

@@ -150,9 +150,10 @@ def sync(
     Instances: adopted when a launch's answer was never recorded, running once
     the cloud says so, terminated once the cloud no longer lists them, ready
     when their worker registers, lost when it falls silent. Tasks: their state,
-    progress, checkpoints, failures by class (`autoscaler.failures`: only the
-    job's own count toward `max_attempts`), completions. With `learn` (at
-    rounds): throughputs, and the co-location throughputs observed (Eva §4.3–4.4).
+    checkpoints, failures by class (`autoscaler.failures`: only the job's own
+    count toward `max_attempts`), completions; progress at every step with
+    `options.progress_at_steps`. With `learn` (at rounds): progress, throughputs,
+    and the co-location throughputs observed (Eva §4.3–4.4).
     """
     listed = cloud.list()
     report = executor.report()
@@ -341,8 +342,9 @@ def _task_change(
     """The update a report implies for one task (None: nothing changed; an `AttemptEnd`
     when its attempt ended without completing), and its status.
 
-    Progress is recorded whenever it changed, so what is shown is at most one step
-    old; throughput (learning, §4.3) only at rounds (`with_throughput`).
+    Progress is recorded at rounds, and at every step where it changed when
+    `options.progress_at_steps` (the daemon: what is shown is one step old);
+    throughput (learning, §4.3) only at rounds (`with_throughput`).
     """
 
     def ended(failure: FailureClass, why: str, checkpoint: str | None = None) -> AttemptEnd:
@@ -387,7 +389,9 @@ def _task_change(
     instance_id = seen.instance_id if status in ON_INSTANCE else None
     checkpoint = seen.checkpoint if seen.checkpoint != task.checkpoint else None
     changed = (status, instance_id) != (task.status, task.instance_id) or checkpoint is not None
-    changed = changed or seen.progress != task.progress
+    with_progress = with_throughput or options.progress_at_steps
+    if with_progress:
+        changed = changed or seen.progress != task.progress
     if with_throughput:
         changed = changed or seen.throughput != task.throughput
     if not changed:
@@ -411,7 +415,9 @@ def _task_change(
             task.task_id,
             status=status,
             instance_id=instance_id,
-            progress=seen.progress if seen.progress != task.progress else None,
+            # when recorded (see above); and when an attempt ends, so a finished task
+            # shows where it got
+            progress=seen.progress if with_progress or status != task.status else None,
             checkpoint=checkpoint,
             reason=reason,
             throughput=seen.throughput if with_throughput else "keep",

@@ -102,6 +102,10 @@ class ControlOptions:
     max_attempts: int = 3  # a task failing this many times fails its job (its own failures)
     backoff: Backoff = field(default_factory=Backoff)  # before retrying a transient failure
     dry_run: bool = False  # decide and record, but launch, move and terminate nothing
+    # Record each task's progress at every step where it changed (the daemon: what is
+    # shown is one step old), not only at rounds. Replay leaves it off: its steps come
+    # at every event, and what it decides reads progress only at rounds.
+    progress_at_steps: bool = False
     learn: bool = True  # update the throughput table from observed throughputs
     instance_prefix: str = "inst-"  # launch tokens are this prefix and a sequence number
     # A launched instance the cloud stops listing is presumed gone only after this long

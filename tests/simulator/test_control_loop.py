@@ -469,8 +469,8 @@ def test_a_task_done_before_its_sibling_is_not_started_again_nor_planned():
     c.loop().schedule()
     c.until(150.0)
     assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
-    reached = c.executor.report().tasks["a/0"].progress
-    assert reached == c.store.tasks_of("a")[0].progress  # recorded at steps, not only rounds
+    reached = c.executor.report().tasks["a/0"].progress  # the store has the round's count
+    assert reached > c.store.tasks_of("a")[0].progress
     c.executor.done = "a/0"
     c.loop().progress()  # a step: no round, yet the end is recorded with its final count
     done = c.store.tasks_of("a")[0]
@@ -483,6 +483,19 @@ def test_a_task_done_before_its_sibling_is_not_started_again_nor_planned():
     assert done.target_instance_id is None
     assert running.status == "running" and c.store.job("a").status == "running"
     assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
+
+
+def test_with_progress_at_steps_what_is_recorded_is_one_step_old_and_idle_steps_write_nothing():
+    c = Cluster([job("a", 0, 50_000)], ControlOptions(progress_at_steps=True))
+    c.drive()
+    c.loop().schedule()
+    c.until(150.0)
+    c.loop().progress()
+    reached = c.executor.report().tasks["a/0"].progress
+    assert reached > 0 and c.store.tasks_of("a")[0].progress == reached  # no round since
+    written = c.store.tasks_of("a")[0].updated_at
+    c.loop().progress()  # the same instant: nothing changed, nothing written
+    assert c.store.tasks_of("a")[0].updated_at == written
 
 
 # -- a job with no solo speed is measured alone before it is packed -------------------------------
