@@ -1,7 +1,10 @@
 """The submission API: the daemon's gRPC service for users, and the client the CLI uses.
 
-Every call is authenticated (TLS with the cluster's CA, the API token as a
-bearer token); a job is checked against the catalog before it is queued, and
+Every call is authenticated (TLS with the cluster's CA, a user's token as a
+bearer token: `app.users`), allowed or refused by the user's role
+(`UserAuth`), and written to the audit log with its outcome. A job belongs to
+the user who submitted it; cancelling or draining others' jobs takes an admin.
+A job is checked against the catalog before it is queued, and
 a rejected one leaves the queue as it was. Build contexts are uploaded once
 (content-addressed) and only then is the job committed; a context whose job
 never came is collected after `ORPHAN_CONTEXT_AGE_S`.
@@ -9,19 +12,31 @@ never came is collected after `ORPHAN_CONTEXT_AGE_S`.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
+import logging
 import re
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from sqlalchemy import Engine
 
 from app.reports import cluster_status, cost_report, job_detail, job_list
+from app.users import (
+    ROTATION_OVERLAP_S,
+    Authenticator,
+    Caller,
+    add_user,
+    check_user_name,
+    rotate_user,
+)
 from app.v1 import api_pb2, api_pb2_grpc
 from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
@@ -33,8 +48,10 @@ from autoscaler.jobs import (
     validate_against_catalog,
     without_missing_families,
 )
-from autoscaler.store import DuplicateJob, Store, TaskUpdate, UnknownEntity
+from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, TaskUpdate, UnknownEntity
+from executor.packing import inflated_size
 from executor.storage import (
+    CHECKPOINT,
     CONTEXTS_PREFIX,
     StorageError,
     context_key,
@@ -43,12 +60,36 @@ from executor.storage import (
     is_log_key,
     job_prefix,
 )
+from state.accounts import AuditRecord, DuplicateUser, SqlAccounts
 
-#: Methods the "user" role may call (`executor.security.TokenAuth`).
-USER_METHODS = ("/autoscaler.api.v1.Submission/",)
+log = logging.getLogger("autoscaler.api")
+
+SERVICE = "/autoscaler.api.v1.Submission/"
+
+#: The methods each role may call. `submit` may cancel and drain only its own jobs,
+#: which the method itself checks (the owner is known only once the job is read).
+READ_METHODS = frozenset(
+    {"GetJob", "ListJobs", "GetLogs", "ClusterStatus", "CostReport", "GetCatalog"}
+)
+SUBMIT_METHODS = READ_METHODS | {
+    "MissingContexts",
+    "UploadContext",
+    "SubmitJob",
+    "CancelJob",
+    "DrainInstance",
+}
+ADMIN_METHODS = SUBMIT_METHODS | {"AddUser", "ListUsers", "RotateUser", "RevokeUser", "Audit"}
+ROLE_METHODS = {"read": READ_METHODS, "submit": SUBMIT_METHODS, "admin": ADMIN_METHODS}
+
+#: What a task's env value shows as unless its owner or an admin asks for it.
+HIDDEN = "(hidden)"
 
 #: How long an uploaded context may wait for the job that uses it before it is collected.
 ORPHAN_CONTEXT_AGE_S = 24 * 3600.0
+
+#: Jobs finished longer ago than their checkpoints' retention plus this are not swept
+#: again (the bucket's lifecycle rule expires what a daemon stopped that long missed).
+CHECKPOINT_SWEEP_WINDOW_S = 7 * 86400.0
 
 #: Deadline of every call the client makes (uploads get one per MiB on top).
 CALL_TIMEOUT_S = 30.0
@@ -87,7 +128,11 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         planner: Callable[[], Planner] | None = None,
         options: ControlOptions | None = None,
         max_context_bytes: int = 256 * 1024 * 1024,
+        accounts: SqlAccounts | None = None,
     ) -> None:
+        if accounts is None and isinstance(getattr(store, "engine", None), Engine):
+            accounts = SqlAccounts(store.engine)  # type: ignore[attr-defined]
+        self._accounts = accounts
         self.store = store
         self.storage = storage
         self.catalog = catalog
@@ -133,6 +178,19 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                     grpc.StatusCode.DATA_LOSS,
                     "the upload does not match its declared size and digest; send it again",
                 )
+            current().target = first.digest
+            try:
+                inflated = inflated_size(tmp.name, self.max_context_bytes)
+            except (OSError, EOFError, zlib.error):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a .tar.gz build context")
+            if inflated > self.max_context_bytes:
+                # The limit is on what the context is, not on how well it compresses.
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"build context inflates to more than the limit of "
+                    f"{self.max_context_bytes / 2**20:.0f} MiB ([limits] max_context_mb); "
+                    "shrink it with a .dockerignore",
+                )
             ref = self.storage.put_file(context_key(first.digest), Path(tmp.name))
         return api_pb2.UploadContextResponse(ref=ref)
 
@@ -154,7 +212,8 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                         value=ref,
                         has_value=True,
                     )
-            self.store.submit_job(job, owner=request.owner or "unknown", at=self.now())
+            current().target = job.job_id
+            self.store.submit_job(job, owner=current().caller.name, at=self.now())
         except InputError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DuplicateJob as exc:
@@ -165,12 +224,29 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         detail = job_detail(self.store, request.job_id, self.catalog(), self.now())
         if detail is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        caller = current().caller
+        if request.show_secrets and not (caller.is_admin or caller.name == detail["owner"]):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"only the job's owner ({detail['owner']}) or an admin may see its env values",
+            )
+        record = self.store.job(request.job_id)
+        env = {t.task_id: t.run.env for t in record.spec.tasks} if record else {}
+        for task in detail["task_list"]:
+            task["env"] = {
+                name: (value if request.show_secrets else HIDDEN)
+                for name, value in env.get(task["task"], ())
+            }
         return _document(detail)
 
     def ListJobs(self, request, context):
         return _document(job_list(self.store, request.statuses or None, request.limit))
 
     def CancelJob(self, request, context):
+        record = self.store.job(request.job_id)
+        if record is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r}")
+        _own(context, record.owner, f"job {request.job_id!r}")
         try:
             cancelled = self.store.cancel_job(request.job_id, self.now())
         except UnknownEntity:
@@ -186,6 +262,17 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no instance {request.instance_id!r}")
         if request.job_id:
             return self._drain_job(request.job_id, inst, context)
+        if not current().caller.is_admin:
+            # A submitter may drain an instance only when every task on it is theirs.
+            owners = self._owners_on(request.instance_id)
+            others = sorted(owners - {current().caller.name})
+            if others or not owners:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"instance {request.instance_id!r} runs "
+                    + (f"jobs of {', '.join(others)}" if others else "no job of yours")
+                    + ": only an admin may drain it",
+                )
         on_it = [
             t.task_id
             for j in self.store.jobs(("queued", "running"))
@@ -211,6 +298,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         job = self.store.job(job_id)
         if job is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        _own(context, job.owner, f"job {job_id!r}")  # moving it is changing it
         moving = [
             TaskUpdate(
                 t.task_id,
@@ -270,6 +358,77 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     def GetCatalog(self, request, context):
         return _document(catalog_document(self.catalog()))
 
+    # -- users and the audit log (admin only: `UserAuth`) ----------------------------------------
+
+    @property
+    def accounts(self) -> SqlAccounts:
+        if self._accounts is None:
+            raise RuntimeError("this service has no state database for users")
+        return self._accounts
+
+    def AddUser(self, request, context):
+        current().target = request.name
+        try:
+            user, token = add_user(
+                self.accounts, request.name, request.role, request.team or None, self.now()
+            )
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DuplicateUser as exc:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        return _document({**_user_document(user), "token": token})
+
+    def ListUsers(self, request, context):
+        return _document({"users": [_user_document(u) for u in self.accounts.users()]})
+
+    def RotateUser(self, request, context):
+        user = self._user(request, context)
+        overlap = request.overlap_s if request.overlap_s > 0 else ROTATION_OVERLAP_S
+        try:
+            token = rotate_user(self.accounts, user, self.now(), overlap)
+        except InputError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if token is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{user.name!r} is revoked")
+        rotated = self.accounts.user(user.user_id)
+        return _document(
+            {**_user_document(rotated or user), "token": token, "previous_valid_s": overlap}
+        )
+
+    def RevokeUser(self, request, context):
+        user = self._user(request, context)
+        revoked = self.accounts.revoke(user.user_id, self.now())
+        after = self.accounts.user(user.user_id) or user
+        return _document({**_user_document(after), "revoked": revoked})
+
+    def Audit(self, request, context):
+        entries = self.accounts.audit(
+            user=request.user or None, since=request.since or None, limit=request.limit
+        )
+        return _document({"entries": [_audit_document(e) for e in entries]})
+
+    def _user(self, request: Any, context: Any) -> Any:
+        current().target = request.name
+        try:
+            check_user_name(request.name)
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        user = self.accounts.user_named(request.name)
+        if user is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no user {request.name!r}")
+        return user
+
+    def _owners_on(self, instance_id: str) -> set[str]:
+        """The owners of the unfinished jobs with a task on (or bound for) the instance."""
+        owners = set()
+        for job in self.store.jobs():
+            if job.status in ("completed", "cancelled", "failed"):
+                continue
+            for task in self.store.tasks_of(job.job_id):
+                if instance_id in (task.instance_id, task.target_instance_id):
+                    owners.add(job.owner)
+        return owners
+
     # -- housekeeping --------------------------------------------------------------------------
 
     def collect_orphan_contexts(self, *, older_than_s: float = ORPHAN_CONTEXT_AGE_S) -> list[str]:
@@ -291,9 +450,201 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                 deleted.append(key)
         return deleted
 
+    def collect_finished_checkpoints(
+        self, *, retention_s: float, window_s: float = CHECKPOINT_SWEEP_WINDOW_S
+    ) -> list[str]:
+        """Delete the checkpoints of jobs that finished (completed, failed or cancelled)
+        at least `retention_s` ago: nothing resumes from them, and they are most of what a
+        cluster stores. Logs are kept (`autoscaler logs`), until the lifecycle rule expires
+        them. Only jobs finished less than `window_s` past their retention are listed, so
+        an hourly sweep costs a few LIST calls whatever the cluster's history."""
+        now = self.now()
+        deleted = []
+        for job in self.store.jobs(sorted(FINAL_JOB_STATUSES)):
+            if job.finished_at is None or not (
+                retention_s <= now - job.finished_at < retention_s + window_s
+            ):
+                continue
+            for key in self.storage.list(job_prefix(job.job_id)):
+                if key.rpartition("/")[2].startswith(CHECKPOINT):
+                    self.storage.delete(key)
+                    deleted.append(key)
+        return deleted
+
 
 def add_submission(server: grpc.Server, service: SubmissionService) -> None:
     api_pb2_grpc.add_SubmissionServicer_to_server(service, server)
+
+
+# -- who calls, and the audit log ---------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """The call being served: who made it, and what it is about (for the audit log)."""
+
+    caller: Caller
+    method: str
+    target: str = ""
+    detail: str = ""
+
+
+_CALL: contextvars.ContextVar[Call] = contextvars.ContextVar("autoscaler_api_call")
+
+
+def current() -> Call:
+    """The call this thread serves (set by `UserAuth` around every user call)."""
+    return _CALL.get()
+
+
+def _own(context: Any, owner: str, what: str) -> None:
+    """Refuse unless the caller owns `what` or is an admin."""
+    caller = current().caller
+    if not caller.is_admin and caller.name != owner:
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{what} belongs to {owner}: only its owner or an admin may change it",
+        )
+
+
+@dataclass
+class UserAuth(grpc.ServerInterceptor):
+    """Authenticates every call of the submission API by its bearer token, allows it by
+    the user's role (`ROLE_METHODS`), and writes it to the audit log with its outcome —
+    refused calls too. Methods under `open` (the workers' services, which check
+    certificates themselves) and health checks pass untouched.
+
+    The audit entry names the user, the method, its target (a job, an instance, a user)
+    and the status the call ended with; never a token nor a request's body.
+    """
+
+    authenticator: Authenticator
+    accounts: SqlAccounts
+    now: Callable[[], float] = time.time
+    open: tuple[str, ...] = ()
+    _open: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._open = ("/grpc.health.v1.Health/", *self.open)
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        method = handler_call_details.method
+        handler = continuation(handler_call_details)
+        if handler is None or method.startswith(self._open):
+            return handler
+        name = method.removeprefix(SERVICE)
+        token = _bearer(handler_call_details.invocation_metadata or ())
+        caller = self.authenticator.authenticate(token) if token else None
+        if caller is None:
+            anonymous = Caller("", "-", "-")
+            return self._wrap(
+                handler, anonymous, name, (grpc.StatusCode.UNAUTHENTICATED, _NO_TOKEN)
+            )
+        if name not in ROLE_METHODS.get(caller.role, ()):
+            refusal = f"{caller.name} ({caller.role}) may not call {name}"
+            return self._wrap(handler, caller, name, (grpc.StatusCode.PERMISSION_DENIED, refusal))
+        return self._wrap(handler, caller, name, None)
+
+    def _wrap(
+        self,
+        handler: grpc.RpcMethodHandler,
+        caller: Caller,
+        method: str,
+        refusal: tuple[grpc.StatusCode, str] | None,
+    ) -> grpc.RpcMethodHandler:
+        if handler.response_streaming:
+            raise TypeError(f"{method}: response streams are not audited")
+        behavior = handler.stream_unary if handler.request_streaming else handler.unary_unary
+
+        def audited(request: Any, context: grpc.ServicerContext) -> Any:
+            call = Call(caller, method, target=_target(request))
+            token = _CALL.set(call)
+            outcome = "ok"
+            try:
+                if refusal is not None:
+                    context.abort(*refusal)
+                return behavior(request, context)
+            except BaseException:
+                code = context.code() if hasattr(context, "code") else None
+                outcome = code.name.lower() if isinstance(code, grpc.StatusCode) else "error"
+                if refusal is None and code is None:
+                    call.detail = "failed"
+                raise
+            finally:
+                _CALL.reset(token)
+                self._record(call, outcome, context.peer())
+
+        make = (
+            grpc.stream_unary_rpc_method_handler
+            if handler.request_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            audited,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _record(self, call: Call, outcome: str, peer: str) -> None:
+        entry = AuditRecord(
+            at=self.now(),
+            user_name=call.caller.name,
+            role=call.caller.role,
+            method=call.method,
+            outcome=outcome,
+            target=call.target[:256],
+            detail=call.detail,
+            peer=peer or "",
+        )
+        try:
+            self.accounts.record(entry)
+        except Exception:  # the call has happened; its entry must not turn it into an error
+            log.exception("no audit entry for %s by %s", call.method, call.caller.name)
+
+
+_NO_TOKEN = "a valid token is required (see `autoscaler user add`)"
+
+
+def _bearer(metadata: Iterable[tuple[str, Any]]) -> str | None:
+    for key, value in metadata:
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer ") :]
+    return None
+
+
+def _target(request: Any) -> str:
+    """What a call is about, from its request's naming fields (never a body)."""
+    for name in ("job_id", "instance_id", "name", "user"):
+        value = getattr(request, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _user_document(user: Any) -> dict[str, Any]:
+    return {
+        "user": user.name,
+        "id": user.user_id,
+        "role": user.role,
+        "team": user.team,
+        "created_at": user.created_at,
+        "rotated_at": user.rotated_at,
+        "previous_valid_until": user.previous_until,
+        "revoked_at": user.revoked_at,
+    }
+
+
+def _audit_document(entry: AuditRecord) -> dict[str, Any]:
+    return {
+        "at": entry.at,
+        "user": entry.user_name,
+        "role": entry.role,
+        "method": entry.method,
+        "target": entry.target,
+        "outcome": entry.outcome,
+        "detail": entry.detail,
+        "peer": entry.peer,
+    }
 
 
 def parse_submitted(spec_json: str) -> JobSpec:
@@ -437,13 +788,15 @@ class ApiClient:
                 f"cannot reach the daemon at {self.address}: {details} "
                 "(is `autoscaler daemon` running, and is [api] advertise right?)"
             )
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            return ApiRefused(f"the daemon refused the API token: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return ApiRefused(f"the daemon refused the token: {details}")
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return ApiRefused(f"not allowed: {details}")
         return ApiRefused(details or str(code))
 
-    def upload_contexts(self, packed: Mapping[str, bytes]) -> dict[str, str]:
-        """Upload the contexts the daemon does not have yet (digest -> bytes); returns
-        digest -> stored ref for all of them."""
+    def upload_contexts(self, packed: Mapping[str, bytes | Path]) -> dict[str, str]:
+        """Upload the contexts the daemon does not have yet (digest -> the packed archive,
+        a file streamed in chunks, or bytes); returns digest -> stored ref for all."""
         wanted = sorted(packed)
         answer = self._call(
             self.stub.MissingContexts, api_pb2.MissingContextsRequest(digests=wanted)
@@ -451,16 +804,20 @@ class ApiClient:
         refs = dict(answer.refs)
         for digest in answer.missing:
             data = packed[digest]
-            timeout = CALL_TIMEOUT_S + len(data) / _CHUNK
-            refs[digest] = self._call(self.stub.UploadContext, _chunks(digest, data), timeout).ref
+            size = data.stat().st_size if isinstance(data, Path) else len(data)
+            timeout = CALL_TIMEOUT_S + size / _CHUNK
+            chunks = _file_chunks(digest, data) if isinstance(data, Path) else _chunks(digest, data)
+            refs[digest] = self._call(self.stub.UploadContext, chunks, timeout).ref
         return refs
 
-    def submit(self, job: JobSpec, owner: str) -> str:
-        request = api_pb2.SubmitJobRequest(spec_json=json.dumps(spec_document(job)), owner=owner)
+    def submit(self, job: JobSpec) -> str:
+        """Queue a job; it belongs to the user whose token the channel carries."""
+        request = api_pb2.SubmitJobRequest(spec_json=json.dumps(spec_document(job)))
         return self._call(self.stub.SubmitJob, request).job_id
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return json.loads(self._call(self.stub.GetJob, api_pb2.GetJobRequest(job_id=job_id)).json)
+    def job(self, job_id: str, *, show_secrets: bool = False) -> dict[str, Any]:
+        request = api_pb2.GetJobRequest(job_id=job_id, show_secrets=show_secrets)
+        return json.loads(self._call(self.stub.GetJob, request).json)
 
     def jobs(self, statuses: Sequence[str] = (), limit: int = 0) -> dict[str, Any]:
         request = api_pb2.ListJobsRequest(statuses=list(statuses), limit=limit)
@@ -496,8 +853,36 @@ class ApiClient:
     def catalog(self) -> dict[str, Any]:
         return json.loads(self._call(self.stub.GetCatalog, api_pb2.GetCatalogRequest()).json)
 
+    def add_user(self, name: str, role: str, team: str = "") -> dict[str, Any]:
+        request = api_pb2.UserRequest(name=name, role=role, team=team)
+        return json.loads(self._call(self.stub.AddUser, request).json)
+
+    def users(self) -> dict[str, Any]:
+        return json.loads(self._call(self.stub.ListUsers, api_pb2.ListUsersRequest()).json)
+
+    def rotate_user(self, name: str, overlap_s: float = 0.0) -> dict[str, Any]:
+        request = api_pb2.UserRequest(name=name, overlap_s=overlap_s)
+        return json.loads(self._call(self.stub.RotateUser, request).json)
+
+    def revoke_user(self, name: str) -> dict[str, Any]:
+        request = api_pb2.UserRequest(name=name)
+        return json.loads(self._call(self.stub.RevokeUser, request).json)
+
+    def audit(self, user: str = "", since: float = 0.0, limit: int = 0) -> dict[str, Any]:
+        request = api_pb2.AuditRequest(user=user, since=since, limit=limit)
+        return json.loads(self._call(self.stub.Audit, request).json)
+
 
 def _chunks(digest: str, data: bytes) -> Iterator[api_pb2.ContextChunk]:
     yield api_pb2.ContextChunk(digest=digest, size=len(data), data=data[:_CHUNK])
     for start in range(_CHUNK, len(data), _CHUNK):
         yield api_pb2.ContextChunk(data=data[start : start + _CHUNK])
+
+
+def _file_chunks(digest: str, path: Path) -> Iterator[api_pb2.ContextChunk]:
+    """A packed context read from its file a chunk at a time (never whole in memory)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        yield api_pb2.ContextChunk(digest=digest, size=size, data=handle.read(_CHUNK))
+        for block in iter(lambda: handle.read(_CHUNK), b""):
+            yield api_pb2.ContextChunk(data=block)

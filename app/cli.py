@@ -12,6 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+#: Commands whose files are the cluster's (0600 files, 0700 directories).
+PRIVATE_COMMANDS = frozenset({"init", "daemon", "worker", "down"})
+PRIVATE_UMASK = 0o077
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (2: bad input, 130: interrupted)."""
@@ -58,8 +62,10 @@ def build_parser() -> Any:
     from app.commands.catalog import register as register_catalog_commands
     from app.commands.cluster import register as register_cluster_commands
     from app.commands.db import register as register_db_commands
+    from app.commands.deploy import register as register_deploy_commands
     from app.commands.plan import register as register_plan_command
     from app.commands.replay import register as register_simulator_commands
+    from app.commands.users import register as register_user_commands
     from executor.cli import register as register_worker_command
 
     class Parser(argparse.ArgumentParser):
@@ -82,6 +88,8 @@ def build_parser() -> Any:
     register_simulator_commands(sub)
     register_db_commands(sub)
     register_cluster_commands(sub)
+    register_user_commands(sub)
+    register_deploy_commands(sub)
     register_worker_command(sub)
     return parser
 
@@ -105,6 +113,9 @@ def _main(argv: Sequence[str] | None) -> int:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     args = parser.parse_args(argv)
+    # What init, the daemon and a worker write (state, checkpoints, logs, work directories)
+    # only their owner reads: job data and env values are not for other local users.
+    umask = os.umask(PRIVATE_UMASK) if args.command in PRIVATE_COMMANDS else None
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
@@ -118,6 +129,9 @@ def _main(argv: Sequence[str] | None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        if umask is not None:
+            os.umask(umask)
 
 
 def _one_line(message: str) -> str:

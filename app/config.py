@@ -23,7 +23,7 @@ import msgspec
 from app.files import CONFIG_LIMIT, read_toml
 from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
-from autoscaler.decide import ControlOptions, Timeouts
+from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import (
@@ -107,9 +107,10 @@ class CloudTable(Strict):
     provider: Literal["ec2", "local"] = "ec2"
     # local: emulate the catalog's launch delays (off: instances are ready at once)
     emulate_delays: bool = False
-    # ec2: the worker agent's wheel (`pip wheel --no-deps .`), which the daemon publishes
-    # to the cluster's bucket and every worker installs, pinned by its sha256.
-    agent_wheel: text(max_length=4096) = ""
+    # ec2: the workers' wheelhouse (`autoscaler deploy wheelhouse`: the agent and every
+    # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
+    # worker installs offline.
+    wheelhouse: text(max_length=4096) = ""
 
 
 def _check_address(value: str, name: str, *, optional: bool = False) -> None:
@@ -180,6 +181,9 @@ def storage_problem(url: str) -> str | None:
 class StorageTable(Strict):
     #: Build contexts, checkpoints and logs: `s3://bucket/prefix` or `file:///dir`.
     url: text(max_length=4096) = "file:///var/lib/autoscaler/storage"
+    #: Days a finished job's checkpoints are kept before the daemon deletes them (its
+    #: logs stay until the bucket's lifecycle rule expires them).
+    checkpoint_retention_days: number(ge=0, le=36_500.0, description="a number of days >= 0") = 7.0
 
     def check(self) -> None:
         problem = storage_problem(self.url)
@@ -369,6 +373,9 @@ class ClusterConfig:
             dry_run=dry_run,
             progress_at_steps=True,  # what `job` shows is one step old
             instance_prefix=f"{self.cluster.name}-",
+            # A daemon's instances boot for real: a type whose workers never register
+            # backs off, then is held (replays, whose workers always register, do not).
+            boot_backoff=BootBackoff(),
         )
 
     @property
@@ -556,18 +563,30 @@ def check_daemon_config(config: ClusterConfig) -> list[str]:
             raise refuse(
                 f"cannot launch yet; set {', '.join(problems)}", "[ec2]", problems[0].split()[0]
             )
-        wheel = Path(config.cloud.agent_wheel).expanduser()
-        if not config.cloud.agent_wheel:
+        missing = config.provisioner.guardrails.unattended_problems()
+        if missing:
             raise refuse(
-                'is required for provider = "ec2": the worker agent\'s wheel the daemon '
-                "publishes (build it with `pip wheel --no-deps . -w dist`)",
-                "[cloud]",
-                "agent_wheel",
+                f"set {', '.join(missing)}: a daemon on EC2 spends money unattended",
+                "[guardrails]",
+                missing[0],
             )
-        if not wheel.is_absolute():
-            wheel = config.path.parent / wheel
-        if not wheel.is_file():
-            raise refuse("is not a file", "[cloud]", "agent_wheel", config.cloud.agent_wheel)
+        house = Path(config.cloud.wheelhouse).expanduser()
+        if not config.cloud.wheelhouse:
+            raise refuse(
+                'is required for provider = "ec2": the directory of the workers\' wheelhouse '
+                "the daemon publishes (build it with `autoscaler deploy wheelhouse --out DIR`)",
+                "[cloud]",
+                "wheelhouse",
+            )
+        if not house.is_absolute():
+            house = config.path.parent / house
+        if not (house / "requirements.txt").is_file():
+            raise refuse(
+                "holds no requirements.txt: not a wheelhouse `autoscaler deploy wheelhouse` built",
+                "[cloud]",
+                "wheelhouse",
+                config.cloud.wheelhouse,
+            )
         url = config.storage.url
         if not url.startswith("s3://") or PLACEHOLDER_BUCKET in url:
             raise refuse(

@@ -1,10 +1,11 @@
 """`autoscaler daemon`: the process that runs a cluster unattended.
 
 It takes the cluster's leader lock (one daemon acts per cluster; a second one
-waits and says so), serves gRPC on two ports — users (TLS, a token on every
-call) and worker enrollment on `[api] listen`, the enrolled workers on the
-workers' port (mutual TLS: a client certificate from the worker CA, which
-`TokenAuth` lets through to services that check it themselves) — exposes
+waits and says so), serves gRPC on two ports — users (TLS, a user's token on
+every call, allowed by role and audited: `app.api.UserAuth`) and worker
+enrollment on `[api] listen`, the enrolled workers on the workers' port (mutual
+TLS: a client certificate from the worker CA, which `UserAuth` lets through to
+services that check it themselves) — exposes
 Prometheus metrics, and lets APScheduler 3 run a
 round every `interval_s` and the step that carries it out every `step_s` —
 on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
@@ -30,11 +31,12 @@ from typing import Any
 
 import grpc
 
-from app.api import USER_METHODS, Storage, SubmissionService, add_submission
+from app.api import Storage, SubmissionService, UserAuth, add_submission
 from app.config import ClusterConfig
 from app.leader import LeaderLock
 from app.metrics import Metrics
 from app.reports import hourly_cost_now
+from app.users import Authenticator
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
@@ -84,7 +86,6 @@ class Daemon:
         dry_run: bool = False,
         clock: Any = None,
         server_credentials: grpc.ServerCredentials | None = None,
-        tokens: dict[str, str] | None = None,
         worker_credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.config = config
@@ -97,7 +98,6 @@ class Daemon:
         self.stop = threading.Event()
         self.server_credentials = server_credentials
         self.worker_credentials = worker_credentials
-        self.tokens = tokens or {}
         self._planner = config.planner.planner()
         self._busy = threading.Lock()
         self._fault = _fault_from_env()
@@ -120,6 +120,7 @@ class Daemon:
             options=self.options,
             max_context_bytes=int(config.limits.max_context_mb * 2**20),
         )
+        self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
         self.server: grpc.Server | None = None
 
@@ -236,13 +237,18 @@ class Daemon:
 
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-        from executor.security import TokenAuth, server_options
+        from executor.security import server_options
 
         # Each connected worker holds one thread on its command stream: room for many.
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=WORKER_THREADS),
             interceptors=[
-                TokenAuth(self.tokens, {"user": USER_METHODS}, open=self.bindings.worker_methods)
+                UserAuth(
+                    self.authenticator,
+                    self.api.accounts,
+                    now=self.clock.now,
+                    open=self.bindings.worker_methods,
+                )
             ],
             options=server_options(),
         )
@@ -297,6 +303,13 @@ class Daemon:
         scheduler.add_job(self.step, "interval", seconds=cluster.step_s, id="step")
         scheduler.add_job(
             self.api.collect_orphan_contexts, "interval", seconds=3600, id="collect-contexts"
+        )
+        scheduler.add_job(
+            self.api.collect_finished_checkpoints,
+            "interval",
+            seconds=3600,
+            id="collect-checkpoints",
+            kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
         )
         scheduler.start()
         self.scheduler = scheduler

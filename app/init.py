@@ -12,7 +12,8 @@ of mode 0600:
 - the **worker CA** (`worker-ca.pem`, `worker-ca.key`), with which the daemon
   signs the short-lived client certificates of enrolled workers — client
   authentication only, so nothing a worker obtains passes as the daemon;
-- the **API token** of users.
+- `api.token`, the token of the first user, the admin `admin` (the daemon keeps
+  only its hash, from its first start on; more users: `autoscaler user add`).
 
 Workers get no shared secret: each proves its own instance when it enrolls.
 Running `init` again keeps everything that exists (a secret is never
@@ -36,6 +37,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from app.config import PLACEHOLDER_BUCKET, ClusterConfig, parse_cluster_config
+from app.users import new_user_id, new_user_token
 from autoscaler.decide import ControlOptions
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
@@ -44,7 +46,6 @@ from executor.security import (
     Authority,
     certificate_names,
     issued_by,
-    new_token,
     write_secret,
 )
 from provisioners.config import ClusterId, Region
@@ -140,7 +141,7 @@ def init_cluster(
         )
         _reads_back(text_, config, directory, local)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise InputError(
             f"cannot be created: {exc.strerror or exc}",
@@ -154,7 +155,9 @@ def init_cluster(
         kept.append(config)
     else:
         try:
-            with open(config, "x", encoding="utf-8") as handle:  # never over one made meanwhile
+            # Never over one made meanwhile; only its owner reads it (it names the secrets).
+            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "w", encoding="utf-8") as handle:
                 handle.write(text_)
         except FileExistsError:
             kept.append(config)
@@ -201,7 +204,8 @@ def init_cluster(
         write_secret(server_cert, cert, overwrite=True)
         written += [server_cert, server_key]
     api_token = secrets_dir / "api.token"
-    (written if write_secret(api_token, new_token() + "\n") else kept).append(api_token)
+    admin_token = new_user_token(new_user_id())
+    (written if write_secret(api_token, admin_token + "\n") else kept).append(api_token)
     return InitResult(config, tuple(written), tuple(kept))
 
 
@@ -299,6 +303,14 @@ def config_template(
             'path = "state.db"                  # a SQLite file; for production use PostgreSQL:\n'
             '# url = "postgresql+psycopg://autoscaler@db.internal:5432/autoscaler"'
         )
+    lifecycle = (
+        ""
+        if local
+        else "\n# S3 expires jobs/ and instances/ under the prefix after 30 days with the lifecycle"
+        "\n# rule `autoscaler deploy policy` writes (s3-lifecycle.json); apply it once with"
+        f"\n#   aws s3api put-bucket-lifecycle-configuration --bucket {bucket or 'BUCKET'} \\"
+        "\n#     --lifecycle-configuration file://s3-lifecycle.json"
+    )
     return f"""# Cluster configuration, written by `autoscaler init`. Every key is optional unless
 # marked; an unknown key is an error. Relative paths are relative to this file.
 
@@ -311,9 +323,10 @@ def config_template(
 [cloud]
 {f'provider = "{provider}"':<34} # "ec2", or "local": instances are agents on this host
 emulate_delays = false             # local only: wait the catalog's launch delays, as EC2 would
-# ec2: the worker agent's wheel, which the daemon publishes to [storage] for workers to
-# install at boot (required for "ec2"; build it with `pip wheel --no-deps . -w dist`)
-# agent_wheel = "dist/ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+# ec2: the workers' wheelhouse (the agent and every dependency, hash-pinned), which the
+# daemon publishes to [storage] for workers to install offline at boot (required for
+# "ec2"; build it with `autoscaler deploy wheelhouse --out wheelhouse`)
+# wheelhouse = "wheelhouse"
 
 [api]
 {f'listen = "127.0.0.1:{api_port}"':<34} # users (TLS, a token on every call) and worker enrollment
@@ -326,6 +339,7 @@ emulate_delays = false             # local only: wait the catalog's launch delay
 [storage]
 # build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine
 {storage}
+checkpoint_retention_days = 7      # a finished job's checkpoints are deleted after this{lifecycle}
 
 [secrets]
 dir = "secrets"                    # the two CAs, certificates, the API token (0600, never logged)

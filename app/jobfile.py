@@ -312,7 +312,9 @@ DOCKERIGNORE_LIMIT = 1024 * 1024
 
 
 def _context_directory(base: Path, context: str, source: str, where: str) -> Path:
-    """The build context's directory, checked as far as packing it will need: it exists
+    """The build context's directory, checked as far as packing it will need: it is
+    inside the job file's directory (`..`, absolute paths and symlinks leading out are
+    refused: a job file from elsewhere cannot ship the submitter's other files), exists
     (no symlink loop on the way), holds a Dockerfile, and its `.dockerignore` is text."""
 
     def refuse(problem: str) -> InputError:
@@ -320,12 +322,18 @@ def _context_directory(base: Path, context: str, source: str, where: str) -> Pat
             problem, source=source, where=where, field="context", value=context, has_value=True
         )
 
+    given = Path(context)
+    if given.is_absolute() or ".." in given.parts:
+        raise refuse("must be a directory inside the job file's directory (no '..', not absolute)")
     try:
+        inside = base.resolve(strict=True)
         directory = (base / context).resolve(strict=True)
     except FileNotFoundError:
         raise refuse("is not a directory") from None
     except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long, no permission
         raise refuse(f"cannot be resolved: {getattr(exc, 'strerror', None) or exc}") from None
+    if not directory.is_relative_to(inside):  # a symlink on the way led out
+        raise refuse(f"leads outside the job file's directory (to {directory}) through a symlink")
     if not directory.is_dir():
         raise refuse("is not a directory")
     if not (directory / "Dockerfile").is_file():

@@ -57,6 +57,11 @@ class Metrics:
         self.infeasible = Gauge(
             "autoscaler_infeasible_tasks", "tasks nothing available can host", registry=r
         )
+        self.held = Gauge(
+            "autoscaler_held_instance_types",
+            "instance types held back after launches that never registered a worker",
+            registry=r,
+        )
 
     def observe_round(self, record: RoundRecord, seconds: float) -> None:
         self.round_seconds.observe(seconds)
@@ -66,6 +71,7 @@ class Metrics:
         if cost is not None and bound:
             self.bound_gap.set(cost / bound - 1.0)
         self.infeasible.set(len(record.numbers.get("infeasible", {})))
+        self.held.set(len(record.numbers.get("held", {})))
         for action in record.actions:
             if action.kind != "launch":
                 continue

@@ -293,6 +293,8 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
             "hourly_cost": r.numbers.get("hourly_cost"),
             "lower_bound_hourly_cost": r.numbers.get("lower_bound_hourly_cost"),
             "infeasible": r.numbers.get("infeasible", {}),
+            # Types held back after boots that never registered, with the cause.
+            "held": r.numbers.get("held", {}),
             "actions": [
                 {"kind": a.kind, "target": a.target, "outcome": a.outcome, "reason": a.reason}
                 for a in r.actions

@@ -36,7 +36,21 @@ def open_state(config: ClusterConfig, *, create: bool = False) -> Any:
                 upgrade(engine)
         finally:
             engine.dispose()
+        _owner_only(config.state.sqlite_path)
     return SqlStore(config.state.url)
+
+
+def _owner_only(database: Path | None) -> None:
+    """A SQLite state database and its journal files readable by their owner alone (they
+    hold every job's env values); SQLite gives new WAL files the database's mode."""
+    if database is None:
+        return
+    for path in (database, *(database.with_name(database.name + s) for s in ("-wal", "-shm"))):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def offline_catalog(config: ClusterConfig) -> Catalog:
@@ -46,18 +60,32 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
     return cached_or_bundled_catalog(config.provisioner.ec2).catalog
 
 
-def daemon_security(config: ClusterConfig) -> tuple[grpc.ServerCredentials, dict[str, str]]:
-    """The TLS credentials of the daemon's API port and its tokens (token -> role)."""
-    from executor.security import read_secret, read_token, server_credentials
+def daemon_security(config: ClusterConfig) -> grpc.ServerCredentials:
+    """The TLS credentials of the daemon's API port."""
+    from executor.security import read_secret, server_credentials
 
     secrets = config.secrets
     try:
         cert = secrets.server_cert.read_bytes()
         key = read_secret(secrets.server_key)
-        tokens = {read_token(secrets.api_token): "user"}
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
-    return server_credentials(cert, key), tokens
+    return server_credentials(cert, key)
+
+
+def first_admin(config: ClusterConfig, store: Any, at: float) -> Any:
+    """Make `secrets/api.token` the admin `admin` unless its user is known (`app.users`):
+    the token `init` wrote, or the shared token of a cluster made before users existed.
+    Returns the user added, if one was."""
+    from app.users import ensure_first_admin
+    from executor.security import read_token
+    from state.accounts import SqlAccounts
+
+    try:
+        read_token(config.secrets.api_token)  # refused when others may read it
+    except OSError:
+        return None
+    return ensure_first_admin(SqlAccounts(store.engine), config.secrets.api_token, at)
 
 
 def worker_security(config: ClusterConfig) -> grpc.ServerCredentials:
@@ -127,6 +155,11 @@ def build_bindings(config: ClusterConfig) -> Bindings:
 
     store = open_state(config, create=True)
     storage = open_storage(config.storage.url)
+    s3 = getattr(storage, "client", None)
+    if s3 is not None:  # S3: a denied call names the action and object it needed
+        from provisioners.aws import explain_denials
+
+        explain_denials(s3)
     try:
         worker_ca = Authority.load(config.secrets.worker_ca_cert, config.secrets.worker_ca_key)
     except OSError as exc:
@@ -211,31 +244,54 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
         return local_cloud(config)
     from provisioners.ec2 import EC2Cloud
 
-    bootstrap = worker_bootstrap(config) if publish else None
-    return EC2Cloud.from_config(config.provisioner, bootstrap=bootstrap)
+    if publish:  # the daemon: it spends money unattended
+        missing = config.guardrails.unattended_problems()
+        if missing:
+            raise InputError(
+                f"set {', '.join(missing)}: a daemon on EC2 spends money unattended, and "
+                "nothing else bounds what a bug, a loop or a flood of jobs can spend "
+                "(`autoscaler init` writes them, commented)",
+                source=str(config.path),
+                where="[guardrails]",
+            )
+    if not publish:
+        return EC2Cloud.from_config(config.provisioner)
+    from provisioners.aws import make_client
+    from provisioners.catalog import PRICING_API_REGION
+
+    # The daemon prices its region itself when it has no prices or old ones.
+    pricing = make_client("pricing", PRICING_API_REGION)
+    return EC2Cloud.from_config(
+        config.provisioner, bootstrap=worker_bootstrap(config), pricing=pricing
+    )
 
 
 def worker_bootstrap(config: ClusterConfig) -> Any:
-    """Publish what EC2 workers need (the agent wheel, to the bucket) and the user data
+    """Publish what EC2 workers need (the wheelhouse, to the bucket) and the user data
     that boots them: run by the daemon at start-up, with its own identity. Workers get
     no secret: each proves its instance when it enrolls."""
     from provisioners.aws import make_client
-    from provisioners.bootstrap import WorkerBootstrap, publish_agent_wheel, wheel_presigner
+    from provisioners.bootstrap import (
+        BootReports,
+        WorkerBootstrap,
+        object_presigner,
+        publish_wheelhouse,
+    )
 
     source = str(config.path)
     _check_advertised(config)
-    wheel = config.cloud.agent_wheel
-    if not wheel:
+    wheelhouse = config.cloud.wheelhouse
+    if not wheelhouse:
         raise InputError(
-            'is required for provider = "ec2": the worker agent\'s wheel the daemon publishes '
-            "(build it with `pip wheel --no-deps . -w dist`)",
+            'is required for provider = "ec2": the directory of the workers\' wheelhouse the '
+            "daemon publishes (build it with `autoscaler deploy wheelhouse --out DIR`)",
             source=source,
             where="[cloud]",
-            field="agent_wheel",
+            field="wheelhouse",
         )
-    wheel_path = Path(wheel).expanduser()
-    if not wheel_path.is_absolute():
-        wheel_path = config.path.parent / wheel_path
+    directory = Path(wheelhouse).expanduser()
+    if not directory.is_absolute():
+        directory = config.path.parent / directory
     storage = config.storage.url
     if not storage.startswith("s3://") or "REPLACE-WITH-YOUR-BUCKET" in storage:
         raise InputError(
@@ -250,15 +306,16 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
     region = config.cluster.region
     bucket, _, prefix = storage.removeprefix("s3://").partition("/")
     s3 = make_client("s3", region)
-    url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
+    url, sha256 = publish_wheelhouse(s3, bucket, prefix, directory)
     return WorkerBootstrap(
         config.api_address,
         config.secrets.ca_cert.read_text(),
         config.cluster.name,
         region,
-        wheel_presigner(s3, url),
+        object_presigner(s3, url),
         sha256,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
+        reports=BootReports(s3, bucket, prefix),
     )
 
 

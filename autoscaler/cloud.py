@@ -204,6 +204,18 @@ class Cloud(Protocol):
         ...
 
 
+@runtime_checkable
+class Diagnoses(Protocol):
+    """A binding that can say why an instance never became a worker (EC2: its state
+    reason, its console output and the report its bootstrap left). Optional: the round
+    asks when it gives up a boot, so the cause is recorded with it."""
+
+    def diagnose(self, cloud_id: str, instance_id: str) -> str:
+        """One line on what became of the instance's boot ("" when nothing is known).
+        Never raises: a diagnosis that cannot be had is not a reason to stop."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Listing:
     """The cloud's listing of our instances, matched against the state's instances.
@@ -301,10 +313,15 @@ class Guardrails:
 
     One type, read from the `[guardrails]` table, checked in one place: the
     round's `decide`, against the state's instances (so the limits hold across
-    processes and restarts). `max_hourly_spend` counts every live instance
-    (requested, launching, running, draining) at catalog prices. Empty
-    `allowed_*` sets allow everything; `allowed_regions` is checked by the
-    cloud binding when it is built.
+    processes and restarts). `max_instances` and `max_hourly_spend` count every
+    live instance (requested, launching, running, draining) and every orphan (an
+    instance tagged as ours that the state does not know bills all the same), at
+    catalog prices. `max_daily_spend` bounds the ledger's last 24 hours plus one
+    more hour at the rate the launch would bring: a rolling day, so no midnight
+    lets a burst through. `max_launches_per_type_hour` bounds launches of one type
+    within any hour, whatever happens (instances whose workers never register are
+    relaunched no faster than this). Empty `allowed_*` sets allow everything;
+    `allowed_regions` is checked by the cloud binding when it is built.
     """
 
     max_instances: int | None = None
@@ -312,6 +329,21 @@ class Guardrails:
     allowed_types: frozenset[str] = frozenset()
     allowed_families: frozenset[str] = frozenset()
     allowed_regions: tuple[str, ...] = ()
+    max_daily_spend: float | None = None
+    max_launches_per_type_hour: int | None = None
+
+    def unattended_problems(self) -> list[str]:
+        """The limits a daemon spending real money must have, missing here (empty: all set).
+
+        Without them nothing bounds what a bug, a loop or a flood of jobs can spend."""
+        missing = []
+        if self.max_instances is None:
+            missing.append("max_instances")
+        if self.max_hourly_spend is None:
+            missing.append("max_hourly_spend")
+        if self.max_daily_spend is None:
+            missing.append("max_daily_spend")
+        return missing
 
     def check_region(self, region: str) -> None:
         """Raise `LaunchRefused` if this cluster may not launch in `region`."""
@@ -322,10 +354,20 @@ class Guardrails:
                 "change the region or [guardrails] allowed_regions",
             )
 
-    def check_launch(self, instance_type: str, catalog: Catalog, live_types: Sequence[str]) -> None:
+    def check_launch(
+        self,
+        instance_type: str,
+        catalog: Catalog,
+        live_types: Sequence[str],
+        *,
+        launched_last_hour: int = 0,
+        spent_last_day: float = 0.0,
+    ) -> None:
         """Raise `LaunchRefused` (with the numbers) if launching one more would break a limit.
 
-        `live_types` are the types of the instances already running or requested.
+        `live_types` are the types of the instances already running or requested
+        (orphans included); `launched_last_hour` how many of `instance_type` were
+        requested in the last hour; `spent_last_day` the ledger's last 24 hours.
         """
         if instance_type not in catalog:
             raise LaunchRefused("catalog", f"instance type {instance_type} is not in the catalog")
@@ -348,13 +390,29 @@ class Guardrails:
                 f"launching {instance_type} would make {len(live_types) + 1} instances, "
                 f"over the limit of {self.max_instances}",
             )
-        if self.max_hourly_spend is not None:
-            spend = sum(catalog[t].hourly_cost for t in live_types if t in catalog)
-            after = spend + itype.hourly_cost
-            if after > self.max_hourly_spend + 1e-9:
-                raise LaunchRefused(
-                    "max_hourly_spend",
-                    f"launching {instance_type} (${itype.hourly_cost:.4f}/h) would raise spend "
-                    f"from ${spend:.2f}/h to ${after:.2f}/h, over the budget of "
-                    f"${self.max_hourly_spend:.2f}/h",
-                )
+        if (
+            self.max_launches_per_type_hour is not None
+            and launched_last_hour + 1 > self.max_launches_per_type_hour
+        ):
+            raise LaunchRefused(
+                "max_launches_per_type_hour",
+                f"{launched_last_hour} instance(s) of {instance_type} were launched in the last "
+                f"hour, the limit is {self.max_launches_per_type_hour}",
+            )
+        spend = sum(catalog[t].hourly_cost for t in live_types if t in catalog)
+        after = spend + itype.hourly_cost
+        if self.max_hourly_spend is not None and after > self.max_hourly_spend + 1e-9:
+            raise LaunchRefused(
+                "max_hourly_spend",
+                f"launching {instance_type} (${itype.hourly_cost:.4f}/h) would raise spend "
+                f"from ${spend:.2f}/h to ${after:.2f}/h, over the budget of "
+                f"${self.max_hourly_spend:.2f}/h",
+            )
+        daily = self.max_daily_spend
+        if daily is not None and spent_last_day + after > daily + 1e-9:
+            raise LaunchRefused(
+                "max_daily_spend",
+                f"${spent_last_day:.2f} spent in the last 24 h; one more hour at "
+                f"${after:.2f}/h with {instance_type} would pass the daily budget of "
+                f"${self.max_daily_spend:.2f}",
+            )

@@ -37,12 +37,14 @@ from autoscaler.cloud import (
     CloudError,
     CloudInstance,
     CloudUnavailable,
+    Diagnoses,
     LaunchRequest,
     match_listing,
 )
 from autoscaler.decide import (
     ON_INSTANCE,
     ControlOptions,
+    InstanceAction,
     Planner,
     RoundDecision,
     StepDecision,
@@ -160,7 +162,7 @@ def sync(
     snap = store.snapshot(options.default_throughput, with_throughput=learn)
     listing = match_listing(((i.instance_id, i.cloud_id) for i in snap.instances), listed)
     gone, wrote = _sync_instances(
-        store, snap, listing.by_instance, report, now, options.unlisted_grace_s
+        store, snap, listing.by_instance, report, now, options.unlisted_grace_s, cloud
     )
     tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
     wrote = wrote or tasks.wrote
@@ -185,9 +187,11 @@ def _sync_instances(
     report: ExecutorReport,
     now: float,
     unlisted_grace_s: float,
+    cloud: Cloud | None = None,
 ) -> tuple[set[str], bool]:
     """Follow the cloud and the workers; returns the instances that are gone, and
-    whether anything was written."""
+    whether anything was written. A boot that ended before its worker registered keeps
+    its cause in the reason of every later status (the back-off of its type shows it)."""
     gone: set[str] = set()
     changes: list[tuple[str, str, str, CloudInstance | None]] = []  # id, status, reason, seen
     wrote = False
@@ -204,6 +208,8 @@ def _sync_instances(
             if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s):
                 since = now - last_confirmed(inst)
                 reason = f"the cloud no longer lists it (last confirmed {since:.0f} s ago)"
+                if inst.status == "terminating" and _never_a_worker(inst):
+                    reason = f"{reason}; {inst.reason}"
                 changes.append((our_id, "terminated", reason, None))
                 gone.add(our_id)
             continue
@@ -212,7 +218,10 @@ def _sync_instances(
         elif seen.state in ("shutting-down", "stopping", "stopped") and inst.status != (
             "terminating"
         ):
-            changes.append((our_id, "terminating", f"the cloud reports it {seen.state}", None))
+            reason = f"the cloud reports it {seen.state}"
+            if _never_a_worker(inst) and our_id not in report.ready_instances:
+                reason = _with_diagnosis(cloud, inst, f"{reason} before its worker registered")
+            changes.append((our_id, "terminating", reason, None))
         if our_id in report.ready_instances and inst.ready_at is None:
             wrote = store.instance_worker(our_id, now, ready=True) or wrote
         lost = report.lost_instances.get(our_id)
@@ -229,6 +238,39 @@ def _sync_instances(
         )
         store.transition_instances([change], now)
     return gone, wrote or bool(changes)
+
+
+def _never_a_worker(inst: InstanceRecord) -> bool:
+    """Launched, never registered, and not drained by a plan that stopped needing it."""
+    return inst.cloud_id is not None and inst.ready_at is None and inst.entered("draining") is None
+
+
+def _with_diagnosis(cloud: Cloud | None, inst: InstanceRecord, reason: str) -> str:
+    """`reason`, and what the cloud can say of the instance's boot (`Diagnoses`)."""
+    if inst.cloud_id is None or not isinstance(cloud, Diagnoses):
+        return reason
+    try:
+        found = cloud.diagnose(inst.cloud_id, inst.instance_id)
+    except Exception as exc:  # a diagnosis is a courtesy: it never stops the loop
+        found = f"no diagnosis ({type(exc).__name__}: {exc})"
+    return f"{reason}: {found}" if found else reason
+
+
+def diagnosed(
+    cloud: Cloud, snapshot: StateSnapshot, actions: tuple[InstanceAction, ...]
+) -> tuple[InstanceAction, ...]:
+    """The step's terminations, each of an instance whose worker never registered
+    with the cloud's diagnosis of its boot in its reason, recorded before it is gone."""
+    if not isinstance(cloud, Diagnoses):
+        return actions
+    records = {i.instance_id: i for i in snapshot.instances}
+    out = []
+    for action in actions:
+        inst = records.get(action.instance_id)
+        if inst is not None and action.status == "terminating" and _never_a_worker(inst):
+            action = replace(action, reason=_with_diagnosis(cloud, inst, action.reason))
+        out.append(action)
+    return tuple(out)
 
 
 def last_confirmed(inst: InstanceRecord) -> float:
@@ -699,6 +741,7 @@ class ControlLoop:
         observed = self._sync(now, learn=True)
         self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
+        ended, spent = self._history(now)
         elapsed = stopwatch()
         decision = decide(
             snapshot,
@@ -708,6 +751,8 @@ class ControlLoop:
             planner=self.planner,
             now=now,
             orphans=observed.orphans,
+            ended=ended,
+            spent_last_day=spent,
         )
         seconds = elapsed()
         if decision.plan is not None:
@@ -729,6 +774,25 @@ class ControlLoop:
             self.progress()
         return RoundOutcome(recorded, decision.plan, seconds)
 
+    def _history(self, now: float) -> tuple[tuple[InstanceRecord, ...], float]:
+        """What the guardrails and the boot back-off read beyond the snapshot: instances
+        ended lately, and the ledger's last 24 hours (read only when they are in use,
+        so a replay reads neither)."""
+        options = self.options
+        ended: tuple[InstanceRecord, ...] = ()
+        rails = options.guardrails
+        if options.boot_backoff is not None or rails.max_launches_per_type_hour is not None:
+            window = max(3600.0, options.boot_backoff.window_s if options.boot_backoff else 0.0)
+            ended = tuple(
+                i
+                for i in self.store.instances(include_finished=True)
+                if i.status in ("terminated", "failed") and i.requested_at >= now - window
+            )
+        spent = 0.0
+        if rails.max_daily_spend is not None:
+            spent = self.store.cost_between(now - 86400.0, now)
+        return ended, spent
+
     def progress(self) -> StepDecision:
         """Carry out the adopted plan as far as the world allows right now."""
         now = self.clock.now()
@@ -749,6 +813,7 @@ class ControlLoop:
             listed=observed.listed,
         )
         if step:
+            step = replace(step, terminations=diagnosed(self.cloud, snapshot, step.terminations))
             record_step(self.store, step)
             self.passed("stepped")
             act_step(step, snapshot, cloud=self.cloud, executor=self.executor, store=self.store)

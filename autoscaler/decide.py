@@ -92,6 +92,32 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class BootBackoff:
+    """How launches of a type back off when its instances boot but their workers never
+    register (a broken image, bootstrap, network or permission: relaunching at once only
+    pays for the same failure again).
+
+    After k such failures in a row (none of that type registering since), the type is
+    not launched again until `base_s * 2**(k-1)` after the last one ended; from
+    `hold_after` failures on it is held for `hold_s`, with the last failure's cause as
+    the reason; after `cluster_hold_after` in a row of any types, every type is.
+    Counted from the state's instance records, so a restarted daemon holds the same.
+    A worker of the type registering ends the streak.
+    """
+
+    base_s: float = 300.0
+    hold_after: int = 3
+    hold_s: float = 6 * 3600.0
+    #: After this many boots in a row of any types never registered (no worker registering
+    #: since), every type is held: a cause common to all of them (the bootstrap, the
+    #: network, a permission) would otherwise be learnt type by type, each paying
+    #: `hold_after` boots, while the planner turns to the next.
+    cluster_hold_after: int = 6
+    #: Ended instances older than this are not read back (a hold is at most this old).
+    window_s: float = 2 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
 class ControlOptions:
     """Everything a round and a step decide by, besides the snapshot."""
 
@@ -111,6 +137,9 @@ class ControlOptions:
     # A launched instance the cloud stops listing is presumed gone only after this long
     # without news of it: EC2's listing lags its launches by seconds (`presumed_gone`).
     unlisted_grace_s: float = 60.0
+    # Launches of a type whose workers never register back off, then are held (None: never,
+    # as in replay, where every simulated worker registers).
+    boot_backoff: BootBackoff | None = None
 
 
 # -- a round --------------------------------------------------------------------------------
@@ -260,8 +289,15 @@ def decide(
     planner: Planner,
     now: float,
     orphans: Sequence[CloudInstance] = (),
+    ended: Sequence[InstanceRecord] = (),
+    spent_last_day: float = 0.0,
 ) -> RoundDecision:
-    """One scheduling round's decision, from the snapshot taken after `sync`."""
+    """One scheduling round's decision, from the snapshot taken after `sync`.
+
+    `ended` are instances terminated or failed lately (the snapshot holds live ones
+    only): with the live ones they count launches per type in the last hour and
+    boots that never registered (`boot_holds`). `spent_last_day` is the ledger's last
+    24 hours, for the daily budget."""
     had_event = (
         snapshot.last_round_job_events is None
         or snapshot.job_events != snapshot.last_round_job_events
@@ -271,7 +307,13 @@ def decide(
     )
     terminations = instance_timeouts(snapshot, now, options.timeouts)
     leaving = {t.instance_id for t in terminations}
-    blocked = unavailable_types(unavailable, now)
+    known = (*snapshot.instances, *ended)
+    held = (
+        boot_holds(known, now, options.boot_backoff, [t.name for t in catalog])
+        if options.boot_backoff
+        else []
+    )
+    blocked = unavailable_types([*unavailable, *held], now)
     live = [
         i
         for i in snapshot.instances
@@ -300,6 +342,7 @@ def decide(
             targets={tid: None for tid in snapshot.tasks},
             infeasible=infeasible,
             orphans=judged,
+            numbers=_held_numbers(held),
         )
 
     progress = {
@@ -323,7 +366,16 @@ def decide(
     drained = drained_off(plan.configuration, snapshot, usable)
     if drained is not plan.configuration:
         plan = dataclasses.replace(plan, configuration=drained)
-    diff = _diff(snapshot, plan.configuration, current, catalog, options)
+    diff = _diff(
+        snapshot,
+        plan.configuration,
+        current,
+        catalog,
+        options,
+        billed=[*snapshot.instances, *(o for o in orphans if not o.dry_run)],
+        launched_last_hour=launches_since(known, now - 3600.0),
+        spent_last_day=spent_last_day,
+    )
     return RoundDecision(
         at=now,
         planner=planner.name,
@@ -340,7 +392,7 @@ def decide(
         moves=diff.moves,
         infeasible=infeasible,
         orphans=judged,
-        numbers=plan_numbers(plan, len(usable)),
+        numbers={**plan_numbers(plan, len(usable)), **_held_numbers(held)},
     )
 
 
@@ -395,6 +447,101 @@ def drained_off(
         else:
             kept.append(Instance(None, cheapest_type(spec, catalog), (task_id,)))
     return Configuration(tuple(i for i in kept if i.instance_id not in emptied))
+
+
+def _held_numbers(held: Sequence[UnavailableOffering]) -> dict[str, Any]:
+    """What a round records of the types held after boots that never registered."""
+    return {"held": {o.instance_type: o.reason for o in held}} if held else {}
+
+
+def boot_failed(inst: InstanceRecord) -> bool:
+    """Whether the cloud started this instance and it ended before its worker ever
+    registered — given up by a timeout, or shut down by its own bootstrap — rather than
+    being drained by a plan that no longer needed it."""
+    return (
+        inst.cloud_id is not None
+        and inst.ready_at is None
+        and inst.status in ("terminating", "terminated")
+        and inst.entered("draining") is None
+    )
+
+
+def boot_holds(
+    instances: Sequence[InstanceRecord],
+    now: float,
+    backoff: BootBackoff,
+    all_types: Sequence[str] = (),
+) -> list[UnavailableOffering]:
+    """Types whose latest launches booted and never registered a worker, held back with
+    the last one's cause (`BootBackoff`): the planner leaves them out until then, and a
+    task nothing else fits waits with that reason. After `cluster_hold_after` such boots
+    in a row of any types, each of `all_types` (the catalog's) is held."""
+    everywhere = _cluster_hold(instances, now, backoff, all_types)
+    if everywhere:
+        return everywhere
+    by_type: dict[str, list[InstanceRecord]] = {}
+    for inst in instances:
+        by_type.setdefault(inst.instance_type, []).append(inst)
+    holds = []
+    for itype, records in sorted(by_type.items()):
+        streak: list[InstanceRecord] = []
+        for inst in sorted(records, key=lambda i: (i.requested_at, i.instance_id)):
+            if inst.ready_at is not None:
+                streak = []
+            elif boot_failed(inst):
+                streak.append(inst)
+        if not streak:
+            continue
+        last, count = streak[-1], len(streak)
+        ended = last.entered("terminating") or last.entered("terminated") or last.requested_at
+        if count >= backoff.hold_after:
+            until = ended + backoff.hold_s
+            what = f"held: {count} launches in a row never registered a worker"
+        else:
+            until = ended + backoff.base_s * 2 ** (count - 1)
+            what = f"backing off: {count} launch(es) in a row never registered a worker"
+        if until > now:
+            cause = f"last {last.instance_id}: {last.reason or last.status}"
+            holds.append(UnavailableOffering(itype, None, until, f"{what} ({cause})"))
+    return holds
+
+
+def _cluster_hold(
+    instances: Sequence[InstanceRecord],
+    now: float,
+    backoff: BootBackoff,
+    all_types: Sequence[str],
+) -> list[UnavailableOffering]:
+    """Every type held, when the cluster's latest boots, whatever their types, all ended
+    before their worker registered (`BootBackoff.cluster_hold_after`)."""
+    streak: list[InstanceRecord] = []
+    for inst in sorted(instances, key=lambda i: (i.requested_at, i.instance_id)):
+        if inst.ready_at is not None:
+            streak = []
+        elif boot_failed(inst):
+            streak.append(inst)
+    if not all_types or len(streak) < backoff.cluster_hold_after:
+        return []
+    last = streak[-1]
+    ended = last.entered("terminating") or last.entered("terminated") or last.requested_at
+    until = ended + backoff.hold_s
+    if until <= now:
+        return []
+    kinds = len({i.instance_type for i in streak})
+    why = (
+        f"held: {len(streak)} launches in a row, of {kinds} type(s), never registered a "
+        f"worker (last {last.instance_id}: {last.reason or last.status})"
+    )
+    return [UnavailableOffering(t, None, until, why) for t in sorted(set(all_types))]
+
+
+def launches_since(instances: Sequence[InstanceRecord], since: float) -> dict[str, int]:
+    """How many instances of each type were requested after `since`."""
+    counts: dict[str, int] = {}
+    for inst in instances:
+        if inst.requested_at > since:
+            counts[inst.instance_type] = counts.get(inst.instance_type, 0) + 1
+    return counts
 
 
 def _usable(
@@ -625,10 +772,18 @@ def _diff(
     current: Configuration,
     catalog: Catalog,
     options: ControlOptions,
+    *,
+    billed: Sequence[InstanceRecord | CloudInstance] = (),
+    launched_last_hour: Mapping[str, int] | None = None,
+    spent_last_day: float = 0.0,
 ) -> _Diff:
-    """The launches, refusals, targets and moves that turn `current` into `target`."""
+    """The launches, refusals, targets and moves that turn `current` into `target`.
+
+    `billed` are the instances the guardrails count: the state's live ones and the
+    orphans (ours by tag, unknown to the state, billed all the same)."""
     targets: dict[str, str | None] = {tid: None for tid in snapshot.tasks}
-    live_types = [i.instance_type for i in snapshot.instances]
+    live_types = [i.instance_type for i in billed]
+    launched = dict(launched_last_hour or {})
     current_ids = {i.instance_id for i in current}
     launches: list[Launch] = []
     refused: list[RefusedLaunch] = []
@@ -643,7 +798,13 @@ def _diff(
             " …" if len(tasks) > 5 else ""
         )
         try:
-            options.guardrails.check_launch(inst.type.name, catalog, live_types)
+            options.guardrails.check_launch(
+                inst.type.name,
+                catalog,
+                live_types,
+                launched_last_hour=launched.get(inst.type.name, 0),
+                spent_last_day=spent_last_day,
+            )
         except LaunchRefused as exc:
             refused.append(RefusedLaunch(inst.type.name, tasks, reason, exc.rule, str(exc)))
             for task_id in tasks:
@@ -654,6 +815,7 @@ def _diff(
         number += 1
         token = f"{options.instance_prefix}{number}"
         live_types.append(inst.type.name)
+        launched[inst.type.name] = launched.get(inst.type.name, 0) + 1
         launches.append(Launch(token, inst.type.name, inst.type.hourly_cost, tasks, reason))
         for task_id in tasks:
             targets[task_id] = token

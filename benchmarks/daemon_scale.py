@@ -25,18 +25,19 @@ from pathlib import Path
 
 import grpc
 
-from app.api import USER_METHODS, ApiClient, SubmissionService, add_submission
+from app.api import ApiClient, SubmissionService, UserAuth, add_submission
 from app.config import load_cluster_config
 from app.init import DAEMON_NAME, init_cluster
 from app.table import format_table
-from app.wiring import daemon_security
+from app.users import Authenticator
+from app.wiring import daemon_security, first_admin
 from autoscaler.cloud import AvailabilityCache, CloudInstance, LaunchRequest
 from autoscaler.control import ControlLoop
 from autoscaler.decide import ControlOptions
 from autoscaler.planner import planner_by_name
 from benchmarks.timing import timed
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
-from executor.security import TokenAuth, read_token, secure_channel, server_options
+from executor.security import read_token, secure_channel, server_options
 
 
 class InstantCloud:
@@ -137,10 +138,11 @@ def submission(directory: Path, url: str | None, catalog, jobs) -> None:
     config = load_cluster_config(directory / "cluster" / "autoscaler.toml")
     store, _ = fresh_store(url, directory)
     service = SubmissionService(store, None, lambda: catalog)  # type: ignore[arg-type]
-    credentials, tokens = daemon_security(config)
+    credentials = daemon_security(config)
+    first_admin(config, store, 0.0)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
-        interceptors=[TokenAuth(tokens, {"user": USER_METHODS})],
+        interceptors=[UserAuth(Authenticator(service.accounts), service.accounts)],
         options=server_options(),
     )
     add_submission(server, service)
@@ -151,7 +153,7 @@ def submission(directory: Path, url: str | None, catalog, jobs) -> None:
     channel = secure_channel(f"127.0.0.1:{port}", ca, token, server_name=DAEMON_NAME)
     client = ApiClient(channel, f"127.0.0.1:{port}")
     print(f"\n1. submitting {len(jobs):,} jobs through the API …", flush=True)
-    api_s, _ = timed(lambda: [client.submit(j, "bench") for j in jobs])
+    api_s, _ = timed(lambda: [client.submit(j) for j in jobs])
     client.close()
     server.stop(None)
     store.close()

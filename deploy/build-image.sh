@@ -11,7 +11,10 @@
 #         the base's version and platform (default: python3)
 #
 # `pip wheel` runs on the host (it may use a package index or a local wheelhouse there);
-# the Dockerfile then installs from those wheels with --no-index. Prints the image id.
+# the Dockerfile then installs from those wheels with --no-index. The workers' wheelhouse
+# (`autoscaler deploy wheelhouse`) is built here too and shipped at
+# /opt/autoscaler/share/wheelhouse, which deploy/compose/*.toml name: the daemon publishes
+# the agent of its own version. Prints the image id.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +40,10 @@ tar -C "$ROOT" --exclude=./build --exclude=./dist --exclude='./.venv*' --exclude
   --exclude='*.egg-info' -cf - . | tar -C "$CONTEXT/source" -xf -
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$CONTEXT/wheels" \
   "$CONTEXT/source" pip >&2
+echo "build-image: the workers' wheelhouse (agent and dependencies, hash-pinned) ..." >&2
+# Standard library and pip only: run from the source copy, whatever $PYTHON has installed.
+PYTHONPATH="$CONTEXT/source" "$PYTHON" -m executor.distribution --out "$CONTEXT/wheelhouse" >&2
+PYTHONPATH="$CONTEXT/source" "$PYTHON" -m provisioners.wheelhouse --out "$CONTEXT/wheelhouse" >&2
 cp "$ROOT/deploy/Dockerfile" "$CONTEXT/Dockerfile"
 echo "build-image: docker build -t $TAG (FROM $BASE) ..." >&2
 docker build --quiet --build-arg "BASE=$BASE" --label "org.opencontainers.image.version=$VERSION" \

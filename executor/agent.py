@@ -17,7 +17,19 @@ part a module:
   containers keep running; an attempt the daemon gave up (its answer says stop,
   or a grant is refused) is killed at once, without uploading anything, and a
   worker the daemon declared lost kills them all (their tasks run elsewhere).
-  This module: the `Agent`, which also composes the parts below.
+  A job's progress is heart-beaten as it moves (at most one a poll), so the
+  daemon's view is at most one poll old. This module: the `Agent`, which also
+  composes the parts below.
+- **Stops its instance when the daemon is gone** (the spend brake): with no
+  task running and no word from the daemon for `orphan_timeout_s` (30 min by
+  default), or with tasks running for `orphan_max_s` (2 h) after checkpointing
+  them (kept on local disk when they cannot be uploaded), it runs the shutdown
+  command (`shutdown -h now` on EC2; by default elsewhere it ends its
+  containers and itself). Nothing bills for long without a daemon to use it.
+- **Goes down gracefully**: `close(stop_tasks=True)` (`--stop-tasks`, for
+  `down`) checkpoints and stops its tasks first, bounded by their grace; a
+  daemon that released the instance (scale-in, drain, down) is a normal end,
+  logged at INFO.
 - **Runs attempts** (`attempts`): start, watch, stop (checkpoint request,
   SIGTERM, SIGKILL), the final state, and adoption of the containers a
   previous agent process of the instance left running.
@@ -32,9 +44,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,9 +60,10 @@ from autoscaler.resources import Resources
 from executor.artifacts import CHECKPOINT, Artifacts, Fenced
 from executor.attempts import AttemptRunner, Rejected
 from executor.enrollment import IMDS_ENDPOINT, imds_identity, read_secret_file
-from executor.messages import BadMessage, launch_from_pb
+from executor.messages import ENDED_KEY, LOST, RELEASED, BadMessage, launch_from_pb
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
+from executor.runtime import LABEL_INSTANCE, RuntimeFailure
 from executor.security import (
     DAEMON_NAME,
     certificate_window,
@@ -76,6 +91,9 @@ DISTRIBUTIONS = ("ec2-batch-autoscaler-worker", "ec2-batch-autoscaler")
 
 #: Where the agent keeps its identity inside its work directory (mode 0700, files 0600).
 IDENTITY_DIR = "identity"
+
+#: The jobs' watchdog when neither the agent's flag nor the daemon says otherwise.
+DEFAULT_JOB_WATCHDOG_S = 120.0
 
 
 def agent_version() -> str:
@@ -114,7 +132,20 @@ class AgentConfig:
     rpc_timeout_s: float = 10.0
     poll_timeout_s: float = 2.0  # per report-socket request
     poll_interval_s: float = 1.0  # how often running jobs are asked how far they got
+    progress_interval_s: float = 1.0  # at most one heartbeat this often for progress alone
     log_tail_lines: int = 20
+    # A job whose agent has not polled it this long stops itself (the reporter's watchdog).
+    # None: twice the daemon's heartbeat timeout (a worker silent that long is lost and its
+    # tasks run elsewhere), DEFAULT_JOB_WATCHDOG_S until the daemon says; 0: no watchdog.
+    job_watchdog_s: float | None = None
+    upload_patience_s: float = 60.0  # a final upload is tried this long while storage fails
+    # The spend brake: no word from the daemon this long with no task running (or with
+    # tasks, for `orphan_max_s`, after checkpointing them) stops the instance; 0: never.
+    orphan_timeout_s: float = 1800.0
+    orphan_max_s: float = 7200.0
+    # What stops the instance: `shutdown -h now` on EC2; empty: end the agent and its
+    # containers (the local cloud's instance is nothing more).
+    shutdown_command: tuple[str, ...] = ()
 
 
 class AgentError(RuntimeError):
@@ -174,9 +205,21 @@ class _Identity:
 
 class Agent:
     """The worker agent of one instance. `serve()` starts it; `close()` stops the agent
-    (its containers keep running, as they would across a restart)."""
+    (its containers keep running, as they would across a restart, unless asked to stop
+    them first).
 
-    def __init__(self, config: AgentConfig, runtime: Any) -> None:
+    `clock` (monotonic seconds) times the spend brake; `shutdown` is what the brake calls,
+    with its reason, to stop the instance (default: `config.shutdown_command`). Tests
+    inject both."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        runtime: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        shutdown: Callable[[str], None] | None = None,
+    ) -> None:
         # Docker takes a relative bind-mount source for a volume name: paths are absolute.
         self.config = config = replace(config, work_dir=config.work_dir.absolute())
         self.runtime = runtime
@@ -184,9 +227,22 @@ class Agent:
         self._lock = threading.RLock()
         self._changed = threading.Event()
         self._closing = threading.Event()
+        self._clock = clock
+        self._shutdown = shutdown or self._stop_instance
+        self._last_contact = clock()  # the daemon's last answer (or the agent's start)
+        self._reachable = False  # the last heartbeat was answered
+        self._daemon_timeout_s = 0.0  # the daemon's heartbeat timeout, once it said
+        self.beats = 0  # heartbeats answered (tests and `close` wait on it)
+        self.stopped_instance: str | None = None  # why the spend brake stopped it
         self.artifacts = Artifacts(runtime, config.work_dir, config.log_tail_lines, self._grant)
         self.attempts = AttemptRunner(
-            config, runtime, self.artifacts, changed=self._changed.set, closing=self._closing
+            config,
+            runtime,
+            self.artifacts,
+            changed=self._changed.set,
+            closing=self._closing,
+            daemon_silent_s=self._daemon_silent_s,
+            watchdog_s=self._watchdog_s,
         )
         self.identity = _Identity(config.work_dir / IDENTITY_DIR)
         self._interval = 5.0
@@ -207,14 +263,20 @@ class Agent:
         os.chmod(config.work_dir, 0o700)
         if config.enrollment_secret is None and not config.imds_endpoint:
             raise AgentError("no proof of the instance: an enrollment secret or IMDS")
+        self._last_contact = self._clock()
         self.attempts.adopt()
         for target, name in ((self._heartbeat_loop, "heartbeat"), (self._command_loop, "commands")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def close(self, grace_s: float = 1.0) -> None:
-        """Stop heart-beating; containers keep running."""
+    def close(self, grace_s: float = 1.0, *, stop_tasks: bool = False) -> None:
+        """Stop heart-beating; containers keep running (the next agent of the instance adopts
+        them) — unless `stop_tasks`: then each task is first asked to checkpoint and stop
+        (bounded by its checkpoint wait, grace and upload patience), and the daemon told how
+        they ended."""
+        if stop_tasks and not self._closing.is_set():
+            self._stop_tasks("the worker agent is shutting down")
         self._closing.set()
         self._changed.set()
         with self._lock:
@@ -226,6 +288,22 @@ class Agent:
             channel.close()  # cancels a heartbeat in flight
         for thread in self._threads:
             thread.join(timeout=self.config.rpc_timeout_s + 5)
+
+    def _stop_tasks(self, reason: str) -> None:
+        config = self.config
+        asked = self.attempts.stop_all(reason)
+        if not asked:
+            return
+        log.info("%s: checkpointing and stopping %d task(s)", reason, len(asked))
+        bound = config.checkpoint_wait_s + config.stop_grace_s + config.upload_patience_s + 5
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline and not all(a.terminal for a in asked):
+            time.sleep(0.1)
+        beats = self.beats
+        self._changed.set()  # tell the daemon how they ended, if it can hear
+        deadline = time.monotonic() + min(config.rpc_timeout_s, 5.0)
+        while self._reachable and self.beats == beats and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def wait(self) -> None:
         """Block until `close()` (the command runs until SIGTERM)."""
@@ -267,6 +345,9 @@ class Agent:
                 )
             self.identity.save(key, response.certificate_pem, response.registry_address)
             self._interval = response.heartbeat_interval_s or self._interval
+            self._daemon_timeout_s = response.heartbeat_timeout_s or self._daemon_timeout_s
+            self._last_contact = self._clock()
+            # A restarted agent keeps only the attempts the daemon still wants.
             self.attempts.abandon(response.stop, "the daemon gave this attempt up")
             log.info(
                 "enrolled %s with the daemon at %s", self.config.instance_id, self.config.daemon
@@ -351,12 +432,18 @@ class Agent:
 
     def _heartbeat_loop(self) -> None:
         """Enroll, then heart-beat every interval — at once when an attempt changes state or
-        a job reports its first iteration — polling the jobs every `poll_interval_s`."""
+        a job reports its first iteration, and as a job's count moves (at most one beat a
+        `progress_interval_s`) — polling the jobs every `poll_interval_s`, and minding the
+        spend brake."""
         backoff = 0.5
-        next_beat = 0.0
+        next_beat = last_beat = 0.0
         unreachable_since: float | None = None
         while not self._closing.is_set():
+            self.check_spend_brake()
+            if self._closing.is_set():
+                return
             if not self.enrolled.is_set():
+                self.attempts.poll()  # the jobs' watchdog hears the agent meanwhile
                 try:
                     self._enroll()
                     backoff, next_beat = 0.5, 0.0
@@ -367,10 +454,12 @@ class Agent:
                     self._closing.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
-            news = self.attempts.poll()
-            if news or self._changed.is_set() or time.monotonic() >= next_beat:
+            polled = self.attempts.poll()
+            now = time.monotonic()
+            moved = polled.progressed and now - last_beat >= self.config.progress_interval_s
+            if polled.first_iteration or moved or self._changed.is_set() or now >= next_beat:
                 self._changed.clear()
-                next_beat = time.monotonic() + self._interval
+                next_beat, last_beat = now + self._interval, now
                 try:
                     if self.identity.due():
                         self._renew()
@@ -379,12 +468,13 @@ class Agent:
                         log.info("the daemon answers again")
                     unreachable_since = None
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
+                    self._reachable = False
                     if self._closing.is_set():
                         return
                     code = exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[attr-defined]
                     details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
                     if code == grpc.StatusCode.FAILED_PRECONDITION:
-                        self._declared_lost(details or "declared lost")
+                        self._declared_lost(details or "declared lost", _ended_how(exc))
                         continue
                     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                         log.warning("the daemon refuses this worker's certificate (%s)", details)
@@ -416,31 +506,124 @@ class Agent:
         )
         with self._lock:
             self.lost_reason = None
+            self._last_contact = self._clock()
+            self._reachable = True
+            self.beats += 1
         self.connected.set()
         self._forget(response.acknowledged)
         self.attempts.abandon(response.stop, "the daemon gave this attempt up")
         self._interval = response.heartbeat_interval_s or self._interval
+        self._daemon_timeout_s = response.heartbeat_timeout_s or self._daemon_timeout_s
 
     def _enrollment_failed(self, exc: BaseException) -> None:
         if isinstance(exc, grpc.RpcError):
             code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
             if code == grpc.StatusCode.FAILED_PRECONDITION:
-                self._declared_lost(details or "declared lost")
+                self._declared_lost(details or "declared lost", _ended_how(exc))
                 return
             log.warning("cannot enroll with %s: %s %s", self.config.daemon, code.name, details)
         else:
             log.warning("cannot enroll with %s: %s", self.config.daemon, exc)
 
-    def _declared_lost(self, reason: str) -> None:
-        """The daemon gave this worker up: its tasks run elsewhere now; kill ours."""
+    def _declared_lost(self, reason: str, how: str = LOST) -> None:
+        """The daemon gave this worker up: released (scale-in, drain, `down`: a normal end,
+        its tasks were stopped before) or lost (its tasks run elsewhere now). Either way
+        what still runs here is fenced: kill it."""
         with self._lock:
             first = self.lost_reason is None
             self.lost_reason = reason
         self.connected.clear()
+        live = self.attempts.live()
         if first:
-            log.error("the daemon declared this worker lost (%s); killing its containers", reason)
-        self.attempts.abandon_all(f"the daemon declared this worker lost: {reason}")
+            if how == RELEASED:
+                log.info("the daemon released this instance (%s)", reason)
+                if live:
+                    log.warning("killing %d task(s) still running here (fenced)", len(live))
+            elif live:
+                log.error(
+                    "the daemon declared this worker lost (%s); killing its %d task(s)",
+                    reason,
+                    len(live),
+                )
+            else:
+                log.warning("the daemon declared this worker lost (%s)", reason)
+        self.attempts.abandon_all(f"the daemon gave this instance up: {reason}")
         self._closing.wait(5.0)
+
+    # -- the spend brake --------------------------------------------------------------------
+
+    def _daemon_silent_s(self) -> float:
+        """0 while the daemon answers; else how long it has not (at least a little)."""
+        if self._reachable:
+            return 0.0
+        return max(self._clock() - self._last_contact, 1e-3)
+
+    def _watchdog_s(self) -> float:
+        """What a job's watchdog is set to when it starts (see `AgentConfig.job_watchdog_s`)."""
+        if self.config.job_watchdog_s is not None:
+            return self.config.job_watchdog_s
+        if self._daemon_timeout_s:
+            return 2 * self._daemon_timeout_s
+        return DEFAULT_JOB_WATCHDOG_S
+
+    def check_spend_brake(self) -> None:
+        """Stop the instance when the daemon has been out of reach too long: `orphan_timeout_s`
+        with no task running, `orphan_max_s` with tasks (checkpointed and stopped first;
+        what cannot be uploaded stays on this disk). Nothing runs up a bill unwatched."""
+        config = self.config
+        silent = self._daemon_silent_s()  # 0 while the last heartbeat was answered
+        live = self.attempts.live()
+        if live:
+            if not config.orphan_max_s or silent < config.orphan_max_s:
+                return
+            reason = (
+                f"no word from the daemon for {silent:.0f} s with {len(live)} task(s) "
+                "running (their checkpoints are kept)"
+            )
+            if not self._brake_once(reason):
+                return
+            log.warning("%s: checkpointing and stopping them", reason)
+            asked = self.attempts.stop_all(reason)
+            deadline = time.monotonic() + config.checkpoint_wait_s + config.stop_grace_s + 30
+            for attempt in asked:
+                attempt.exited.wait(max(0.0, deadline - time.monotonic()))
+        else:
+            if not config.orphan_timeout_s or silent < config.orphan_timeout_s:
+                return
+            reason = f"no word from the daemon for {silent:.0f} s and no task running"
+            if not self._brake_once(reason):
+                return
+        self.attempts.draining = reason
+        log.warning("stopping this instance: %s", reason)
+        self._closing.set()  # uploads still trying give up: their checkpoints stay on disk
+        self._changed.set()
+        self._shutdown(reason)
+
+    def _brake_once(self, reason: str) -> bool:
+        """Record why the instance is being stopped; False if it already is (the heartbeat
+        loop and a caller may both find the brake due)."""
+        with self._lock:
+            if self.stopped_instance is not None:
+                return False
+            self.stopped_instance = reason
+            return True
+
+    def _stop_instance(self, reason: str) -> None:
+        """The default shutdown: run `shutdown_command`, or (none) end this agent's
+        containers — the agent itself ends as its loop sees it is closing."""
+        command = self.config.shutdown_command
+        if command:
+            log.warning("running %s", shlex.join(command))
+            try:
+                subprocess.run(command, check=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.error("cannot stop this instance with %s: %s", shlex.join(command), exc)
+            return
+        for info in self.runtime.containers({LABEL_INSTANCE: self.config.instance_id}):
+            try:
+                self.runtime.remove(info.container_id)
+            except RuntimeFailure as exc:
+                log.warning("removing container %s: %s", info.container_id[:12], exc)
 
     def _forget(self, refs: Iterable[Any]) -> None:
         self.attempts.forget(refs)
@@ -495,6 +678,20 @@ class Agent:
                 self.attempts.refuse(launch, str(exc))
         elif which == "stop":
             self.attempts.stop(command.stop.task_id, command.stop.attempt)
+
+
+def _ended_how(exc: BaseException) -> str:
+    """How the daemon says it gave this instance up (the protocol's trailing metadata):
+    RELEASED or LOST (also when it does not say: an older daemon)."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    try:
+        pairs = trailing() if callable(trailing) else ()
+    except Exception:  # a channel-side error carries no metadata
+        pairs = ()
+    for key, value in pairs or ():
+        if key == ENDED_KEY and value == RELEASED:
+            return RELEASED
+    return LOST
 
 
 __all__ = ["Agent", "AgentConfig", "AgentError", "agent_version"]

@@ -12,9 +12,11 @@ attempt up (`Fenced`).
   fetched nor built again, and one build runs per context however many tasks start
   from it at once. A fetched context must hash to its address.
 - **The checkpoint**: restored into the attempt's checkpoint directory before the
-  container starts; packed and uploaded when the attempt ends having saved something
-  new, under a key versioned by the job's step (the upload is atomic, so a
-  half-uploaded checkpoint is never referenced).
+  container starts; each one the job completes while it runs is copied out of the
+  directory (`snapshot`, so the job may go on writing) and uploaded, and what the
+  directory holds when the attempt ends is uploaded if it is new, each under a key
+  versioned by the job's step (the upload is atomic, so a half-uploaded checkpoint
+  is never referenced).
 - **The log**: the container's output (or the failed build's) kept per attempt,
   and its last lines for the report.
 
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import stat
 import threading
 import time
 import uuid
@@ -138,6 +142,22 @@ class Artifacts:
         upload(url, archive)
         return ref
 
+    def snapshot(self, checkpoint_dir: Path, target: Path) -> Manifest:
+        """Copy the checkpoint directory to `target` (replacing it) and return what it held:
+        the copy is what gets uploaded, so the job may write its next checkpoint as soon
+        as this returns. A copy, not hard links: a job that rewrites a file in place
+        (`torch.save` does) would change a linked snapshot under the upload."""
+        shutil.rmtree(target, ignore_errors=True)
+        held = manifest(checkpoint_dir)
+        shutil.copytree(
+            checkpoint_dir,
+            target,
+            symlinks=True,
+            ignore=_special_files,
+            copy_function=shutil.copy2,
+        )
+        return held
+
     def save_log(self, launch: TaskLaunch, data: bytes, scratch: Path) -> tuple[str, ...]:
         """Keep an attempt's log in the storage; returns its last lines (for the report)."""
         lines = data.decode("utf-8", "replace").splitlines()
@@ -153,6 +173,20 @@ class Artifacts:
         finally:
             path.unlink(missing_ok=True)
         return tail
+
+
+def _special_files(directory: str, names: list[str]) -> set[str]:
+    """Sockets, FIFOs and devices: never part of a checkpoint (reading a FIFO would block)."""
+    skipped = set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except OSError:
+            skipped.add(name)  # gone meanwhile
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            skipped.add(name)
+    return skipped
 
 
 def manifest(directory: Path) -> Manifest:

@@ -3,24 +3,36 @@
 - **Start** (Eva §5): refuse what does not fit beside the attempts already here;
   then, in the background, the image (`artifacts`), the checkpoint restored, and
   the container run unprivileged with the task's limits, the checkpoint
-  directory and the report socket bind-mounted, and its environment.
+  directory and the report socket bind-mounted, and its environment (how often
+  to checkpoint, its watchdog).
 - **Watch**: each running job is asked over its report socket how far it got;
   its count, throughput and first iteration go into the attempt's status.
+- **Checkpoints while it runs**: each checkpoint the job completes (the
+  reporter's `checkpoint_done()`) is copied out of its directory, the job told
+  it may write the next, and the copy uploaded through a grant, versioned by
+  step; the attempt's status then names it as its latest complete checkpoint,
+  so any crash loses at most one interval. An upload that fails is kept on
+  local disk and tried again.
 - **Stop**: a checkpoint request on the report socket, SIGTERM after a short
-  wait, SIGKILL after a grace period (Eva §5: checkpoint, then stop).
-- **End**: the final state and its reason from how the container exited; a
-  checkpoint saved since the restore is uploaded, whether asked for or not
-  (nothing checkpointed is lost); the log is kept.
+  wait, SIGKILL after a grace period (Eva §5: checkpoint, then stop); `stop_all`
+  does it for every attempt (the agent going down, or its spend brake).
+- **End**: the final state, its reason and its failure class from how the
+  container exited (`ending`); a checkpoint saved since the last upload is
+  uploaded, whether asked for or not (nothing checkpointed is lost), retried
+  while the daemon cannot be reached and kept on disk if the agent goes first;
+  the log is kept.
 - **Adopt**: containers outlive the agent process. Each attempt's directory
   holds its launch (`launch.pb`: the worker protocol's own `StartTask`, encoded
-  by `executor.messages` and nothing else) and what its restore left, so a
-  restarted agent takes over the containers labelled with its instance.
+  by `executor.messages` and nothing else), what its restore left and its
+  latest upload, so a restarted agent takes over the containers labelled with
+  its instance; the daemon then says which of them it still wants.
 - **Fence**: an attempt the daemon gave up (its heartbeat answer says stop, or a
   grant is refused) is killed at once, with nothing uploaded (`abandon`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,15 +44,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
-from autoscaler.execution import TERMINAL_TASK_STATES, ResourceLimits, TaskLaunch
+from autoscaler.execution import TERMINAL_TASK_STATES, FailureClass, ResourceLimits, TaskLaunch
+from autoscaler.jobs import DEFAULT_CHECKPOINT_EVERY_S
 from executor import reporter
 from executor.artifacts import Artifacts, Fenced, Manifest, manifest
-from executor.messages import BadMessage, launch_from_pb, launch_to_pb, state_to_pb
+from executor.messages import (
+    BadMessage,
+    failure_to_pb,
+    launch_from_pb,
+    launch_to_pb,
+    state_to_pb,
+)
 from executor.protos import worker_pb2 as pb
 from executor.runtime import (
     GIB,
@@ -49,10 +69,13 @@ from executor.runtime import (
     LABEL_JOB,
     LABEL_TASK,
     BuildFailed,
+    CommandNotFound,
     ContainerExit,
     ContainerRuntime,
     ContainerSpec,
+    ImageUnavailable,
     RuntimeFailure,
+    job_user,
 )
 from executor.storage import StorageError
 
@@ -69,6 +92,15 @@ REPORT_SOCKET = f"{REPORT_MOUNT}/report.sock"
 #: What an attempt's directory keeps for an agent that adopts its container.
 LAUNCH_FILE = "launch.pb"
 RESTORED_FILE = "restored.json"
+UPLOADED_FILE = "uploaded.json"  # the latest checkpoint uploaded while it ran
+#: Where the copy of a completed checkpoint waits for (or retries) its upload.
+SNAPSHOT_DIR = "snapshot"
+
+#: Exit codes that say the command could not be run at all (POSIX shells, tini): not
+#: executable (126) or not found (127). A retry would meet the same.
+NOT_EXECUTABLE_EXITS = {126: "not executable", 127: "not found"}
+#: Seconds between tries of a checkpoint upload that failed (then doubling, up to a minute).
+UPLOAD_RETRY_S = 2.0
 
 _SLUG = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -104,6 +136,20 @@ class Attempt:
     checkpoint_url: str = ""
     exited: threading.Event = field(default_factory=threading.Event)
     stopper: threading.Thread | None = None  # carrying out the stop, once it began
+    failure: FailureClass | None = None
+    reported: float = 0.0  # iterations as of the last status taken for a heartbeat
+    # Checkpoints while it runs: the last one the job completed that was copied out
+    # (`collected`, the reporter's seq), what the directory held when the last upload was
+    # copied (or restored), and a copy whose upload failed (retried at `retry_at`).
+    collected: int = 0
+    uploaded: Manifest | None = None
+    pending_step: int | None = None
+    retry_at: float = 0.0
+    retry_s: float = UPLOAD_RETRY_S
+    pending: Manifest = ()
+    shipper: threading.Thread | None = None
+    watchdog_s: float | None = None  # what its job's watchdog was set to (None: unknown)
+    kept: bool = False  # its checkpoint stays on local disk: the directory is not removed
 
     @property
     def key(self) -> tuple[str, int]:
@@ -142,7 +188,26 @@ class Attempt:
             status.throughput = self.throughput
         if self.exit_code is not None:
             status.exit_code = self.exit_code
+        if self.state in ("failed", "stopped"):
+            status.failure = failure_to_pb(self.failure)  # type: ignore[assignment]
         return status
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.directory / SNAPSHOT_DIR
+
+    def baseline(self) -> Manifest:
+        """What the checkpoint directory held when it was last uploaded (or restored)."""
+        return self.restored if self.uploaded is None else self.uploaded
+
+
+@dataclass(frozen=True, slots=True)
+class Polled:
+    """What a round of polls found worth a heartbeat: a job's first iteration (it runs
+    now: tell the daemon at once), or a count that moved since the last heartbeat."""
+
+    first_iteration: bool = False
+    progressed: bool = False
 
 
 class AttemptRunner:
@@ -150,7 +215,10 @@ class AttemptRunner:
 
     `changed` is called whenever an attempt's state changes (the agent then
     heart-beats at once); while `closing` is set, an attempt whose container
-    exits is left for the next agent process to finish."""
+    exits is left for the next agent process to finish. `daemon_silent_s` says
+    how long the daemon has not answered (a failed upload is retried without
+    end while it is out of reach: nothing else could take it), and `watchdog_s`
+    what the jobs' watchdog is set to when they start."""
 
     def __init__(
         self,
@@ -160,20 +228,33 @@ class AttemptRunner:
         *,
         changed: Callable[[], None],
         closing: threading.Event,
+        daemon_silent_s: Callable[[], float] = lambda: 0.0,
+        watchdog_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.config = config
         self.runtime = runtime
         self.artifacts = artifacts
         self._changed = changed
         self._closing = closing
+        self._daemon_silent_s = daemon_silent_s
+        self._watchdog_s = watchdog_s
         self._lock = threading.RLock()
         self._attempts: dict[tuple[str, int], Attempt] = {}
+        self.draining: str | None = None  # why no start is accepted any more
 
     # -- the attempts held ------------------------------------------------------------------
 
     def statuses(self) -> list[pb.TaskStatus]:
+        """The status of every attempt held (what a heartbeat carries)."""
         with self._lock:
+            for attempt in self._attempts.values():
+                attempt.reported = attempt.iterations
             return [a.status() for a in self._attempts.values()]
+
+    def live(self) -> list[Attempt]:
+        """The attempts whose containers may run (not ended)."""
+        with self._lock:
+            return [a for a in self._attempts.values() if not a.terminal]
 
     def forget(self, refs: Iterable[Any]) -> None:
         """Drop the ended attempts the daemon acknowledged (`AttemptRef`s)."""
@@ -210,16 +291,18 @@ class AttemptRunner:
         with self._lock:
             return list(self._attempts)
 
-    def poll(self) -> bool:
-        """Ask each running job how far it got (the report socket); True when one has just
-        done its first iteration (worth telling the daemon at once: it is running now)."""
+    def poll(self) -> Polled:
+        """Ask each running job how far it got (the report socket), and collect the
+        checkpoint it has just completed, if any."""
         with self._lock:
             running = [
                 a
                 for a in self._attempts.values()
-                if a.state in ("running", "checkpointing") and a.container is not None
+                if a.state in ("running", "checkpointing")
+                and a.container is not None
+                and not a.exited.is_set()
             ]
-        news = False
+        first = False
         for attempt in running:
             try:
                 answer = reporter.ask(
@@ -229,8 +312,11 @@ class AttemptRunner:
                 continue  # no reporter (yet): nothing to say
             initialized = "init" in attempt.phases
             self._absorb_answer(attempt, answer)
-            news = news or (not initialized and "init" in attempt.phases)
-        return news
+            self._ship(attempt, answer)
+            first = first or (not initialized and "init" in attempt.phases)
+        with self._lock:
+            progressed = any(a.iterations != a.reported for a in running)
+        return Polled(first, progressed)
 
     def _absorb_answer(self, attempt: Attempt, answer: Mapping[str, Any]) -> None:
         if not answer.get("ok"):
@@ -252,6 +338,109 @@ class AttemptRunner:
             ):
                 attempt.phases["init"] = max(0.0, float(first) - attempt.started_wall)
 
+    # -- checkpoints while the job runs ---------------------------------------------------
+
+    def _ship(self, attempt: Attempt, answer: Mapping[str, Any]) -> None:
+        """Collect the checkpoint the job completed since the last one collected (copied out,
+        the job told it may write the next) and upload it, in the background; or try again
+        an upload that failed. One at a time per attempt, newest first."""
+        seq = answer.get("checkpoint_seq")
+        if not answer.get("ok") or not isinstance(seq, int) or isinstance(seq, bool):
+            return  # a reporter of protocol 1: what it saved goes up when it ends
+        told = answer.get("checkpoint_collected")
+        with self._lock:
+            if attempt.terminal or attempt.abandoned or attempt.exited.is_set():
+                return
+            if attempt.shipper is not None and attempt.shipper.is_alive():
+                return
+            if seq > attempt.collected:
+                step = answer.get("checkpoint_step")
+                if not isinstance(step, (int, float)) or not step >= 0:
+                    step = attempt.iterations
+                work: Callable[[], None] = partial(self._collect, attempt, seq, int(step))
+            elif isinstance(told, int) and told < attempt.collected:
+                # The job did not hear that its checkpoint was collected: say it again.
+                work = partial(self._tell_collected, attempt, attempt.collected)
+            elif attempt.pending_step is not None and time.monotonic() >= attempt.retry_at:
+                work = partial(self._upload_pending, attempt)
+            else:
+                return
+            thread = threading.Thread(target=work, name="checkpoint", daemon=True)
+            attempt.shipper = thread
+        thread.start()
+
+    def _collect(self, attempt: Attempt, seq: int, step: int) -> None:
+        try:
+            held = self.artifacts.snapshot(attempt.checkpoint_dir, attempt.snapshot_dir)
+        except OSError as exc:
+            log.warning(
+                "checkpoint %d of %s/%d cannot be copied (%s); trying again",
+                seq,
+                attempt.launch.task_id,
+                attempt.launch.attempt,
+                exc,
+            )
+            return
+        with self._lock:
+            attempt.collected = seq
+            attempt.pending_step, attempt.pending = step, held
+            attempt.retry_s = UPLOAD_RETRY_S
+            _save_uploaded(attempt)
+        self._tell_collected(attempt, seq)
+        self._upload_pending(attempt)
+
+    def _tell_collected(self, attempt: Attempt, seq: int) -> None:
+        """The job may write its next checkpoint (if this is lost, the next poll says it
+        again)."""
+        with contextlib.suppress(OSError, ValueError):
+            reporter.ask(
+                attempt.socket_path, {"op": "collected", "seq": seq}, self.config.poll_timeout_s
+            )
+
+    def _upload_pending(self, attempt: Attempt) -> None:
+        """Upload the collected copy; on success it is the attempt's latest complete
+        checkpoint (the next heartbeat says so at once), on failure it stays on disk."""
+        launch = attempt.launch
+        with self._lock:
+            step = attempt.pending_step
+        if step is None:
+            return
+        try:
+            ref = self.artifacts.upload_checkpoint(
+                launch, attempt.snapshot_dir, attempt.directory, step
+            )
+        except Fenced as exc:
+            log.warning(
+                "attempt %d of %s is fenced (%s); killing it", launch.attempt, launch.task_id, exc
+            )
+            self._abandon(attempt, f"fenced: {exc}")
+            return
+        except (StorageError, OSError, tarfile.TarError) as exc:
+            with self._lock:
+                wait = attempt.retry_s
+                attempt.retry_at = time.monotonic() + wait
+                attempt.retry_s = min(wait * 2, 60.0)
+            log.warning(
+                "checkpoint at step %d of %s/%d not uploaded (%s); kept on local disk, "
+                "trying again in %g s",
+                step,
+                launch.task_id,
+                launch.attempt,
+                exc,
+                wait,
+            )
+            return
+        with self._lock:
+            if attempt.pending_step != step:
+                return  # a newer one was collected meanwhile (cannot happen: one at a time)
+            attempt.checkpoint = ref
+            attempt.uploaded, attempt.pending_step, attempt.pending = attempt.pending, None, ()
+            attempt.retry_s = UPLOAD_RETRY_S
+            _save_uploaded(attempt)
+        shutil.rmtree(attempt.snapshot_dir, ignore_errors=True)
+        log.info("checkpoint at step %d of %s/%d uploaded", step, launch.task_id, launch.attempt)
+        self._changed()
+
     # -- starting -------------------------------------------------------------------------
 
     def start(
@@ -264,6 +453,9 @@ class AttemptRunner:
                 f"this worker runs instance {self.config.instance_id}, not {launch.instance_id}"
             )
         with self._lock:
+            existing = self._attempts.get((launch.task_id, launch.attempt))
+            if existing is None and self.draining is not None:
+                raise Rejected(self.draining)
             existing = self._attempts.get((launch.task_id, launch.attempt))
             if existing is not None:
                 return existing.status()
@@ -284,7 +476,7 @@ class AttemptRunner:
             misfit = self._misfit(launch)
             self._attempts[attempt.key] = attempt
             if misfit:
-                attempt.state, attempt.reason = "failed", misfit
+                attempt.state, attempt.reason, attempt.failure = "failed", misfit, "infrastructure"
                 attempt.exited.set()
             status = attempt.status()
         for older in others:
@@ -308,6 +500,7 @@ class AttemptRunner:
                     state="failed",
                     reason=reason,
                     checkpoint=launch.checkpoint,
+                    failure="infrastructure",  # placed where it cannot run: not the job's doing
                 )
                 attempt.exited.set()
                 self._attempts[attempt.key] = attempt
@@ -344,10 +537,10 @@ class AttemptRunner:
         try:
             attempt.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             attempt.report_dir.mkdir(parents=True, exist_ok=True)
-            # The job may run as any user: its own two directories are open to it (they sit
-            # in the agent's 0700 work directory; only the container sees them).
-            os.chmod(attempt.checkpoint_dir, 0o777)
-            os.chmod(attempt.report_dir, 0o777)
+            # The job's own two directories are its user's alone (`runtime.job_user`).
+            for directory in (attempt.checkpoint_dir, attempt.report_dir):
+                os.chmod(directory, 0o700)
+                _hand_to_job(directory)
             save_launch(attempt.directory, launch)
             image = self.artifacts.image(launch.run, attempt.phases, attempt.context_url)
             phase = "restore"
@@ -361,11 +554,13 @@ class AttemptRunner:
                     attempt.phases,
                 )
                 _write_json(attempt.directory / RESTORED_FILE, attempt.restored)
+                _hand_to_job(attempt.checkpoint_dir)
             if self._stop_before_start(attempt):
                 if attempt.abandoned:
-                    self._end(attempt, "failed", attempt.abandoned, launch.checkpoint)
+                    reason, state = attempt.abandoned, "failed"
                 else:
-                    self._end(attempt, "stopped", "stopped before it started", launch.checkpoint)
+                    reason, state = "stopped before it started", "stopped"
+                self._end(attempt, state, reason, launch.checkpoint, failure="infrastructure")
                 self._cleanup(attempt)
                 return
             phase = "start"
@@ -384,16 +579,22 @@ class AttemptRunner:
             self._watch(attempt)
         except BuildFailed as exc:
             self._save_log(attempt, exc.log.encode())  # the build's output
-            self._end(attempt, "failed", f"build failed: {exc}", launch.checkpoint)
+            reason = f"build failed: {exc}"
+            self._end(attempt, "failed", reason, launch.checkpoint, failure="deterministic")
+            self._cleanup(attempt)
+        except (ImageUnavailable, CommandNotFound) as exc:
+            reason = f"{phase} failed: {exc}"
+            self._end(attempt, "failed", reason, launch.checkpoint, failure="deterministic")
             self._cleanup(attempt)
         except (StorageError, OSError, RuntimeFailure, tarfile.TarError) as exc:
-            self._end(attempt, "failed", f"{phase} failed: {exc}", launch.checkpoint)
+            reason = f"{phase} failed: {exc}"
+            self._end(attempt, "failed", reason, launch.checkpoint, failure="transient")
             self._cleanup(attempt)
         except Exception as exc:  # a bug of ours must still end the attempt, with its reason
             log.exception("attempt %s/%d", launch.task_id, launch.attempt)
-            self._end(
-                attempt, "failed", f"worker error: {type(exc).__name__}: {exc}", launch.checkpoint
-            )
+            # Transient, not infrastructure: a bug that repeats must not retry forever.
+            reason = f"worker error: {type(exc).__name__}: {exc}"
+            self._end(attempt, "failed", reason, launch.checkpoint, failure="transient")
             self._cleanup(attempt)
 
     def _stop_before_start(self, attempt: Attempt) -> bool:
@@ -404,6 +605,8 @@ class AttemptRunner:
         launch, config = attempt.launch, self.config
         limits: ResourceLimits = launch.limits
         shm = limits.shm_size_gb if limits.shm_size_gb is not None else launch.run.shm_size_gb
+        every = launch.run.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S
+        attempt.watchdog_s = self._watchdog_s()
         env = dict(launch.run.env)
         env.update(
             {
@@ -417,6 +620,11 @@ class AttemptRunner:
                 "AUTOSCALER_REPORT_SOCKET": REPORT_SOCKET,
                 "AUTOSCALER_THROUGHPUT_WINDOW_S": f"{config.throughput_window_s:g}",
                 "AUTOSCALER_GPUS": ",".join(str(g) for g in limits.gpus),
+                reporter.CHECKPOINT_EVERY_ENV: f"{every:g}",
+                reporter.WORKER_PROTOCOL_ENV: str(reporter.PROTOCOL),
+                reporter.WATCHDOG_ENV: f"{attempt.watchdog_s:g}",
+                # As long as a stop would give it: the checkpoint wait, then the grace.
+                reporter.WATCHDOG_GRACE_ENV: f"{config.checkpoint_wait_s + config.stop_grace_s:g}",
             }
         )
         return ContainerSpec(
@@ -454,6 +662,16 @@ class AttemptRunner:
         self._request_stop(attempt)
         with self._lock:
             return attempt.status()
+
+    def stop_all(self, reason: str) -> list[Attempt]:
+        """Ask every live attempt to checkpoint and stop, and accept no new start (the agent
+        is going down, or stopping its instance); returns the attempts asked."""
+        with self._lock:
+            self.draining = reason
+            live = [a for a in self._attempts.values() if not a.terminal]
+        for attempt in live:
+            self._request_stop(attempt)
+        return live
 
     def _request_stop(self, attempt: Attempt) -> None:
         with self._lock:
@@ -504,6 +722,7 @@ class AttemptRunner:
                     attempt.exited.wait(0.1)  # the job is closing its socket: exiting
                     continue
                 self._absorb_answer(attempt, answer)
+                self._ship(attempt, answer)  # a checkpoint completed before: collect it first
                 if answer.get("checkpoint_done"):
                     attempt.acknowledged = True
                     break
@@ -555,54 +774,146 @@ class AttemptRunner:
             # The job may exit before the stopping thread has heard its answer: wait for
             # it (it returns at once now that the container has exited) to know how it went.
             attempt.stopper.join(timeout=config.checkpoint_wait_s + config.stop_grace_s + 30)
-        self._read_final_count(attempt)
-        checkpoint = launch.checkpoint
-        if attempt.abandoned:
-            state, reason = "failed", attempt.abandoned
-        elif stop_at is not None and not (
-            exit_.code == 0 and not attempt.asked and not attempt.sigterm_sent
-        ):
-            state, reason = "stopped", self._how_it_stopped(attempt, exit_)
-        elif exit_.oom_killed:
-            state, reason = "failed", f"out of memory (limit {launch.limits.memory_gb:g} GiB)"
-        elif exit_.code == 0:  # (also when a stop came too late to reach it: it finished)
-            state, reason = "completed", ""
-        elif exit_.error:
-            state, reason = "failed", f"exit code {exit_.code}: {exit_.error}"
-        else:
-            state, reason = "failed", f"exit code {exit_.code}" + _signal_note(exit_.code)
+        if attempt.shipper is not None:
+            attempt.shipper.join()  # an upload in flight ends first (its grant bounds it)
+        final = self._read_final(attempt)
+        state, reason, failure = self._ending(attempt, exit_, final)
+        checkpoint = attempt.checkpoint  # the latest uploaded while it ran, or where it began
         # Whatever the job saved is kept, on request or not: nothing checkpointed is lost.
         if (
             state != "completed"
             and not attempt.abandoned
-            and manifest(attempt.checkpoint_dir) != attempt.restored
+            and manifest(attempt.checkpoint_dir) != attempt.baseline()
         ):
+            step = final.get("checkpoint_step")
+            if not (
+                isinstance(step, (int, float))
+                and step >= 0
+                and final.get("checkpoint_seq", 0) > attempt.collected
+            ):
+                step = attempt.iterations  # saved without a word: its count is the best step
             began = time.monotonic()
             try:
-                checkpoint = self.artifacts.upload_checkpoint(
-                    launch, attempt.checkpoint_dir, attempt.directory, int(attempt.iterations)
-                )
+                checkpoint = self._upload_final(attempt, int(step))
                 attempt.phases["upload"] = time.monotonic() - began
             except Fenced as exc:
-                state, reason = "failed", f"fenced: {exc}"
+                state, reason, failure = "failed", f"fenced: {exc}", "infrastructure"
                 attempt.abandoned = reason
             except (StorageError, OSError, tarfile.TarError) as exc:
                 note = f" ({reason})" if reason else ""
-                state, reason = "failed", f"checkpoint upload failed: {exc}{note}"
+                if self._closing.is_set():
+                    # The agent goes down with the daemon out of reach: the checkpoint stays
+                    # where it is, on this instance's disk.
+                    attempt.kept = True
+                    reason = (
+                        f"{reason or state}; its last checkpoint is kept on this instance "
+                        f"in {attempt.checkpoint_dir} (not uploaded: {exc})"
+                    )
+                    log.warning("attempt %d of %s: %s", launch.attempt, launch.task_id, reason)
+                else:
+                    state, reason = "failed", f"checkpoint upload failed: {exc}{note}"
+                    failure = "infrastructure"
         self._save_log(attempt)
-        self._end(attempt, state, reason, checkpoint, exit_.code)
+        self._end(attempt, state, reason, checkpoint, exit_.code, failure)
         self._cleanup(attempt)
 
-    def _read_final_count(self, attempt: Attempt) -> None:
-        """The count the job's reporter left when it exited (polls miss the last seconds)."""
+    def _ending(
+        self, attempt: Attempt, exit_: ContainerExit, final: Mapping[str, Any]
+    ) -> tuple[str, str, FailureClass | None]:
+        """How an attempt ended — its state, the reason, and whose doing it was — from how
+        its container exited and what its reporter left (`final.json`)."""
+        launch = attempt.launch
+        if attempt.abandoned:
+            return "failed", attempt.abandoned, "infrastructure"
+        if attempt.stop_requested_at is not None and not (
+            exit_.code == 0 and not attempt.asked and not attempt.sigterm_sent
+        ):
+            return "stopped", self._how_it_stopped(attempt, exit_), "infrastructure"
+        if final.get("orphaned") is True:
+            after = f" for {attempt.watchdog_s:g} s" if attempt.watchdog_s else ""
+            return (
+                "failed",
+                f"stopped by its watchdog: no worker agent asked after it{after} "
+                f"(exit code {exit_.code})",
+                "infrastructure",
+            )
+        if exit_.oom_killed:
+            # Transient: a memory peak depends on data order, timing and the resume point;
+            # calling it deterministic would fail a long job for good on one unlucky peak.
+            return "failed", f"out of memory (limit {launch.limits.memory_gb:g} GiB)", "transient"
+        if exit_.code == 0:  # (also when a stop came too late to reach it: it finished)
+            return "completed", "", None
+        command = " ".join(launch.run.command) or "the image's command"
+        lowered = exit_.error.lower()
+        if exit_.code in NOT_EXECUTABLE_EXITS or (
+            "exec" in lowered and "executable file not found" in lowered
+        ):
+            what = NOT_EXECUTABLE_EXITS.get(exit_.code, "not found")
+            error = f": {exit_.error}" if exit_.error else ""
+            return (
+                "failed",
+                f"exit code {exit_.code}: command {what} ({command}){error}",
+                "deterministic",
+            )
+        if exit_.code in launch.run.fatal_exit_codes:
+            return (
+                "failed",
+                f"exit code {exit_.code}, which the job declares fatal" + _signal_note(exit_.code),
+                "deterministic",
+            )
+        if exit_.error:
+            return "failed", f"exit code {exit_.code}: {exit_.error}", "transient"
+        return "failed", f"exit code {exit_.code}" + _signal_note(exit_.code), "transient"
+
+    def _upload_final(self, attempt: Attempt, step: int) -> str:
+        """Upload what the checkpoint directory holds as the version of `step`, trying again
+        while it fails: for `upload_patience_s` while the daemon answers (storage is down),
+        without end while it does not (nothing else could take it: the checkpoint stays on
+        this disk meanwhile), never once the agent is closing."""
+        launch = attempt.launch
+        with self._lock:
+            if attempt.state in ("starting", "running"):
+                attempt.state, attempt.throughput = "checkpointing", None
+        self._changed()
+        began = time.monotonic()
+        delay = UPLOAD_RETRY_S
+        while True:
+            try:
+                return self.artifacts.upload_checkpoint(
+                    launch, attempt.checkpoint_dir, attempt.directory, step
+                )
+            except Fenced:
+                raise
+            except (StorageError, OSError, tarfile.TarError) as exc:
+                if self._closing.is_set():
+                    raise
+                reachable = self._daemon_silent_s() == 0.0
+                if reachable and time.monotonic() - began >= self.config.upload_patience_s:
+                    raise
+                log.warning(
+                    "the checkpoint of %s/%d is not uploaded yet (%s); trying again in %g s",
+                    launch.task_id,
+                    launch.attempt,
+                    exc,
+                    delay,
+                )
+            self._closing.wait(delay)
+            delay = min(delay * 2, 60.0)
+
+    def _read_final(self, attempt: Attempt) -> Mapping[str, Any]:
+        """What the job's reporter left when it exited (`final.json`: polls miss the last
+        seconds), its count taken into the attempt; empty if it left nothing."""
         try:
             final = json.loads((attempt.report_dir / reporter.FINAL_FILE).read_text())
         except (OSError, ValueError):
-            return
-        iterations = final.get("iterations") if isinstance(final, dict) else None
+            return {}
+        if not isinstance(final, dict):
+            return {}
+        iterations = final.get("iterations")
         if isinstance(iterations, (int, float)) and iterations >= 0:
             with self._lock:
                 attempt.iterations = max(attempt.iterations, float(iterations))
+        return final
 
     def _how_it_stopped(self, attempt: Attempt, exit_: ContainerExit) -> str:
         wait, grace = self.config.checkpoint_wait_s, self.config.stop_grace_s
@@ -639,6 +950,7 @@ class AttemptRunner:
         reason: str,
         checkpoint: str | None,
         exit_code: int | None = None,
+        failure: FailureClass | None = None,
     ) -> None:
         """Publish how the attempt ended, once its container is gone (its resources free)."""
         if attempt.container is not None:
@@ -650,17 +962,24 @@ class AttemptRunner:
             attempt.state, attempt.reason = state, reason
             attempt.checkpoint, attempt.exit_code = checkpoint, exit_code
             attempt.throughput = None
+            attempt.failure = None if state == "completed" else failure
         attempt.exited.set()
         log.info(
-            "attempt %d of %s %s%s",
+            "attempt %d of %s %s%s%s",
             attempt.launch.attempt,
             attempt.launch.task_id,
             state,
+            f" ({failure})" if attempt.failure else "",
             f": {reason}" if reason else "",
         )
         self._changed()
 
     def _cleanup(self, attempt: Attempt) -> None:
+        if attempt.kept:
+            # Only the checkpoint is worth keeping: the rest (report socket, copies) goes.
+            for name in ("report", SNAPSHOT_DIR):
+                shutil.rmtree(attempt.directory / name, ignore_errors=True)
+            return
         shutil.rmtree(attempt.directory, ignore_errors=True)
 
     # -- adoption after a restart ---------------------------------------------------------
@@ -693,6 +1012,7 @@ class AttemptRunner:
             restored = directory / RESTORED_FILE
             if restored.exists():
                 attempt.restored = tuple(tuple(x) for x in json.loads(restored.read_text()))  # type: ignore[misc]
+            _load_uploaded(attempt)
             with self._lock:
                 self._attempts[attempt.key] = attempt
             log.info("adopted attempt %d of %s (%s)", number, task_id, info.container_id[:12])
@@ -709,6 +1029,38 @@ def load_launch(directory: Path) -> TaskLaunch:
     return launch_from_pb(pb.StartTask.FromString((directory / LAUNCH_FILE).read_bytes()))
 
 
+def _save_uploaded(attempt: Attempt) -> None:
+    """Keep what was uploaded while the attempt ran (and what waits to be) beside it, for an
+    agent that adopts its container: the latest checkpoint is never reported older."""
+    document = {
+        "checkpoint": attempt.checkpoint,
+        "collected": attempt.collected,
+        "uploaded": attempt.uploaded,
+        "pending_step": attempt.pending_step,
+        "pending": attempt.pending,
+    }
+    path = attempt.directory / UPLOADED_FILE
+    with contextlib.suppress(OSError):
+        path.with_suffix(".tmp").write_text(json.dumps(document))
+        os.replace(path.with_suffix(".tmp"), path)
+
+
+def _load_uploaded(attempt: Attempt) -> None:
+    try:
+        document = json.loads((attempt.directory / UPLOADED_FILE).read_text())
+        collected = int(document["collected"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    attempt.checkpoint = document.get("checkpoint") or attempt.checkpoint
+    attempt.collected = collected
+    if document.get("uploaded") is not None:
+        attempt.uploaded = tuple(tuple(entry) for entry in document["uploaded"])
+    step = document.get("pending_step")
+    if isinstance(step, int) and attempt.snapshot_dir.is_dir():
+        attempt.pending_step = step
+        attempt.pending = tuple(tuple(entry) for entry in document.get("pending") or ())
+
+
 def _slug(task_id: str) -> str:
     """A name for files and containers: readable, and unique by a short hash."""
     digest = hashlib.sha256(task_id.encode()).hexdigest()[:8]
@@ -722,3 +1074,14 @@ def _signal_note(code: int) -> str:
 
 def _write_json(path: Path, document: Any) -> None:
     path.write_text(json.dumps(document))
+
+
+def _hand_to_job(directory: Path) -> None:
+    """Make a restored checkpoint the job's: an agent running as root restores it as
+    root, and the job runs as `nobody` (`runtime.job_user`)."""
+    if os.getuid() != 0:
+        return  # the job runs as the agent's own user: the files are its already
+    uid, gid = (int(part) for part in job_user().split(":"))
+    for root, dirs, files in os.walk(directory):
+        for name in (root, *(os.path.join(root, n) for n in dirs + files)):
+            os.lchown(name, uid, gid)

@@ -2,6 +2,7 @@
 
     autoscaler-worker --daemon HOST:PORT --ca FILE (--imds [URL] | --enrollment-secret FILE)
         [--instance-id ID] [--docker URL] [--work-dir DIR] [--capacity GPU,CPU,RAM_GB]
+        [--stop-tasks] [--orphan-timeout S] [--orphan-max S] [--shutdown-command CMD]
 
 The instance id is ours (the launch token), from `--instance-id` or
 `AUTOSCALER_INSTANCE_ID`, which the launcher writes (EC2 user data, or the
@@ -11,7 +12,9 @@ service (`--imds`), on the local cloud with the one-time secret the cloud left
 in its directory (`--enrollment-secret`). It holds no token and no cloud
 credentials, and listens on no port: it dials the daemon. It runs until SIGTERM
 or SIGINT; its containers keep running and the next agent of the instance
-adopts them.
+adopts them — or, with `--stop-tasks` (what `down` and an instance's shutdown
+want), are checkpointed and stopped first. Without a daemon for too long it
+stops its instance (`--orphan-timeout`, `--orphan-max`, `--shutdown-command`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +39,8 @@ INSTANCE_ENV = "AUTOSCALER_INSTANCE_ID"
 IMDS_ENDPOINT = "http://169.254.169.254"
 DAEMON_NAME = "autoscaler-daemon"
 DEFAULT_WORK_DIR = "/var/lib/autoscaler-worker"
+#: How an EC2 instance stops itself (its shutdown behaviour decides: stop or terminate).
+EC2_SHUTDOWN = "shutdown -h now"
 
 
 DESCRIPTION = (
@@ -160,6 +167,46 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"jobs report throughput over this window (default: {ROUND_INTERVAL_S:g})",
     )
+    worker.add_argument(
+        "--stop-tasks",
+        action="store_true",
+        help="on SIGTERM, ask each task to checkpoint and stop (bounded by its grace) before "
+        "the agent exits (for `down` and an instance's shutdown); without it, containers "
+        "keep running for the next agent of the instance to adopt",
+    )
+    worker.add_argument(
+        "--orphan-timeout",
+        type=_seconds_or_zero,
+        default=1800.0,
+        metavar="SECONDS",
+        help="with no task running and no word from the daemon this long, stop the "
+        "instance (default: 1800; 0: never)",
+    )
+    worker.add_argument(
+        "--orphan-max",
+        type=_seconds_or_zero,
+        default=7200.0,
+        metavar="SECONDS",
+        help="with tasks running and no word from the daemon this long, checkpoint them "
+        "(kept on local disk if they cannot be uploaded) and stop the instance "
+        "(default: 7200; 0: never)",
+    )
+    worker.add_argument(
+        "--shutdown-command",
+        default=None,
+        metavar="CMD",
+        help="what stops the instance (a command line, split like a shell would; default: "
+        f"'{EC2_SHUTDOWN}' with --imds, else nothing: the agent ends its containers and "
+        "itself)",
+    )
+    worker.add_argument(
+        "--job-watchdog",
+        type=_seconds_or_zero,
+        default=None,
+        metavar="SECONDS",
+        help="a job its agent has not polled this long checkpoints and stops itself "
+        "(default: twice the daemon's heartbeat timeout; 0: never)",
+    )
     worker.set_defaults(func=cmd_worker)
 
 
@@ -180,15 +227,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except AgentError as exc:
         print(f"autoscaler worker: error: {exc}", file=sys.stderr)
         return 1
+    stop_tasks = bool(args.stop_tasks)
 
     def shut_down(signum: int, frame: Any) -> None:
-        logging.getLogger(__name__).info("signal %d: stopping (containers keep running)", signum)
-        agent.close()
+        how = "stopping its tasks first" if stop_tasks else "containers keep running"
+        logging.getLogger(__name__).info("signal %d: stopping (%s)", signum, how)
+        # Not in the handler: stopping tasks takes their grace, and a handler returns at once.
+        threading.Thread(target=agent.close, kwargs={"stop_tasks": stop_tasks}).start()
 
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
     agent.wait()
     agent.close()
+    if agent.stopped_instance:
+        logging.getLogger(__name__).warning("stopped the instance: %s", agent.stopped_instance)
     return 0
 
 
@@ -244,8 +296,21 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         checkpoint_wait_s=args.checkpoint_wait,
         stop_grace_s=args.stop_grace,
         throughput_window_s=args.throughput_window,
+        job_watchdog_s=args.job_watchdog,
+        orphan_timeout_s=args.orphan_timeout,
+        orphan_max_s=args.orphan_max,
+        shutdown_command=_shutdown_command(args),
     )
     return config, runtime
+
+
+def _shutdown_command(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.shutdown_command is None:
+        return tuple(shlex.split(EC2_SHUTDOWN)) if args.imds else ()
+    try:
+        return tuple(shlex.split(args.shutdown_command))
+    except ValueError as exc:
+        raise WorkerSetupError(f"--shutdown-command: {exc}") from None
 
 
 class Machine:
@@ -308,6 +373,16 @@ def _capacity(text: str) -> Resources:
             f"must be GPU,CPU,RAM_GB (three non-negative numbers), got {text!r}"
         )
     return Resources.of(values)
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:

@@ -13,7 +13,10 @@ absorbed only for attempts the daemon placed on that instance (the current
 attempt of a task whose state names this instance); a checkpoint only under
 that attempt's own storage prefix (`storage.is_checkpoint_of`). Anything else
 is dropped and logged, and a live attempt not placed there is told to stop at
-once. Storage is granted, never owned: a start carries presigned GETs of its
+once. When a heartbeat names a newer checkpoint of an attempt, its older
+versions are pruned (`storage.prune_checkpoints`: the newest two are kept).
+
+Storage is granted, never owned: a start carries presigned GETs of its
 build context and checkpoint, and `GrantUpload` presigns one PUT under the
 attempt's prefix — refused once the daemon has given the attempt up. That is
 the fencing of an abandoned attempt: it can neither upload nor report, and its
@@ -25,8 +28,11 @@ is at least `starting`, a requested stop at least `checkpointing`). Commands
 go out on each worker's `Commands` stream the moment they are queued, and are
 sent again on every new stream until a heartbeat confirms them. A worker
 silent for longer than `heartbeat_timeout_s` (by the injected clock) is lost:
-listed in `lost_instances` with the reason, its tasks reported `failed` with
-their last complete checkpoint, its calls refused until the round released it.
+listed in `lost_instances` with the reason, its tasks reported `failed` (an
+infrastructure failure: never the job's) with their last complete checkpoint,
+its calls refused until the round released it — with FAILED_PRECONDITION and
+the trailing metadata `autoscaler-instance-ended` saying `lost` or `released`,
+so the agent of a normal scale-in logs it as one.
 
 Wiring, in the daemon (`app.wiring`, `app.daemon`):
 
@@ -58,7 +64,14 @@ from autoscaler.execution import (
     TaskState,
 )
 from executor.enrollment import EnrollmentRefused, IdentityVerifier
-from executor.messages import INSTANCE_ID, launch_to_pb, report_from_pb
+from executor.messages import (
+    ENDED_KEY,
+    INSTANCE_ID,
+    LOST,
+    RELEASED,
+    launch_to_pb,
+    report_from_pb,
+)
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
 from executor.security import Authority, PeerRefused, instance_of, instance_uri
@@ -69,6 +82,7 @@ from executor.storage import (
     context_key_of,
     is_checkpoint_of,
     log_key,
+    prune_checkpoints,
 )
 
 log = logging.getLogger(__name__)
@@ -115,6 +129,7 @@ class Launch:
     private_address: str | None = None
     live: bool = True
     reason: str = ""  # why it is not live
+    lost: bool = False  # not live because its worker was lost (else: released, terminated)
 
 
 class Ledger(Protocol):
@@ -142,11 +157,11 @@ class MemoryLedger:
         with self._lock:
             self._launches[launch.instance_id] = launch
 
-    def give_up(self, instance_id: str, reason: str) -> None:
+    def give_up(self, instance_id: str, reason: str, *, lost: bool = True) -> None:
         with self._lock:
             launch = self._launches.get(instance_id)
             if launch is not None:
-                self._launches[instance_id] = replace(launch, live=False, reason=reason)
+                self._launches[instance_id] = replace(launch, live=False, reason=reason, lost=lost)
             for task_id, placed in list(self._placed.items()):
                 if placed.instance_id == instance_id:
                     self._placed[task_id] = replace(placed, instance_id=None)
@@ -178,11 +193,13 @@ class MemoryLedger:
 
 
 class Refused(Exception):
-    """A worker's call refused, with the gRPC status to answer."""
+    """A worker's call refused, with the gRPC status to answer; `ended` (RELEASED or LOST)
+    when it is refused because the daemon gave the instance up."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, ended: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.ended = ended
 
 
 # -- the executor -----------------------------------------------------------------------------
@@ -405,7 +422,7 @@ class GrpcExecutor:
                 request.progress,
                 checkpoint=request.checkpoint,
                 reason=reason,
-                failure="infrastructure",  # lost, unregistered, or its inputs out of reach
+                failure="infrastructure",  # it never reached a worker: not the job's doing
             )
         state: TaskState = "starting" if request.kind == "start" else "checkpointing"
         return TaskReport(
@@ -443,7 +460,7 @@ class GrpcExecutor:
                 for key in worker.tasks:
                     self._acked.discard(key)
             if isinstance(self.ledger, MemoryLedger):
-                self.ledger.give_up(instance_id, f"instance {instance_id} was released")
+                self.ledger.give_up(instance_id, f"instance {instance_id} was released", lost=False)
             for task_id, request in list(self._requests.items()):
                 if request.instance_id == instance_id:
                     del self._requests[task_id]
@@ -509,6 +526,7 @@ class GrpcExecutor:
             certificate_pem=certificate,
             registry_address=self.registry_address,
             heartbeat_interval_s=self.heartbeat_interval_s,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
             stop=[pb.AttemptRef(task_id=t, attempt=a) for t, a in sorted(stop)],
         )
 
@@ -528,15 +546,19 @@ class GrpcExecutor:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"instance {instance_id} was released: it is being terminated",
+                RELEASED,
             )
         if lost is not None:
             raise Refused(
-                grpc.StatusCode.FAILED_PRECONDITION, f"{lost}; its instance is being terminated"
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{lost}; its instance is being terminated",
+                LOST,
             )
         if not launch.live:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"instance {instance_id} was given up ({launch.reason})",
+                LOST if launch.lost else RELEASED,
             )
         return launch
 
@@ -580,6 +602,7 @@ class GrpcExecutor:
                 raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"{worker.lost}; its instance is being terminated",
+                    LOST,
                 )
             worker.last_seen = self._now()
             worker.capacity = pb.Capacity(
@@ -588,18 +611,41 @@ class GrpcExecutor:
                 memory_gb=request.capacity.memory_gb,
             )
             worker.agent_version = request.agent_version
+            before = {key: status.checkpoint for key, status in worker.tasks.items()}
             others = self._absorb(worker, request.tasks, placements)
             ended = {(s.task_id, s.attempt) for s in request.tasks if s.state in _TERMINAL_PB}
             forget = [k for k in worker.tasks if k in self._acked] + [
                 k for k in others if k in ended
             ]
-            return pb.HeartbeatResponse(
+            newer = [
+                (placements[t].job_id, t, a, status.checkpoint)
+                for (t, a), status in worker.tasks.items()
+                if status.checkpoint and status.checkpoint != before.get((t, a))
+            ]
+            response = pb.HeartbeatResponse(
                 acknowledged=[pb.AttemptRef(task_id=t, attempt=a) for t, a in forget],
                 stop=[
                     pb.AttemptRef(task_id=t, attempt=a) for t, a in others if (t, a) not in ended
                 ],
                 heartbeat_interval_s=self.heartbeat_interval_s,
+                heartbeat_timeout_s=self.heartbeat_timeout_s,
             )
+        self._prune(newer)
+        return response
+
+    def _prune(self, newer: Iterable[tuple[str, str, int, str]]) -> None:
+        """Older versions of the attempts' checkpoints a heartbeat just named newer ones of:
+        the newest two are kept (outside the lock: storage calls)."""
+        for job_id, task_id, attempt, ref in newer:
+            try:
+                deleted = prune_checkpoints(self.storage, ref, job_id, task_id, attempt)
+            except StorageError as exc:
+                log.warning("pruning the checkpoints of %s attempt %d: %s", task_id, attempt, exc)
+                continue
+            if deleted:
+                log.debug(
+                    "pruned %d checkpoint(s) of %s attempt %d", len(deleted), task_id, attempt
+                )
 
     def _worker(self, instance_id: str, request: pb.HeartbeatRequest) -> _Worker:
         worker = self._workers.get(instance_id)
@@ -845,6 +891,13 @@ class _Enrollment(pb_grpc.EnrollmentServicer):
             context.abort(exc.code, str(exc))
 
 
+def _abort(context: grpc.ServicerContext, refused: Refused) -> None:
+    """Answer a refused call, saying in the trailing metadata why an instance was given up."""
+    if refused.ended is not None:
+        context.set_trailing_metadata(((ENDED_KEY, refused.ended),))
+    context.abort(refused.code, str(refused))
+
+
 class _Registry(pb_grpc.RegistryServicer):
     def __init__(self, executor: GrpcExecutor) -> None:
         self.executor = executor
@@ -856,25 +909,25 @@ class _Registry(pb_grpc.RegistryServicer):
         try:
             return self.executor.renew(self._caller(context), request)
         except Refused as exc:
-            context.abort(exc.code, str(exc))
+            _abort(context, exc)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> Any:
         try:
             return self.executor.heartbeat(self._caller(context), request)
         except Refused as exc:
-            context.abort(exc.code, str(exc))
+            _abort(context, exc)
 
     def Commands(self, request: pb.CommandsRequest, context: grpc.ServicerContext) -> Any:
         try:
             yield from self.executor.commands(self._caller(context), context.is_active)
         except Refused as exc:
-            context.abort(exc.code, str(exc))
+            _abort(context, exc)
 
     def GrantUpload(self, request: pb.GrantUploadRequest, context: grpc.ServicerContext) -> Any:
         try:
             return self.executor.grant_upload(self._caller(context), request)
         except Refused as exc:
-            context.abort(exc.code, str(exc))
+            _abort(context, exc)
 
 
 def add_worker_services(server: grpc.Server, executor: GrpcExecutor) -> None:

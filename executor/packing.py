@@ -23,6 +23,13 @@ line that matches a path decides. The matching is the docker SDK's own (a
 port of moby's `patternmatcher`). `Dockerfile` and `.dockerignore` are always
 packed, as the Docker CLI always sends them; the engine itself keeps them out
 of `COPY` when the file excludes them. Checkpoints pack everything.
+
+A build context's size limit is on its uncompressed bytes (a gigabyte of
+zeros is a gigabyte, however well it compresses): the client adds up its
+files' sizes before it reads one (`pack_context_file`), and the daemon
+counts what an uploaded archive inflates to, streaming, stopping at the
+limit (`inflated_size`). Packing streams to a file: never a whole context
+in memory.
 """
 
 from __future__ import annotations
@@ -58,6 +65,52 @@ def pack_context(directory: str | Path) -> tuple[bytes, str]:
     _pack(root, _members(root, dockerignore_patterns(root)), sink)
     data = sink.getvalue()
     return data, hashlib.sha256(data).hexdigest()
+
+
+class ContextTooLarge(PackingError):
+    """A build context is over the size limit (uncompressed bytes)."""
+
+
+def pack_context_file(directory: str | Path, out: str | Path, *, max_bytes: int | None) -> str:
+    """A build context packed as `pack_context` does, streamed to the file `out`; returns
+    its sha256. Refused (ContextTooLarge) before anything is read when its files add up
+    to more than `max_bytes` (sizes as the archive will hold them: a sparse file counts
+    whole)."""
+    root = Path(directory)
+    names = _members(root, dockerignore_patterns(root))
+    if max_bytes is not None:
+        size = _content_bytes(root, names)
+        if size > max_bytes:
+            raise ContextTooLarge(
+                f"{root}: build context of {size / 2**20:.1f} MiB (uncompressed) is over "
+                f"the limit of {max_bytes / 2**20:.0f} MiB ([limits] max_context_mb); "
+                "shrink it with a .dockerignore"
+            )
+    with open(out, "wb") as sink:
+        _pack(root, names, sink)
+    return file_digest(out)
+
+
+def inflated_size(archive: str | Path, limit: int) -> int:
+    """How many bytes a `.tar.gz` inflates to, read in blocks; counting stops past `limit`
+    (so a compression bomb costs `limit` bytes of reading at most, and no memory)."""
+    total = 0
+    with gzip.open(archive, "rb") as inflated:
+        while total <= limit:
+            block = inflated.read(1 << 20)
+            if not block:
+                break
+            total += len(block)
+    return total
+
+
+def _content_bytes(root: Path, names: Iterable[str]) -> int:
+    total = 0
+    for name in names:
+        status = (root / name).lstat()
+        if stat.S_ISREG(status.st_mode):
+            total += status.st_size
+    return total
 
 
 def pack_directory(directory: str | Path, out: str | Path) -> str:

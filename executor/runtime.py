@@ -6,16 +6,21 @@ so they are one small protocol (`ContainerRuntime`) with the Docker binding
 here (the docker SDK). `executor.simulated` has a binding without Docker, so
 a benchmark can run a hundred agents on one machine.
 
-Every container runs unprivileged: all capabilities dropped,
-`no-new-privileges`, an init process (so SIGTERM reaches the job and zombies
-are reaped), no network unless the job asks for it, and cgroup limits for
-CPU, memory (swap included) and shared memory.
+Every container runs unprivileged: as a non-root user (`job_user`: the
+agent's own uid and gid, or `nobody` when the agent runs as root), all
+capabilities dropped, `no-new-privileges`, a read-only root filesystem with a
+writable scratch `/tmp` of bounded size (a tmpfs, charged to the container's
+memory), an init process (so SIGTERM reaches the job and zombies are reaped),
+no network unless the job asks for it, and cgroup limits for CPU, memory
+(swap included), shared memory and processes. Only its checkpoint and report
+directories are mounted, writable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +40,21 @@ GIB = 1 << 30
 #: How long a build may go without a word from the engine.
 BUILD_TIMEOUT_S = 3600
 
+#: The writable scratch of a job (`/tmp`, its HOME unless the job sets one).
+SCRATCH_PATH = "/tmp"
+SCRATCH_BYTES = GIB
+
+#: The user a job runs as when the agent is root: `nobody`.
+NOBODY = "65534:65534"
+
+
+def job_user() -> str:
+    """`uid:gid` a job's container runs as: the agent's own when it is not root (what it
+    writes into the checkpoint directory, the agent reads and uploads, and the other way
+    round), else `nobody`. Never root."""
+    uid, gid = os.getuid(), os.getgid()
+    return f"{uid}:{gid}" if uid != 0 else NOBODY
+
 
 class RuntimeFailure(RuntimeError):
     """The container runtime refused or failed an operation; the message says why."""
@@ -47,6 +67,18 @@ class BuildFailed(RuntimeFailure):
     def __init__(self, message: str, log: str = "") -> None:
         super().__init__(message)
         self.log = log
+
+
+class ImageUnavailable(RuntimeFailure):
+    """The image cannot be pulled or is not there: a retry would meet the same."""
+
+
+class CommandNotFound(RuntimeFailure):
+    """The runtime could not execute the job's command (not found, not executable)."""
+
+
+#: How the engine says it could not execute a command (runc's and crun's words).
+_NOT_EXECUTABLE = ("executable file not found", "permission denied", "no such file or directory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +96,8 @@ class ContainerSpec:
     gpus: tuple[int, ...] = ()  # device indices; passed only where devices exist
     network: bool = False
     mounts: Mapping[str, str] = field(default_factory=dict)  # host path -> container path
+    user: str = field(default_factory=job_user)  # uid:gid, never root
+    scratch_bytes: int = SCRATCH_BYTES  # the writable /tmp (the root filesystem is read-only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +200,11 @@ class DockerRuntime:
         try:
             self.client.images.pull(image)
         except self._docker.errors.APIError as exc:
-            raise RuntimeFailure(f"cannot pull {image}: {_api_message(exc)}") from None
+            raise ImageUnavailable(f"cannot pull {image}: {_api_message(exc)}") from None
 
     def run(self, spec: ContainerSpec) -> str:
+        if spec.user.split(":", 1)[0] in ("0", "root", ""):
+            raise RuntimeFailure(f"{spec.name}: a job never runs as root (user {spec.user!r})")
         docker = self._docker
         device_requests = None
         if spec.gpus and self.gpu_devices:
@@ -186,7 +222,12 @@ class DockerRuntime:
                 list(spec.command) or None,
                 name=spec.name,
                 detach=True,
-                environment=dict(spec.env),
+                environment={"HOME": SCRATCH_PATH, **spec.env},
+                user=spec.user,
+                read_only=True,
+                tmpfs={
+                    SCRATCH_PATH: f"rw,nosuid,nodev,size={spec.scratch_bytes},mode=1777",
+                },
                 labels=dict(spec.labels),
                 nano_cpus=max(int(spec.cpus * 1e9), 10_000_000),
                 mem_limit=spec.memory_bytes,
@@ -207,9 +248,14 @@ class DockerRuntime:
                 ),
             )
         except docker.errors.ImageNotFound as exc:
-            raise RuntimeFailure(f"image not found: {_api_message(exc)}") from None
+            raise ImageUnavailable(f"image not found: {_api_message(exc)}") from None
         except docker.errors.APIError as exc:
-            raise RuntimeFailure(_api_message(exc)) from None
+            message = _api_message(exc)
+            self._remove_stale(spec.name)  # created, but it could not start
+            lowered = message.lower()
+            if "exec" in lowered and any(words in lowered for words in _NOT_EXECUTABLE):
+                raise CommandNotFound(message) from None
+            raise RuntimeFailure(message) from None
         return container.id
 
     def _remove_stale(self, name: str) -> None:

@@ -8,7 +8,9 @@ how `python -m benchmarks migration` runs a hundred agents on one machine.
 
 The loop reads the same environment as the test job: `STEP_S` (seconds per
 iteration), `TOTAL` (iterations to the end), `EXIT_CODE` (exit with it after
-`EXIT_AFTER` iterations).
+`EXIT_AFTER` iterations); and the worker's: it checkpoints every
+`AUTOSCALER_CHECKPOINT_EVERY_S`, and its watchdog (`AUTOSCALER_WATCHDOG_S`)
+ends it with the reporter's exit status as it would end a process.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from executor.reporter import Reporter
+from executor.reporter import (
+    CHECKPOINT_EVERY_ENV,
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_WATCHDOG_GRACE_S,
+    WATCHDOG_ENV,
+    WATCHDOG_GRACE_ENV,
+    WINDOW_ENV,
+    WORKER_PROTOCOL_ENV,
+    Reporter,
+)
 from executor.runtime import ContainerExit, ContainerInfo, ContainerSpec, RuntimeFailure
 
 _CHECKPOINT_MOUNT = "/checkpoint"
@@ -35,6 +46,7 @@ class _Container:
     term: threading.Event = field(default_factory=threading.Event)
     killed: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    exited: bool = False  # the "process" chose its exit status (the reporter's watchdog)
     code: int = 0
     lines: list[str] = field(default_factory=list)
 
@@ -140,12 +152,27 @@ def _train(container: _Container) -> None:
     step_s = float(env.get("STEP_S", "0.01"))
     total = int(env.get("TOTAL", "1000000000"))
     exit_after = int(env.get("EXIT_AFTER", "0") or 0)
-    window = float(env.get("AUTOSCALER_THROUGHPUT_WINDOW_S", "300"))
-    reporter = Reporter(str(host[_REPORT_MOUNT] / "report.sock"), window_s=window, start=step)
+    window = float(env.get(WINDOW_ENV, "300"))
+
+    def exit_process(code: int) -> None:
+        container.code, container.exited = code, True
+        container.term.set()
+
+    reporter = Reporter(
+        str(host[_REPORT_MOUNT] / "report.sock"),
+        window_s=window,
+        start=step,
+        checkpoint_every_s=float(env.get(CHECKPOINT_EVERY_ENV) or DEFAULT_CHECKPOINT_EVERY_S),
+        watchdog_s=float(env.get(WATCHDOG_ENV) or 0),
+        watchdog_grace_s=float(env.get(WATCHDOG_GRACE_ENV) or DEFAULT_WATCHDOG_GRACE_S),
+        worker_collects=int(env.get(WORKER_PROTOCOL_ENV) or 1) >= 2,
+        exit=exit_process,
+    )
     try:
         while step < total:
             if container.term.wait(step_s):
-                container.code = 137 if container.killed.is_set() else 143
+                if not container.exited:
+                    container.code = 137 if container.killed.is_set() else 143
                 return
             step += 1
             reporter.step()
@@ -153,13 +180,14 @@ def _train(container: _Container) -> None:
                 container.code = int(env.get("EXIT_CODE", "1"))
                 container.lines.append(f"exiting with {container.code} at {step}")
                 return
-            if reporter.should_checkpoint():
+            if reporter.checkpoint_due():
                 temporary = checkpoint.with_suffix(".tmp")
                 temporary.write_text(json.dumps({"step": step}))
                 os.replace(temporary, checkpoint)
-                reporter.checkpoint_done()
+                reporter.checkpoint_done(step)
                 container.lines.append(f"checkpointed at {step}")
-                return
+                if reporter.stop_requested:
+                    return
         container.lines.append(f"done at {step}")
     finally:
         reporter.close()

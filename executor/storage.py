@@ -14,6 +14,7 @@ daemon's submission API, its grants and the worker agent all call
 
     contexts/<sha256>.tar.gz                              build contexts, content-addressed
     jobs/<job>/<task>/<attempt>/checkpoint-<step>.tar.gz  checkpoints, versioned by step
+                                                          (the newest two kept: `prune`)
     jobs/<job>/<task>/<attempt>/output.log                container logs
 
 Everything one attempt writes is under its own prefix, so the daemon can grant
@@ -216,6 +217,37 @@ def is_checkpoint_of(storage: Storage, ref: str, job_id: str, task_id: str, atte
     name = key[len(prefix) :] if key.startswith(prefix) else ""
     step = name.removeprefix(CHECKPOINT).removesuffix(ARCHIVE)
     return name == f"{CHECKPOINT}{step}{ARCHIVE}" and step.isdigit() and len(step) == 12
+
+
+#: Checkpoint versions of an attempt kept when a newer one is reported: the newest, and one
+#: before it (should the newest prove unreadable).
+KEEP_CHECKPOINTS = 2
+
+
+def prune_checkpoints(
+    storage: Storage,
+    ref: str,
+    job_id: str,
+    task_id: str,
+    attempt: int,
+    keep: int = KEEP_CHECKPOINTS,
+) -> list[str]:
+    """Delete the attempt's checkpoint versions older than the `keep` newest up to `ref` (the
+    latest one reported complete); versions after it (an upload in flight, done before its
+    report) are left alone. Returns the keys deleted."""
+    if not is_checkpoint_of(storage, ref, job_id, task_id, attempt):
+        return []
+    newest = storage.key(ref)
+    prefix = attempt_prefix(job_id, task_id, attempt)
+    versions = [
+        key
+        for key in storage.list(f"{prefix}{CHECKPOINT}")
+        if key <= newest and is_checkpoint_of(storage, key, job_id, task_id, attempt)
+    ]  # zero-padded steps: the keys' order is the steps' order
+    doomed = sorted(versions)[:-keep] if keep > 0 else versions
+    for key in doomed:
+        storage.delete(key)
+    return doomed
 
 
 # -- build contexts ----------------------------------------------------------------------------

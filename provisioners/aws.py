@@ -114,7 +114,72 @@ def make_client(
     )
     # Not boto3's default session, which is not thread-safe; pass one to share its caches.
     session = session or boto3.session.Session()
-    return session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+    client = session.client(service, region_name=region, endpoint_url=endpoint_url, config=config)
+    return explain_denials(client)
+
+
+#: IAM actions whose names are not the API operation's (AWS's Service Authorization
+#: Reference): what a denied call needed.
+IAM_ACTION_OF: dict[str, str] = {
+    "s3:HeadObject": "s3:GetObject",
+    "s3:ListObjectsV2": "s3:ListBucket",
+    "s3:ListObjects": "s3:ListBucket",
+    "s3:HeadBucket": "s3:ListBucket",
+    "s3:CreateMultipartUpload": "s3:PutObject",
+    "s3:UploadPart": "s3:PutObject",
+    "s3:CompleteMultipartUpload": "s3:PutObject",
+}
+#: Where a denied call's missing permission is granted.
+POLICY_HINT = "`autoscaler deploy policy` writes the daemon's policy for this configuration"
+
+
+def iam_action(client: BaseClient, operation: str) -> str:
+    """The IAM action an API operation of `client` needs (`s3:GetObject` for HeadObject)."""
+    prefix = client.meta.service_model.signing_name
+    name = f"{prefix}:{operation}"
+    return IAM_ACTION_OF.get(name, name)
+
+
+def explain_denials(client: BaseClient, who: str = "the daemon's AWS identity") -> BaseClient:
+    """Make every denied call of `client` say, in its one-line error, which IAM action (and,
+    for S3, which object or bucket) it needed: AWS answers `AccessDenied`,
+    `UnauthorizedOperation` or a bare `403 Forbidden` (a HEAD has no body) without naming
+    it. Registered as botocore event handlers, before the error is raised; returns `client`."""
+    events = client.meta.events
+    service = client.meta.service_model.service_id.hyphenize()
+
+    def remember(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["autoscaler_params"] = dict(params)
+
+    def explain(
+        http_response: Any, parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any
+    ) -> None:
+        error = parsed.get("Error") or {}
+        code = str(error.get("Code", ""))
+        status = getattr(http_response, "status_code", 0)
+        if code not in _PERMISSION_CODES and not (status == 403 and code in ("403", "")):
+            return
+        action = iam_action(client, model.name)
+        params = context.get("autoscaler_params", {})
+        target = ""
+        if "Bucket" in params:
+            key = params.get("Key")
+            target = f" on arn:aws:s3:::{params['Bucket']}" + (f"/{key}" if key else "")
+            if model.name in ("HeadObject", "GetObject"):
+                target += (
+                    f" (or s3:ListBucket on arn:aws:s3:::{params['Bucket']} for that prefix, "
+                    "when the object does not exist: S3 then answers 403, not 404)"
+                )
+        message = " ".join(str(error.get("Message", "") or "Forbidden").split())
+        # The action first: an EC2 denial carries a long encoded message, cut when shown.
+        error["Message"] = f"{who} is not allowed {action}{target} ({POLICY_HINT}); {message}"
+        if not code:
+            error["Code"] = "AccessDenied"
+        parsed["Error"] = error
+
+    events.register(f"before-parameter-build.{service}", remember)
+    events.register(f"after-call.{service}", explain)
+    return client
 
 
 def _attempts_from_environment() -> int:
@@ -225,9 +290,9 @@ def translate_client_error(exc: ClientError, name: str) -> CloudError:
     if code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500):
         return CloudUnavailable(f"{detail}; AWS is having trouble, retry later")
     if code in _PERMISSION_CODES:
-        return CloudRequestError(
-            f"{detail}; grant the autoscaler's IAM identity the actions in deploy/iam-policy.json"
-        )
+        if POLICY_HINT in message:  # `explain_denials` named the action already
+            return CloudRequestError(detail)
+        return CloudRequestError(f"{detail}; {POLICY_HINT}")
     if code in _CREDENTIAL_CODES:
         return CloudRequestError(
             f"{detail}; check the AWS credentials (aws configure, AWS_PROFILE, or an instance role)"

@@ -7,9 +7,14 @@ instance (`--imds`; `provisioners.identity` checks it). User data is readable
 by anything that reaches the instance metadata service and through
 `DescribeInstanceAttribute`, so it carries only what is public or short-lived:
 
-- the **agent** as a wheel the daemon publishes to the cluster's bucket under
-  its sha256 (`publish_agent_wheel`); user data holds a presigned URL made for
-  this launch and the hash, which the script checks before installing;
+- the **wheelhouse** (`provisioners.wheelhouse`: the agent and every
+  dependency, hash-pinned) the daemon publishes to the cluster's bucket under
+  its sha256 (`publish_wheelhouse`); user data holds a presigned URL made for
+  this launch and the hash, which the script checks before installing offline;
+- a presigned PUT URL under the cluster's prefix where the script leaves its
+  **failure report** (`BootReports`): the step that failed and why. The daemon
+  reads it when the instance never registers, beside EC2's state reason and the
+  console output (`EC2Cloud.diagnose`);
 - the **server CA certificate** itself (public), and the daemon's address.
 
 `WorkerBootstrap.render(instance_id)` fills `provisioners/data/worker-bootstrap.sh` for one
@@ -19,15 +24,15 @@ shell-quoted, and the result is checked against EC2's 16 KB limit.
 
 What the daemon calls at start-up, with its own identity:
 
-    url, sha256 = publish_agent_wheel(s3, bucket, prefix, wheel_path)
+    url, sha256 = publish_wheelhouse(s3, bucket, prefix, wheelhouse_dir)
     bootstrap = WorkerBootstrap(daemon_address, ca_pem, cluster_id, region,
-                                wheel_presigner(s3, url), sha256)
+                                object_presigner(s3, url), sha256,
+                                reports=BootReports(s3, bucket, prefix))
     cloud = EC2Cloud(config.ec2, config.guardrails, bootstrap=bootstrap)
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import shlex
@@ -43,6 +48,7 @@ from botocore.exceptions import ClientError
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.aws import AwsCaller
+from provisioners.wheelhouse import check, pack
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +67,19 @@ PLACEHOLDERS: tuple[str, ...] = (
     "CLUSTER_ID",
     "REGION",
     "INSTANCE_ID",
-    "WHEEL_URL",
-    "WHEEL_FILE",
-    "WHEEL_SHA256",
+    "WHEELHOUSE_URL",
+    "WHEELHOUSE_SHA256",
+    "REPORT_URL",
     "ACCELERATOR",
     "THROUGHPUT_WINDOW",
 )
 
-#: How long a presigned wheel URL stays valid: the instance fetches it within minutes.
-WHEEL_URL_EXPIRES_S = 3600
+#: How long a presigned wheelhouse URL stays valid: the instance fetches it within minutes.
+WHEELHOUSE_URL_EXPIRES_S = 3600
+#: How long a failure report URL stays valid: the boot and registration timeouts, and more.
+REPORT_URL_EXPIRES_S = 3 * 3600
+#: The most of a failure report the daemon reads (the script sends at most 4000 bytes).
+MAX_REPORT_BYTES = 4096
 
 _PLACEHOLDER = re.compile(r"\{\{[A-Z_]+\}\}")
 _HOST_PORT = re.compile(
@@ -79,16 +89,60 @@ _INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_WHEEL = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[A-Za-z0-9_.]+){2,3}\.whl$")
+_ARCHIVE = re.compile(r"^[0-9a-f]{64}\.tar$")
 _ACCELERATORS = ("", "nvidia")
+
+
+@dataclass(frozen=True, slots=True)
+class BootReports:
+    """Where each instance's bootstrap leaves its failure report: one object per instance
+    under the cluster's prefix, `instances/<instance id>/bootstrap-report.txt`. The
+    script PUTs it through a URL the daemon presigned for that launch (the worker
+    holds no credential); the daemon reads it with its own."""
+
+    s3: Any
+    bucket: str
+    prefix: str
+    expires_s: int = REPORT_URL_EXPIRES_S
+
+    def key(self, instance_id: str) -> str:
+        _check("instance_id", instance_id, _INSTANCE_ID, "an instance id (launch token)")
+        parts = (self.prefix.strip("/"), "instances", instance_id, "bootstrap-report.txt")
+        return "/".join(p for p in parts if p)
+
+    def put_url(self, instance_id: str) -> str:
+        return str(
+            self.s3.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": self.bucket, "Key": self.key(instance_id)},
+                ExpiresIn=self.expires_s,
+            )
+        )
+
+    def read(self, instance_id: str) -> str:
+        """The instance's report on one line ("" when it left none)."""
+        caller = AwsCaller(self.s3)
+        try:
+            got = caller.call(
+                "get_object",
+                passthrough=frozenset({"404", "NoSuchKey", "NotFound"}),
+                Bucket=self.bucket,
+                Key=self.key(instance_id),
+                Range=f"bytes=0-{MAX_REPORT_BYTES - 1}",
+            )
+        except ClientError:
+            return ""  # no report: the script never ran, or never reached the end
+        text = got["Body"].read(MAX_REPORT_BYTES).decode("utf-8", "replace")
+        return " | ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerBootstrap:
     """What every worker's user data says, and how to render it for one launch.
 
-    `wheel_url` is a URL, or a function returning one (a fresh presigned URL
-    per launch: `wheel_presigner`). `throughput_window_s` is the window jobs
+    `wheelhouse_url` is a URL, or a function returning one (a fresh presigned
+    URL per launch: `object_presigner`). `reports`, when given, gets each launch a
+    presigned URL for its failure report. `throughput_window_s` is the window jobs
     report throughput over: one round of the cluster
     (`autoscaler.period.throughput_window_s`), as the local cloud's workers get.
     Everything is validated when built, so a bad value stops the daemon at
@@ -99,10 +153,11 @@ class WorkerBootstrap:
     ca_pem: str
     cluster_id: str
     region: str
-    wheel_url: str | Callable[[], str] = field(repr=False)
-    wheel_sha256: str
+    wheelhouse_url: str | Callable[[], str] = field(repr=False)
+    wheelhouse_sha256: str
     template: Path = DEFAULT_TEMPLATE
     throughput_window_s: float = ROUND_INTERVAL_S
+    reports: BootReports | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check("daemon_address", self.daemon_address, _HOST_PORT, "host:port")
@@ -113,12 +168,14 @@ class WorkerBootstrap:
             raise _invalid("ca_pem", self.ca_pem[:40], "a PEM certificate")
         _check("cluster_id", self.cluster_id, _CLUSTER_ID, "a cluster id")
         _check("region", self.region, _REGION, "an AWS region")
-        _check("wheel_sha256", self.wheel_sha256, _SHA256, "64 lowercase hex digits")
+        _check("wheelhouse_sha256", self.wheelhouse_sha256, _SHA256, "64 lowercase hex digits")
         window = self.throughput_window_s
         if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window < inf:
             raise _invalid("throughput_window_s", window, "a positive number of seconds")
-        if not isinstance(self.wheel_url, str) and not callable(self.wheel_url):
-            raise _invalid("wheel_url", self.wheel_url, "a URL or a function returning one")
+        if not isinstance(self.wheelhouse_url, str) and not callable(self.wheelhouse_url):
+            raise _invalid(
+                "wheelhouse_url", self.wheelhouse_url, "a URL or a function returning one"
+            )
         self.template_text()  # readable, with only known placeholders
 
     def template_text(self) -> str:
@@ -145,20 +202,19 @@ class WorkerBootstrap:
         _check("instance_id", instance_id, _INSTANCE_ID, "an instance id (launch token)")
         if (accelerator or "") not in _ACCELERATORS:
             accelerator = ""  # other accelerators: no check the script knows how to make
-        url = self.wheel_url() if callable(self.wheel_url) else self.wheel_url
+        url = self.wheelhouse_url() if callable(self.wheelhouse_url) else self.wheelhouse_url
         scheme, _, path, _, _ = urlsplit(url)
-        wheel_file = PurePosixPath(path).name
-        if scheme not in ("https", "http") or not _WHEEL.match(wheel_file):
-            raise _invalid("wheel_url", url.split("?", 1)[0], "an http(s) URL of a .whl file")
+        if scheme not in ("https", "http") or not _ARCHIVE.match(PurePosixPath(path).name):
+            raise _invalid("wheelhouse_url", url.split("?", 1)[0], "an http(s) URL of <sha256>.tar")
         values = {
             "DAEMON_ADDRESS": self.daemon_address,
             "CA_PEM": self.ca_pem.strip(),
             "CLUSTER_ID": self.cluster_id,
             "REGION": self.region,
             "INSTANCE_ID": instance_id,
-            "WHEEL_URL": url,
-            "WHEEL_FILE": wheel_file,
-            "WHEEL_SHA256": self.wheel_sha256,
+            "WHEELHOUSE_URL": url,
+            "WHEELHOUSE_SHA256": self.wheelhouse_sha256,
+            "REPORT_URL": self.reports.put_url(instance_id) if self.reports else "",
             "ACCELERATOR": accelerator or "",
             "THROUGHPUT_WINDOW": f"{self.throughput_window_s:g}",
         }
@@ -186,26 +242,18 @@ def fill_template(template: str, values: Mapping[str, str]) -> str:
 # --- what the daemon publishes at start-up ----------------------------------------------------
 
 
-def publish_agent_wheel(
-    s3: Any, bucket: str, prefix: str, wheel_path: str | Path
-) -> tuple[str, str]:
-    """Upload the worker agent wheel to `s3://bucket/prefix/agent/<sha256>/<file>`.
+def publish_wheelhouse(s3: Any, bucket: str, prefix: str, directory: str | Path) -> tuple[str, str]:
+    """Upload the workers' wheelhouse (`provisioners.wheelhouse`, checked against its
+    requirements) as one archive to `s3://bucket/prefix/wheelhouse/<sha256>.tar`.
 
-    Returns `(s3 URL, sha256)`. The key is content-addressed, so publishing the
-    same wheel again uploads nothing, and a new build never replaces the one a
-    booting worker is fetching.
+    Returns `(s3 URL, sha256)`. The key is content-addressed, so publishing the same
+    wheelhouse again uploads nothing, and a new build never replaces the one a booting
+    worker is fetching.
     """
-    path = Path(wheel_path)
-    if not _WHEEL.match(path.name):
-        raise InputError(
-            "not a wheel file name (NAME-VERSION-PY-ABI-PLATFORM.whl)", source=str(path)
-        )
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read the worker wheel: {exc}", source=str(path)) from None
-    sha256 = hashlib.sha256(data).hexdigest()
-    key = "/".join(p for p in (prefix.strip("/"), "agent", sha256, path.name) if p)
+    path = Path(directory)
+    names = check(path)
+    data, sha256 = pack(path, names)
+    key = "/".join(p for p in (prefix.strip("/"), "wheelhouse", f"{sha256}.tar") if p)
     caller = AwsCaller(s3)
     try:
         caller.call(
@@ -222,16 +270,19 @@ def publish_agent_wheel(
         Bucket=bucket,
         Key=key,
         Body=data,
-        ContentType="application/zip",
+        ContentType="application/x-tar",
         Metadata={"sha256": sha256},
     )
-    log.info("worker wheel %s published to s3://%s/%s", path.name, bucket, key)
+    log.info("worker wheelhouse (%d wheels) published to s3://%s/%s", len(names), bucket, key)
     return f"s3://{bucket}/{key}", sha256
 
 
-def wheel_presigner(s3: Any, url: str, expires_s: int = WHEEL_URL_EXPIRES_S) -> Callable[[], str]:
-    """A function returning a fresh presigned HTTPS URL of the wheel at `url` (s3://...),
-    for `WorkerBootstrap.wheel_url`: each launch gets one valid for `expires_s`."""
+def object_presigner(
+    s3: Any, url: str, expires_s: int = WHEELHOUSE_URL_EXPIRES_S
+) -> Callable[[], str]:
+    """A function returning a fresh presigned HTTPS GET URL of the object at `url`
+    (s3://...), for `WorkerBootstrap.wheelhouse_url`: each launch gets one valid for
+    `expires_s`."""
     scheme, bucket, key, _, _ = urlsplit(url)
     if scheme != "s3" or not bucket or not key.strip("/"):
         raise _invalid("url", url, "an s3://bucket/key URL")

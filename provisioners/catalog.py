@@ -66,6 +66,11 @@ DEFAULT_MAX_AGE_S = 24 * 3600.0
 #: The Pricing API answers in these regions only; us-east-1 serves every region's prices.
 PRICING_API_REGION = "us-east-1"
 
+#: Prices retrieved longer ago than this are refreshed by the daemon (when the Pricing API
+#: answers) and flagged wherever they are shown: AWS revises on-demand prices a few times a
+#: year, and a budget guardrail reckoned on old prices may let more through than it says.
+PRICES_STALE_AFTER_DAYS = 90
+
 _PRICES_FORMAT = "ec2-batch-autoscaler prices v1"
 PRICE_UNIT = "per instance-hour: on-demand, Linux, shared tenancy, no pre-installed software"
 _CATALOG_FORMAT = "ec2-batch-autoscaler catalog v1"
@@ -370,6 +375,59 @@ def current_price_table(config: EC2Config) -> PriceTable | None:
     if packaged.exists():
         return _of_region(load_price_table(packaged), config.region, packaged)
     return None
+
+
+def price_age_days(table: PriceTable, now_s: float) -> float | None:
+    """Days since the table was retrieved (None: its date is unknown or not a date)."""
+    try:
+        day = datetime.fromisoformat(table.retrieved[:10]).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    return max(0.0, (now_s - day.timestamp()) / 86400.0)
+
+
+def stale_prices_note(table: PriceTable | None, region: str, now_s: float) -> str | None:
+    """What to tell users when the region has no prices, or old ones; None when fresh."""
+    if table is None:
+        return (
+            f"no on-demand prices for {region}: no type can be planned until they are fetched "
+            "from the Pricing API (`autoscaler catalog refresh`, or the daemon at start-up; "
+            "its policy allows pricing:GetProducts)"
+        )
+    age = price_age_days(table, now_s)
+    if age is None or age > PRICES_STALE_AFTER_DAYS:
+        when = "at an unknown date" if age is None else f"{age:.0f} days ago"
+        return (
+            f"the prices of {region} were retrieved {when} ({table.retrieved}), longer ago "
+            f"than {PRICES_STALE_AFTER_DAYS} days: run `autoscaler catalog refresh`"
+        )
+    return None
+
+
+def refreshed_price_table(
+    config: EC2Config, pricing: AwsCaller | None, now_s: float
+) -> tuple[PriceTable | None, str | None]:
+    """The region's price table, fetched again from the Pricing API first when there is
+    none or it is older than `PRICES_STALE_AFTER_DAYS` — so a region other than us-east-1
+    (which has no bundled table) is priced at the daemon's first start rather than left
+    empty. A refresh that fails keeps what there is; the second value is the warning to
+    show with the catalog (None when the prices are fresh)."""
+    table = current_price_table(config)
+    if pricing is None or stale_prices_note(table, config.region, now_s) is None:
+        return table, stale_prices_note(table, config.region, now_s)
+    today = datetime.fromtimestamp(now_s, UTC).date().isoformat()
+    try:
+        fresh = fetch_price_table(pricing, config.region, today)
+    except CloudError as exc:
+        note = stale_prices_note(table, config.region, now_s)
+        log.warning("prices not refreshed from the Pricing API: %s", exc)
+        return table, f"{note} (the Pricing API refused: {exc})"
+    try:
+        save_price_table(fresh, price_table_path(config))
+    except InputError as exc:  # an unwritable cache must not stop the daemon
+        log.warning("prices not saved: %s", exc)
+    log.info("prices: %d on-demand prices for %s from the Pricing API", len(fresh.prices), today)
+    return fresh, None
 
 
 def _of_region(table: PriceTable, region: str, path: Path) -> PriceTable:
@@ -738,8 +796,11 @@ def current_catalog(
     *,
     now_s: float,
     max_age_s: float = DEFAULT_MAX_AGE_S,
+    pricing: AwsCaller | None = None,
 ) -> EC2Catalog:
-    """The catalog the daemon launches from: the cache while fresh, else rebuilt from AWS.
+    """The catalog the daemon launches from: the cache while fresh, else rebuilt from AWS,
+    with prices fetched from the Pricing API first when the region has none or old ones
+    (`refreshed_price_table`, given `pricing`).
 
     When AWS cannot be reached (or refuses), the cached catalog is used
     whatever its age, with a note saying so; with no cache the error is raised.
@@ -755,7 +816,11 @@ def current_catalog(
         if age is not None and age <= max_age_s and cached.selection == _selection(config):
             return cached.restricted_to(config)
     try:
-        fresh = describe_catalog(ec2, config, current_price_table(config), now_s)
+        prices, warning = refreshed_price_table(config, pricing, now_s)
+        fresh = describe_catalog(ec2, config, prices, now_s)
+        if warning is not None:
+            log.warning("EC2 catalog: %s", warning)
+            fresh = fresh.with_note(warning)
     except CloudError as exc:
         if cached is None:
             raise

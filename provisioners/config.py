@@ -9,18 +9,18 @@
     subnet_ids = ["subnet-0abc", "subnet-0def"]
     security_group_ids = ["sg-0123"]
     associate_public_ip = false
-    iam_instance_profile = "autoscaler-worker"  # name or ARN
+    iam_instance_profile = "autoscaler-worker"  # optional: workers call no AWS API
     metadata_hop_limit = 1                    # IMDSv2 is always required
     root_volume_gb = 100                      # gp3, encrypted (account's default key)
     root_volume_type = "gp3"
     root_volume_encrypted = true
     root_volume_kms_key = "alias/ebs"         # optional customer-managed key
     key_name = "ops"
-    families = ["c7i", "r7i", "p3"]           # allowed instance families ...
+    families = ["c7i", "r7i", "g6"]           # allowed instance families ...
     types = ["g5.xlarge"]                     # ... and/or single types (the union is allowed)
     spot = ["c7i"]                            # types or families launched as spot (none by default)
     orphan_policy = "report"                  # or "terminate"
-    dry_run = false
+    dry_run = true                            # the default: EC2 checks every call, nothing starts
     cache_dir = "~/.cache/ec2-batch-autoscaler"
 
     [ec2.ami]                                 # one image per kind the allowed families need
@@ -30,10 +30,15 @@
     [guardrails]
     max_instances = 20
     max_hourly_spend = 50.0                   # USD per hour, running plus requested
+    max_daily_spend = 600.0                   # USD over any 24 hours, from the ledger
+    max_launches_per_type_hour = 10           # launches of one type in any hour
     allowed_regions = ["us-east-1"]
 
 `cluster_id` is required in a file (two deployments sharing a default would
-adopt and terminate each other's instances). The launch settings — subnets,
+adopt and terminate each other's instances). `dry_run` is true unless the file
+says otherwise: a configuration that forgets it launches nothing. A daemon on EC2
+refuses to start without `max_instances`, `max_hourly_spend` and `max_daily_spend`
+(`Guardrails.unattended_problems`). The launch settings — subnets,
 security groups, instance profile, images — may be left out for commands that
 only read the catalog; `EC2Cloud` refuses to start without them
 (`EC2Config.launch_problems`). Other tables of the file belong to other parts
@@ -67,8 +72,13 @@ from provisioners.images import (
 OrphanPolicy = Literal["report", "terminate"]
 TableT = TypeVar("TableT", bound=Strict)
 
-#: The families of the bundled price table (Eva's 21 types), allowed by default.
-DEFAULT_FAMILIES: tuple[str, ...] = ("c7i", "p3", "r7i")
+#: The CPU families of the bundled price table (Eva's types), allowed by default. Its p3
+#: types are not: their V100 GPUs need the proprietary NVIDIA driver, and AWS's image with
+#: it runs a Python older than the worker's (`provisioners.images`).
+DEFAULT_FAMILIES: tuple[str, ...] = ("c7i", "r7i")
+
+#: Launches of one instance type within any hour, unless `[guardrails]` says otherwise.
+DEFAULT_LAUNCHES_PER_TYPE_HOUR = 10
 
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]+$")
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -103,7 +113,7 @@ class EC2Config:
     types: tuple[str, ...] = ()
     spot: tuple[str, ...] = ()
     orphan_policy: OrphanPolicy = "report"
-    dry_run: bool = False
+    dry_run: bool = True
     cache_dir: Path = field(default_factory=default_cache_dir)
     metadata_hop_limit: int = 1
     root_volume_gb: int = 100
@@ -140,8 +150,6 @@ class EC2Config:
             problems.append("subnet_ids (without them a launch depends on a default VPC)")
         if not self.security_group_ids:
             problems.append("security_group_ids (the workers' firewall)")
-        if not self.iam_instance_profile:
-            problems.append("iam_instance_profile (the workers' instance role)")
         if not self.ami:
             problems.append("[ec2.ami] (the images the workers boot)")
         return problems
@@ -152,8 +160,14 @@ class ProvisionerConfig:
     """Both tables, as parsed from one configuration file."""
 
     ec2: EC2Config = field(default_factory=EC2Config)
-    guardrails: Guardrails = field(default_factory=Guardrails)
+    guardrails: Guardrails = field(default_factory=lambda: default_guardrails())
     source: str | None = None
+
+
+def default_guardrails() -> Guardrails:
+    """The limits of a file without `[guardrails]`: only the launch rate bound (a daemon
+    on EC2 refuses to start without its spending limits)."""
+    return Guardrails(max_launches_per_type_hour=DEFAULT_LAUNCHES_PER_TYPE_HOUR)
 
 
 def family_of(instance_type: str) -> str:
@@ -225,6 +239,8 @@ def build_provisioner_config(
         max_instances=rails.max_instances,
         max_hourly_spend=None if rails.max_hourly_spend is None else float(rails.max_hourly_spend),
         allowed_regions=tuple(rails.allowed_regions),
+        max_daily_spend=None if rails.max_daily_spend is None else float(rails.max_daily_spend),
+        max_launches_per_type_hour=rails.max_launches_per_type_hour,
     )
     return ProvisionerConfig(ec2_config, guardrails, source)
 
@@ -296,7 +312,7 @@ class EC2Table(Strict):
     types: Annotated[tuple[TypeName, ...], Meta(max_length=MAX_ENTRIES)] = ()
     spot: Annotated[tuple[FamilyOrType, ...], Meta(max_length=MAX_ENTRIES)] = ()
     orphan_policy: Literal["report", "terminate"] = "report"
-    dry_run: bool = False
+    dry_run: bool = True  # left out: a configuration that forgets it launches nothing
     cache_dir: Name | None = None
     # PEM certificates of AWS's instance-identity signing keys, one file per region
     # (default: the bundled ones; tests point this at their own).
@@ -347,6 +363,12 @@ class GuardrailsTable(Strict):
         | None
     ) = None
     allowed_regions: Annotated[tuple[Region, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    max_daily_spend: (
+        number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0") | None
+    ) = None
+    max_launches_per_type_hour: whole(ge=1, le=1_000_000, description="a whole number >= 1") = (
+        DEFAULT_LAUNCHES_PER_TYPE_HOUR
+    )
 
     def check(self) -> None:
         if len(set(self.allowed_regions)) != len(self.allowed_regions):
@@ -381,11 +403,16 @@ def _check_images(images: Mapping[str, str], families: list[str], types: list[st
         if needed in kinds:
             continue
         hint = SUGGESTED_IMAGES.get(needed)
-        why = (
-            "NVIDIA GPUs need an image with the driver and the NVIDIA container toolkit"
-            if needed.endswith("_nvidia")
-            else "an image of its architecture and accelerator"
-        )
+        if needed.endswith("_nvidia_proprietary"):
+            why = (
+                "its GPUs need the proprietary NVIDIA driver, and AWS's image with it is "
+                "Amazon Linux 2 with Python 3.10, older than the worker's 3.11: build an "
+                "image with the driver, the NVIDIA container toolkit and Python 3.11"
+            )
+        elif needed.endswith("_nvidia"):
+            why = "NVIDIA GPUs need an image with the driver and the NVIDIA container toolkit"
+        else:
+            why = "an image of its architecture and accelerator"
         raise FieldError(
             f"no image for {needed}, which {name} needs ({why}); add "
             + (f"{needed} = {hint!r}" if hint else f"{needed} = <image>")
@@ -456,11 +483,13 @@ region = "{region}"
 
 # The tag value (autoscaler:cluster) that marks this deployment's instances. Unique in the
 # account: the autoscaler adopts, and may terminate, every instance that carries it. The
-# IAM policies in deploy/ scope the daemon and the workers to it by a tag on their roles.
+# daemon's IAM policy (`autoscaler deploy policy` writes it from this file) lets it
+# launch, tag and terminate only instances carrying it.
 cluster_id = "{cluster}"
 
 # First run: EC2 evaluates every permission and parameter of each launch and termination
 # (DryRun=True) and launches nothing. Run one round, read its log, then set this to false.
+# Left out, it is true: a configuration that forgets it launches nothing.
 dry_run = true
 
 # Network. One subnet per zone you allow, in order of preference (a subnet's zone is where
@@ -470,13 +499,15 @@ dry_run = true
 {setting("subnet_ids", toml_list(subnets), example_subnets)}
 {setting("security_group_ids", toml_list(groups), '["sg-0123456789abcdef0"]')}
 
-# No public IP by default: the subnets then need a NAT gateway (or VPC endpoints and a
-# package mirror), since the bootstrap installs packages, downloads the worker wheel from
-# S3 and the worker reads its token from SSM.
+# No public IP by default. Workers reach the daemon and S3 (the agent and its dependencies
+# come from the cluster's bucket, installed offline: an S3 gateway endpoint is enough) and
+# the image's package mirror (Docker, Python; Amazon Linux 2023's is in S3 too).
 associate_public_ip = false
 
-# The workers' instance profile (name or ARN). Its role lets a worker read its token from
-# SSM Parameter Store (deploy/worker-iam-policy.json); the token is never in user data.
+# The workers' instance profile (name or ARN), optional: a worker calls no AWS API (it
+# proves its instance with the signed identity document and moves its objects through
+# URLs the daemon presigns), so its role needs no permission. Give one only to attach
+# your own (Session Manager, say); `autoscaler deploy policy` then lets the daemon pass it.
 # A profile created moments ago takes seconds to propagate: launches retry meanwhile.
 {setting("iam_instance_profile", json.dumps(profile) if profile else None, '"autoscaler-worker"')}
 
@@ -487,23 +518,25 @@ metadata_hop_limit = 1
 
 # Root volume: job images and build contexts live here (the NVIDIA image needs 75 GiB or
 # more). Encrypted with the account's default EBS key, or with root_volume_kms_key (a
-# customer-managed key needs the KMS statement of deploy/iam-policy.json).
+# customer-managed key: `autoscaler deploy policy` then lets the daemon use it through EC2).
 root_volume_gb = 100
 root_volume_type = "gp3"
 root_volume_encrypted = true
 # root_volume_kms_key = "alias/autoscaler-ebs"
 
 # Instance types the planner may use: whole families and/or single types. Each family
-# counts against an account quota per region (p3 against "Running On-Demand P instances",
-# 0 vCPUs on new accounts: a launch over a quota is reported with the page to raise it,
-# and the family is left out for half an hour).
+# counts against an account quota per region (g6 against "Running On-Demand G and VT
+# instances", 0 vCPUs on new accounts: a launch over a quota is reported with the page to
+# raise it, and the family is left out for half an hour). NVIDIA families boot the
+# x86_64_nvidia image below (g4dn, g5, g6, g6e, gr6, p4d, p4de, p5, p5e, p5en, p6-b200);
+# p2, p3 and g3 need the proprietary driver: see x86_64_nvidia_proprietary.
 families = {families}
-# types = ["g5.xlarge"]
+# types = ["g6.xlarge"]
 # Types or families launched as spot (none by default).
 # spot = ["c7i"]
 
 # Instances tagged with this cluster that the state does not know: "report" them, or
-# "terminate" them after a grace period.
+# "terminate" them after a grace period. Either way they count against the guardrails.
 orphan_policy = "report"
 
 # An SSH key pair, for debugging only.
@@ -514,19 +547,33 @@ orphan_policy = "report"
 # container toolkit). Every allowed family needs its kind; it is checked when this file is
 # read. "resolve:ssm:<parameter>" follows AWS's public images (looked up before each
 # launch and checked against the type's architecture); "ami-..." pins one image.
+# x86_64_nvidia is AWS's Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux
+# 2023). P2, P3 and G3 GPUs (K80, V100, M60) need the proprietary driver, and AWS's image
+# with it is Amazon Linux 2 with Python 3.10, older than the worker's 3.11: to use those
+# families, build an image with the driver, the container toolkit and Python 3.11, and
+# name it as x86_64_nvidia_proprietary.
 [ec2.ami]
 x86_64 = "{SUGGESTED_IMAGES["x86_64"]}"
 x86_64_nvidia = "{SUGGESTED_IMAGES["x86_64_nvidia"]}"
 # arm64 = "{SUGGESTED_IMAGES["arm64"]}"
+# x86_64_nvidia_proprietary = "ami-0123456789abcdef0"
 
 # ---------------------------------------------------------------------------------------
-# Guardrails: limits every launch is checked against before any money is spent.
+# Guardrails: limits every launch is checked against before any money is spent. A daemon
+# on EC2 refuses to start without max_instances, max_hourly_spend and max_daily_spend.
 # ---------------------------------------------------------------------------------------
 [guardrails]
-# Instances running or requested, at most.
+# Instances running or requested (and instances tagged as ours the state does not
+# know), at most.
 max_instances = 4
-# US dollars per hour of the instances running or requested, at catalog prices.
+# US dollars per hour of those instances, at catalog prices.
 max_hourly_spend = 10.0
+# US dollars over any 24 hours, from the ledger, plus the next hour at the rate a launch
+# would bring: no launch that could pass it within the hour.
+max_daily_spend = 100.0
+# Launches of one instance type within any hour, whatever happens (a type whose workers
+# never register also backs off, then is held, with the cause in `autoscaler status`).
+max_launches_per_type_hour = {DEFAULT_LAUNCHES_PER_TYPE_HOUR}
 # The daemon refuses to start in any other region.
 allowed_regions = ["{region}"]
 """

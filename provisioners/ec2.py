@@ -33,8 +33,12 @@ How it keeps money safe:
   by id (an instance launched moments ago may not be listed yet), refusing
   ids EC2 lists with another cluster's tag.
 - **No secret in user data.** Each instance's user data is rendered for it
-  at its launch (`provisioners.bootstrap`): its id, the worker token's SSM
-  parameter name, a presigned URL and hash of the worker wheel.
+  at its launch (`provisioners.bootstrap`): its id, a presigned URL and hash of
+  the workers' wheelhouse, and a presigned URL for its failure report.
+- **Boots that never register are diagnosed** (`diagnose`): EC2's state
+  reason, the bootstrap's failure report and its console lines are recorded
+  with the instance when the round gives it up, and its type backs off
+  (`autoscaler.decide.boot_holds`).
 - **Launch settings a real account needs, explicit.** Subnets and security
   groups (never a default VPC), a public IP only when asked, IMDSv2 with hop
   limit 1, an encrypted gp3 root volume sized on the image's root device,
@@ -130,6 +134,9 @@ __all__ = [
     "client_token",
 ]
 
+#: The longest diagnosis of a boot recorded with its instance.
+MAX_DIAGNOSIS = 1200
+
 #: After falling back to a stale cached catalog, ask AWS again after this long.
 CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
 
@@ -184,6 +191,7 @@ class EC2Cloud:
         bootstrap: WorkerBootstrap | None = None,
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
         ssm: BaseClient | None = None,
+        pricing: BaseClient | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
         problems = config.launch_problems()
@@ -212,6 +220,8 @@ class EC2Cloud:
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
+        # The Pricing API (us-east-1), asked when the region's prices are missing or old.
+        self._pricing = AwsCaller(pricing, sleep=sleep) if pricing is not None else None
         self._endpoint_url = endpoint_url
         self.images = ImageResolver(self._ec2, self._ssm_caller, clock)
         self._catalog: EC2Catalog | None = None
@@ -254,7 +264,11 @@ class EC2Cloud:
             or (stale and held_s > CATALOG_RETRY_AFTER_OUTAGE_S)
         ):
             self._catalog = current_catalog(
-                self._ec2, self.config, now_s=now, max_age_s=self.catalog_max_age_s
+                self._ec2,
+                self.config,
+                now_s=now,
+                max_age_s=self.catalog_max_age_s,
+                pricing=self._pricing,
             )
             self._catalog_loaded_at_s = now
         return self._catalog
@@ -657,6 +671,46 @@ class EC2Cloud:
         if subnets:
             allowed = [z for z in allowed if z in subnets]
         return allowed, offered
+
+    # --- a boot that never became a worker ----------------------------------------------
+
+    def diagnose(self, cloud_id: str, instance_id: str) -> str:
+        """Why an instance's worker never registered, as far as AWS and the instance say:
+        EC2's state reason (a shutdown the bootstrap asked for, a spot reclaim, a
+        volume limit...), the failure report the bootstrap left under the cluster's
+        prefix (`provisioners.bootstrap.BootReports`: the step that failed and why), and
+        the bootstrap's last lines in the console output. One line, at most
+        `MAX_DIAGNOSIS` characters; never raises (`autoscaler.cloud.Diagnoses`)."""
+        parts: list[str] = []
+        try:
+            found = self._ec2.call("describe_instances", InstanceIds=[cloud_id])
+            raw = [i for r in found.get("Reservations", []) for i in r.get("Instances", [])]
+            if raw:
+                state = raw[0].get("StateReason", {}).get("Message") or raw[0].get(
+                    "StateTransitionReason"
+                )
+                if state:
+                    parts.append(f"EC2: {state}")
+        except CloudError as exc:
+            parts.append(f"EC2 state unknown ({exc})")
+        reports = self.bootstrap.reports if self.bootstrap is not None else None
+        if reports is not None:
+            try:
+                report = reports.read(instance_id)
+            except CloudError as exc:
+                report = f"unreadable ({exc})"
+            parts.append(f"bootstrap: {report}" if report else "bootstrap: no report")
+        try:
+            console = self._ec2.call("get_console_output", InstanceId=cloud_id)
+            # botocore decodes the base64 AWS sends (its `decode_console_output` handler).
+            text = console.get("Output") or ""
+            lines = [line.strip() for line in text.splitlines() if "autoscaler-bootstrap" in line]
+            if lines:
+                parts.append("console: " + " | ".join(lines[-3:]))
+        except CloudError:
+            pass  # no console output yet (it comes minutes after a boot), or none kept
+        text = "; ".join(parts)
+        return text if len(text) <= MAX_DIAGNOSIS else text[: MAX_DIAGNOSIS - 3] + "..."
 
     # --- list, terminate -----------------------------------------------------------
 

@@ -8,6 +8,16 @@ allowed family must have its kind, checked when the configuration is loaded
 (`image_kind` reads the kind from the family's name, as EC2 names families:
 `c7g` is Graviton, `p3` has NVIDIA GPUs).
 
+NVIDIA families split in two. AWS's suggested GPU image, the Deep Learning
+Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023), ships NVIDIA's open kernel
+modules, which drive Turing and later GPUs only; its release notes list G4dn,
+G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en and P6-B200. P2, P3 and G3 (K80,
+V100, M60) need the proprietary driver, and AWS's image with it (the Deep
+Learning Base Proprietary Nvidia Driver AMI) is Amazon Linux 2 with Python
+3.10, which the worker (3.11) does not run on. So those families need a kind of
+their own, `x86_64_nvidia_proprietary`, with no suggested image: the operator
+builds one, or leaves them out (they are not allowed by default).
+
 An image is an id (`ami-...`) or `resolve:ssm:<parameter>`, the form AWS
 publishes its current images under (`/aws/service/ami-amazon-linux-latest/...`).
 `provisioners.ami` resolves and checks them before a launch.
@@ -25,6 +35,9 @@ Architecture = Literal["x86_64", "arm64"]
 ARCHITECTURES: tuple[Architecture, ...] = ("x86_64", "arm64")
 #: Accelerator kinds an image may be for (each needs its own drivers).
 ACCELERATORS: tuple[str, ...] = ("nvidia", "amd", "neuron", "gaudi", "qualcomm", "fpga")
+#: NVIDIA families whose GPUs (K80, V100, M60) only the proprietary driver drives.
+PROPRIETARY_DRIVER_FAMILIES: frozenset[str] = frozenset({"p2", "p3", "p3dn", "g3", "g3s"})
+PROPRIETARY = "proprietary"
 
 SSM_PREFIX = "resolve:ssm:"
 
@@ -42,7 +55,7 @@ SUGGESTED_IMAGES: dict[str, str] = {
 
 _AMI_ID = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _SSM_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,2048}(:[A-Za-z0-9_.-]{1,100})?$")
-_KIND = re.compile(r"^(x86_64|arm64)(?:_([a-z]+))?$")
+_KIND = re.compile(r"^(x86_64|arm64)(?:_([a-z]+)(?:_(proprietary))?)?$")
 # EC2 family names: class letters, a generation digit, attribute letters ("c7gn", "p4d").
 _FAMILY = re.compile(r"^([a-z]+)(\d+)([a-z-]*)")
 
@@ -91,19 +104,27 @@ def accelerator_of(family: str) -> str | None:
 
 
 def image_kind(family: str) -> str:
-    """The `[ec2.ami]` key of the image an instance family needs: `x86_64`, `arm64_nvidia`, ..."""
+    """The `[ec2.ami]` key of the image an instance family needs: `x86_64`, `arm64_nvidia`,
+    `x86_64_nvidia_proprietary` (P2, P3, G3: see above), ..."""
     accelerator = accelerator_of(family)
     arch = architecture_of(family)
+    if accelerator == "nvidia" and family in PROPRIETARY_DRIVER_FAMILIES:
+        return f"{arch}_nvidia_{PROPRIETARY}"
     return f"{arch}_{accelerator}" if accelerator else arch
 
 
 def check_kind(kind: str) -> tuple[Architecture, str | None]:
     """(architecture, accelerator) of an `[ec2.ami]` key; ValueError if it is not one."""
     match = _KIND.match(kind)
-    if match is None or (match.group(2) is not None and match.group(2) not in ACCELERATORS):
+    if (
+        match is None
+        or (match.group(2) is not None and match.group(2) not in ACCELERATORS)
+        or (match.group(3) is not None and match.group(2) != "nvidia")
+    ):
         raise ValueError(
             f"unknown image kind {kind!r} (an architecture, {' or '.join(ARCHITECTURES)}, "
-            f"optionally followed by _ and an accelerator: {', '.join(ACCELERATORS)})"
+            f"optionally followed by _ and an accelerator: {', '.join(ACCELERATORS)}; "
+            "x86_64_nvidia_proprietary for P2, P3 and G3)"
         )
     return match.group(1), match.group(2)  # type: ignore[return-value]
 

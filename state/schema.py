@@ -22,6 +22,11 @@ One table per fact, in the problem's words:
 - `phase_delays`: how long each phase of a task's attempt (fetch, build, start,
   init, checkpoint, upload) took on each instance type, as a bounded running mean:
   the migration criterion's delays where measured (Eva §4.5).
+- `users`: who may call the API — name, team, role, and the scrypt hash of the
+  current token (and of the previous one while a rotation's overlap lasts); never
+  a token itself.
+- `audit`: every API call — who, which method, on what, when, and its outcome
+  (never a token, a job's env values or any other request body).
 
 Times are seconds as floats (epoch in production, virtual in replay), stored as
 double precision so they round-trip exactly. Statuses are strings checked against
@@ -82,6 +87,7 @@ INSTANCE_STATUSES = (
 )
 ACTION_KINDS = ("launch", "terminate", "start", "migrate", "stop", "adopt", "report")
 ACTION_OUTCOMES = ("planned", "done", "refused", "failed", "skipped")
+USER_ROLES = ("admin", "submit", "read")
 
 
 def one_of(column: str, values: tuple[str, ...]) -> str:
@@ -332,3 +338,43 @@ class PhaseDelay(Base):
     phase: Mapped[str] = mapped_column(String(16), primary_key=True)
     mean_s: Mapped[float] = mapped_column(Double)
     observations: Mapped[int] = mapped_column(Integer)  # at most MAX_DELAY_OBSERVATIONS
+
+
+class User(Base):
+    """A user of the API: a role, a team, and the hash of their token (never the token).
+
+    A token is `<user_id>.<secret>`: the id finds the row without trying every
+    user's hash. After a rotation the previous hash stays valid until
+    `previous_until`, so a client mid-way through a change of token is not cut off.
+    """
+
+    __tablename__ = "users"
+    __table_args__ = (CheckConstraint(one_of("role", USER_ROLES), name="role"),)
+
+    user_id: Mapped[str] = mapped_column(String, primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    team: Mapped[str | None] = mapped_column(String)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String)  # scrypt parameters, salt and digest
+    previous_hash: Mapped[str | None] = mapped_column(String)
+    previous_until: Mapped[float | None] = mapped_column(Double)
+    created_at: Mapped[float] = mapped_column(Double)
+    rotated_at: Mapped[float | None] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+
+
+class AuditEntry(Base):
+    """One API call: who made it, which method, on what, when, and how it ended."""
+
+    __tablename__ = "audit"
+    __table_args__ = (Index(None, "at"), Index(None, "user_name"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Double)
+    user_name: Mapped[str] = mapped_column(String)  # "-" when no valid token was shown
+    role: Mapped[str] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String)
+    target: Mapped[str] = mapped_column(String, server_default="")
+    outcome: Mapped[str] = mapped_column(String(32))  # "ok" or the gRPC status refused with
+    detail: Mapped[str] = mapped_column(Text, server_default="")
+    peer: Mapped[str] = mapped_column(String, server_default="")

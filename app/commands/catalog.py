@@ -220,7 +220,7 @@ def _origin_word(catalog: EC2Catalog) -> str:
 
 def render_catalog(catalog: EC2Catalog, config: EC2Config, now_s: float, cache: Path) -> str:
     """The catalog as a table, with where every column comes from and how old it is."""
-    from provisioners.catalog import format_age
+    from provisioners.catalog import current_price_table, format_age, stale_prices_note
 
     types = sorted(catalog.catalog, key=lambda t: (t.family, t.hourly_cost, t.name))
     prefix = catalog.region
@@ -268,6 +268,9 @@ def render_catalog(catalog: EC2Catalog, config: EC2Config, now_s: float, cache: 
         )
     out.append(f"Prices: {catalog.prices}")
     out += [f"Note: {note}" for note in catalog.notes]
+    old_prices = stale_prices_note(current_price_table(config), config.region, now_s)
+    if old_prices is not None and old_prices not in catalog.notes:
+        out.append(f"Warning: {old_prices}")
     if catalog.origin == "bundled":
         out.append("Run `autoscaler catalog refresh` to fetch types, zones and prices from AWS.")
     # The table fits the terminal; so do the notes around it.

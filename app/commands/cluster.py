@@ -2,7 +2,8 @@
 
 `init` writes a configuration and the cluster's secrets; `daemon` runs the
 cluster; `submit`, `jobs`, `job`, `cancel`, `logs` and `status` talk to the
-daemon's API (TLS, the API token); `cost-report` reads the state database
+daemon's API (TLS, the user's token: `$AUTOSCALER_TOKEN_FILE`, else the
+cluster's `secrets/api.token`); `cost-report` reads the state database
 alone, daemon running or not, and calls no cloud.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import getpass
+import os
+import tempfile
 import textwrap
 import time
 from collections.abc import Sequence
@@ -115,6 +117,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     job = sub.add_parser("job", help="one job: its tasks, where they run, progress, cost")
     job.add_argument("job_id", metavar="ID", help="a job id, or the name of one job")
+    job.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help="show the tasks' env values (the job's owner or an admin only; hidden otherwise)",
+    )
     add_json(job)
     _config(job)
     job.set_defaults(func=cmd_job)
@@ -204,6 +211,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JOBS",
         help="job files added hypothetically: what the next round would launch for them",
     )
+    cost.add_argument(
+        "--what-if",
+        action="store_true",
+        help="add what the jobs since --since would have cost under each scheduler, replayed "
+        "from the database (seconds to minutes: see `autoscaler replay --from-cluster`)",
+    )
     _config(cost)
     cost.set_defaults(func=cmd_cost_report)
 
@@ -229,15 +242,21 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     config = load_cluster_config(result.config)
     if config.state.url.startswith("sqlite:"):
-        from app.wiring import open_state
+        from app.wiring import first_admin, open_state
 
-        open_state(config, create=True).close()  # a local database is ready to report from
+        store = open_state(config, create=True)  # a local database is ready to report from
+        try:
+            first_admin(config, store, time.time())  # else the daemon's first start does it
+        finally:
+            store.close()
+    admin_token = config.secrets.api_token
     if args.json:
         print_json(
             {
                 "config": str(result.config),
                 "written": [str(p) for p in result.written],
                 "kept": [str(p) for p in result.kept],
+                "admin_token": str(admin_token),
             }
         )
         return 0
@@ -245,11 +264,30 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for path in result.kept:
         print(f"kept  {path} (exists; never overwritten)")
+    if config.cloud.provider == "ec2":
+        _init_policies(config)
     print(
-        f"\nnext: autoscaler daemon --config {result.config}\n"
-        f"      autoscaler submit --config {result.config} JOB.toml"
+        f"\nthe admin's token is in {admin_token} (mode 0600; the CLI uses it by default)\n"
+        f"next: autoscaler daemon --config {result.config}\n"
+        f"      autoscaler submit --config {result.config} JOB.toml\n"
+        f"      autoscaler user add NAME --role submit --config {result.config}  (teammates)"
     )
     return 0
+
+
+def _init_policies(config: ClusterConfig) -> None:
+    """The IAM policies and lifecycle rule of an EC2 cluster, written beside its
+    configuration once its bucket is known (else `deploy policy` writes them later)."""
+    from app.commands.deploy import write_cluster_policies
+
+    if "REPLACE-WITH-YOUR-BUCKET" in config.storage.url:
+        print(
+            "\nset [storage] url to your bucket, then write the cluster's IAM policies and "
+            f"S3 lifecycle rule:\n  autoscaler deploy policy --config {config.path}"
+        )
+        return
+    for path in write_cluster_policies(config):
+        print(f"wrote {path} (from the configuration: write again after changing it)")
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -257,27 +295,43 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     from app.config import check_daemon_config
     from app.daemon import Daemon, configure_logging
-    from app.wiring import build_bindings, daemon_security, worker_security
+    from app.wiring import build_bindings, daemon_security, first_admin, worker_security
 
     config = load_cluster_config(args.config)
     found = check_daemon_config(config)
     if args.check:
         print(f"{config.path}: the daemon would start: {'; '.join(found)}")
         return 0
+    _private_log_files()
     configure_logging()
     bindings = build_bindings(config)
-    credentials, tokens = daemon_security(config)
+    credentials = daemon_security(config)
+    first_admin(config, bindings.store, time.time())
     daemon = Daemon(
         config,
         bindings,
         dry_run=args.dry_run,
         server_credentials=credentials,
-        tokens=tokens,
         worker_credentials=worker_security(config),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stop.set())
     return daemon.run()
+
+
+def _private_log_files() -> None:
+    """The daemon's log, when standard output or error is a file of ours (`autoscaler daemon
+    > daemon.log 2>&1`, made by the shell with its umask), readable by its owner alone:
+    it names jobs, users and decisions."""
+    import stat
+
+    for fd in (1, 2):
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISREG(status.st_mode) and status.st_uid == os.getuid():
+                os.fchmod(fd, stat.S_IMODE(status.st_mode) & 0o700)
+        except OSError:
+            continue
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -338,14 +392,20 @@ def cmd_down(args: argparse.Namespace) -> int:
 # -- talking to the daemon ----------------------------------------------------------------------
 
 
+#: A file holding the user's token (mode 0600), when it is not the cluster's `api.token`.
+TOKEN_FILE_ENV = "AUTOSCALER_TOKEN_FILE"
+
+
 def connect(config: ClusterConfig):
+    """A client of the daemon with the user's token: the file `$AUTOSCALER_TOKEN_FILE`
+    names, else the cluster's `secrets/api.token` (the first admin's)."""
     from app.api import ApiClient
     from executor.security import DAEMON_NAME, read_token, secure_channel
 
     secrets = config.secrets
     try:
         ca = secrets.ca_cert.read_bytes()
-        token = read_token(secrets.api_token)
+        token = read_token(os.environ.get(TOKEN_FILE_ENV) or secrets.api_token)
     except (OSError, ValueError) as exc:  # missing, unsafe mode, not UTF-8 text
         raise InputError(
             f"cannot read the cluster's secrets: {exc}", source=str(config.path)
@@ -359,13 +419,14 @@ def _client(args: argparse.Namespace):
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from app.jobfile import load_job_file, pack_context, with_contexts
+    from app.jobfile import load_job_file, with_contexts
     from autoscaler.jobs import validate_against_catalog, without_missing_families
     from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
-    with _client(args) as client:
+    config = load_cluster_config(args.config)
+    with connect(config) as client:
         catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
         for index, (path, submission) in enumerate(zip(args.job_file, submissions, strict=True)):
             job, notes = without_missing_families(submission.job, catalog)
@@ -373,20 +434,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 progress(f"{path}: {note}")
             submissions[index] = submission = dataclasses.replace(submission, job=job)
             validate_against_catalog((submission.job,), catalog, source=str(path))
-        packed: dict[Path, tuple[bytes, str]] = {}
-        for submission in submissions:
-            for directory in submission.contexts.values():
-                if directory not in packed:
-                    progress(f"packing {directory} …")
-                    packed[directory] = pack_context(directory)
-        refs = client.upload_contexts({digest: data for data, digest in packed.values()})
+        limit = int(config.limits.max_context_mb * 2**20)
+        packed: dict[Path, tuple[Path, str]] = {}
+        with tempfile.TemporaryDirectory(prefix="autoscaler-contexts-") as scratch:
+            for submission in submissions:
+                for directory in submission.contexts.values():
+                    if directory not in packed:
+                        progress(f"packing {directory} …")
+                        out = Path(scratch) / f"{len(packed)}.tar.gz"
+                        packed[directory] = (out, _pack(directory, out, limit))
+            refs = client.upload_contexts({digest: out for out, digest in packed.values()})
         ids = []
-        owner = getpass.getuser()
         for submission in submissions:
             contexts = {
                 task: refs[packed[directory][1]] for task, directory in submission.contexts.items()
             }
-            ids.append(client.submit(with_contexts(submission.job, contexts), owner))
+            ids.append(client.submit(with_contexts(submission.job, contexts)))
         if args.json:
             print_json({"jobs": ids})
         else:
@@ -395,6 +458,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return _wait(client, ids)
+
+
+def _pack(directory: Path, out: Path, limit: int) -> str:
+    """A build context packed to `out` (its digest); refused over `limit` uncompressed bytes."""
+    from executor.packing import PackingError, pack_context_file
+
+    try:
+        return pack_context_file(directory, out, max_bytes=limit)
+    except PackingError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _wait(client: Any, ids: Sequence[str], poll_s: float = 2.0, *, quiet: bool = False) -> int:
@@ -449,7 +522,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        detail = client.job(_job_id(client, args.job_id))
+        detail = client.job(_job_id(client, args.job_id), show_secrets=args.show_secrets)
     if args.json:
         print_json(detail)
         return 0
@@ -490,6 +563,14 @@ def cmd_job(args: argparse.Namespace) -> int:
             [False, False, False, True, True, False, True, True, False],
         )
     )
+    env = [(t["task"].split("/", 1)[1], t.get("env") or {}) for t in detail["task_list"]]
+    if any(values for _, values in env):
+        print()
+        for task, values in env:
+            for name, value in values.items():
+                print(f"{task}: {name}={value}")
+        if not args.show_secrets:
+            print("(env values hidden: --show-secrets shows them to the owner or an admin)")
     return 0
 
 
@@ -709,6 +790,8 @@ def render_status(status: dict[str, Any]) -> str:
                 f"  planned {money(last['hourly_cost'])}/h"
                 + (f", LP lower bound {money(bound)}/h" if bound else "")
             )
+        for itype, why in last.get("held", {}).items():
+            out.append(f"  {itype} {why}")
         for task, why in last.get("infeasible", {}).items():
             out.append(f"  waiting: {task}: {why}")
     return "\n".join(out)
@@ -760,6 +843,10 @@ def cmd_cost_report(args: argparse.Namespace) -> int:
         uptime = store.uptime()
     finally:
         store.close()
+    if args.what_if:
+        from app.what_if import what_if
+
+        report["what_if"] = what_if(config, since, now)
     if args.json:
         print_json(report)
     else:
@@ -809,6 +896,10 @@ def render_cost_report(report: dict[str, Any]) -> str:
         f"  − idle spend           {money(parts['idle'])}",
         f"  = saved                {money(report['savings'])}",
     ]
+    if report.get("what_if"):
+        from app.what_if import what_if_line
+
+        out += ["", *textwrap.wrap(what_if_line(report["what_if"]), 96)]
     dry = report.get("dry_run")
     if dry:
         launches = ", ".join(f"{n} x {t}" for t, n in dry["launch"].items()) or "nothing"

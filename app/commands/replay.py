@@ -27,10 +27,12 @@ from app.replay_report import comparison_table, document, plot
 from app.table import output_width, wrap
 from app.validation import (
     PLOT_FORMATS,
+    SINCE_FORMS,
     atomic_output,
     check_outputs,
     number_arg,
     output_path,
+    parse_since,
     seconds_arg,
     write_atomically,
 )
@@ -90,10 +92,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument(
         "--interval",
         type=seconds_arg(1.0, 86400.0),
-        default=ROUND_INTERVAL_S,
+        default=None,
         metavar="S",
         help="time between scheduling rounds: seconds, or with a unit (5m), 1 s to 1 d "
-        f"(default {ROUND_INTERVAL_S:g})",
+        f"(default {ROUND_INTERVAL_S:g}; with --from-cluster, the cluster's)",
+    )
+    rp.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="replay the cluster's own history instead of a trace: the jobs submitted to it "
+        "(their demands, measured work and solo speed), the co-location table it learned "
+        "and the prices it paid, read from its state database, beside what it paid",
+    )
+    rp.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="TOML",
+        help="with --from-cluster: the cluster's configuration (default: $AUTOSCALER_CONFIG, "
+        "else ./autoscaler.toml)",
+    )
+    rp.add_argument(
+        "--since",
+        default=None,
+        metavar="T",
+        help="with --from-cluster: only jobs submitted from T on: "
+        + SINCE_FORMS
+        + " (default: everything recorded)",
     )
     rp.add_argument(
         "--seed",
@@ -181,6 +206,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.from_cluster:
+        return _replay_cluster(args)
+    for flag, value in (("--config", args.config), ("--since", args.since)):
+        if value is not None:
+            raise InputError(f"{flag} reads a cluster's history: give it with --from-cluster")
+    if args.interval is None:
+        args.interval = ROUND_INTERVAL_S
     trace_path = args.trace or bundled("pai_200.json")
     contention_path = args.contention or bundled("contention_matrix.csv")
     catalog_path = args.catalog or bundled("ec2_config.json")
@@ -267,6 +299,95 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "duration (cost up to then; JCT over the jobs that finished)"
         )
         return 1
+    return 0
+
+
+#: The trace options --from-cluster replaces with the cluster's own records.
+_TRACE_OPTIONS = (
+    ("--trace", "trace"),
+    ("--catalog", "catalog"),
+    ("--contention", "contention"),
+    ("--synthesize", "synthesize"),
+)
+
+
+def _replay_cluster(args: argparse.Namespace) -> int:
+    """`replay --from-cluster`: the cluster's history under every scheduler, beside what
+    its ledger billed over the same window (`app.what_if`)."""
+    from app.config import load_cluster_config
+    from app.validation import state_files
+    from app.what_if import cluster_document, load_history, nothing_to_replay, paid_lines
+    from provisioners.catalog import catalog_cache_path, price_table_path
+
+    for flag, name in _TRACE_OPTIONS:
+        if getattr(args, name) is not None:
+            raise InputError(
+                f"{flag} and --from-cluster exclude each other: the cluster's history "
+                "brings its own jobs, catalog and co-location table"
+            )
+    config = load_cluster_config(args.config)
+    now = time.time()
+    since = parse_since(args.since, now) if args.since else 0.0
+    ec2 = config.provisioner.ec2
+    check_outputs(
+        {"--plot": args.plot},
+        [
+            ("the cluster's configuration", config.path),
+            *state_files(config.state.sqlite_path),
+            ("the catalog cache", catalog_cache_path(ec2)),
+            ("the price table", price_table_path(ec2)),
+        ],
+    )
+    history = load_history(config, since, now)
+    if not history.jobs:
+        if args.json:
+            print_json({"cluster": cluster_document(history, {}), "results": {}})
+        else:
+            print(nothing_to_replay(history))
+        return 0
+    interval = args.interval if args.interval is not None else config.cluster.interval_s
+    min_throughput = args.min_throughput or config.planner.min_throughput
+    names = list(dict.fromkeys(args.scheduler or DEFAULT_SCHEDULERS))
+    if history.scheduler in SCHEDULERS and history.scheduler not in names:
+        names.insert(0, history.scheduler)  # the yardstick of the reproduction
+    if "no-packing" not in names:
+        names.append("no-packing")
+    source = f"the cluster {config.cluster.name}'s history"
+    try:
+        results, limit = _run_replays(
+            names,
+            list(history.jobs),
+            history.catalog,
+            history.truth,
+            interval,
+            min_throughput,
+            args.workers,
+        )
+    except _WorkerDied as exc:
+        print(f"autoscaler: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print_json(
+            {
+                **document(
+                    results,
+                    trace=source,
+                    interval_s=interval,
+                    seed=args.seed,
+                    min_throughput=min_throughput,
+                    clairvoyant_bound=round(limit, 6),
+                ),
+                "cluster": cluster_document(history, results),
+            }
+        )
+    else:
+        args.interval, args.min_throughput = interval, min_throughput
+        _print_results(results, history.jobs, history.catalog, source, args, limit)
+        print("\n" + "\n".join(wrap(line) for line in paid_lines(history, results)))
+    if args.plot is not None:
+        with atomic_output(args.plot) as tmp:
+            plot(results, tmp, f"Replay of {source}")
+        note(f"plot written to {args.plot}")
     return 0
 
 
@@ -402,8 +523,11 @@ def _run_replays(
     interval_s: float,
     min_throughput: float,
     workers: int | None,
+    *,
+    bound: bool = True,
 ) -> tuple[dict[str, ReplayResult], float]:
-    """Each scheduler's replay, and the clairvoyant bound: in parallel processes.
+    """Each scheduler's replay, and the clairvoyant bound (0 without `bound`): in
+    parallel processes.
 
     The replays share nothing (each has its own world, store and planner, and
     is deterministic), so running them side by side changes no figure, only
@@ -411,17 +535,17 @@ def _run_replays(
     rather than the sum (on the full trace, eva's 4 minutes instead of 5).
     """
     board = _Progress(names, len(jobs))
-    workers = min(workers or _cores(), len(names) + 1)
+    workers = min(workers or _cores(), len(names) + bound)
     inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput})
     finished: dict[str, object] = {}
     if workers <= 1:
-        for name in [*names, _BOUND]:
+        for name in [*names, *([_BOUND] if bound else [])]:
             finished[name], seconds = _run_one(name, inputs, partial(board.update, name))
             if name != _BOUND:
                 board.done(name, finished[name], seconds)  # type: ignore[arg-type]
     else:
-        _run_in_workers(names, inputs, workers, board, finished)
-    limit = finished.pop(_BOUND)
+        _run_in_workers(names, inputs, workers, board, finished, bound)
+    limit = finished.pop(_BOUND, 0.0)
     return {name: finished[name] for name in names}, limit  # type: ignore[misc]
 
 
@@ -444,7 +568,12 @@ def _run_one(
 
 
 def _run_in_workers(
-    names: list[str], inputs: tuple, workers: int, board: _Progress, finished: dict[str, object]
+    names: list[str],
+    inputs: tuple,
+    workers: int,
+    board: _Progress,
+    finished: dict[str, object],
+    bound: bool = True,
 ) -> None:
     """`_run_one` for every name and the bound, in forked processes, into `finished`."""
     # One forked process per replay (and one for the bound), at most `workers` at
@@ -454,7 +583,8 @@ def _run_in_workers(
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
     waiting = sorted(names, key=lambda n: (not n.startswith("eva"), names.index(n)))
-    waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
+    if bound:
+        waiting.append(_BOUND)  # the longest first (eva's planners), the short ones beside them
     running: dict[str, multiprocessing.process.BaseProcess] = {}
     try:
         while waiting or running:

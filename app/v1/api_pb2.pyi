@@ -58,10 +58,12 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "show_secrets")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHOW_SECRETS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    show_secrets: bool
+    def __init__(self, job_id: _Optional[str] = ..., show_secrets: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("statuses", "limit")
@@ -128,6 +130,32 @@ class CostReportRequest(_message.Message):
 class GetCatalogRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class UserRequest(_message.Message):
+    __slots__ = ("name", "role", "team", "overlap_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    team: str
+    overlap_s: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., team: _Optional[str] = ..., overlap_s: _Optional[float] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AuditRequest(_message.Message):
+    __slots__ = ("user", "since", "limit")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    since: float
+    limit: int
+    def __init__(self, user: _Optional[str] = ..., since: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class Document(_message.Message):
     __slots__ = ("json",)

@@ -89,6 +89,31 @@ class SubmissionStub:
                 request_serializer=app_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
                 response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/AddUser',
+                request_serializer=app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/ListUsers',
+                request_serializer=app_dot_v1_dot_api__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.RotateUser = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/RotateUser',
+                request_serializer=app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.RevokeUser = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/RevokeUser',
+                request_serializer=app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.Audit = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/Audit',
+                request_serializer=app_dot_v1_dot_api__pb2.AuditRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
 
 
 class SubmissionServicer:
@@ -165,6 +190,37 @@ class SubmissionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddUser(self, request, context):
+        """Users and the audit log (admin only). A new or rotated token is in the answer, once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Audit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubmissionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +277,31 @@ def add_SubmissionServicer_to_server(servicer, server):
             'GetCatalog': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCatalog,
                     request_deserializer=app_dot_v1_dot_api__pb2.GetCatalogRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=app_dot_v1_dot_api__pb2.UserRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=app_dot_v1_dot_api__pb2.ListUsersRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'RotateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateUser,
+                    request_deserializer=app_dot_v1_dot_api__pb2.UserRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'RevokeUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeUser,
+                    request_deserializer=app_dot_v1_dot_api__pb2.UserRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'Audit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Audit,
+                    request_deserializer=app_dot_v1_dot_api__pb2.AuditRequest.FromString,
                     response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
     }
@@ -520,6 +601,141 @@ class Submission:
             target,
             '/autoscaler.api.v1.Submission/GetCatalog',
             app_dot_v1_dot_api__pb2.GetCatalogRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/AddUser',
+            app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/ListUsers',
+            app_dot_v1_dot_api__pb2.ListUsersRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/RotateUser',
+            app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/RevokeUser',
+            app_dot_v1_dot_api__pb2.UserRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Audit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/Audit',
+            app_dot_v1_dot_api__pb2.AuditRequest.SerializeToString,
             app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,

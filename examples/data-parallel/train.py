@@ -1,13 +1,15 @@
 """A CPU training loop: fits a line to noisy points by stochastic gradient descent.
 
 It reports every iteration through the reporter (so the autoscaler learns how
-fast it runs next to other jobs), checkpoints when the worker asks (before a
-migration) and every SAVE_EVERY iterations, and resumes from its checkpoint:
-after a move its iteration count continues where it stopped.
+fast it runs next to other jobs), checkpoints on its own schedule (the
+reporter's `checkpoint_due()`: every `checkpoint_every_s` of its job file,
+which the worker uploads while it runs) and when the worker asks (before a
+move, then it exits), and resumes from its checkpoint: after a move or a crash
+its iteration count continues where its last checkpoint stopped.
 
 Environment: TOTAL (iterations, default 600), STEP_S (seconds of work per
-iteration, default 0.05), SAVE_EVERY (default 100), SHARD / SHARDS (this
-task's part of the data, for data-parallel jobs).
+iteration, default 0.05), SHARD / SHARDS (this task's part of the data, for
+data-parallel jobs).
 """
 
 import json
@@ -23,7 +25,6 @@ os.makedirs(directory, exist_ok=True)
 checkpoint = os.path.join(directory, "model.json")
 total = int(os.environ.get("TOTAL", "600"))
 step_s = float(os.environ.get("STEP_S", "0.05"))
-save_every = int(os.environ.get("SAVE_EVERY", "100"))
 shard, shards = int(os.environ.get("SHARD", "0")), int(os.environ.get("SHARDS", "1"))
 task = os.environ.get("AUTOSCALER_TASK_ID", "local")
 
@@ -59,12 +60,11 @@ while state["step"] < total:
         sum(i * i for i in range(200))
     state["step"] += 1
     reporter.step()
-    if state["step"] % save_every == 0:
+    if reporter.checkpoint_due():  # on schedule, or the worker asks
         save()
-    if reporter.should_checkpoint():
-        save()
-        reporter.checkpoint_done()
-        print(f"{task}: checkpointed at step {state['step']} for a move", flush=True)
-        sys.exit(0)
+        reporter.checkpoint_done(state["step"])  # uploaded while the loop goes on
+        if reporter.stop_requested:
+            print(f"{task}: checkpointed at step {state['step']} for a move", flush=True)
+            sys.exit(0)
 save()
 print(f"{task}: done at step {state['step']}: w={state['w']:.3f} b={state['b']:.3f}", flush=True)

@@ -43,9 +43,10 @@ while step < total:
     time.sleep(0.05)
     step += 1
     reporter.step()
-    if reporter.should_checkpoint():
+    if reporter.checkpoint_due():  # on schedule, or the worker asks
         save()
-        reporter.checkpoint_done()
-        sys.exit(0)
+        reporter.checkpoint_done(step)
+        if reporter.stop_requested:
+            sys.exit(0)
 save()
 print(f"done at step {step}", flush=True)

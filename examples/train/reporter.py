@@ -1,4 +1,4 @@
-"""The job side: count iterations, report throughput, checkpoint when asked.
+"""The job side: count iterations, report throughput, checkpoint on schedule and when asked.
 
 Standard library only: copy this file into any image with a Python 3. Like
 Eva's EvaIterator (§5), it wraps the job's data iterator:
@@ -8,18 +8,33 @@ Eva's EvaIterator (§5), it wraps the job's data iterator:
     reporter = Reporter(start=restored_step)       # listens on $AUTOSCALER_REPORT_SOCKET
     for batch in reporter.wrap(loader):            # one iteration per item
         train(batch)
-        if reporter.should_checkpoint():           # the worker wants to move the task
+        if reporter.checkpoint_due():              # every checkpoint_every_s, or asked
             save(os.environ["AUTOSCALER_CHECKPOINT_DIR"], reporter.iterations)
-            reporter.checkpoint_done()
-            break                                  # exit: the worker uploads the directory
+            reporter.checkpoint_done()             # the worker uploads it while we run on
+            if reporter.stop_requested:            # the worker wants to move the task
+                break                              # exit: the last one is uploaded too
 
-Write checkpoints atomically (a temporary file, then `os.replace`): the worker
-uploads whatever the checkpoint directory holds when the container ends, and
-a job may also be stopped by SIGTERM (then SIGKILL after a grace period) if it
-does not answer in time. A job may checkpoint on its own at any time too;
-whatever the directory holds when the attempt ends is kept.
+`checkpoint_due()` turns true every `$AUTOSCALER_CHECKPOINT_EVERY_S` seconds
+(the job file's `checkpoint_every_s`, default 900) and at once when the worker
+asks the job to checkpoint and stop. Each completed checkpoint is uploaded
+while the job runs, so a crash of anything (the job, the worker agent, the
+instance, the daemon) loses at most one interval, and a task resumes from its
+newest complete checkpoint. Write checkpoints atomically (a temporary file,
+then `os.replace`); after `checkpoint_done()` leave the directory alone until
+`checkpoint_due()` says otherwise: the worker copies it first (the copy is
+what it uploads), and `checkpoint_due()` stays false until it has. A job that
+writes its directory without telling (no `checkpoint_done()`) still has it
+uploaded when its attempt ends.
 
-Wire protocol (version 1), for a job in any language
+The watchdog: when no worker has asked the reporter anything for
+`$AUTOSCALER_WATCHDOG_S` seconds (its agent died, or was cut off: the daemon
+may already be running the task elsewhere), the reporter asks the job to
+checkpoint and stop as the worker would, and the process exits with status
+75 (`ORPHANED_EXIT`, EX_TEMPFAIL) once the reporter closes (at exit, or when
+its `with` block ends) or `$AUTOSCALER_WATCHDOG_GRACE_S` seconds later
+(default 30), whichever comes first. A job never outlives its worker by much.
+
+Wire protocol (version 2), for a job in any language
 ----------------------------------------------------
 
 The job listens on the Unix socket `$AUTOSCALER_REPORT_SOCKET` (in a
@@ -29,11 +44,15 @@ one JSON object on one line (UTF-8, ending in `\\n`); a connection may carry
 several requests, answered in order.
 
     {"op": "status"}
-        -> {"ok": true, "protocol": 1, "iterations": 1200, "throughput": 4.1,
+        -> {"ok": true, "protocol": 2, "iterations": 1200, "throughput": 4.1,
             "window_s": 300, "first_iteration_at": 1718000000.5,
-            "checkpoint_requested": false, "checkpoint_done": false}
+            "checkpoint_requested": false, "checkpoint_done": false,
+            "checkpoint_seq": 3, "checkpoint_step": 1100, "checkpoint_collected": 2,
+            "orphaned": false}
     {"op": "checkpoint"}
         -> {"ok": true, "checkpoint_requested": true, "checkpoint_done": false}
+    {"op": "collected", "seq": 3}
+        -> {"ok": true, "checkpoint_collected": 3}
     anything else
         -> {"ok": false, "error": "..."}
 
@@ -44,12 +63,38 @@ several requests, answered in order.
   passed.
 - `first_iteration_at`: Unix time of the first iteration of this run.
 - `checkpoint`: the worker asks the job to save a checkpoint and stop;
-  `checkpoint_done` turns true once the job has saved it.
+  `checkpoint_done` turns true once the job has saved one since.
+- `checkpoint_seq`: checkpoints the job has completed in this run (each
+  `checkpoint_done()`), `checkpoint_step` the step of the last one (`null`
+  before the first); `collected`: the worker has copied checkpoint `seq` out
+  of the directory, and the job may write the next one. When the worker
+  speaks this version (`$AUTOSCALER_WORKER_PROTOCOL` is 2 or more) the job
+  writes no new checkpoint until the last one is collected; otherwise it
+  never waits.
+- `orphaned`: the watchdog has fired.
+- Every request, whatever it is, tells the watchdog the worker is alive.
 
 When the job exits, the reporter leaves its last count beside the socket, in
-`final.json` (`{"protocol": 1, "iterations": 1200}`, written atomically): the
-worker polls every few seconds, and the iterations after its last poll would
-otherwise be lost from the task's progress.
+`final.json` (`{"protocol": 2, "iterations": 1200, "checkpoint_seq": 3,
+"checkpoint_step": 1100, "orphaned": false}`, written atomically): the worker
+polls every second or so, and what the job did after its last poll would
+otherwise be lost.
+
+The environment the worker sets: `AUTOSCALER_CHECKPOINT_DIR` (where to save and
+restore; restored before the job starts when it resumes, `AUTOSCALER_RESUMED`
+is then 1), `AUTOSCALER_REPORT_SOCKET`, `AUTOSCALER_THROUGHPUT_WINDOW_S`,
+`AUTOSCALER_CHECKPOINT_EVERY_S`, `AUTOSCALER_WORKER_PROTOCOL`,
+`AUTOSCALER_WATCHDOG_S` (0: no watchdog) and `AUTOSCALER_WATCHDOG_GRACE_S`,
+besides the task's identity (`AUTOSCALER_JOB_ID`, `AUTOSCALER_TASK_ID`,
+`AUTOSCALER_ATTEMPT`, `AUTOSCALER_INSTANCE_ID`, `AUTOSCALER_GPUS`).
+
+How the worker reads the job's exit status (the attempt's failure class,
+which decides whether the task is tried again): 0 is done (or, after a
+checkpoint request, stopped); 126 and 127 (command not executable, not
+found) and the codes the job file declares fatal (`fatal_exit_codes`) are
+the job's deterministic errors, failing it at once; 75 after the watchdog
+fired is not the job's doing; any other status, and being killed for
+memory, is transient: retried from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -59,31 +104,46 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-PROTOCOL = 1
+PROTOCOL = 2
 DEFAULT_WINDOW_S = 300.0
+DEFAULT_CHECKPOINT_EVERY_S = 900.0
+DEFAULT_WATCHDOG_GRACE_S = 30.0
 SOCKET_ENV = "AUTOSCALER_REPORT_SOCKET"
 #: Beside the socket: the count when the job exited.
 FINAL_FILE = "final.json"
 WINDOW_ENV = "AUTOSCALER_THROUGHPUT_WINDOW_S"
+CHECKPOINT_EVERY_ENV = "AUTOSCALER_CHECKPOINT_EVERY_S"
+WATCHDOG_ENV = "AUTOSCALER_WATCHDOG_S"
+WATCHDOG_GRACE_ENV = "AUTOSCALER_WATCHDOG_GRACE_S"
+#: The protocol version the worker speaks (2: it collects each checkpoint).
+WORKER_PROTOCOL_ENV = "AUTOSCALER_WORKER_PROTOCOL"
+#: The exit status of a job its watchdog stopped (sysexits' EX_TEMPFAIL: try again later).
+ORPHANED_EXIT = 75
 #: Samples kept per window: throughput is exact to within window / RESOLUTION seconds.
 RESOLUTION = 64
 _MAX_LINE = 4096
+#: After the watchdog's checkpoint is saved, how long the job has to exit on its own.
+_SETTLE_S = 2.0
 
 T = TypeVar("T")
 
 
 class Reporter:
-    """Counts a job's iterations and answers the worker over the report socket.
+    """Counts a job's iterations, says when to checkpoint, answers the worker over the
+    report socket, and stops the job when no worker is left to hear it (the watchdog).
 
     `socket_path` defaults to `$AUTOSCALER_REPORT_SOCKET`; without one (a job
-    run by hand) nothing listens and the reporter only counts. `start` is the
-    iteration the job resumed from, so counts continue across migrations.
+    run by hand) nothing listens and the reporter only counts and keeps time.
+    `start` is the iteration the job resumed from, so counts continue across
+    migrations. The other settings default to the environment the worker sets
+    (see the module's docstring); `clock` and `exit` are for tests.
     """
 
     def __init__(
@@ -93,28 +153,61 @@ class Reporter:
         window_s: float | None = None,
         start: float = 0,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint_every_s: float | None = None,
+        watchdog_s: float | None = None,
+        watchdog_grace_s: float | None = None,
+        worker_collects: bool | None = None,
+        exit: Callable[[int], None] | None = None,
     ) -> None:
         if window_s is None:
-            window_s = float(os.environ.get(WINDOW_ENV) or DEFAULT_WINDOW_S)
+            window_s = _env_seconds(WINDOW_ENV, DEFAULT_WINDOW_S)
         if not window_s > 0:
             raise ValueError(f"the throughput window must be positive, got {window_s}")
+        if checkpoint_every_s is None:
+            checkpoint_every_s = _env_seconds(CHECKPOINT_EVERY_ENV, DEFAULT_CHECKPOINT_EVERY_S)
+        if not checkpoint_every_s > 0:
+            raise ValueError(f"the checkpoint interval must be positive, got {checkpoint_every_s}")
+        if watchdog_s is None:
+            watchdog_s = _env_seconds(WATCHDOG_ENV, 0.0)
+        if watchdog_grace_s is None:
+            watchdog_grace_s = _env_seconds(WATCHDOG_GRACE_ENV, DEFAULT_WATCHDOG_GRACE_S)
+        if worker_collects is None:
+            worker_collects = _env_seconds(WORKER_PROTOCOL_ENV, 1) >= 2
         self.window_s = float(window_s)
+        self.checkpoint_every_s = float(checkpoint_every_s)
+        self.watchdog_s = max(float(watchdog_s), 0.0)
+        self.watchdog_grace_s = max(float(watchdog_grace_s), 0.0)
         self._clock = clock
+        self._exit = exit or _exit_process
         self._lock = threading.Lock()
         self._count = float(start)
         self._samples: deque[tuple[float, float]] = deque()  # (time, count), oldest first
         self._first_at: float | None = None  # Unix time of the first iteration
         self._requested = threading.Event()
-        self._done = False
+        self._done = False  # a checkpoint completed since the request
+        self._done_at: float | None = None
+        now = clock()
+        self._seq = 0  # checkpoints completed in this run
+        self._step: float | None = None  # the step of the last one
+        self._last_checkpoint_at = now
+        self._collected = 0
+        self._heard_at = now  # the worker's last request (any)
+        self._orphaned_at: float | None = None
         self._closed = threading.Event()
+        self._closing = threading.Lock()  # one closes, the other waits for it
         self._server: socket.socket | None = None
         path = socket_path if socket_path is not None else os.environ.get(SOCKET_ENV)
+        # Only a worker collects checkpoints, and only one that speaks version 2.
+        self._handshake = bool(path) and worker_collects
         if path:
             self._server = _listen(path)
             self._path = path
             thread = threading.Thread(target=self._serve, name="reporter", daemon=True)
             thread.start()
             atexit.register(self.close)
+            if self.watchdog_s:
+                watchdog = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+                watchdog.start()
 
     # -- counting -----------------------------------------------------------------
 
@@ -159,18 +252,88 @@ class Reporter:
 
     # -- checkpoints --------------------------------------------------------------
 
+    def checkpoint_due(self) -> bool:
+        """True when the job should save a checkpoint now: `checkpoint_every_s` has passed
+        since its last one (or its start), or the worker (or the watchdog) asked for one.
+        False while the worker has not yet collected the last one."""
+        now = self._clock()
+        with self._lock:
+            if not self._may_write():
+                return False
+            if self._requested.is_set() and not self._done:
+                return True
+            return now - self._last_checkpoint_at >= self.checkpoint_every_s
+
     def should_checkpoint(self) -> bool:
         """True once the worker has asked for a checkpoint (and it is not done yet)."""
-        return self._requested.is_set() and not self._done
-
-    def checkpoint_done(self) -> None:
-        """Tell the worker the checkpoint is saved (complete, in the checkpoint directory)."""
         with self._lock:
-            self._done = True
+            return self._requested.is_set() and not self._done and self._may_write()
+
+    @property
+    def stop_requested(self) -> bool:
+        """The worker (or the watchdog) asked the job to checkpoint and stop: once the
+        checkpoint is done, exit."""
+        return self._requested.is_set()
+
+    def checkpoint_done(self, step: float | None = None) -> None:
+        """Tell the worker a checkpoint is saved (complete, in the checkpoint directory), as
+        of `step` (default: the iterations counted so far): it is uploaded at once."""
+        now = self._clock()
+        with self._lock:
+            self._seq += 1
+            self._step = self._count if step is None else float(step)
+            self._last_checkpoint_at = now
+            if self._requested.is_set():
+                self._done = True
+                self._done_at = now
 
     def wait_for_checkpoint_request(self, timeout: float | None = None) -> bool:
         """Block until the worker asks for a checkpoint (jobs that are not loops)."""
         return self._requested.wait(timeout)
+
+    def _may_write(self) -> bool:
+        """The last checkpoint is collected (or nobody collects, or nobody is left to)."""
+        return not self._handshake or self._orphaned_at is not None or self._collected >= self._seq
+
+    # -- the watchdog -------------------------------------------------------------
+
+    @property
+    def orphaned(self) -> bool:
+        """The watchdog fired: no worker asked anything for `watchdog_s` seconds."""
+        with self._lock:
+            return self._orphaned_at is not None
+
+    def _watch(self) -> None:
+        period = min(1.0, self.watchdog_s / 8)
+        while not self._closed.wait(period):
+            self.watchdog_tick()
+
+    def watchdog_tick(self) -> None:
+        """One look (its thread looks every second or so): fire when the worker has been
+        silent for `watchdog_s`; once fired, end the process when the job has saved its
+        checkpoint (and had a moment to exit by itself) or the grace is over."""
+        now = self._clock()
+        with self._lock:
+            silent = now - self._heard_at
+            if self._orphaned_at is None:
+                if silent < self.watchdog_s:
+                    return
+                self._orphaned_at = now
+                self._requested.set()
+                fired, finish = True, False
+            else:
+                settled = self._done_at is not None and now - self._done_at >= _SETTLE_S
+                fired = False
+                finish = settled or now - self._orphaned_at >= self.watchdog_grace_s
+        if finish:
+            self.close()
+        elif fired:
+            print(
+                f"reporter: no word from the worker for {silent:.0f} s: checkpointing and "
+                f"stopping (exit status {ORPHANED_EXIT})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # -- the socket ---------------------------------------------------------------
 
@@ -186,10 +349,17 @@ class Reporter:
                 "first_iteration_at": self._first_at,
                 "checkpoint_requested": self._requested.is_set(),
                 "checkpoint_done": self._done,
+                "checkpoint_seq": self._seq,
+                "checkpoint_step": self._step,
+                "checkpoint_collected": self._collected,
+                "orphaned": self._orphaned_at is not None,
             }
 
     def answer(self, request: Any) -> dict[str, Any]:
         """The answer to one decoded request (see the wire protocol above)."""
+        now = self._clock()
+        with self._lock:
+            self._heard_at = now
         op = request.get("op") if isinstance(request, dict) else None
         if op == "status":
             return self.status()
@@ -197,7 +367,17 @@ class Reporter:
             self._requested.set()
             with self._lock:
                 return {"ok": True, "checkpoint_requested": True, "checkpoint_done": self._done}
-        return {"ok": False, "error": f"unknown op {op!r}; expected 'status' or 'checkpoint'"}
+        if op == "collected":
+            seq = request.get("seq")
+            if not isinstance(seq, int) or isinstance(seq, bool):
+                return {"ok": False, "error": "collected needs the checkpoint's seq (an integer)"}
+            with self._lock:
+                self._collected = max(self._collected, min(seq, self._seq))
+                return {"ok": True, "checkpoint_collected": self._collected}
+        return {
+            "ok": False,
+            "error": f"unknown op {op!r}; expected 'status', 'checkpoint' or 'collected'",
+        }
 
     def _serve(self) -> None:
         server = self._server
@@ -231,25 +411,57 @@ class Reporter:
                 return
 
     def close(self) -> None:
-        """Stop listening (the socket file is removed) and leave the final count."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        """Stop listening (the socket file is removed) and leave the final count; once the
+        watchdog has fired, end the process with `ORPHANED_EXIT` — also when the watchdog's
+        thread closed first, as the job exits: the interpreter would otherwise end with the
+        job's own status before that thread's exit."""
+        with self._closing:
+            if not self._closed.is_set():
+                self._closed.set()
+                self._leave_final()
+        if self.orphaned:
+            self._exit(ORPHANED_EXIT)
+
+    def _leave_final(self) -> None:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
-            final = os.path.join(os.path.dirname(self._path), FINAL_FILE)
+            with self._lock:
+                final = {
+                    "protocol": PROTOCOL,
+                    "iterations": self._count,
+                    "checkpoint_seq": self._seq,
+                    "checkpoint_step": self._step,
+                    "orphaned": self._orphaned_at is not None,
+                }
+            path = os.path.join(os.path.dirname(self._path), FINAL_FILE)
             with contextlib.suppress(OSError):
-                with open(final + ".tmp", "w") as handle:
-                    json.dump({"protocol": PROTOCOL, "iterations": self.iterations}, handle)
-                os.replace(final + ".tmp", final)
+                with open(path + ".tmp", "w") as handle:
+                    json.dump(final, handle)
+                os.replace(path + ".tmp", path)
 
     def __enter__(self) -> Reporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A number from the environment (the worker sets these); `default` when unset or bad."""
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
+def _exit_process(code: int) -> None:
+    """End the whole process now, from any thread (what is printed is kept)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _listen(path: str) -> socket.socket:

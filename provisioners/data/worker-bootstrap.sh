@@ -9,9 +9,11 @@
 #   CLUSTER_ID       [ec2] cluster_id
 #   REGION           the AWS region
 #   INSTANCE_ID      the autoscaler's id for this instance (its launch token)
-#   WHEEL_URL        short-lived (presigned) URL of the worker agent wheel
-#   WHEEL_FILE       the wheel's file name
-#   WHEEL_SHA256     the wheel's sha256: nothing is installed unless it matches
+#   WHEELHOUSE_URL   short-lived (presigned) URL of the workers' wheelhouse: the agent and
+#                    every dependency as wheels, with requirements.txt pinning their hashes
+#   WHEELHOUSE_SHA256 the archive's sha256: nothing is installed unless it matches
+#   REPORT_URL       short-lived (presigned) URL this script PUTs its failure report to,
+#                    under the cluster's prefix, where the daemon reads it ("" for none)
 #   ACCELERATOR      "nvidia" for NVIDIA GPU types (driver and toolkit checked), else ""
 #   THROUGHPUT_WINDOW seconds jobs report throughput over: one round of the cluster
 #
@@ -23,7 +25,13 @@
 # Supported images: Amazon Linux 2023 (dnf) and Ubuntu 22.04 / 24.04 (apt); the NVIDIA
 # Deep Learning Base AMI is Amazon Linux 2023 with the driver and container toolkit.
 #
-# Any failure shuts the instance down. The autoscaler launches it with
+# The agent is installed offline: pip reads only the wheelhouse (--no-index) and refuses any
+# file whose hash requirements.txt does not pin (--require-hashes), so a private subnet with
+# an S3 gateway endpoint and the image's package mirror is enough.
+#
+# Any failure shuts the instance down, after a one-line report of the step that failed and
+# why (with the tail of this script's log) is PUT to REPORT_URL: the daemon records it as
+# the reason the instance never registered. The autoscaler launches the instance with
 # InstanceInitiatedShutdownBehavior=terminate, so a failed bootstrap stops billing at once
 # instead of waiting for the daemon's registration timeout.
 set -Eeuo pipefail
@@ -33,9 +41,9 @@ CA_PEM={{CA_PEM}}
 CLUSTER_ID={{CLUSTER_ID}}
 REGION={{REGION}}
 INSTANCE_ID={{INSTANCE_ID}}
-WHEEL_URL={{WHEEL_URL}}
-WHEEL_FILE={{WHEEL_FILE}}
-WHEEL_SHA256={{WHEEL_SHA256}}
+WHEELHOUSE_URL={{WHEELHOUSE_URL}}
+WHEELHOUSE_SHA256={{WHEELHOUSE_SHA256}}
+REPORT_URL={{REPORT_URL}}
 ACCELERATOR={{ACCELERATOR}}
 THROUGHPUT_WINDOW={{THROUGHPUT_WINDOW}}
 
@@ -51,16 +59,29 @@ mkdir -p "$(dirname "$LOG_FILE")"
 log() { echo "autoscaler-bootstrap [$INSTANCE_ID]: $*" | tee -a "$LOG_FILE" >&2; }
 
 STEP="starting"
+REASON=""
 FINISHED=0
+# The failure report: what failed and why, then the log's tail; at most 4 KB.
+report() {
+  [ -n "$REPORT_URL" ] || return 0
+  local file="${ROOT}/tmp/autoscaler-bootstrap-report.txt"
+  { echo "$1"; tail -n 20 "$LOG_FILE" 2>/dev/null; } | head -c 4000 > "$file" || true
+  curl -fsS --connect-timeout 5 --max-time 30 -X PUT -H "Content-Type: text/plain" \
+    --data-binary "@$file" "$REPORT_URL" >/dev/null 2>&1 || log "the failure report could not be sent"
+}
 on_exit() {
   local status=$?
   if [ "$FINISHED" != 1 ]; then
-    log "FAILED while ${STEP} (exit status ${status}); shutting the instance down"
+    local why="FAILED while ${STEP} (exit status ${status})${REASON:+: ${REASON}}"
+    log "${why}; shutting the instance down"
+    report "$why"
     shutdown -h now "autoscaler worker bootstrap failed while ${STEP}" || poweroff -f
   fi
 }
 trap on_exit EXIT
 step() { STEP=$*; log "$*"; }
+# Stop with a reason the report carries.
+fail() { REASON=$*; log "$*"; exit 1; }
 
 # A command, retried: package mirrors and first-boot locks come and go.
 retry() {
@@ -83,7 +104,7 @@ case "${ID:-}:${VERSION_ID:-}" in
   amzn:2023)
     step "installing Docker and Python 3.11 (dnf)"
     # Not curl: AL2023 ships curl-minimal, which conflicts with the curl package.
-    retry dnf install -y -q docker python3.11 python3.11-pip
+    retry dnf install -y -q docker python3.11 python3.11-pip tar
     PYTHON=python3.11
     ;;
   ubuntu:22.04)
@@ -101,36 +122,41 @@ case "${ID:-}:${VERSION_ID:-}" in
     PYTHON=python3.12
     ;;
   *)
-    log "unsupported image: ${PRETTY_NAME:-${ID:-unknown}} (Amazon Linux 2023, Ubuntu 22.04 or 24.04)"
-    exit 1
+    fail "unsupported image: ${PRETTY_NAME:-${ID:-unknown}} (Amazon Linux 2023, Ubuntu 22.04 or 24.04)"
     ;;
 esac
 
 step "starting Docker"
 systemctl enable --now docker
-docker info >/dev/null
+docker info >/dev/null || fail "the Docker daemon does not answer after starting it"
 
 if [ "$ACCELERATOR" = nvidia ]; then
-  step "checking the NVIDIA driver and container toolkit"
-  nvidia-smi -L
-  if ! command -v nvidia-ctk >/dev/null; then
-    log "no NVIDIA container toolkit: use an image with it for this type ([ec2.ami])"
-    exit 1
+  step "checking the NVIDIA driver (nvidia-smi)"
+  if ! GPUS=$(nvidia-smi -L 2>&1); then
+    fail "nvidia-smi failed (${GPUS//$'\n'/ }): this image has no NVIDIA driver for this" \
+      "type's GPUs; give its family an image that has one ([ec2.ami])"
   fi
+  log "GPUs: ${GPUS//$'\n'/; }"
+  step "checking the NVIDIA container toolkit"
+  command -v nvidia-ctk >/dev/null ||
+    fail "no NVIDIA container toolkit (nvidia-ctk): use an image with it for this type ([ec2.ami])"
 fi
 
-step "downloading the worker agent ${WHEEL_FILE}"
-DOWNLOAD=$(mktemp -d "${ROOT}/tmp/autoscaler-wheel.XXXXXX")
-retry curl -fsS --connect-timeout 10 --max-time 300 -o "$DOWNLOAD/$WHEEL_FILE" "$WHEEL_URL"
-step "checking the wheel's sha256"
-echo "$WHEEL_SHA256  $DOWNLOAD/$WHEEL_FILE" | sha256sum --check --strict --quiet -
+step "downloading the worker's wheelhouse"
+WORK=$(mktemp -d "${ROOT}/tmp/autoscaler-wheelhouse.XXXXXX")
+retry curl -fsS --connect-timeout 10 --max-time 600 -o "$WORK/wheelhouse.tar" "$WHEELHOUSE_URL"
+step "checking the wheelhouse's sha256"
+echo "$WHEELHOUSE_SHA256  $WORK/wheelhouse.tar" | sha256sum -c - >/dev/null ||
+  fail "the wheelhouse's sha256 is not ${WHEELHOUSE_SHA256}: refusing to install it"
+mkdir -p "$WORK/wheels"
+tar -xf "$WORK/wheelhouse.tar" -C "$WORK/wheels"
 
-step "installing the worker agent"
+step "installing the worker agent offline (every file pinned by its hash)"
 "$PYTHON" -m venv "$ROOT$VENV"
-retry "$ROOT$VENV/bin/pip" install --quiet --no-input --disable-pip-version-check \
-  "$DOWNLOAD/$WHEEL_FILE"
+"$ROOT$VENV/bin/pip" install --isolated --quiet --no-input --disable-pip-version-check \
+  --no-index --find-links "$WORK/wheels" --require-hashes -r "$WORK/wheels/requirements.txt"
 "$ROOT$VENV/bin/autoscaler-worker" --help >/dev/null
-rm -rf "$DOWNLOAD"
+rm -rf "$WORK"
 
 step "creating the unprivileged user ${WORKER_USER} (group docker)"
 if ! id -u "$WORKER_USER" >/dev/null 2>&1; then

@@ -14,13 +14,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from app.api import USER_METHODS, SubmissionService, add_submission
+from app.api import SubmissionService, UserAuth, add_submission
 from app.bundled import bundled
 from app.config import ClusterConfig, load_cluster_config
 from app.files import load_catalog
 from app.init import init_cluster
-from app.wiring import daemon_security, open_state
-from executor.security import TokenAuth, server_options
+from app.users import Authenticator
+from app.wiring import daemon_security, first_admin, open_state
+from executor.security import server_options
 from tests.state.conftest import (  # noqa: F401 (fixtures: both database backends)
     backend,
     db_url,
@@ -111,10 +112,12 @@ def api(cluster_dir: Path) -> Iterator[Api]:
     service = SubmissionService(
         store, storage, lambda: catalog, now=lambda: clock[0], max_context_bytes=2 * 2**20
     )
-    credentials, tokens = daemon_security(config)
+    credentials = daemon_security(config)
+    first_admin(config, store, clock[0])
+    authenticator = Authenticator(service.accounts, now=lambda: clock[0])
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),
-        interceptors=[TokenAuth(tokens, {"user": USER_METHODS})],
+        interceptors=[UserAuth(authenticator, service.accounts, now=lambda: clock[0])],
         options=server_options(),
     )
     add_submission(server, service)

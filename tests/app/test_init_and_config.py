@@ -180,3 +180,22 @@ def test_ec2_may_not_contradict_the_cluster(tmp_path):
 def test_a_missing_configuration_says_how_to_make_one(tmp_path, capsys):
     assert main(["status", "--config", str(tmp_path / "nope.toml")]) == 2
     assert "autoscaler init" in capsys.readouterr().err
+
+
+def test_a_daemon_on_ec2_refuses_to_start_without_each_spending_limit(tmp_path):
+    """`init` writes every limit; a file without one of them stops the daemon before it
+    publishes or launches anything, naming what to set."""
+    from app.wiring import _cloud
+
+    main(["init", "--dir", str(tmp_path), "--name", "c1", "--bucket", "my-bucket"])
+    path = tmp_path / "autoscaler.toml"
+    written = path.read_text()
+    for limit in ("max_instances", "max_hourly_spend", "max_daily_spend"):
+        kept = [line for line in written.splitlines() if not line.startswith(f"{limit} =")]
+        assert len(kept) == len(written.splitlines()) - 1, limit  # init wrote it
+        path.write_text("\n".join(kept) + "\n")
+        config = load_cluster_config(path)
+        with pytest.raises(InputError, match=f"set {limit}: a daemon on EC2 spends money"):
+            _cloud(config, publish=True)
+    path.write_text(written)
+    assert load_cluster_config(path).provisioner.ec2.dry_run  # and its first run is dry

@@ -9,14 +9,18 @@ import time
 import pytest
 
 from app.cli import main
+from app.commands.cluster import render_status
 from app.config import load_cluster_config
-from app.reports import attribute, timeline
+from app.metrics import Metrics
+from app.reports import attribute, cluster_status, timeline
 from app.validation import parse_since
 from app.wiring import open_state
 from autoscaler.store import Placement, TaskUpdate, UptimeInterval
+from state.memory import InMemoryStore
 from tests.app.test_submit import GOOD, write_job
 from tests.builders import job
 from tests.store_writes import request
+from tests.test_spend_brakes import held_gpu_decision
 
 
 def test_a_shared_instance_is_split_by_weight_and_idle_time_is_nobodys():
@@ -139,3 +143,18 @@ def test_a_bad_since_is_one_line(history, capsys):
     config, _ = history
     assert main(["cost-report", "--config", str(config.path), "--since", "yesterday"]) == 2
     assert "field '--since' = 'yesterday'" in capsys.readouterr().err
+
+
+def test_a_type_held_after_failed_boots_shows_in_status_and_the_metrics_with_its_cause():
+    store = InMemoryStore()
+    record = held_gpu_decision().record()
+    store.record_round(record)
+    status = cluster_status(store, 6000.0)
+    [(itype, why)] = status["last_round"]["held"].items()
+    assert itype == "gpu4" and "3 launches in a row never registered a worker" in why
+    shown = render_status(status)
+    assert "gpu4 held: 3 launches in a row" in shown
+    assert "FAILED while checking the NVIDIA driver" in shown
+    metrics = Metrics()
+    metrics.observe_round(record, 0.1)
+    assert metrics.registry.get_sample_value("autoscaler_held_instance_types") == 1.0

@@ -20,7 +20,7 @@ from app.jobfile import pack_context
 from autoscaler.jobs import spec_from_document
 from autoscaler.store import TaskUpdate
 from executor.security import secure_channel
-from executor.storage import open_storage, upload_context
+from executor.storage import checkpoint_key, log_key, open_storage, upload_context
 from tests.store_writes import request
 
 
@@ -232,7 +232,7 @@ def test_a_spec_from_a_hand_made_client_is_checked_by_the_daemon_too(api):
         {"job_id": "j", "name": "x", "tasks": [{**task, "demands": [["any", [0, 1, 2]]]}]}
     )
     with connect(api.config) as client, pytest.raises(ApiRefused, match="must be 'j/<key>'"):
-        client.submit(spec, "me")
+        client.submit(spec)
     assert api.store.jobs() == []
 
 
@@ -244,6 +244,30 @@ def test_orphan_contexts_are_collected_after_a_day(api, tmp_path):
     api.clock[0] += 25 * 3600
     assert api.service.collect_orphan_contexts() == [f"contexts/{digest}.tar.gz"]
     assert api.storage.list("contexts/") == []
+
+
+def test_a_finished_jobs_checkpoints_are_deleted_after_their_retention_and_its_logs_kept(
+    api, tmp_path, capsys
+):
+    day = 86400.0
+    written = tmp_path / "object"
+    written.write_bytes(b"a checkpoint, or a log")
+    for job_id in ("done", "going"):
+        assert submit(api, write_job(tmp_path, f'id = "{job_id}"\n' + GOOD)) == 0
+        for step in (10, 20):
+            api.storage.put_file(checkpoint_key(job_id, "node0-0", 1, step), written)
+        api.storage.put_file(log_key(job_id, "node0-0", 1), written)
+    api.store.job_finished("done", api.clock[0])
+    sweep = api.service.collect_finished_checkpoints
+
+    assert sweep(retention_s=7 * day) == []  # finished just now: kept for a week
+    api.clock[0] += 7 * day + 1
+    assert sweep(retention_s=7 * day) == [
+        checkpoint_key("done", "node0-0", 1, 10),
+        checkpoint_key("done", "node0-0", 1, 20),
+    ]
+    assert api.storage.list("jobs/done/") == [log_key("done", "node0-0", 1)]
+    assert len(api.storage.list("jobs/going/")) == 3  # still queued: nothing touched
 
 
 def test_cancel_list_job_and_status_through_the_cli(api, tmp_path, capsys):

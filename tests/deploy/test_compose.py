@@ -22,7 +22,7 @@ from app.cli import build_parser
 from app.config import ClusterConfig, load_cluster_config
 from app.init import config_template
 from provisioners.aws import make_client
-from tests.deploy.test_image import AGENT_WHEEL, VERSION
+from tests.deploy.test_image import VERSION, WHEELHOUSE
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -31,14 +31,14 @@ DAEMON_IMAGE_CMD = ["daemon", "--config", "/etc/autoscaler/autoscaler.toml"]  # 
 #: What each configuration file changes from `autoscaler init`'s, and nothing else.
 COMPOSE_EDITS = {
     "autoscaler.toml": {
-        "cloud.agent_wheel",
+        "cloud.wheelhouse",
         "api.listen",
         "metrics.listen",
         "state.path",
         "state.url",
     },
     "demo.toml": {
-        "cloud.agent_wheel",
+        "cloud.wheelhouse",
         "api.listen",
         "api.advertise",
         "metrics.listen",
@@ -131,10 +131,10 @@ def test_each_daemon_runs_a_loadable_config_with_its_secrets_read_only(compose, 
     assert mounts(service)[db_dir] == ("db", True)
     assert mounts(compose["services"]["secrets"])[db_dir] == ("db", False)
     assert f"> {PurePosixPath(passfile).name}" in compose["services"]["secrets"]["command"][0]
-    # Only the state volume is writable, and the image's own copy of the agent is published.
+    # Only the state volume is writable, and the image's own wheelhouse is published.
     writable = [t for t, (_, ro) in mounts(service).items() if not ro]
     assert writable == ["/var/lib/autoscaler"] and service["read_only"] is True
-    assert config.cloud.agent_wheel == AGENT_WHEEL
+    assert config.cloud.wheelhouse == WHEELHOUSE
     assert service["image"] == f"${{AUTOSCALER_IMAGE:-autoscaler/daemon:{VERSION}}}"
     assert service["stop_signal"] == "SIGTERM"
 

@@ -1,11 +1,10 @@
 """The worker bootstrap as the daemon renders it for a cluster `autoscaler init` made:
-what `app.wiring.worker_bootstrap` publishes (the agent wheel to S3, against moto) and
+what `app.wiring.worker_bootstrap` publishes (the wheelhouse to S3, against moto) and
 the user data of one launch — valid bash, carrying the daemon's advertised address and
 the cluster's server CA, and no secret of the cluster (nor any name of one)."""
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import shutil
 import subprocess
@@ -19,11 +18,12 @@ from app.config import load_cluster_config
 from app.init import init_cluster
 from app.wiring import worker_bootstrap
 from autoscaler.errors import InputError
+from provisioners.wheelhouse import pack, requirements_text
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
 BUCKET = "research-batch-artifacts"
-WHEEL = "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+WHEEL = "ec2_batch_autoscaler_worker-0.1.0-py3-none-any.whl"
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +48,13 @@ def cluster(tmp_path: Path, *, advertise: str | None) -> Path:
     """`autoscaler init --bucket ...`, then what deploy/README.md says to set for EC2."""
     directory = tmp_path / "cluster"
     config = init_cluster(directory, name="research-batch", bucket=BUCKET).config
-    (directory / "agent").mkdir()
-    (directory / "agent" / WHEEL).write_bytes(b"PK\x03\x04 the worker agent")
+    (directory / "wheelhouse").mkdir()
+    (directory / "wheelhouse" / WHEEL).write_bytes(b"PK\x03\x04 the worker agent")
+    (directory / "wheelhouse" / "requirements.txt").write_text(
+        requirements_text(directory / "wheelhouse")
+    )
     text = config.read_text()
-    text = text.replace("[cloud]\n", f'[cloud]\nagent_wheel = "agent/{WHEEL}"\n', 1)
+    text = text.replace("[cloud]\n", '[cloud]\nwheelhouse = "wheelhouse"\n', 1)
     text = text.replace('listen = "127.0.0.1:7443"', 'listen = "0.0.0.0:7443"', 1)
     if advertise:
         text = text.replace("[api]\n", f'[api]\nadvertise = "{advertise}"\n', 1)
@@ -95,13 +98,14 @@ def test_user_data_carries_the_advertised_address_and_ca_and_no_secret(tmp_path)
         assert value and value not in user_data, secret.name
     assert not boto3.client("ssm", region_name=REGION).describe_parameters()["Parameters"]
 
-    # The agent: the wheel the config names, published under its hash, fetched by a URL
-    # made for this launch.
-    digest = hashlib.sha256((config.path.parent / "agent" / WHEEL).read_bytes()).hexdigest()
-    assert f"WHEEL_SHA256={digest}\n" in user_data
-    key = f"research-batch/agent/{digest}/{WHEEL}"
+    # The agent: the wheelhouse the config names, published under its hash, fetched by a
+    # URL made for this launch; the failure report goes under the cluster's prefix.
+    _, digest = pack(config.path.parent / "wheelhouse")
+    assert f"WHEELHOUSE_SHA256={digest}\n" in user_data
+    key = f"research-batch/wheelhouse/{digest}.tar"
     assert boto3.client("s3", region_name=REGION).head_object(Bucket=BUCKET, Key=key)
-    assert f"WHEEL_URL={shlex.quote(bootstrap.wheel_url())}".split("?")[0] in user_data
+    assert f"WHEELHOUSE_URL={shlex.quote(bootstrap.wheelhouse_url())}".split("?")[0] in user_data
+    assert "research-batch/instances/research-batch-1/bootstrap-report.txt" in user_data
 
 
 @pytest.mark.parametrize(("interval", "window"), [(None, "300"), ("60", "60"), ("900", "300")])

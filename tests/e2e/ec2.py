@@ -1,5 +1,11 @@
 """A cluster on EC2 and S3 served by `moto_server`, for the end-to-end tests of the daemon.
 
+The daemon runs on 127.0.0.2, an address its certificate does not name (it names
+127.0.0.1, where `init` found it, and the fixed name every client verifies): names are
+checked as on a VPC address. Every AWS call it makes is judged against the IAM policy
+`autoscaler deploy policy` wrote for this configuration (`AuditedDaemon`,
+`tests/aws_audit.py`), and the workers' against theirs, which allows nothing.
+
 moto starts no machine: `BootedInstances` plays the part of the instances. For each instance
 of the cluster that EC2 reports running, it reads the instance's user data back from EC2,
 takes from it what the bootstrap script would (the daemon's address, the cluster's server
@@ -15,6 +21,7 @@ type.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -31,7 +38,11 @@ import boto3
 from app.config import ClusterConfig, load_cluster_config
 from executor.runtime import LABEL_INSTANCE
 from provisioners.ec2 import TAG_CLUSTER, TAG_LAUNCH_TOKEN
-from tests.e2e.harness import cli, free_port, set_options
+from provisioners.policy import FILES
+from provisioners.wheelhouse import requirements_text
+from tests.aws_audit import read_log
+from tests.aws_iam import Policy
+from tests.e2e.harness import ROOT, Daemon, cli, free_port, set_options
 from tests.imds import IdentitySigner, ImdsServer
 from tests.provisioners.conftest import register_worker_image
 
@@ -39,6 +50,18 @@ from tests.provisioners.conftest import register_worker_image
 AWS = IdentitySigner("us-east-1")
 
 REGION = "us-east-1"
+#: The daemon's host: loopback, but not an address its certificate names.
+HOST = "127.0.0.2"
+#: Statements of the daemon's policy an end-to-end run does not need, and the test that
+#: exercises each (`tests/provisioners/test_deploy.py` runs them all against the policy).
+EXERCISED_ELSEWHERE = {
+    # Prices of us-east-1 are bundled; other regions fetch them (a Stubber plays the API).
+    "ReadOnDemandPrices": "tests/provisioners/test_deploy.py, every call the daemon makes",
+    # The hourly sweeps of unused build contexts and finished jobs' checkpoints.
+    "DeleteUnusedBuildContextsAndFinishedJobsCheckpoints": (
+        "tests/provisioners/test_deploy.py, every call the daemon makes"
+    ),
+}
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
@@ -63,7 +86,7 @@ def client(service: str, endpoint: str) -> Any:
 
 def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None) -> ClusterConfig:
     """`autoscaler init` for EC2, then what an operator fills in: the account's network, an
-    image, the workers' instance profile, a bucket, the agent wheel; short rounds."""
+    image, the workers' instance profile, a bucket, the wheelhouse; short rounds."""
     ec2 = client("ec2", endpoint)
     ami = register_worker_image(ec2)
     subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
@@ -73,17 +96,19 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
     bucket = f"{name}-artifacts"
     client("s3", endpoint).create_bucket(Bucket=bucket)
 
-    code, out = cli("init", "--dir", str(directory), "--name", name)
+    code, out = cli("init", "--dir", str(directory), "--name", name, "--bucket", bucket)
     assert code == 0, out
-    # The wheel workers would install at boot: published by the daemon, never installed
-    # here (the workers below run this checkout).
-    wheel = directory / "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
-    wheel.write_bytes(b"PK\x05\x06" + bytes(18))
+    # The wheelhouse workers would install at boot: published by the daemon, never
+    # installed here (the workers below run this checkout; a real offline install of one
+    # is not tested yet).
+    house = directory / "wheelhouse"
+    house.mkdir()
+    (house / "ec2_batch_autoscaler_worker-0.1.0-py3-none-any.whl").write_bytes(
+        b"PK\x05\x06" + bytes(18)
+    )
+    (house / "requirements.txt").write_text(requirements_text(house))
     path = directory / "autoscaler.toml"
     text = path.read_text()
-    text = re.sub(
-        r'url = "s3://REPLACE-WITH-YOUR-BUCKET/[^"]*"', f'url = "s3://{bucket}/{name}"', text
-    )
     if state_url is not None:
         text = re.sub(r'# url = "postgresql[^\n]*', f'url = "{state_url}"', text)
         text = text.replace('path = "state.db"', "# path = unused", 1)
@@ -93,7 +118,7 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
         {
             "interval_s": "6",
             "step_s": "1",
-            "agent_wheel": f'"{wheel.name}"',
+            "wheelhouse": '"wheelhouse"',
             "dry_run": "false",
             "subnet_ids": f'["{subnets[0]}", "{subnets[1]}"]',
             "security_group_ids": f'["{group["GroupId"]}"]',
@@ -103,7 +128,7 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
             "x86_64": f'"{ami}"',
             "x86_64_nvidia": f'"{ami}"',
             "heartbeat_s": "30",
-            "worker_listen": f'"127.0.0.1:{free_port()}"',
+            "worker_listen": f'"{HOST}:{free_port()}"',
         },
     )
     AWS.write(directory / "aws-certificates")
@@ -112,11 +137,76 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
             "[ec2]\n", '[ec2]\nidentity_certificates = "aws-certificates"\n', 1
         )
     )
-    text = path.read_text().replace("127.0.0.1:7443", f"127.0.0.1:{free_port()}")
+    text = path.read_text().replace("127.0.0.1:7443", f"{HOST}:{free_port()}")
     path.write_text(
         text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
     )
+    # The policies for the configuration as it now is (init wrote them for its defaults).
+    code, out = cli("deploy", "policy", "--config", str(path))
+    assert code == 0, out
     return load_cluster_config(path)
+
+
+def audited(module: str, *, log: Path, policy: Path, principal: str, endpoint: str) -> list[str]:
+    """`python -m MODULE` with every boto3 client it makes audited (`tests/aws_audit.py`)."""
+    code = (
+        "import sys, runpy, tests.aws_audit as audit; "
+        f"audit.install({str(log)!r}, {str(policy)!r}, {principal!r}, {REGION!r}, {endpoint!r}); "
+        f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__')"
+    )
+    return [sys.executable, "-c", code]
+
+
+class AuditedDaemon(Daemon):
+    """`autoscaler daemon`, each AWS call it makes judged against its generated policy."""
+
+    def __init__(self, config_path: Path, endpoint: str, **kwargs: Any) -> None:
+        self.endpoint = endpoint
+        self.audit_log = config_path.parent / "daemon-aws-calls.jsonl"
+        self.policy = config_path.parent / "policies" / FILES["daemon"]
+        super().__init__(config_path, **kwargs)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.env["PYTHONPATH"] = str(ROOT)  # the audit lives in tests/
+        command = audited(
+            "app",
+            log=self.audit_log,
+            policy=self.policy,
+            principal="daemon",
+            endpoint=self.endpoint,
+        )
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(
+                [*command, "daemon", "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.config_path.parent,
+            )
+
+
+def check_aws_calls(directory: Path) -> None:
+    """Every AWS call the daemon and the workers made was allowed by their policies, and
+    every statement of the daemon's was needed by some call (or is exercised, and named,
+    in `EXERCISED_ELSEWHERE`)."""
+    calls = read_log(directory / "daemon-aws-calls.jsonl")
+    assert calls, "the audit recorded no call of the daemon"
+    denied = [
+        (c["operation"], r["action"], r["resource"], r["reason"])
+        for c in calls
+        for r in c["requests"]
+        if not r["allowed"] and "missing key" not in c["operation"]
+    ]
+    assert denied == [], f"calls the daemon's policy does not allow: {denied}"
+    refused_missing = [c for c in calls if "missing key" in c["operation"] and "403" in c["note"]]
+    assert refused_missing == [], refused_missing
+    used = {sid for c in calls for r in c["requests"] if r["allowed"] for sid in r["by"]}
+    policy = Policy(json.loads((directory / "policies" / FILES["daemon"]).read_text()))
+    unused = sorted(set(policy.sids) - used - set(EXERCISED_ELSEWHERE))
+    assert unused == [], f"statements no call of the daemon needed: {unused}"
+    workers = read_log(directory / "worker-aws-calls.jsonl")
+    assert workers == [], f"workers called AWS: {workers}"
 
 
 def user_data_values(script: str) -> dict[str, str]:
@@ -151,6 +241,7 @@ class BootedInstances:
     capacity: dict[str, str]  # instance type -> "GPU,CPU,RAM"
     directory: Path
     docker: Any  # a docker client, to remove what a vanished machine ran
+    cluster_dir: Path  # the cluster's directory: its policies, where the audit writes
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)  # EC2 id -> our id
     user_data: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -202,7 +293,13 @@ class BootedInstances:
         document = AWS.document(ec2_id, private_ip, instanceType=itype)
         self.metadata[ec2_id] = imds = ImdsServer(document, AWS.rsa2048(document))
         command = [
-            sys.executable, "-m", "executor",
+            *audited(
+                "executor",
+                log=self.cluster_dir / "worker-aws-calls.jsonl",
+                policy=self.cluster_dir / "policies" / FILES["worker"],
+                principal="worker",
+                endpoint=self.endpoint,
+            ),
             "--daemon", values["DAEMON_ADDRESS"],
             "--ca", str(ca),
             "--imds", imds.url,
@@ -220,7 +317,10 @@ class BootedInstances:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 # No AWS credentials: a worker calls no AWS API (grants and IMDS only).
-                env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                env={
+                    **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+                    "PYTHONPATH": str(ROOT),
+                },
                 start_new_session=True,
             )
         self.tokens[ec2_id] = ours

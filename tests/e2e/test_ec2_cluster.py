@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from app.wiring import offline_catalog
-from tests.e2e.ec2 import BootedInstances, aws_env, client, ec2_cluster
+from tests.e2e.ec2 import (
+    AuditedDaemon,
+    BootedInstances,
+    aws_env,
+    check_aws_calls,
+    client,
+    ec2_cluster,
+)
 from tests.e2e.harness import (
     Daemon,
     all_running,
@@ -60,13 +67,15 @@ def state_url(request):
 
 def _boot(config, aws, tmp_path, docker) -> BootedInstances:
     capacity = {t.name: ",".join(f"{v:g}" for v in t.capacity) for t in offline_catalog(config)}
-    return BootedInstances(aws, config.cluster.name, capacity, tmp_path / "instances", docker)
+    return BootedInstances(
+        aws, config.cluster.name, capacity, tmp_path / "instances", docker, config.path.parent
+    )
 
 
 def _jobs(tmp_path: Path, train_total: int = TRAIN_TOTAL) -> list[Path]:
     jobs = tmp_path / "jobs"
     return [
-        copy_example("train", jobs, {"TOTAL": str(train_total), "SAVE_EVERY": "50"}),
+        copy_example("train", jobs, {"TOTAL": str(train_total)}),
         copy_example("data-parallel", jobs, {"TOTAL": "300"}),
     ]
 
@@ -81,7 +90,7 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
     config = ec2_cluster(tmp_path / "cluster", aws, state_url=state_url)
     at = ("--config", str(config.path))
     instances = _boot(config, aws, tmp_path, docker_client).start()
-    daemon = Daemon(config.path)
+    daemon = AuditedDaemon(config.path, aws)
     try:
         daemon.wait_serving()
         submitted = cli_json("submit", *map(str, _jobs(tmp_path)), *at)["jobs"]
@@ -152,6 +161,7 @@ def test_jobs_are_packed_moved_through_s3_completed_and_billed_on_ec2(
         listing = instances.listing()
         instances.close()
     assert code == 0, out
+    check_aws_calls(config.path.parent)
     # Everything EC2 started for the cluster is known to the state and is shutting down.
     assert {i["InstanceId"] for i in listing} <= known
     assert all(i["State"]["Name"] in ("shutting-down", "terminated") for i in listing)
@@ -192,7 +202,9 @@ def test_a_daemon_killed_at_each_point_of_a_round_loses_nothing_and_launches_not
 
     try:
         for point in KILL_POINTS:
-            daemon = Daemon(config.path, env={"AUTOSCALER_TEST_KILL_AT": point}, name=point)
+            daemon = AuditedDaemon(
+                config.path, aws, env={"AUTOSCALER_TEST_KILL_AT": point}, name=point
+            )
             daemons.append(daemon)
             if not submitted:
                 daemon.wait_serving()
@@ -202,10 +214,10 @@ def test_a_daemon_killed_at_each_point_of_a_round_loses_nothing_and_launches_not
             assert [e["point"] for e in daemon.events("test_fault")] == [point]
             check_invariants(point)
 
-        leader = Daemon(config.path, name="leader")
+        leader = AuditedDaemon(config.path, aws, name="leader")
         daemons.append(leader)
         leader.wait_serving()
-        second = Daemon(config.path, name="second")
+        second = AuditedDaemon(config.path, aws, name="second")
         daemons.append(second)
         until("the second daemon to wait", lambda: second.events("waiting"), daemon=second)
 
@@ -230,3 +242,4 @@ def test_a_daemon_killed_at_each_point_of_a_round_loses_nothing_and_launches_not
         instances.close()
     assert code == 0, out
     assert all(i["State"]["Name"] in ("shutting-down", "terminated") for i in listing)
+    check_aws_calls(config.path.parent)

@@ -45,7 +45,7 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
     config = local_cluster(tmp_path / "cluster", name, interval_s="6", step_s="1")
     jobs_dir = tmp_path / "jobs"
     files = [
-        copy_example("train", jobs_dir, {"TOTAL": str(TRAIN_TOTAL), "SAVE_EVERY": "50"}),
+        copy_example("train", jobs_dir, {"TOTAL": str(TRAIN_TOTAL)}),
         copy_example("data-parallel", jobs_dir, {"TOTAL": "300"}),
         copy_example("memory", jobs_dir, {"TOTAL": "200", "MEGABYTES": "300"}),
     ]
@@ -130,6 +130,15 @@ def test_examples_are_packed_moved_from_a_checkpoint_completed_and_cleaned_up(
     assert bill - 1e-9 <= ledger <= bill + slack, (bill, ledger)
     code, out = cli("cost-report", *at)
     assert code == 0 and "Spend" in out, out
+
+    # Nothing init, the daemon or its workers wrote (config, state.db, checkpoints, logs,
+    # agent.log, work directories) is open to other local users.
+    exposed = [
+        f"{p} {p.stat().st_mode & 0o777:o}"
+        for p in (tmp_path / "cluster").rglob("*")
+        if not p.is_symlink() and (p.is_file() or p.is_dir()) and p.stat().st_mode & 0o077
+    ]
+    assert exposed == []
 
 
 def _catalog(config):

@@ -192,6 +192,7 @@ class Daemon:
     certificate_lifetime_s: float = 3600.0
     enroll_burst: int = 5
     heartbeat_timeout_s: float = 45.0
+    heartbeat_interval_s: float = 0.3
     port: int = 0
     worker_port: int = 0
     agents: list[Agent] = field(default_factory=list)
@@ -214,7 +215,7 @@ class Daemon:
             ledger=self.ledger,
             now=self.clock,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
-            heartbeat_interval_s=0.3,
+            heartbeat_interval_s=self.heartbeat_interval_s,
             certificate_lifetime_s=self.certificate_lifetime_s,
             enroll_burst=self.enroll_burst,
         )
@@ -272,6 +273,8 @@ class Daemon:
         *,
         capacity: Resources = SMALL,
         runtime: ContainerRuntime | None = None,
+        clock: Callable[[], float] | None = None,
+        shutdown: Callable[[str], None] | None = None,
         **overrides: Any,
     ) -> Agent:
         secret = self.launch(instance_id) if instance_id not in self.instances else None
@@ -294,6 +297,8 @@ class Daemon:
                 **settings,
             ),
             runtime or self.runtime,  # type: ignore[arg-type]
+            clock=clock or time.monotonic,
+            shutdown=shutdown,
         )
         agent.serve()
         self.agents.append(agent)
@@ -325,6 +330,38 @@ class Daemon:
             process.wait(timeout=10)
         self.server.stop(None).wait()
         self.executor.close()
+
+
+def worker_process(
+    daemon: Daemon, instance_id: str, tmp_path: Path, *flags: str
+) -> subprocess.Popen:
+    """`autoscaler worker` as the local cloud runs it: a one-time enrollment secret, and no
+    credentials of any kind (no AWS keys: its storage is granted URL by URL). Started again
+    for an instance, it runs on the same work directory (a restart)."""
+    secret = daemon.launch(instance_id)
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(daemon.server_ca.cert_pem)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AUTOSCALER_INSTANCE_ID"] = instance_id
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "executor",
+            "--daemon", daemon.address,
+            "--ca", str(ca),
+            "--enrollment-secret", str(secret),
+            "--work-dir", str(daemon.work / instance_id),
+            "--capacity", "0,2,4",
+            "--stop-grace", "2",
+            "--throughput-window", "0.5",
+            *flags,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    daemon.processes.append(process)
+    daemon.instances.add(instance_id)
+    return process
 
 
 def wait_for(task_id: str, *states: str) -> Callable[[ExecutorReport], bool]:

@@ -43,6 +43,8 @@ def test_a_launch_is_kept_in_the_protocols_encoding_and_read_back_whole(tmp_path
             env=(("A", "1"), ("B", "two")),
             shm_size_gb=0.5,
             network=True,
+            checkpoint_every_s=120.0,
+            fatal_exit_codes=(2, 3),
         ),
         limits=ResourceLimits(cpus=1.5, memory_gb=2.0, gpus=(0, 1), shm_size_gb=1.0),
         checkpoint="s3://b/jobs/j/t/2.tar.gz",

@@ -115,3 +115,25 @@ def test_the_machine_is_measured_in_physical_cores():
     assert machine.physical_cores >= 1 and machine.logical_cpus >= machine.physical_cores
     assert machine.threads_per_core == machine.logical_cpus / machine.physical_cores
     assert machine.capacity.cpu == machine.physical_cores and machine.capacity.ram_gb > 0
+
+
+def test_the_spend_brake_watchdog_and_stop_flags():
+    from executor.cli import _shutdown_command
+
+    base = ["worker", "--daemon", "10.0.0.1:7443", "--ca", "ca.pem"]
+    ec2 = build_parser().parse_args([*base, "--imds"])
+    assert (ec2.orphan_timeout, ec2.orphan_max, ec2.job_watchdog) == (1800.0, 7200.0, None)
+    assert not ec2.stop_tasks
+    assert _shutdown_command(ec2) == ("shutdown", "-h", "now")  # EC2: the instance goes
+    local = build_parser().parse_args([*base, "--enrollment-secret", "s"])
+    assert _shutdown_command(local) == ()  # the local cloud: the agent ends its containers
+    told = build_parser().parse_args(
+        [
+            *base, "--imds", "--orphan-timeout", "0", "--orphan-max", "600",
+            "--job-watchdog", "90", "--stop-tasks",
+            "--shutdown-command", "systemctl poweroff --message 'no daemon'",
+        ]
+    )  # fmt: skip
+    assert (told.orphan_timeout, told.orphan_max, told.job_watchdog) == (0.0, 600.0, 90.0)
+    assert told.stop_tasks
+    assert _shutdown_command(told) == ("systemctl", "poweroff", "--message", "no daemon")

@@ -1,16 +1,21 @@
-"""Bad things that happen, each ending as a task state with its reason, nothing checkpointed lost.
+"""Bad things that happen, each ending as a task state with its reason and its failure class,
+nothing checkpointed lost.
 
-A Dockerfile that fails to build, a job that exits non-zero, one killed for
-memory, one that ignores the checkpoint request, an S3 upload that fails.
-(A worker killed with SIGKILL, and a daemon that restarts: test_docker_workers.py.)
+A Dockerfile that fails to build, an image that cannot be pulled, a command
+that is not there, a job that exits non-zero (with a code it declares fatal or
+not), one killed for memory, one that ignores the checkpoint request, an S3
+upload that fails. (A worker killed with SIGKILL, and a daemon that restarts:
+test_docker_workers.py.)
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from autoscaler.jobs import TaskRun
 from executor.storage import attempt_prefix, is_checkpoint_of, log_key
 from tests.executor.conftest import job_context, launch, wait_for
 
@@ -32,7 +37,7 @@ def test_a_dockerfile_that_fails_to_build(docker_daemon, tmp_path):
     daemon.agent("inst-1")
     daemon.executor.start(launch("bad/t0", 1, "inst-1", context))
     failed = daemon.until(wait_for("bad/t0", "failed", "running"), "the build ends").tasks["bad/t0"]
-    assert failed.state == "failed"
+    assert (failed.state, failed.failure) == ("failed", "deterministic")
     assert failed.reason.startswith("build failed: "), failed.reason
     # The Dockerfile's own failure is in the reason: the command, its code, its output.
     assert "exit 3' returned a non-zero code: 3" in failed.reason
@@ -52,7 +57,7 @@ def test_a_job_that_exits_non_zero_keeps_its_log_and_what_it_saved(docker_daemon
     env = {"EXIT_AFTER": "25", "EXIT_CODE": "3", "SAVE_EVERY": "10"}
     daemon.executor.start(launch(task, 1, "inst-1", context, env=env))
     failed = daemon.until(wait_for(task, "failed", "completed"), "the job exits").tasks[task]
-    assert failed.state == "failed"
+    assert (failed.state, failed.failure) == ("failed", "transient")  # a retry may not fail
     assert failed.reason == "exit code 3" and failed.exit_code == 3
     assert failed.log_tail[-1] == "giving up at 25"
     assert daemon.storage.exists(log_key("crash", task, 1))
@@ -70,6 +75,44 @@ def test_a_job_that_exits_non_zero_keeps_its_log_and_what_it_saved(docker_daemon
     assert done.log_tail[0] == "resumed at 20"
 
 
+def test_an_exit_code_the_job_declares_fatal_is_deterministic(docker_daemon, tmp_path):
+    daemon = docker_daemon
+    context = job_context(daemon.storage, tmp_path)
+    daemon.agent("inst-1")
+    task = "fatal/t0"
+    start = launch(task, 1, "inst-1", context, env={"EXIT_AFTER": "3", "EXIT_CODE": "3"})
+    start = replace(start, run=replace(start.run, fatal_exit_codes=(2, 3)))
+    daemon.executor.start(start)
+    failed = daemon.until(wait_for(task, "failed", "completed"), "the job exits").tasks[task]
+    assert (failed.state, failed.failure) == ("failed", "deterministic")
+    assert failed.reason == "exit code 3, which the job declares fatal"
+
+
+def test_a_command_that_is_not_there_is_deterministic(docker_daemon, tmp_path):
+    daemon = docker_daemon
+    context = job_context(daemon.storage, tmp_path)
+    daemon.agent("inst-1")
+    task = "typo/t0"
+    start = launch(task, 1, "inst-1", context)
+    start = replace(start, run=replace(start.run, command=("pyhton", "train.py")))
+    daemon.executor.start(start)
+    failed = daemon.until(wait_for(task, "failed", "completed"), "the start fails").tasks[task]
+    assert (failed.state, failed.failure) == ("failed", "deterministic"), failed.reason
+    assert "not found" in failed.reason and "pyhton" in failed.reason, failed.reason
+
+
+def test_an_image_that_cannot_be_pulled_is_deterministic(docker_daemon):
+    daemon = docker_daemon
+    daemon.agent("inst-1")
+    task = "nopull/t0"
+    start = launch(task, 1, "inst-1", "unused")
+    # No registry listens there: the pull fails however often it is tried.
+    daemon.executor.start(replace(start, run=TaskRun(image="127.0.0.1:9/no/such:image")))
+    failed = daemon.until(wait_for(task, "failed", "running"), "the pull fails").tasks[task]
+    assert (failed.state, failed.failure) == ("failed", "deterministic"), failed.reason
+    assert failed.reason.startswith("fetch failed: cannot pull 127.0.0.1:9/no/such:image")
+
+
 def test_a_job_killed_for_memory(docker_daemon, tmp_path):
     daemon = docker_daemon
     context = job_context(daemon.storage, tmp_path)
@@ -78,7 +121,7 @@ def test_a_job_killed_for_memory(docker_daemon, tmp_path):
     env = {"ALLOCATE_MB": "16", "STEP_S": "0.001"}
     daemon.executor.start(launch(task, 1, "inst-1", context, env=env, memory_gb=0.125))
     failed = daemon.until(wait_for(task, "failed", "completed"), "the job dies").tasks[task]
-    assert failed.state == "failed"
+    assert (failed.state, failed.failure) == ("failed", "transient")
     assert failed.reason == "out of memory (limit 0.125 GiB)"
     assert failed.exit_code == 137
 
@@ -95,7 +138,7 @@ def test_a_job_that_ignores_the_checkpoint_request_is_killed_and_keeps_its_last_
     daemon.until(lambda r: r.tasks[task].progress >= 12, "the job has saved once")
     daemon.executor.stop(task, 1)
     stopped = daemon.until(wait_for(task, "stopped", "failed"), "the job is stopped").tasks[task]
-    assert stopped.state == "stopped"
+    assert (stopped.state, stopped.failure) == ("stopped", "infrastructure")
     assert stopped.reason == (
         "did not acknowledge the checkpoint request within 1 s; sent SIGTERM; "
         "killed after a 1 s grace period"
@@ -131,7 +174,7 @@ class _Unavailable(BaseHTTPRequestHandler):
 def test_an_upload_that_fails_keeps_the_previous_checkpoint(docker_daemon, moto_endpoint, tmp_path):
     daemon = docker_daemon
     context = job_context(daemon.storage, tmp_path)
-    daemon.agent("inst-1")
+    daemon.agent("inst-1", upload_patience_s=1.0)
     task = "s3down/t0"
     previous = _checkpoint_from_a_first_attempt(daemon, context, task, "inst-1")
     daemon.executor.start(launch(task, 2, "inst-1", context, checkpoint=previous))
@@ -154,13 +197,14 @@ def test_an_upload_that_fails_keeps_the_previous_checkpoint(docker_daemon, moto_
         failed = daemon.until(wait_for(task, "stopped", "failed"), "attempt 2 ends").tasks[task]
     finally:
         down.shutdown()
-    assert failed.state == "failed", failed.reason
+    assert (failed.state, failed.failure) == ("failed", "infrastructure"), failed.reason
     assert re.fullmatch(
         r"checkpoint upload failed: cannot upload to http://\S+/jobs/s3down/t0/2/"
         r"checkpoint-\d{12}\.tar\.gz: HTTP 503 Service Unavailable \(checkpointed on request\)",
         failed.reason,
     ), failed.reason
-    assert down.refused  # type: ignore[attr-defined]
+    # Tried again while S3 refused (the daemon answering), then given up after the patience.
+    assert len(down.refused) >= 2, down.refused  # type: ignore[attr-defined]
     # Nothing half-uploaded is referenced: the task resumes from the checkpoint before.
     assert failed.checkpoint == previous
     assert not daemon.storage.list(attempt_prefix("s3down", task, 2) + "checkpoint-")

@@ -8,9 +8,6 @@ timeout, never because the machine was slow.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 from executor.runtime import LABEL_INSTANCE, LABEL_TASK
@@ -20,6 +17,7 @@ from tests.executor.conftest import (
     job_context,
     launch,
     wait_for,
+    worker_process,
 )
 
 
@@ -33,34 +31,6 @@ def _first_checkpoint(daemon, context: str, task: str, instance: str) -> tuple[s
     return stopped.checkpoint, checkpointed_step(daemon.storage, stopped.checkpoint, daemon.work)
 
 
-def _worker_process(daemon, instance_id: str, tmp_path) -> subprocess.Popen:
-    """`autoscaler worker` as the local cloud runs it: a one-time enrollment secret, and no
-    credentials of any kind (no AWS keys: its storage is granted URL by URL)."""
-    secret = daemon.launch(instance_id)
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes(daemon.server_ca.cert_pem)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["AUTOSCALER_INSTANCE_ID"] = instance_id
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "executor",
-            "--daemon", daemon.address,
-            "--ca", str(ca),
-            "--enrollment-secret", str(secret),
-            "--work-dir", str(daemon.work / instance_id),
-            "--capacity", "0,2,4",
-            "--stop-grace", "2",
-            "--throughput-window", "0.5",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    daemon.processes.append(process)
-    daemon.instances.add(instance_id)
-    return process
-
-
 def test_a_worker_killed_mid_task_is_lost_and_its_task_resumes_from_its_last_checkpoint(
     docker_daemon, docker_client, tmp_path
 ):
@@ -70,7 +40,7 @@ def test_a_worker_killed_mid_task_is_lost_and_its_task_resumes_from_its_last_che
     daemon.agent("inst-a")
     checkpoint, step = _first_checkpoint(daemon, context, task, "inst-a")
 
-    process = _worker_process(daemon, "inst-k", tmp_path)
+    process = worker_process(daemon, "inst-k", tmp_path)
     daemon.until(lambda r: "inst-k" in r.ready_instances, "the worker process registers")
     daemon.executor.start(launch(task, 2, "inst-k", context, checkpoint=checkpoint))
     daemon.until(

@@ -10,6 +10,7 @@ the real report-socket protocol.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -189,3 +190,31 @@ def test_a_newer_attempt_elsewhere_stops_the_old_one(daemon, context):
     )
     assert report.tasks["j/t"].instance_id == "inst-2"
     _eventually(lambda: old.statuses() == [], "attempt 1 is stopped and forgotten")
+
+
+def test_a_released_instance_is_a_normal_end_logged_at_info(daemon, caplog):
+    agent = daemon.agent("inst-1")
+    with caplog.at_level(logging.INFO, logger="executor"):
+        daemon.executor.release("inst-1")  # scale-in: its tasks were stopped before
+        _eventually(lambda: agent.lost_reason is not None, "the worker hears it was released")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "executor.agent"]
+    assert (logging.INFO, f"the daemon released this instance ({agent.lost_reason})") in said
+    assert [m for level, m in said if level >= logging.WARNING] == []
+
+
+def test_progress_reaches_the_daemon_as_it_moves_not_once_a_heartbeat_interval(daemon_on, tmp_path):
+    # Heartbeats every 30 s: without progress beats the daemon's count would stand still
+    # for 30 s after the first iteration; with them it moves about once a second.
+    daemon = daemon_on(f"file://{tmp_path}/store", {}, SimulatedRuntime(), heartbeat_interval_s=30)
+    agent = daemon.agent("inst-1", poll_interval_s=0.1, progress_interval_s=0.5)
+    context = job_context(daemon.storage, tmp_path)
+    daemon.executor.start(launch("j/t", 1, "inst-1", context, env={"STEP_S": "0.01"}))
+    seen = [daemon.until(lambda r: r.tasks["j/t"].progress > 0, "the first iteration").tasks]
+    beats = agent.beats
+    began = time.monotonic()
+    for _ in range(3):
+        before = seen[-1]["j/t"].progress
+        report = daemon.until(lambda r, b=before: r.tasks["j/t"].progress > b, "it moves", 10)
+        seen.append(report.tasks)
+    # Rate-limited: at most one progress beat a progress_interval_s (and a few others).
+    assert agent.beats - beats <= (time.monotonic() - began) / 0.5 + 3

@@ -23,6 +23,7 @@ from executor.storage import (
     is_checkpoint_of,
     log_key,
     open_storage,
+    prune_checkpoints,
     upload,
     upload_context,
 )
@@ -180,3 +181,19 @@ def test_s3_errors_are_one_line_with_the_object(moto_endpoint, tmp_path):
     with pytest.raises(StorageError, match=r"s3://no-such-bucket/p/jobs/a/b/1\.log.*NoSuchBucket"):
         storage.put_file("jobs/a/b/1.log", tmp_path / "f")
     assert Path(tmp_path / "f").exists()
+
+
+def test_pruning_keeps_the_newest_two_versions_up_to_the_one_reported(storage):
+    keys = [checkpoint_key("j", "j/t", 2, step) for step in (5, 40, 300, 2000, 9000)]
+    for key in keys:
+        storage.put_bytes(key, b"weights")
+    other = checkpoint_key("j", "j/t", 1, 10)  # the attempt it resumed from: not this one's
+    storage.put_bytes(other, b"weights")
+    # Step 2000 is the latest reported complete; 9000 was uploaded since (not yet reported).
+    deleted = prune_checkpoints(storage, storage.ref(keys[3]), "j", "j/t", 2)
+    assert sorted(deleted) == keys[:2]
+    assert storage.list(attempt_prefix("j", "j/t", 2)) == keys[2:]
+    assert storage.exists(other)
+    # A reference that is not this attempt's checkpoint prunes nothing.
+    assert prune_checkpoints(storage, storage.ref(other), "j", "j/t", 2) == []
+    assert storage.list(attempt_prefix("j", "j/t", 2)) == keys[2:]

@@ -245,9 +245,10 @@ def config(ami: str, tmp_path: Path, network: Network, instance_profile: str) ->
         subnet_ids=tuple(network.subnets.values()),
         security_group_ids=(network.security_group,),
         iam_instance_profile=instance_profile,
-        ami=(("x86_64", ami), ("x86_64_nvidia", ami)),
+        ami=(("x86_64", ami), ("x86_64_nvidia", ami), ("x86_64_nvidia_proprietary", ami)),
         families=("c7i", "r7i", "p3"),
         cache_dir=tmp_path / "cache",
+        dry_run=False,  # these tests launch (the default is a dry run)
     )
 
 

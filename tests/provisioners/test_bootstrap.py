@@ -1,11 +1,13 @@
 """The worker bootstrap: rendered per launch with no secret in it, run at the shell level on
 Amazon Linux 2023 and Ubuntu 22.04/24.04 (package managers, curl, systemd ... stubbed), and
-what the daemon publishes for it (the wheel in S3) against moto."""
+what the daemon publishes for it (the wheelhouse in S3, failure reports) against moto.
+
+pip is stubbed here too: running the script for real in a container (a real offline pip
+install from the wheelhouse, the agent then enrolling) is not done yet."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import shutil
 import subprocess
@@ -22,18 +24,41 @@ from executor.security import Authority
 from provisioners.aws import make_client
 from provisioners.bootstrap import (
     MAX_USER_DATA_BYTES,
+    BootReports,
     WorkerBootstrap,
     fill_template,
-    publish_agent_wheel,
-    wheel_presigner,
+    object_presigner,
+    publish_wheelhouse,
 )
 from provisioners.config import EC2Config
+from provisioners.wheelhouse import pack, requirements_text
 from tests.provisioners.conftest import REGION, live_instances, make_cloud
 
-WHEEL_NAME = "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
+WHEEL_NAME = "ec2_batch_autoscaler_worker-0.1.0-py3-none-any.whl"
 WHEEL_BYTES = b"PK\x03\x04 a worker agent wheel"
-WHEEL_SHA256 = hashlib.sha256(WHEEL_BYTES).hexdigest()
-WHEEL_URL = f"https://bucket.s3.amazonaws.com/autoscaler/agent/{WHEEL_SHA256}/{WHEEL_NAME}?X-Amz-Signature=abc"
+
+
+def wheelhouse_dir(directory: Path, wheel: bytes = WHEEL_BYTES) -> Path:
+    """A wheelhouse of one (fake) wheel and its requirements.txt."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / WHEEL_NAME).write_bytes(wheel)
+    (directory / "requirements.txt").write_text(requirements_text(directory))
+    return directory
+
+
+@cache
+def wheelhouse_archive() -> tuple[bytes, str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        return pack(wheelhouse_dir(Path(scratch)))
+
+
+WHEELHOUSE_SHA256 = wheelhouse_archive()[1]
+WHEELHOUSE_URL = (
+    f"https://bucket.s3.amazonaws.com/autoscaler/wheelhouse/{WHEELHOUSE_SHA256}.tar"
+    "?X-Amz-Signature=abc"
+)
 bash = shutil.which("bash")
 needs_bash = pytest.mark.skipif(bash is None, reason="bash is not installed")
 
@@ -49,8 +74,8 @@ def worker_bootstrap(config: EC2Config | None = None, **changes: Any) -> WorkerB
         "ca_pem": ca_pem(),
         "cluster_id": config.cluster_id if config else "test-cluster",
         "region": config.region if config else REGION,
-        "wheel_url": WHEEL_URL,
-        "wheel_sha256": WHEEL_SHA256,
+        "wheelhouse_url": WHEELHOUSE_URL,
+        "wheelhouse_sha256": WHEELHOUSE_SHA256,
     }
     return WorkerBootstrap(**{**values, **changes})
 
@@ -59,7 +84,7 @@ def worker_bootstrap(config: EC2Config | None = None, **changes: Any) -> WorkerB
 
 
 @needs_bash
-def test_rendered_user_data_is_valid_bash_with_no_secret_and_the_wheel_pinned(tmp_path):
+def test_rendered_user_data_is_valid_bash_with_no_secret_and_the_wheelhouse_pinned(tmp_path):
     script = tmp_path / "user-data.sh"
     script.write_text(worker_bootstrap().render("inst-7"))
     checked = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
@@ -67,8 +92,9 @@ def test_rendered_user_data_is_valid_bash_with_no_secret_and_the_wheel_pinned(tm
     text = script.read_text()
     assert "{{" not in text
     assert "INSTANCE_ID=inst-7\n" in text
-    assert f"WHEEL_SHA256={WHEEL_SHA256}\n" in text
-    assert "sha256sum --check" in text
+    assert f"WHEELHOUSE_SHA256={WHEELHOUSE_SHA256}\n" in text
+    assert "sha256sum -c" in text
+    assert "--no-index" in text and "--require-hashes" in text
     assert "InstanceInitiatedShutdownBehavior=terminate" in text and "shutdown -h now" in text
     # No secret travels, nor any name of one: the agent proves its instance with the
     # identity document AWS signs for it (IMDS), and gets a certificate in exchange.
@@ -76,9 +102,9 @@ def test_rendered_user_data_is_valid_bash_with_no_secret_and_the_wheel_pinned(tm
     assert "--imds" in text and "ssm" not in text.lower()
 
 
-def test_each_launch_gets_its_own_instance_id_and_a_fresh_wheel_url():
-    urls = iter([WHEEL_URL + "1", WHEEL_URL + "2"])
-    bootstrap = worker_bootstrap(wheel_url=lambda: next(urls))
+def test_each_launch_gets_its_own_instance_id_and_a_fresh_wheelhouse_url():
+    urls = iter([WHEELHOUSE_URL + "1", WHEELHOUSE_URL + "2"])
+    bootstrap = worker_bootstrap(wheelhouse_url=lambda: next(urls))
     first, second = bootstrap.render("inst-1"), bootstrap.render("inst-2")
     assert "INSTANCE_ID=inst-1\n" in first and "INSTANCE_ID=inst-2\n" in second
     assert "X-Amz-Signature=abc1" in first and "X-Amz-Signature=abc2" in second
@@ -90,7 +116,8 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
     rendered = fill_template(
         'X={{CA_PEM}}\nprintf %s "$X"\n',
         {name: "x" for name in ("DAEMON_ADDRESS", "CLUSTER_ID", "REGION")}
-        | {name: "x" for name in ("INSTANCE_ID", "WHEEL_URL", "WHEEL_FILE", "WHEEL_SHA256")}
+        | {name: "x" for name in ("INSTANCE_ID", "WHEELHOUSE_URL", "WHEELHOUSE_SHA256")}
+        | {"REPORT_URL": ""}
         | {"ACCELERATOR": "", "THROUGHPUT_WINDOW": "300", "CA_PEM": hostile},
     )
     ran = subprocess.run([bash, "-c", rendered], capture_output=True, text=True, cwd=tmp_path)
@@ -105,7 +132,7 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         ({"daemon_address": "x; reboot:50051"}, "daemon_address"),
         ({"daemon_address": "10.0.0.5:70000"}, "daemon_address"),
         ({"ca_pem": "not a certificate"}, "ca_pem"),
-        ({"wheel_sha256": "abc"}, "wheel_sha256"),
+        ({"wheelhouse_sha256": "abc"}, "wheelhouse_sha256"),
         ({"region": "Moon-1"}, "region"),
         ({"throughput_window_s": 0}, "throughput_window_s"),
         ({"throughput_window_s": float("inf")}, "throughput_window_s"),
@@ -119,9 +146,11 @@ def test_a_bad_bootstrap_value_is_one_line_naming_the_field(changes, field):
     assert "\n" not in str(error.value)
 
 
-def test_a_wheel_url_that_is_not_a_wheel_or_an_instance_id_that_is_not_one_is_refused():
-    with pytest.raises(InputError, match=r"field 'wheel_url'.*http"):
-        worker_bootstrap(wheel_url="s3://bucket/a.whl").render("inst-1")
+def test_a_url_that_is_not_a_wheelhouse_or_an_instance_id_that_is_not_one_is_refused():
+    with pytest.raises(InputError, match=r"field 'wheelhouse_url'.*http"):
+        worker_bootstrap(wheelhouse_url="s3://bucket/a.tar").render("inst-1")
+    with pytest.raises(InputError, match=r"field 'wheelhouse_url'.*<sha256>.tar"):
+        worker_bootstrap(wheelhouse_url="https://bucket/agent.whl").render("inst-1")
     with pytest.raises(InputError, match="field 'instance_id'"):
         worker_bootstrap().render("inst 1; reboot")
 
@@ -175,45 +204,65 @@ def test_a_bootstrap_for_another_cluster_or_too_big_is_refused_at_start(
 
 
 def test_a_presigner_failing_at_a_launch_is_a_request_error(config, ec2, clock, sleeps):
-    urls = iter([WHEEL_URL, "ftp://nowhere/x.whl"])  # the first is the start-up check
-    bootstrap = worker_bootstrap(config, wheel_url=lambda: next(urls))
+    urls = iter([WHEELHOUSE_URL, "ftp://nowhere/x.tar"])  # the first is the start-up check
+    bootstrap = worker_bootstrap(config, wheelhouse_url=lambda: next(urls))
     cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap)
-    with pytest.raises(CloudRequestError, match=r"worker bootstrap: .*wheel_url"):
+    with pytest.raises(CloudRequestError, match=r"worker bootstrap: .*wheelhouse_url"):
         cloud.launch(LaunchRequest("c7i.large", "inst-1"))
     assert live_instances(ec2) == []
 
 
-# --- publishing the wheel ---------------------------------------------------------
+# --- publishing the wheelhouse, reading failure reports --------------------------------------
 
 
-def test_the_wheel_is_published_under_its_hash_once_and_presigned_per_launch(aws, tmp_path):
+def test_the_wheelhouse_is_published_under_its_hash_once_and_presigned_per_launch(aws, tmp_path):
     s3 = make_client("s3", REGION)  # as the daemon makes it: SigV4 presigned URLs
     s3.create_bucket(Bucket="research-batch-artifacts")
-    wheel = tmp_path / WHEEL_NAME
-    wheel.write_bytes(WHEEL_BYTES)
+    house = wheelhouse_dir(tmp_path / "wheelhouse")
     puts: list[str] = []
     s3.meta.events.register("before-call.s3.PutObject", lambda **_: puts.append("put"))
 
-    url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler/", wheel)
-    again = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
+    url, sha256 = publish_wheelhouse(s3, "research-batch-artifacts", "autoscaler/", house)
+    again = publish_wheelhouse(s3, "research-batch-artifacts", "autoscaler", house)
 
-    key = f"autoscaler/agent/{WHEEL_SHA256}/{WHEEL_NAME}"
-    assert (url, sha256) == (f"s3://research-batch-artifacts/{key}", WHEEL_SHA256)
+    key = f"autoscaler/wheelhouse/{WHEELHOUSE_SHA256}.tar"
+    assert (url, sha256) == (f"s3://research-batch-artifacts/{key}", WHEELHOUSE_SHA256)
     assert again == (url, sha256) and puts == ["put"]  # content-addressed: uploaded once
     body = s3.get_object(Bucket="research-batch-artifacts", Key=key)["Body"].read()
-    assert body == WHEEL_BYTES
-    presigned = wheel_presigner(s3, url, expires_s=900)()
+    assert body == wheelhouse_archive()[0]
+    presigned = object_presigner(s3, url, expires_s=900)()
     assert key in presigned and "X-Amz-Expires=900" in presigned
     assert "X-Amz-Signature=" in presigned
-    rendered = worker_bootstrap(wheel_url=wheel_presigner(s3, url), wheel_sha256=sha256)
-    assert f"WHEEL_FILE={WHEEL_NAME}\n" in rendered.render("inst-1")
+    rendered = worker_bootstrap(wheelhouse_url=object_presigner(s3, url), wheelhouse_sha256=sha256)
+    assert f"{WHEELHOUSE_SHA256}.tar" in rendered.render("inst-1")
 
 
-def test_a_file_that_is_not_a_wheel_is_refused(client, tmp_path):
-    bad = tmp_path / "agent.zip"
-    bad.write_bytes(b"x")
-    with pytest.raises(InputError, match="not a wheel file name"):
-        publish_agent_wheel(client("s3"), "bucket", "p", bad)
+def test_a_wheel_the_requirements_do_not_pin_is_never_published(client, tmp_path):
+    house = wheelhouse_dir(tmp_path / "wheelhouse")
+    (house / WHEEL_NAME).write_bytes(b"changed since it was built")
+    with pytest.raises(InputError, match=r"not pinned by requirements\.txt"):
+        publish_wheelhouse(client("s3"), "bucket", "p", house)
+    with pytest.raises(InputError, match=r"no requirements\.txt"):
+        publish_wheelhouse(client("s3"), "bucket", "p", tmp_path)
+
+
+def test_each_launch_gets_a_report_url_under_the_clusters_prefix_read_back_by_the_daemon(aws):
+    s3 = make_client("s3", REGION)
+    s3.create_bucket(Bucket="research-batch-artifacts")
+    reports = BootReports(s3, "research-batch-artifacts", "autoscaler")
+    rendered = worker_bootstrap(reports=reports).render("inst-3")
+    [line] = [x for x in rendered.splitlines() if x.startswith("REPORT_URL=")]
+    assert "autoscaler/instances/inst-3/bootstrap-report.txt" in line
+    assert "X-Amz-Signature=" in line
+    assert reports.read("inst-3") == ""  # none left yet
+    s3.put_object(
+        Bucket="research-batch-artifacts",
+        Key="autoscaler/instances/inst-3/bootstrap-report.txt",
+        Body=b"FAILED while checking the NVIDIA driver (exit status 1): nvidia-smi failed\nlog",
+    )
+    assert reports.read("inst-3") == (
+        "FAILED while checking the NVIDIA driver (exit status 1): nvidia-smi failed | log"
+    )
 
 
 # --- the script itself, at the shell level ------------------------------------------------------
@@ -236,6 +285,8 @@ BEHAVIOUR = {
         'case "$*" in\n'
         "  *api/token*) echo imds-session ;;\n"
         "  *local-ipv4*) echo 10.0.0.7 ;;\n"
+        '  *" -X PUT "*) while [ $# -gt 0 ]; do\n'
+        '      case "$1" in @*) cp "${1#@}" "$REPORT_SINK";; esac; shift; done ;;\n'
         '  *) while [ $# -gt 0 ]; do [ "$1" = -o ] && cp "$WHEEL_SOURCE" "$2"; shift; done ;;\n'
         "esac"
     ),
@@ -271,6 +322,13 @@ OS_RELEASE = {
 }
 
 
+class FixedReportUrl:
+    """A report URL that is the same for every instance (the stubbed curl keeps the body)."""
+
+    def put_url(self, instance_id: str) -> str:
+        return f"https://bucket.s3.amazonaws.com/instances/{instance_id}/report?X-Amz-Signature=r"
+
+
 @dataclass
 class Boot:
     """One run of the rendered user data on a pretend instance."""
@@ -279,6 +337,7 @@ class Boot:
     calls: list[str]
     root: Path
     output: str
+    report: str | None = None  # what the script PUT to its report URL
 
     def called(self, command: str) -> list[str]:
         return [c for c in self.calls if c.split(" ", 1)[0] == command]
@@ -294,7 +353,7 @@ def boot(
     *,
     accelerator: str | None = None,
     missing: tuple[str, ...] = (),
-    wheel: bytes = WHEEL_BYTES,
+    wheelhouse: bytes | None = None,
     bootstrap: WorkerBootstrap | None = None,
     **env: str,
 ) -> Boot:
@@ -319,8 +378,8 @@ def boot(
         path.chmod(0o755)
     (stubs / ".stub").chmod(0o755)
     assert all((stubs / c).exists() for c in ("shutdown", "poweroff", "systemctl"))
-    source = tmp_path / "downloaded.whl"
-    source.write_bytes(wheel)
+    source = tmp_path / "downloaded.tar"
+    source.write_bytes(wheelhouse if wheelhouse is not None else wheelhouse_archive()[0])
     script = tmp_path / "user-data.sh"
     script.write_text((bootstrap or worker_bootstrap()).render("inst-7", accelerator=accelerator))
     calls = tmp_path / "calls"
@@ -331,13 +390,16 @@ def boot(
         "CALLS": str(calls),
         "STUBS": str(stubs),
         "WHEEL_SOURCE": str(source),
+        "REPORT_SINK": str(tmp_path / "report.txt"),
         "AUTOSCALER_BOOTSTRAP_ROOT": str(root),
         **env,
     }
     ran = subprocess.run(
         [bash, str(script)], env=environment, capture_output=True, text=True, timeout=60
     )
-    return Boot(ran.returncode, calls.read_text().splitlines(), root, ran.stderr)
+    sink = tmp_path / "report.txt"
+    report = sink.read_text() if sink.exists() else None
+    return Boot(ran.returncode, calls.read_text().splitlines(), root, ran.stderr, report)
 
 
 def assert_worker_installed(result: Boot, python: str) -> None:
@@ -347,7 +409,9 @@ def assert_worker_installed(result: Boot, python: str) -> None:
     [venv] = result.called(python)
     assert venv == f"{python} -m venv {root}/opt/autoscaler-worker"
     [pip] = result.called("pip")
-    assert pip.startswith("pip install") and pip.endswith(f"/{WHEEL_NAME}")
+    assert pip.startswith("pip install --isolated")
+    assert " --no-index --find-links " in pip and " --require-hashes -r " in pip
+    assert pip.endswith("/wheels/requirements.txt")
     assert result.called("useradd") == [
         "useradd --system --home-dir /var/lib/autoscaler-worker --shell /usr/sbin/nologin "
         "autoscaler-worker"
@@ -382,7 +446,7 @@ def test_amazon_linux_2023_installs_without_touching_curl_minimal(tmp_path):
     result = boot(tmp_path, "al2023")
     assert_worker_installed(result, "python3.11")
     [dnf] = result.called("dnf")
-    assert dnf == "dnf install -y -q docker python3.11 python3.11-pip"
+    assert dnf == "dnf install -y -q docker python3.11 python3.11-pip tar"
     assert result.called("apt-get") == []
 
 
@@ -422,20 +486,37 @@ def test_ubuntu_24_04_uses_its_own_python(tmp_path):
         "usermod",
     ],
 )
-def test_any_failing_step_shuts_the_instance_down(tmp_path, command):
-    result = boot(tmp_path, "al2023", FAIL_COMMAND=command)
+def test_any_failing_step_shuts_the_instance_down_after_reporting_it(tmp_path, command):
+    result = boot(
+        tmp_path,
+        "al2023",
+        FAIL_COMMAND=command,
+        bootstrap=worker_bootstrap(reports=FixedReportUrl()),
+    )
     assert result.status != 0
     assert result.calls[-1].startswith("shutdown -h now")
     assert "systemctl enable --now autoscaler-worker" not in result.calls
     assert "FAILED while" in result.output
+    if command == "curl":  # the report goes by curl too: the log says it was not sent
+        assert "the failure report could not be sent" in result.output
+    else:
+        assert result.report is not None and result.report.startswith("FAILED while ")
 
 
 @needs_bash
-def test_a_wheel_that_does_not_match_its_hash_is_never_installed(tmp_path):
-    result = boot(tmp_path, "al2023", wheel=b"a tampered wheel")
+def test_a_wheelhouse_that_does_not_match_its_hash_is_never_installed(tmp_path):
+    result = boot(
+        tmp_path,
+        "al2023",
+        wheelhouse=b"a tampered archive",
+        bootstrap=worker_bootstrap(reports=FixedReportUrl()),
+    )
     assert result.shut_down and result.status != 0
     assert result.called("pip") == [] and result.called("python3.11") == []
-    assert "checking the wheel's sha256" in result.output
+    assert result.report is not None
+    first = result.report.splitlines()[0]
+    assert first.startswith("FAILED while checking the wheelhouse's sha256 (exit status 1)")
+    assert "refusing to install it" in first
 
 
 @needs_bash
@@ -446,9 +527,19 @@ def test_an_unsupported_image_shuts_down(tmp_path):
 
 
 @needs_bash
-def test_a_gpu_type_on_an_image_without_the_nvidia_driver_shuts_down(tmp_path):
-    result = boot(tmp_path, "al2023", accelerator="nvidia", missing=("nvidia-smi",))
+def test_a_gpu_type_on_an_image_without_the_nvidia_driver_reports_why_and_shuts_down(tmp_path):
+    result = boot(
+        tmp_path,
+        "al2023",
+        accelerator="nvidia",
+        missing=("nvidia-smi",),
+        bootstrap=worker_bootstrap(reports=FixedReportUrl()),
+    )
     assert result.shut_down and "checking the NVIDIA driver" in result.output
+    assert result.report is not None
+    first = result.report.splitlines()[0]
+    assert first.startswith("FAILED while checking the NVIDIA driver (nvidia-smi)")
+    assert "nvidia-smi failed" in first and "no NVIDIA driver for this type's GPUs" in first
 
 
 @needs_bash

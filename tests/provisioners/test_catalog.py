@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
@@ -32,6 +34,7 @@ from provisioners.catalog import (
     physical_cores,
     price_table_path,
     prices_from_products,
+    refreshed_price_table,
     save_catalog_cache,
     save_price_table,
 )
@@ -210,7 +213,10 @@ def test_price_refresh_reads_every_page_of_get_products(botocore_session):
 def test_price_refresh_without_permission_is_a_request_error(botocore_session):
     client, stubber = _stubbed_pricing(botocore_session)
     stubber.add_client_error("get_products", "AccessDeniedException", "not allowed")
-    with stubber, pytest.raises(CloudRequestError, match=r"deploy/iam-policy\.json"):
+    with (
+        stubber,
+        pytest.raises(CloudRequestError, match=r"GetProducts.*`autoscaler deploy policy`"),
+    ):
         fetch_price_table(AwsCaller(client), REGION, today="2026-11-22")
 
 
@@ -235,6 +241,55 @@ def test_damaged_price_table_is_an_input_error_naming_the_entry(config):
     path.write_text(path.read_text().replace("0.5", '"cheap"'))
     with pytest.raises(InputError, match=r"field 'prices.c7i.large' = 'cheap'"):
         current_price_table(config)
+
+
+def test_a_region_without_prices_is_priced_from_the_pricing_api_not_left_empty(
+    aws, botocore_session, config
+):
+    """Outside us-east-1 there is no bundled table: without the Pricing API the catalog is
+    empty and says why; the daemon, given the API, fetches the region's prices, saves them
+    dated, and plans with them (the fixture prices m7g.large in us-west-2)."""
+    west = replace(config, region="us-west-2", families=("m7g",))
+    ec2 = boto3.Session(botocore_session=botocore_session).client("ec2", region_name="us-west-2")
+
+    unpriced = current_catalog(AwsCaller(ec2), west, now_s=0.0)
+    assert len(unpriced.catalog) == 0
+    assert any("no on-demand prices for us-west-2" in n for n in unpriced.notes)
+
+    client, stubber = _stubbed_pricing(botocore_session)
+    for page in pricing_pages():
+        stubber.add_response("get_products", page)
+    catalog_cache_path(west).unlink()
+    with stubber:
+        priced = current_catalog(AwsCaller(ec2), west, now_s=0.0, pricing=AwsCaller(client))
+    stubber.assert_no_pending_responses()
+    assert priced.catalog["m7g.large"].hourly_cost == 0.08
+    saved = load_price_table(price_table_path(west))
+    assert saved.region == "us-west-2" and saved.retrieved == "1970-01-01"
+    assert not any("no on-demand prices" in n for n in priced.notes)
+
+
+def test_prices_older_than_90_days_are_refreshed_and_kept_with_a_warning_when_refused(
+    botocore_session, config
+):
+    retrieved = datetime.fromisoformat(bundled_prices().retrieved).replace(tzinfo=UTC)
+    fresh_s = retrieved.timestamp() + 89 * 86400
+    client, stubber = _stubbed_pricing(botocore_session)
+    with stubber:  # nothing stubbed: a call would fail the test
+        table, warning = refreshed_price_table(config, AwsCaller(client), fresh_s)
+    assert table == bundled_prices() and warning is None
+
+    old_s = retrieved.timestamp() + 120 * 86400
+    stubber.add_client_error("get_products", "AccessDeniedException", "not allowed")
+    with stubber:
+        table, warning = refreshed_price_table(config, AwsCaller(client), old_s)
+    stubber.assert_no_pending_responses()
+    assert table == bundled_prices()  # kept: old prices beat none
+    assert warning is not None and "120 days ago" in warning and "longer ago than 90" in warning
+    assert "AccessDeniedException" in warning
+
+    table, warning = refreshed_price_table(config, None, old_s)
+    assert warning is not None and "catalog refresh" in warning
 
 
 # --- offline catalog and cache ----------------------------------------------------------------

@@ -103,7 +103,10 @@ def test_full_configuration_is_parsed_into_frozen_dataclasses(tmp_path):
     assert config.ec2.image_for("c7g.large") == ("arm64", "ami-0123456789abcdef0")
     assert config.ec2.image_for("g5.xlarge") == ("x86_64_nvidia", "resolve:ssm:/team/images/gpu:3")
     assert config.guardrails == Guardrails(
-        max_instances=20, max_hourly_spend=50.0, allowed_regions=("us-west-2", "us-east-1")
+        max_instances=20,
+        max_hourly_spend=50.0,
+        allowed_regions=("us-west-2", "us-east-1"),
+        max_launches_per_type_hour=10,  # the default bound
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.ec2.region = "eu-west-1"  # type: ignore[misc]
@@ -122,10 +125,11 @@ def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
     config = load_provisioner_config(None)
     assert config.ec2.region == "us-east-1"
     assert config.ec2.families == DEFAULT_FAMILIES
-    assert config.ec2.orphan_policy == "report" and not config.ec2.dry_run
+    # A file that forgets dry_run launches nothing.
+    assert config.ec2.orphan_policy == "report" and config.ec2.dry_run
     assert config.ec2.spot == () and config.ec2.ami == ()
     assert config.ec2.cache_dir == tmp_path / "ec2-batch-autoscaler"
-    assert config.guardrails == Guardrails()
+    assert config.guardrails == Guardrails(max_launches_per_type_hour=10)
     # Safe launch defaults: IMDSv2 hop limit 1, no public IP, an encrypted gp3 root volume.
     assert config.ec2.metadata_hop_limit == 1 and not config.ec2.associate_public_ip
     assert (config.ec2.root_volume_type, config.ec2.root_volume_encrypted) == ("gp3", True)
@@ -135,9 +139,8 @@ def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
         "cluster_id",
         "subnet_ids",
         "security_group_ids",
-        "iam_instance_profile",
         "[ec2.ami]",
-    ]
+    ]  # no instance profile: workers call no AWS API
 
 
 def test_a_file_without_a_cluster_id_is_refused_naming_the_field_and_the_fix(tmp_path):
@@ -193,8 +196,9 @@ def test_a_file_without_a_cluster_id_is_refused_naming_the_field_and_the_fix(tmp
         ('ami = { x86_64_tpu = "ami-0123456789abcdef0" }', "unknown image kind 'x86_64_tpu'"),
         (
             'families = ["c7i", "p3"]\nami = { x86_64 = "ami-0123456789abcdef0" }',
-            "[ec2]: field 'ami': no image for x86_64_nvidia, which p3 needs (NVIDIA GPUs need an "
-            "image with the driver",
+            "[ec2]: field 'ami': no image for x86_64_nvidia_proprietary, which p3 needs (its "
+            "GPUs need the proprietary NVIDIA driver, and AWS's image with it is Amazon Linux 2 "
+            "with Python 3.10",
         ),
         (
             'families = ["c7g"]\nami = { x86_64 = "ami-0123456789abcdef0" }',
@@ -265,7 +269,8 @@ def test_missing_configuration_file_is_an_input_error(tmp_path):
         ("im4gn", "arm64"),
         ("is4gen", "arm64"),
         ("a1", "arm64"),
-        ("p3", "x86_64_nvidia"),
+        ("p3", "x86_64_nvidia_proprietary"),
+        ("g3s", "x86_64_nvidia_proprietary"),
         ("p5en", "x86_64_nvidia"),
         ("g4dn", "x86_64_nvidia"),
         ("gr6", "x86_64_nvidia"),
@@ -283,7 +288,8 @@ def test_each_family_needs_the_image_kind_its_name_says(family, kind):
     assert image_kind(family) == kind
     arch = "arm64" if kind.startswith("arm64") else "x86_64"
     assert architecture_of(family) == arch
-    assert accelerator_of(family) == (kind[len(arch) + 1 :] or None)
+    accelerator = kind[len(arch) + 1 :].removesuffix("_proprietary")
+    assert accelerator_of(family) == (accelerator or None)
 
 
 # --- the template `autoscaler init` writes -----------------------------------------------------
@@ -310,12 +316,14 @@ def test_the_init_template_parses_with_safe_defaults(region):
         "x86_64_nvidia": SUGGESTED_IMAGES["x86_64_nvidia"],
     }
     assert config.guardrails.allowed_regions == (region,)
-    assert config.guardrails.max_instances and config.guardrails.max_hourly_spend
-    # What only the account knows is left for the user, and named before any launch.
+    # Every limit a daemon on EC2 needs to start.
+    assert config.guardrails.unattended_problems() == []
+    assert config.guardrails.max_launches_per_type_hour == 10
+    # What only the account knows is left for the user, and named before any launch (an
+    # instance profile is optional: workers call no AWS API).
     assert [p.split(" ")[0] for p in ec2.launch_problems()] == [
         "subnet_ids",
         "security_group_ids",
-        "iam_instance_profile",
     ]
 
 

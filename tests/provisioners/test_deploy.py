@@ -1,136 +1,337 @@
-"""deploy/: the IAM policies grant exactly what the code calls, scoped to one cluster (the
-bootstrap script is tested in test_bootstrap)."""
+"""The cluster's IAM policies, generated from its configuration (`provisioners.policy`):
+every call the daemon makes is allowed, as AWS would judge it (`tests/aws_audit.py`), no
+statement is there for nothing, nothing outside the cluster is granted, the linter finds
+nothing, and deploy/*.json are what the generator writes for the sample configuration."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autoscaler.cloud import LaunchRequest, OrphanPolicy
+import pytest
+from botocore.stub import Stubber
+
+from autoscaler.cloud import CloudRequestError, LaunchRequest, OrphanPolicy
 from autoscaler.control import ControlLoop, ControlOptions
-from provisioners.aws import make_client
-from provisioners.bootstrap import publish_agent_wheel, wheel_presigner
-from provisioners.ec2 import TAG_CLUSTER, TAG_MANAGED_BY
+from executor.storage import S3Storage, upload_context
+from provisioners.aws import AwsCaller, make_client
+from provisioners.bootstrap import BootReports, object_presigner, publish_wheelhouse
+from provisioners.catalog import fetch_price_table
+from provisioners.config import EC2Config
+from provisioners.policy import FILES, daemon_policy, render, s3_lifecycle, worker_policy
 from state.memory import InMemoryStore
+from tests.aws_audit import Audit
+from tests.aws_iam import Policy, Request
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, make_cloud
-from tests.provisioners.test_bootstrap import WHEEL_NAME, worker_bootstrap
+from tests.provisioners.test_bootstrap import wheelhouse_dir, worker_bootstrap
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-CLUSTER_TAG = "${aws:PrincipalTag/autoscaler:cluster}"
-#: IAM actions of API calls whose action name differs from the call's.
-ACTION_OF = {"s3:HeadObject": "s3:GetObject"}
+BUCKET = "research-batch-artifacts"
+STORAGE = f"s3://{BUCKET}/research-batch"
+
+#: The configuration deploy/*.json are generated for (deploy/README.md shows it).
+SAMPLE = EC2Config(
+    region="us-east-1",
+    cluster_id="research-batch",
+    subnet_ids=("subnet-0123456789abcdef0", "subnet-0fedcba9876543210"),
+    security_group_ids=("sg-0123456789abcdef0",),
+    ami=(
+        (
+            "x86_64",
+            "resolve:ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
+        ),
+        (
+            "x86_64_nvidia",
+            "resolve:ssm:/aws/service/deeplearning/ami/x86_64/"
+            "base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id",
+        ),
+    ),
+    families=("c7i", "r7i", "g6"),
+)
+SAMPLE_STORAGE = "s3://research-batch-artifacts/research-batch"
 
 
-def policy(name: str = "iam-policy.json") -> dict[str, Any]:
-    return json.loads((DEPLOY / name).read_text())
+def lint(document: dict[str, Any]) -> list[str]:
+    """parliament's findings on a policy, except the one it cannot judge: it checks each
+    statement alone, so `ec2:RunInstances` split the way AWS's own examples split it (tag
+    conditions on the instance and volume, none on the image, subnet and security groups)
+    reads as resources missing from each half. The audit below checks the two halves
+    together, as AWS does."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # parliament imports pkg_resources
+        from parliament import analyze_policy_string
+
+    findings = analyze_policy_string(json.dumps(document)).findings
+    kept = []
+    for finding in findings:
+        split_launch = finding.issue == "RESOURCE_MISMATCH" and all(
+            d.get("action") == "ec2:RunInstances" for d in finding.detail
+        )
+        if not split_launch:
+            kept.append(f"{finding.issue}: {finding.detail}")
+    return kept
 
 
-def actions_of(document: dict[str, Any]) -> set[str]:
-    actions: set[str] = set()
-    for statement in document["Statement"]:
-        assert statement["Effect"] == "Allow"
-        listed = statement["Action"]
-        actions |= {listed} if isinstance(listed, str) else set(listed)
-    return actions
+# -- the shipped examples and the linter ------------------------------------------------------
 
 
-def statements_with(document: dict[str, Any], action: str) -> list[dict[str, Any]]:
-    return [
-        s
-        for s in document["Statement"]
-        if action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
-    ]
+def test_deploy_holds_what_the_generator_writes_for_the_sample_configuration():
+    expected = {
+        FILES["daemon"]: render(daemon_policy(SAMPLE, SAMPLE_STORAGE)),
+        FILES["worker"]: render(worker_policy()),
+        FILES["lifecycle"]: render(s3_lifecycle(SAMPLE_STORAGE)),
+    }
+    for name, text in expected.items():
+        assert (DEPLOY / name).read_text() == text, f"regenerate deploy/{name}"
+    assert not (DEPLOY / "iam-policy.json").exists()  # the hand-written one it replaced
 
 
-def test_iam_policy_grants_exactly_the_calls_the_daemon_makes(
-    config, ec2, client, ami, clock, sleeps, tmp_path
-):
-    """Run every operation against moto — a launch (image by SSM parameter, spot), list,
-    terminate, a dry-run round, publishing the wheel — record the API calls
-    of every client, and compare them with the policy's actions."""
-    called: set[str] = set()
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"spot": ("c7i",), "key_name": "ops", "root_volume_kms_key": "alias/ebs"},
+        {
+            "iam_instance_profile": "autoscaler-worker",
+            "ami": (("x86_64", "ami-0123456789abcdef0"),),
+        },
+    ],
+)
+def test_the_linter_finds_nothing_in_the_generated_policies(changes):
+    assert lint(daemon_policy(replace(SAMPLE, **changes), SAMPLE_STORAGE)) == []
+    assert lint(worker_policy()) == []
 
-    def recorder(service: str) -> Any:
-        def record(model: Any, **_: Any) -> None:
-            name = f"{service}:{model.name}"
-            called.add(ACTION_OF.get(name, name))
 
-        return record
+def test_optional_statements_appear_only_when_configured():
+    bare = {s["Sid"] for s in daemon_policy(SAMPLE, SAMPLE_STORAGE)["Statement"]}
+    assert not any("Spot" in sid or "Key" in sid or "PassOnly" in sid for sid in bare)
+    full = daemon_policy(
+        replace(
+            SAMPLE,
+            spot=("c7i",),
+            root_volume_kms_key="arn:aws:kms:us-east-1:123456789012:key/abc",
+            iam_instance_profile="arn:aws:iam::123456789012:instance-profile/workers",
+        ),
+        SAMPLE_STORAGE,
+    )
+    statements = {s["Sid"]: s for s in full["Statement"]}
+    assert statements["PassOnlyTheWorkersRoleAndOnlyToEC2"]["Resource"] == (
+        "arn:aws:iam::*:role/workers"
+    )
+    assert statements["EncryptRootVolumesWithTheConfiguredKeyThroughEC2"]["Resource"] == (
+        "arn:aws:kms:us-east-1:123456789012:key/abc"
+    )
+    assert "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch" in statements
 
-    ssm, s3 = client("ssm"), make_client("s3", REGION)
-    ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
-    s3.create_bucket(Bucket="research-batch-artifacts")
-    for service, each in (("ec2", ec2), ("ssm", ssm), ("s3", s3)):
-        each.meta.events.register(f"before-call.{service}", recorder(service))
-    config = replace(
+
+def test_nothing_outside_the_cluster_is_granted():
+    policy = Policy(daemon_policy(SAMPLE, SAMPLE_STORAGE))
+    ours = {"ec2:ResourceTag/autoscaler:cluster": "research-batch",
+            "ec2:ResourceTag/autoscaler:managed-by": "ec2-batch-autoscaler"}  # fmt: skip
+    theirs = {**ours, "ec2:ResourceTag/autoscaler:cluster": "other"}
+    instance = "arn:aws:ec2:us-east-1:123456789012:instance/i-1"
+    region = {"aws:RequestedRegion": "us-east-1"}
+    assert policy.evaluate(Request("ec2:TerminateInstances", instance, {**region, **ours})).allowed
+    assert not policy.evaluate(
+        Request("ec2:TerminateInstances", instance, {**region, **theirs})
+    ).allowed
+    # Launch only from the configured subnets; objects only under the cluster's prefix.
+    assert policy.evaluate(
+        Request("ec2:RunInstances", "arn:aws:ec2:us-east-1:1:subnet/subnet-0123456789abcdef0")
+    ).allowed
+    assert not policy.evaluate(
+        Request("ec2:RunInstances", "arn:aws:ec2:us-east-1:1:subnet/subnet-0ther")
+    ).allowed
+    assert not policy.evaluate(
+        Request("ec2:RunInstances", "arn:aws:ec2:eu-west-1:1:subnet/subnet-0123456789abcdef0")
+    ).allowed
+    assert not policy.evaluate(Request("s3:GetObject", f"arn:aws:s3:::{BUCKET}/other/k")).allowed
+    assert not policy.evaluate(
+        Request("s3:ListBucket", f"arn:aws:s3:::{BUCKET}", {"s3:prefix": "other/"})
+    ).allowed
+    assert not policy.evaluate(
+        Request("ec2:DescribeInstances", "*", {"aws:RequestedRegion": "eu-west-1"})
+    ).allowed
+    # The workers' role, if any, may do nothing at all.
+    assert not Policy(worker_policy()).evaluate(Request("s3:GetObject", "arn:aws:s3:::x/y")).allowed
+
+
+def test_the_lifecycle_rule_expires_jobs_objects_and_boot_reports_under_the_prefix():
+    rules = {r["ID"]: r for r in s3_lifecycle(SAMPLE_STORAGE, 14)["Rules"]}
+    assert rules["expire-jobs-after-14-days"]["Filter"] == {"Prefix": "research-batch/jobs/"}
+    assert rules["expire-instances-after-14-days"]["Expiration"] == {"Days": 14}
+    assert rules["abort-incomplete-uploads-after-1-day"]["Filter"] == {"Prefix": "research-batch/"}
+
+
+# -- everything the daemon does, audited -----------------------------------------------------------
+
+
+#: The daemon's statements for `audited_config` (spot, a customer-managed key, an image by
+#: SSM parameter): each is removed in turn below, and the run must then be denied.
+AUDITED_SIDS = (
+    "DescribeTypesInstancesImagesAndSubnetsInTheRegion",
+    "LaunchOnlyInstancesAndVolumesTaggedForThisCluster",
+    "LaunchFromTheConfiguredImagesSubnetsAndSecurityGroups",
+    "LaunchTheImagesTheAccountsOwnParametersName",
+    "ResolveTheConfiguredImageParameters",
+    "TagOnlyWhileLaunching",
+    "TerminateAndDiagnoseOnlyThisClustersInstances",
+    "PassOnlyTheWorkersRoleAndOnlyToEC2",
+    "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch",
+    "EncryptRootVolumesWithTheConfiguredKeyThroughEC2",
+    "LetEC2HoldAGrantOnThatKeyForTheVolume",
+    "ReadOnDemandPrices",
+    "ReadAndWriteThisClustersObjects",
+    "ListOnlyThisClustersPrefix",
+    "DeleteUnusedBuildContextsAndFinishedJobsCheckpoints",
+)
+
+
+def audited_config(config: EC2Config) -> EC2Config:
+    return replace(
         config,
         spot=("c7i",),
         ami=(("x86_64", "resolve:ssm:/ec2-batch-autoscaler/images/worker"),),
+        root_volume_kms_key="alias/autoscaler-ebs",
+        key_name=None,
     )
-    wheel = tmp_path / WHEEL_NAME
-    wheel.write_bytes(b"wheel")
-
-    # What the daemon does at start-up, then in its rounds.
-    url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
-    bootstrap = worker_bootstrap(config, wheel_url=wheel_presigner(s3, url), wheel_sha256=sha256)
-    cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
-    launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
-    cloud.list()
-    cloud.terminate([launched.cloud_id])
-    dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
-    dry.launch(LaunchRequest("r7i.large", "tok-2"))
-    dry.terminate([launched.cloud_id])
-
-    implied = {
-        "pricing:GetProducts",  # `catalog refresh` (tested against a Stubber: moto has no Pricing)
-        "ec2:CreateTags",  # RunInstances' TagSpecifications
-        "iam:PassRole",  # RunInstances' IamInstanceProfile
-        # EC2 creates the spot service-linked role at an account's first spot launch
-        "iam:CreateServiceLinkedRole",
-        # EC2, on the daemon's behalf, when the root volume's key is customer-managed
-        "kms:CreateGrant",
-        "kms:Decrypt",
-        "kms:DescribeKey",
-        "kms:GenerateDataKeyWithoutPlaintext",
-        "kms:ReEncryptFrom",
-        "kms:ReEncryptTo",
-    }
-    assert "s3:GetObject" in called  # the wheel's HeadObject; presigned GETs sign the same action
-    assert actions_of(policy()) == called | implied
 
 
-def test_launches_and_terminations_are_scoped_to_this_cluster_and_our_tag():
-    document = policy()
-    [terminate] = statements_with(document, "ec2:TerminateInstances")
-    condition = terminate["Condition"]["StringEquals"]
-    assert condition["ec2:ResourceTag/" + TAG_MANAGED_BY] == "ec2-batch-autoscaler"
-    assert condition["ec2:ResourceTag/" + TAG_CLUSTER] == CLUSTER_TAG
-    tagged = [
-        s
-        for s in statements_with(document, "ec2:RunInstances")
-        if "instance/*" in str(s["Resource"])
-    ]
-    [launch] = tagged
-    condition = launch["Condition"]["StringEquals"]
-    assert condition["aws:RequestTag/" + TAG_CLUSTER] == CLUSTER_TAG
-    assert condition["aws:RequestTag/" + TAG_MANAGED_BY] == "ec2-batch-autoscaler"
-    [spot_role] = statements_with(document, "iam:CreateServiceLinkedRole")
-    assert spot_role["Condition"]["StringEquals"]["iam:AWSServiceName"] == "spot.amazonaws.com"
-    [grant] = statements_with(document, "kms:CreateGrant")
-    assert grant["Condition"]["Bool"]["kms:GrantIsForAWSResource"] == "true"
-    # Nothing pins a region: the Pricing API answers from us-east-1 whatever the cluster's.
-    assert "RequestedRegion" not in json.dumps(document)
+def run_the_daemons_calls(
+    policy: dict[str, Any], config: EC2Config, ec2, client, ami, clock, sleeps, tmp_path
+) -> tuple[Audit, str]:
+    """Against moto, judged by `tests/aws_audit.py` with `policy`, every kind of call the
+    daemon makes: launch (image by SSM parameter, spot, a customer-managed key, the
+    workers' profile), list, diagnose and terminate, a dry-run launch, publishing the
+    wheelhouse and presigning it, reading a boot report that is not there, the storage of
+    contexts, checkpoints and logs (multipart upload included), and the prices (botocore's
+    Stubber: moto has no Pricing API). A denied call ends the run (as it would stop the
+    daemon's action); the audit holds what was judged. Returns the audit and the
+    wheelhouse's digest."""
+    ssm, s3 = client("ssm"), make_client("s3", REGION)
+    ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
+    s3.create_bucket(Bucket=BUCKET)
+
+    def tags_of(instance_id: str) -> dict[str, str]:
+        found = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return {t["Key"]: t["Value"] for t in found[0]["Instances"][0].get("Tags", [])}
+
+    def owner_of(image_id: str) -> str:
+        return ec2.describe_images(ImageIds=[image_id])["Images"][0]["OwnerId"]
+
+    audit = Audit(Policy(policy), tags_of=tags_of, owner_of=owner_of)
+    storage = S3Storage(BUCKET, "research-batch", region_name=REGION)
+    pricing = make_client("pricing", "us-east-1")
+    for each in (ec2, ssm, s3, storage.client, pricing):
+        audit.attach(each)
+
+    digest: list[str] = []
+
+    def the_calls() -> None:
+        # What the daemon does at start-up, then in its rounds and steps.
+        url, sha256 = publish_wheelhouse(
+            s3, BUCKET, "research-batch", wheelhouse_dir(tmp_path / "w")
+        )
+        reports = BootReports(s3, BUCKET, "research-batch")
+        bootstrap = worker_bootstrap(
+            config,
+            wheelhouse_url=object_presigner(s3, url),
+            wheelhouse_sha256=sha256,
+            reports=reports,
+        )
+        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
+        launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+        cloud.list()
+        assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")
+        cloud.terminate([launched.cloud_id])
+        dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
+        dry.launch(LaunchRequest("r7i.large", "tok-2"))
+        context = tmp_path / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM scratch\n")
+        (context / "big.bin").write_bytes(b"\0" * (9 * 2**20))  # over boto3's multipart threshold
+        upload_context(storage, context)
+        storage.put_file("jobs/j/t/1/checkpoint-000000000050.tar.gz", context / "big.bin")
+        storage.grant_put("jobs/j/t/2/output.log", 600)
+        storage.grant_get("jobs/j/t/1/checkpoint-000000000050.tar.gz", 600)
+        storage.list("jobs/j/")
+        storage.delete("jobs/j/t/1/checkpoint-000000000050.tar.gz")
+        with Stubber(pricing) as stub:
+            stub.add_response("get_products", {"PriceList": [], "FormatVersion": "aws_v1"})
+            try:
+                fetch_price_table(AwsCaller(pricing), REGION, "2026-01-01")
+            except CloudRequestError as exc:  # the answer stubbed: no prices for the region
+                assert "no on-demand Linux prices" in str(exc)
+            else:
+                raise AssertionError("an empty price list was taken for prices")
+        digest.append(sha256)
+
+    try:
+        the_calls()
+    except Exception:
+        if not any(r.denied for r in audit.records):  # a denial, or a 403 for a missing key
+            raise
+    return audit, digest[0] if digest else ""
 
 
-def test_the_worker_role_may_call_nothing():
-    # A worker proves its instance with the identity document (no AWS call) and moves its
-    # objects with presigned URLs the daemon signs: its role needs no permission at all.
-    assert actions_of(policy("worker-iam-policy.json")) == set()
-    assert not statements_with(policy(), "ssm:PutParameter")
+def test_every_call_the_daemon_makes_is_allowed_and_every_statement_is_needed(
+    config, ec2, client, ami, clock, sleeps, tmp_path
+):
+    """With the policy the generator writes for this configuration, nothing is denied and
+    every statement is used."""
+    config = audited_config(config)
+    policy = daemon_policy(config, STORAGE)
+    assert tuple(Policy(policy).sids) == AUDITED_SIDS
+    audit, sha256 = run_the_daemons_calls(policy, config, ec2, client, ami, clock, sleeps, tmp_path)
+    assert [r.to_json() for r in audit.denied()] == []
+    missing = [r for r in audit.records if "missing key" in r.operation]
+    assert missing and all("404" in r.note for r in missing)  # prefix listed: 404, not 403
+    presigned = {(r.operation, r.requests[0][0].resource) for r in audit.records if r.presigned}
+    assert (
+        "GetObject",
+        f"arn:aws:s3:::{BUCKET}/research-batch/wheelhouse/{sha256}.tar",
+    ) in presigned
+    assert (
+        "PutObject",
+        f"arn:aws:s3:::{BUCKET}/research-batch/instances/tok-1/bootstrap-report.txt",
+    ) in presigned
+    # No statement is there for nothing.
+    assert sorted(set(Policy(policy).sids) - audit.used()) == []
+
+
+@pytest.mark.parametrize("sid", AUDITED_SIDS)
+def test_without_any_one_statement_the_daemons_calls_are_denied(
+    sid, config, ec2, client, ami, clock, sleeps, tmp_path
+):
+    """The audit above fails whichever needed statement is removed: a call needs what it
+    granted, and no other statement grants it."""
+    config = audited_config(config)
+    policy = daemon_policy(config, STORAGE)
+    [removed] = [s for s in policy["Statement"] if s["Sid"] == sid]
+    policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != sid]
+    audit, _ = run_the_daemons_calls(policy, config, ec2, client, ami, clock, sleeps, tmp_path)
+    actions = removed["Action"] if isinstance(removed["Action"], list) else [removed["Action"]]
+    denied = {r.action for record in audit.records for r, _ in record.denied}
+    assert denied & set(actions), (sid, denied)
+
+
+def test_a_policy_missing_a_statement_makes_the_audit_fail(config, ec2, client, ami, clock, sleeps):
+    """The check above fails when a needed statement is removed (here: tagging at launch)."""
+    policy = daemon_policy(config, STORAGE)
+    policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "TagOnlyWhileLaunching"]
+    audit = Audit(Policy(policy))
+    audit.attach(ec2)
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    with pytest.raises(Exception, match="UnauthorizedOperation"):
+        cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    [denied] = audit.denied()
+    assert denied.operation == "RunInstances"
+    assert {r.action for r, _ in denied.denied} == {"ec2:CreateTags"}
 
 
 def test_the_first_run_recipe_a_dry_run_round_asks_ec2_and_changes_nothing(
@@ -139,6 +340,7 @@ def test_the_first_run_recipe_a_dry_run_round_asks_ec2_and_changes_nothing(
     """The README's first-run recipe: with [ec2] dry_run = true, a round that acts sends
     every launch and termination with DryRun=True (EC2 evaluates the permissions) and
     nothing is launched or terminated."""
+    from provisioners.ec2 import TAG_CLUSTER
     from tests.provisioners.test_ec2_reconcile import past_grace, start_instance, state_of
 
     orphan = start_instance(ec2, ami, **{TAG_CLUSTER: "test-cluster"})

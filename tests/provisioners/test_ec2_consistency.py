@@ -20,7 +20,7 @@ from autoscaler.execution import ExecutorReport
 from state.memory import InMemoryStore
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
-from tests.provisioners.test_bootstrap import WHEEL_URL, worker_bootstrap
+from tests.provisioners.test_bootstrap import WHEELHOUSE_URL, worker_bootstrap
 from tests.store_writes import request
 
 ZONE_A, ZONE_B = f"{REGION}a", f"{REGION}b"
@@ -143,9 +143,9 @@ def test_a_lost_answer_is_retried_in_its_zone_with_its_token_not_launched_twice(
     config, ec2, client, clock, sleeps, faults, idempotent, lag
 ):
     config = replace(config, zones=(ZONE_A, ZONE_B))
-    # Every render presigns a new wheel URL: the retry must send the first one again.
-    fresh = (f"{WHEEL_URL}{n}" for n in itertools.count())
-    bootstrap = worker_bootstrap(config, wheel_url=lambda: next(fresh))
+    # Every render presigns a new wheelhouse URL: the retry must send the first one again.
+    fresh = (f"{WHEELHOUSE_URL}{n}" for n in itertools.count())
+    bootstrap = worker_bootstrap(config, wheelhouse_url=lambda: next(fresh))
     cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap)
     store = InMemoryStore()
     lag.hide_new = True
@@ -179,7 +179,7 @@ def test_a_lost_answer_is_retried_in_its_zone_with_its_token_not_launched_twice(
 def test_a_retry_with_other_parameters_waits_for_the_listing_instead_of_failing(
     config, ec2, client, clock, sleeps, idempotent, lag
 ):
-    """After a restart the user data of a retried launch differs (a fresh presigned wheel
+    """After a restart the user data of a retried launch differs (a fresh presigned wheelhouse
     URL): EC2 refuses the token with IdempotentParameterMismatch. The instance exists; the
     launch must stay requested and be adopted once listed, never marked failed."""
     store = InMemoryStore()
@@ -192,7 +192,11 @@ def test_a_retry_with_other_parameters_waits_for_the_listing_instead_of_failing(
     [started] = live_instances(inspect)
 
     restarted = make_cloud(
-        config, ec2, clock, sleeps, bootstrap=worker_bootstrap(config, wheel_url=WHEEL_URL + "2")
+        config,
+        ec2,
+        clock,
+        sleeps,
+        bootstrap=worker_bootstrap(config, wheelhouse_url=WHEELHOUSE_URL + "2"),
     )
     clock.advance(5)
     outcome, message = launch_instance(restarted, store, "inst-1", clock())

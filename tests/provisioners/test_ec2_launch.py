@@ -137,8 +137,10 @@ def test_a_configuration_not_ready_to_launch_is_refused_when_the_cloud_is_built(
     with pytest.raises(InputError) as refused:
         make_cloud(bare, ec2, clock, sleeps)
     message = str(refused.value)
-    for field in ("subnet_ids", "security_group_ids", "iam_instance_profile", "[ec2.ami]"):
+    for field in ("subnet_ids", "security_group_ids", "[ec2.ami]"):
         assert field in message
+    # Workers call no AWS API: their instance profile is optional.
+    assert "iam_instance_profile" not in message
     assert "default VPC" in message and "autoscaler init" in message and "\n" not in message
 
 
@@ -536,7 +538,7 @@ def test_dry_run_launch_checks_with_ec2_and_launches_nothing(config, ec2, clock,
 def test_dry_run_without_permission_is_a_typed_error(config, ec2, clock, sleeps, faults):
     faults.plan("RunInstances", ["UnauthorizedOperation"])
     cloud = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps)
-    with pytest.raises(CloudRequestError, match=r"deploy/iam-policy\.json"):
+    with pytest.raises(CloudRequestError, match=r"`autoscaler deploy policy`"):
         cloud.launch(request("tok-1"))
 
 
@@ -579,3 +581,60 @@ def test_after_an_outage_the_catalog_is_asked_for_again_within_minutes(config, e
 def test_launch_token_must_fit_an_ec2_tag(token, config, ec2, clock, sleeps):
     with pytest.raises(CloudRequestError, match="launch token must be 1 to 256 characters"):
         make_cloud(config, ec2, clock, sleeps).launch(request(token))
+
+
+# -- a boot that never became a worker ----------------------------------------------------------
+
+
+def test_a_boot_is_diagnosed_from_its_state_reason_its_report_and_its_console(
+    config, ec2, client, clock, sleeps
+):
+    """What `diagnose` reads of an instance whose worker never registered: EC2's state
+    reason (here the shutdown the bootstrap asked for), the failure report its bootstrap
+    left under the cluster's prefix, and the bootstrap's lines in the console output."""
+    from provisioners.bootstrap import BootReports
+
+    s3 = client("s3")
+    s3.create_bucket(Bucket="boot-reports")
+    reports = BootReports(s3, "boot-reports", "cluster")
+    cloud = make_cloud(
+        config, ec2, clock, sleeps, bootstrap=worker_bootstrap(config, reports=reports)
+    )
+    launched = cloud.launch(request("tok-1"))
+    s3.put_object(
+        Bucket="boot-reports",
+        Key="cluster/instances/tok-1/bootstrap-report.txt",
+        Body=b"FAILED while checking the NVIDIA driver\nnvidia-smi: not found\n",
+    )
+    ec2.stop_instances(InstanceIds=[launched.cloud_id])
+    # What AWS sends is base64; botocore's own handler decodes it before the binding reads.
+    console = "boot\nautoscaler-bootstrap: installing Docker\nautoscaler-bootstrap: FAILED\nend\n"
+
+    def console_output(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
+        class Raw:
+            def stream(self, **_: Any) -> Any:
+                yield b""
+
+        output = base64.b64encode(console.encode()).decode()
+        return AWSResponse("https://ec2.invalid/", 200, {}, Raw()), {"Output": output}
+
+    ec2.meta.events.register("before-call.ec2.GetConsoleOutput", console_output)
+
+    found = cloud.diagnose(launched.cloud_id, "tok-1")
+
+    assert "EC2: Client.UserInitiatedShutdown" in found
+    assert "bootstrap: FAILED while checking the NVIDIA driver | nvidia-smi: not found" in found
+    assert (
+        "console: autoscaler-bootstrap: installing Docker | autoscaler-bootstrap: FAILED" in found
+    )
+    assert "boot |" not in found  # only the bootstrap's own lines
+
+
+def test_a_diagnosis_that_cannot_be_had_says_so_and_never_raises(
+    config, ec2, clock, sleeps, faults
+):
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    launched = cloud.launch(request("tok-1"))
+    faults.when("DescribeInstances", lambda p: True, "UnauthorizedOperation")
+    found = cloud.diagnose(launched.cloud_id, "tok-1")
+    assert found.startswith("EC2 state unknown (") and "UnauthorizedOperation" in found

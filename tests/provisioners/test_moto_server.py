@@ -25,8 +25,9 @@ import pytest
 from app.config import load_provisioner_config
 from autoscaler.cloud import LaunchRequest
 from provisioners.aws import make_client
-from provisioners.bootstrap import publish_agent_wheel, wheel_presigner
+from provisioners.bootstrap import object_presigner, publish_wheelhouse
 from provisioners.ec2 import TAG_CLUSTER, EC2Cloud
+from provisioners.wheelhouse import pack, requirements_text
 from state.memory import InMemoryStore
 from tests.provisioners.conftest import REGION, Clock, register_worker_image
 from tests.provisioners.test_ec2_reconcile import known_to, orphan_actions, past_grace, round_over
@@ -91,6 +92,7 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
         f'zones = ["{REGION}b", "{REGION}c"]\ncache_dir = "{tmp_path / "cache"}"\n'
         f'subnet_ids = {json.dumps(subnets)}\nsecurity_group_ids = ["{group}"]\n'
         'iam_instance_profile = "autoscaler-worker"\nfamilies = ["c7i", "r7i"]\n'
+        "dry_run = false\n"
         f'[ec2.ami]\nx86_64 = "{ami}"\n'
         "[guardrails]\nmax_instances = 3\nmax_hourly_spend = 5.0\n"
     )
@@ -145,24 +147,26 @@ def test_catalog_launch_crash_orphan_terminate_and_outage_over_http(moto_server,
     assert "Source: AWS (cached; fetched" in offline.stdout
 
 
-def test_a_published_wheel_is_fetched_by_its_presigned_url_and_matches_its_hash(
+def test_a_published_wheelhouse_is_fetched_by_its_presigned_url_and_matches_its_hash(
     moto_server, tmp_path: Path
 ):
-    """What a booting worker does with its user data: download the wheel by the URL made
-    for its launch (no AWS credentials) and check the hash."""
+    """What a booting worker does with its user data: download the wheelhouse by the URL
+    made for its launch (no AWS credentials) and check the hash."""
     url, _ = moto_server
     s3 = make_client("s3", REGION, endpoint_url=url)
     s3.create_bucket(Bucket="research-batch-artifacts")
-    wheel = tmp_path / "ec2_batch_autoscaler-0.1.0-py3-none-any.whl"
-    wheel.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 64)
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    (house / "ec2_batch_autoscaler_worker-0.1.0-py3-none-any.whl").write_bytes(
+        b"PK\x03\x04" + bytes(range(256)) * 64
+    )
+    (house / "requirements.txt").write_text(requirements_text(house))
 
-    s3_url, sha256 = publish_agent_wheel(s3, "research-batch-artifacts", "autoscaler", wheel)
-    presigned = wheel_presigner(s3, s3_url)()
+    s3_url, sha256 = publish_wheelhouse(s3, "research-batch-artifacts", "autoscaler", house)
+    presigned = object_presigner(s3, s3_url)()
 
     with urllib.request.urlopen(presigned, timeout=10) as response:
         body = response.read()
-    assert (
-        hashlib.sha256(body).hexdigest() == sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
-    )
-    with pytest.raises(urllib.error.HTTPError):  # the URL is the credential: no signature, no wheel
+    assert hashlib.sha256(body).hexdigest() == sha256 == pack(house)[1]
+    with pytest.raises(urllib.error.HTTPError):  # the URL is the credential: no signature, nothing
         urllib.request.urlopen(presigned.split("?", 1)[0], timeout=10)

@@ -1,9 +1,10 @@
-"""The test job: a training loop that reports its iterations, checkpoints when asked, resumes.
+"""The test job: a training loop that reports its iterations, checkpoints when asked and on
+the reporter's schedule (AUTOSCALER_CHECKPOINT_EVERY_S), resumes.
 
 Environment (besides the worker's AUTOSCALER_* variables):
   STEP_S       seconds per iteration (default 0.01)
   TOTAL        iterations to do in all, then exit 0 (default: a million)
-  SAVE_EVERY   also checkpoint on its own every N iterations (default: never)
+  SAVE_EVERY   also save on its own every N iterations, without telling (default: never)
   IGNORE_STOP  1: ignore checkpoint requests and SIGTERM (only SIGKILL stops it)
   EXIT_AFTER   exit with EXIT_CODE after this many iterations of this run
   ALLOCATE_MB  allocate this many MB more at every iteration (runs out of memory)
@@ -57,9 +58,10 @@ while step < total:
     if exit_after and done_here >= exit_after:
         print(f"giving up at {step}", flush=True)
         sys.exit(int(os.environ.get("EXIT_CODE", "1")))
-    if not ignore_stop and reporter.should_checkpoint():
+    if not ignore_stop and reporter.checkpoint_due():
         save(step)
-        reporter.checkpoint_done()
-        print(f"checkpointed at {step}", flush=True)
-        sys.exit(0)
+        reporter.checkpoint_done(step)
+        if reporter.stop_requested:
+            print(f"checkpointed at {step}", flush=True)
+            sys.exit(0)
 print(f"done at {step}", flush=True)

@@ -1,8 +1,8 @@
 """Tasks: moves and retries counted apart, the class of the latest failure, the back-off,
 and the instance the operator drained a task (only) off.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-02
 
 Only the job's own failures count toward `max_attempts` (`failures`); the
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
