@@ -49,6 +49,7 @@ from autoscaler.jobs import (
     TaskSpec,
     demand_problem,
     validate_against_catalog,
+    without_missing_families,
     workload_key,
 )
 from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S
@@ -238,6 +239,8 @@ def load_job_file(path: str | Path, catalog: Catalog | None) -> Submission:
         parsed = convert(parse_toml(text_, source), JobFile, source=source, where_of=_job_where)
     submission = _resolve(parsed, p.parent, source)
     if catalog is not None:
+        job, _ = without_missing_families(submission.job, catalog)
+        submission = replace(submission, job=job)
         validate_against_catalog((submission.job,), catalog, source=source)
     return submission
 
