@@ -120,6 +120,11 @@ BAD = [
     (A + "image = 'i'\n" + OK, "give either 'context'"),
     (A + OK + "replicas = 0", "task 'a': field 'replicas' = 0"),
     (A + OK + "shm_size_gb = -1", "task 'a': field 'shm_size_gb' = -1"),
+    (A + OK + "checkpoint_every_s = 0", "task 'a': field 'checkpoint_every_s' = 0"),
+    (A + OK + "checkpoint_every_s = true", "field 'checkpoint_every_s' = True"),
+    (A + OK + "fatal_exit_codes = [0]", "task 'a': field 'fatal_exit_codes[0]' = 0"),
+    (A + OK + "fatal_exit_codes = [256]", "field 'fatal_exit_codes[0]' = 256"),
+    (A + OK + "fatal_exit_codes = 3", "field 'fatal_exit_codes' = 3"),
     (A + OK + "fetch_s = 1e12", "task 'a': field 'fetch_s' = 1000000000000.0"),
     (A + OK + "env = { AUTOSCALER_JOB_ID = 'x' }", "is reserved"),
     (A + OK + "env = { '1BAD' = 'x' }", "must be an environment variable name"),
@@ -159,6 +164,18 @@ def test_a_bad_job_file_is_one_line_exit_2_and_the_queue_is_unchanged(
     assert "Traceback" not in err
     assert [(j.job_id, j.status) for j in api.store.jobs()] == before
     assert api.storage.list("contexts/") == []  # nothing was uploaded either
+
+
+def test_the_checkpoint_schedule_and_fatal_exits_reach_the_launch(api, tmp_path, capsys):
+    body = A + OK + "checkpoint_every_s = 120\nfatal_exit_codes = [3, 2, 3]\n"
+    assert submit(api, write_job(tmp_path, body), extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    run = api.store.job(job_id).spec.tasks[0].run
+    assert run.checkpoint_every_s == 120 and run.fatal_exit_codes == (2, 3)
+    assert submit(api, write_job(tmp_path, A + OK), extra=["--json"]) == 0
+    [plain] = json.loads(capsys.readouterr().out)["jobs"]
+    run = api.store.job(plain).spec.tasks[0].run
+    assert run.checkpoint_every_s is None and run.fatal_exit_codes == ()
 
 
 def test_eva_config_json_is_accepted(api, tmp_path, capsys):
