@@ -129,7 +129,7 @@ class TaskFile(Strict, frozen=True):
     network: bool = False
     replicas: Annotated[int, whole(ge=1, le=MAX_REPLICAS)] = 1
     # Passed to the job as AUTOSCALER_CHECKPOINT_EVERY_S (the worker's default: 900 s).
-    checkpoint_every_s: Annotated[float, number(ge=1, le=30 * 86400)] | None = None
+    checkpoint_every_s: Annotated[float, number(ge=1.0, le=30 * 86400.0)] | None = None
     # Exit statuses the job declares deterministic failures (never retried); 0 is success,
     # and above 255 no process can exit with.
     fatal_exit_codes: Annotated[
