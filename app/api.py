@@ -42,8 +42,14 @@ from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner
 from autoscaler.errors import InputError
 from autoscaler.fairshare import MAX_PRIORITY
-from autoscaler.jobs import JobSpec, spec_document, spec_from_document, validate_against_catalog
-from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, UnknownEntity
+from autoscaler.jobs import (
+    JobSpec,
+    spec_document,
+    spec_from_document,
+    validate_against_catalog,
+    without_missing_families,
+)
+from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, TaskUpdate, UnknownEntity
 from executor.packing import inflated_size
 from executor.storage import (
     CHECKPOINT,
@@ -194,7 +200,9 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     def SubmitJob(self, request, context):
         try:
             job = parse_submitted(request.spec_json)
-            validate_against_catalog((job,), self.catalog(), source=f"job {job.job_id!r}")
+            catalog = self.catalog()
+            job, _ = without_missing_families(job, catalog)  # the client said so already
+            validate_against_catalog((job,), catalog, source=f"job {job.job_id!r}")
             for task in job.tasks:
                 ref = task.run.build_context
                 if ref and not self.storage.exists(_context_key_of(ref, task.task_id)):
@@ -254,6 +262,8 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         inst = self.store.instance(request.instance_id)
         if inst is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no instance {request.instance_id!r}")
+        if request.job_id:
+            return self._drain_job(request.job_id, inst, context)
         if not current().caller.is_admin:
             # A submitter may drain an instance only when every task on it is theirs.
             owners = self._owners_on(request.instance_id)
@@ -265,6 +275,12 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                     + (f"jobs of {', '.join(others)}" if others else "no job of yours")
                     + ": only an admin may drain it",
                 )
+        on_it = [
+            t.task_id
+            for j in self.store.jobs(("queued", "running"))
+            for t in self.store.tasks_of(j.job_id)
+            if t.instance_id == inst.instance_id
+        ]
         draining = False
         if inst.status in ("pending", "running"):
             draining = self.store.transition_instance(
@@ -274,7 +290,31 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
                 reason="drained by the operator: its tasks move at the next round",
             )
         record = self.store.instance(request.instance_id)
-        return api_pb2.DrainInstanceResponse(draining=draining, status=record.status)
+        return api_pb2.DrainInstanceResponse(
+            draining=draining, status=record.status, tasks=on_it if draining else []
+        )
+
+    def _drain_job(self, job_id: str, inst: Any, context: Any) -> Any:
+        """Move only this job's tasks off the instance (`drain --job`): the next round
+        places them elsewhere (`autoscaler.decide.drained_off`); the rest stays."""
+        job = self.store.job(job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        assert job is not None  # abort raised
+        _own(context, job.owner, f"job {job_id!r}")  # moving it is changing it
+        moving = [
+            TaskUpdate(
+                t.task_id,
+                drain_from=inst.instance_id,
+                reason=f"drained by the operator: moves off {inst.instance_id} at the next round",
+            )
+            for t in self.store.tasks_of(job_id)
+            if t.instance_id == inst.instance_id and t.status in ("starting", "running")
+        ]
+        moved = self.store.update_tasks(moving, self.now()) if moving else set()
+        return api_pb2.DrainInstanceResponse(
+            draining=bool(moved), status=inst.status, tasks=sorted(moved)
+        )
 
     def GetLogs(self, request, context):
         if self.store.job(request.job_id) is None:
@@ -802,11 +842,14 @@ class ApiClient:
         answer = self._call(self.stub.CancelJob, api_pb2.CancelJobRequest(job_id=job_id))
         return answer.cancelled, answer.status
 
-    def drain(self, instance_id: str) -> tuple[bool, str]:
+    def drain(self, instance_id: str, job_id: str = "") -> tuple[bool, str, list[str]]:
+        """Drain an instance (every task on it moves), or with `job_id` move only that
+        job's tasks off it: (draining, its status, the tasks that move)."""
         answer = self._call(
-            self.stub.DrainInstance, api_pb2.DrainInstanceRequest(instance_id=instance_id)
+            self.stub.DrainInstance,
+            api_pb2.DrainInstanceRequest(instance_id=instance_id, job_id=job_id),
         )
-        return answer.draining, answer.status
+        return answer.draining, answer.status, list(answer.tasks)
 
     def logs(self, job_id: str, task: str = "", tail: int = 0) -> dict[str, Any]:
         request = api_pb2.GetLogsRequest(job_id=job_id, task=task, tail=tail)

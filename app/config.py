@@ -221,7 +221,19 @@ class TimeoutsTable(Strict, frozen=True):
     register_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.register_s
     start_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.start_s
     checkpoint_s: Annotated[float, seconds(gt=0)] = _DEFAULTS.timeouts.checkpoint_s
-    heartbeat_s: Annotated[float, seconds(gt=0)] = 60.0  # a worker silent this long is lost
+    # A worker heart-beats every `heartbeat_interval_s`; silent for `heartbeat_s` (two
+    # heartbeats by default) it is lost, and shown so at the next step: within seconds.
+    heartbeat_s: Annotated[float, seconds(gt=0)] = 10.0
+    heartbeat_interval_s: Annotated[float, seconds(gt=0)] = 5.0
+
+    def check(self) -> None:
+        if not self.heartbeat_s > self.heartbeat_interval_s:
+            raise FieldError(
+                f"must be longer than heartbeat_interval_s ({self.heartbeat_interval_s:g} s): "
+                "a worker would be lost between two heartbeats",
+                "heartbeat_s",
+                self.heartbeat_s,
+            )
 
 
 class LimitsTable(Strict, frozen=True):
@@ -401,6 +413,7 @@ class ClusterConfig:
             timeouts=Timeouts(t.boot_s, t.register_s, t.start_s, t.checkpoint_s),
             max_attempts=self.limits.max_attempts,
             dry_run=dry_run,
+            progress_at_steps=True,  # what `job` shows is one step old
             instance_prefix=f"{self.cluster.name}-",
             # A daemon's instances boot for real: a type whose workers never register
             # backs off, then is held (replays, whose workers always register, do not).

@@ -42,6 +42,7 @@ from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
 from autoscaler.execution import Executor
+from autoscaler.failures import AttemptEnd
 from autoscaler.store import RoundRecord
 
 log = logging.getLogger("autoscaler.daemon")
@@ -108,6 +109,7 @@ class Daemon:
             self.clock,
             self.options,
             passed=self._passed,
+            attempt_ended=_attempt_ended,
         )
         self.api = SubmissionService(
             bindings.store,
@@ -208,6 +210,14 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        unfinished = store.jobs(("queued", "running"))
+        if unfinished:  # never a silent relaunch: say what the first round plans again
+            _event(
+                "resuming",
+                jobs=[j.job_id for j in unfinished],
+                reason=f"{len(unfinished)} unfinished job(s) in the database are planned "
+                "again at the first round, each task from its newest checkpoint",
+            )
         try:
             self._serve()
             self._schedule()
@@ -308,6 +318,22 @@ class Daemon:
 def _event(event: str, **fields: Any) -> None:
     """One structured log line: what happened and why."""
     log.info(json.dumps({"event": event, **fields}, default=str))
+
+
+def _attempt_ended(end: AttemptEnd) -> None:
+    """An attempt that ended without completing, with whose doing it was: in the
+    decision log, since what follows (retry now, after a back-off, or fail the job)
+    is decided by its class."""
+    _event(
+        "attempt_ended",
+        task=end.task_id,
+        attempt=end.attempt,
+        failure=end.failure,
+        counted=end.counted,
+        reason=end.reason,
+        retry_at=end.update.retry_at,
+        job_failed=end.job_failure or None,
+    )
 
 
 def _fault_from_env() -> Callable[[str], bool] | None:

@@ -361,7 +361,8 @@ min_throughput = 0.0               # never co-locate a task expected below this 
 {f"register_s = {timeouts.register_s:g}":<34} # running -> its worker registered
 {f"start_s = {timeouts.start_s:g}":<34} # a task's fetch, build and start
 {f"checkpoint_s = {timeouts.checkpoint_s:g}":<34} # a task's checkpoint and upload
-heartbeat_s = 60                   # a worker silent this long is lost: its tasks move
+heartbeat_s = 10                   # a worker silent this long is lost: its tasks move
+heartbeat_interval_s = 5           # how often workers heart-beat
 
 [limits]
 {f"max_attempts = {defaults.max_attempts}":<34} # a task failing this often fails its job

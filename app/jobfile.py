@@ -18,6 +18,8 @@ Our format (TOML):
     shm_size_gb = 1
     network = false                 # containers get no network unless a task asks
     replicas = 2                    # data-parallel copies: node0-0, node0-1
+    checkpoint_every_s = 900        # how often the job checkpoints (the reporter's schedule)
+    fatal_exit_codes = [3]          # exits that mean "do not retry": the job fails at once
 
 Eva's `config.json` (a `tasks` list of `{name, dir, demand, shm_size,
 full_throughput}` and job-level delays) is read too. Build contexts are packed
@@ -51,6 +53,7 @@ from autoscaler.jobs import (
     TaskSpec,
     demand_problem,
     validate_against_catalog,
+    without_missing_families,
     workload_key,
 )
 from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S
@@ -127,6 +130,13 @@ class TaskFile(Strict, frozen=True):
     shm_size_gb: Annotated[float, number(gt=0, le=MAX_CAPACITY[2])] | None = None
     network: bool = False
     replicas: Annotated[int, whole(ge=1, le=MAX_REPLICAS)] = 1
+    # Passed to the job as AUTOSCALER_CHECKPOINT_EVERY_S (the worker's default: 900 s).
+    checkpoint_every_s: Annotated[float, number(ge=1.0, le=30 * 86400.0)] | None = None
+    # Exit statuses the job declares deterministic failures (never retried); 0 is success,
+    # and above 255 no process can exit with.
+    fatal_exit_codes: Annotated[
+        tuple[Annotated[int, whole(ge=1, le=255)], ...], msgspec.Meta(max_length=255)
+    ] = ()
     fetch_s: Delay = DEFAULT_FETCH_S
     build_s: Delay = DEFAULT_BUILD_IMAGE_S
     kill_s: Delay = DEFAULT_KILL_S
@@ -241,6 +251,8 @@ def load_job_file(path: str | Path, catalog: Catalog | None) -> Submission:
         parsed = convert(parse_toml(text_, source), JobFile, source=source, where_of=_job_where)
     submission = _resolve(parsed, p.parent, source)
     if catalog is not None:
+        job, _ = without_missing_families(submission.job, catalog)
+        submission = replace(submission, job=job)
         validate_against_catalog((submission.job,), catalog, source=source)
     return submission
 
@@ -304,6 +316,8 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
                         env=tuple(sorted(task.env.items())),
                         shm_size_gb=task.shm_size_gb,
                         network=task.network,
+                        checkpoint_every_s=task.checkpoint_every_s,
+                        fatal_exit_codes=tuple(sorted(set(task.fatal_exit_codes))),
                     ),
                 )
             )

@@ -162,7 +162,14 @@ def cost_report(
         "hourly_cost_now": round(now_hourly, 6),
         "no_packing_hourly_cost_now": round(no_packing_now, 6),
         "no_packing_spend": round(no_packing_so_far, 6),
-        "savings": round(no_packing_so_far - (total - idle), 6),
+        # Saved = what no packing would have cost − what was actually spent, idle spend
+        # included: idle seconds are a cost of packing (booting, draining, waiting).
+        "savings": round(no_packing_so_far - total, 6),
+        "savings_parts": {
+            "no_packing_spend": round(no_packing_so_far, 6),
+            "spend_on_tasks": round(total - idle, 6),
+            "idle": round(idle, 6),
+        },
         "savings_hourly_now": round(no_packing_now - now_hourly, 6),
         "lower_bound_hourly_cost_now": None,
         "jobs": {
@@ -382,12 +389,16 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
                 "instance": task.instance_id,
                 "target": task.target_instance_id,
                 "attempt": task.attempt,
-                "failures": task.failures,
+                "failures": task.failures,  # those counted toward max_attempts
+                "moves": task.moves,  # attempts the plan moved elsewhere
+                "retries": task.retries,  # attempts that failed and were started again
+                "failure": task.failure,  # class of the latest failure
+                "retry_at": task.retry_at,  # a transient failure's back-off ends
                 "progress": task.progress,
                 "throughput": task.throughput,
                 "checkpoint": task.checkpoint,
                 "reason": task.reason,
-                "migrations": max(0, len(history) - 1),
+                "migrations": max(0, len(history) - 1),  # instance changes, whatever the cause
                 "placements": history,
             }
         )

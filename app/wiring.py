@@ -173,6 +173,7 @@ def build_bindings(config: ClusterConfig) -> Bindings:
         verifier=_verifier(config, cloud),
         ledger=StateLedger(store),
         heartbeat_timeout_s=config.timeouts.heartbeat_s,
+        heartbeat_interval_s=config.timeouts.heartbeat_interval_s,
     )
     return Bindings(
         store=store,

@@ -56,8 +56,11 @@ from autoscaler.execution import (
     Clock,
     Executor,
     ExecutorReport,
+    FailureClass,
     TaskReport,
 )
+from autoscaler.failures import AttemptEnd, attempt_ended, classify
+from autoscaler.jobs import TaskRun
 from autoscaler.planner import Plan
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
@@ -109,6 +112,18 @@ class Observed:
     listed: Mapping[str, str] | None = None  # our instance id -> the cloud's state of it
     # The store as sync read it, when sync wrote nothing: then it is the snapshot after sync.
     unchanged: StateSnapshot | None = None
+    ended: tuple[AttemptEnd, ...] = ()  # attempts that ended without completing, and why
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSync:
+    """What `sync` did to tasks: strays to stop, terminal attempts to acknowledge,
+    whether it wrote, the attempts that ended without completing."""
+
+    strays: list[tuple[str, int]]
+    acknowledged: list[tuple[str, int]]
+    wrote: bool
+    ended: tuple[AttemptEnd, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +152,10 @@ def sync(
     Instances: adopted when a launch's answer was never recorded, running once
     the cloud says so, terminated once the cloud no longer lists them, ready
     when their worker registers, lost when it falls silent. Tasks: their state,
-    checkpoints, failures (a task failing `max_attempts` times fails its job),
-    completions. With `learn` (at rounds): progress, and the co-location
-    throughputs observed (Eva §4.3–4.4).
+    checkpoints, failures by class (`autoscaler.failures`: only the job's own
+    count toward `max_attempts`), completions; progress at every step with
+    `options.progress_at_steps`. With `learn` (at rounds): progress, throughputs,
+    and the co-location throughputs observed (Eva §4.3–4.4).
     """
     listed = cloud.list()
     report = executor.report()
@@ -148,18 +164,19 @@ def sync(
     gone, wrote = _sync_instances(
         store, snap, listing.by_instance, report, now, options.unlisted_grace_s, cloud
     )
-    strays, acknowledged, wrote_tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
-    wrote = wrote or wrote_tasks
+    tasks = _sync_tasks(store, snap, report, gone, now, options, learn)
+    wrote = wrote or tasks.wrote
     if learn and options.learn:
         wrote = _learn(store, snap, report, now) or wrote
-    for task_id, attempt in acknowledged:
+    for task_id, attempt in tasks.acknowledged:
         executor.acknowledge(task_id, attempt)
     return Observed(
         listing.orphans,
-        tuple(strays),
+        tuple(tasks.strays),
         frozenset(report.ready_instances),
         {our_id: seen.state for our_id, seen in listing.by_instance.items()},
         None if wrote else snap,
+        tasks.ended,
     )
 
 
@@ -292,10 +309,10 @@ def _sync_tasks(
     gone: set[str],
     now: float,
     options: ControlOptions,
-    with_progress: bool,
-) -> tuple[list[tuple[str, int]], list[tuple[str, int]], bool]:
-    """Record task states; returns (strays to stop, terminal attempts to acknowledge,
-    whether anything was written)."""
+    with_throughput: bool,
+) -> TaskSync:
+    """Record task states, and what each attempt that ended without completing does to
+    its task and its job (`autoscaler.failures`)."""
     live = {i.instance_id for i in snap.instances} - gone
     types = {i.instance_id: i.instance_type for i in snap.instances}
     updates: list[TaskUpdate] = []
@@ -304,6 +321,7 @@ def _sync_tasks(
     started: list[str] = []
     completed: list[str] = []
     failed_jobs: dict[str, str] = {}
+    ended: list[AttemptEnd] = []
     for job in snap.jobs:
         statuses = []
         for spec in job.spec.tasks:
@@ -317,13 +335,14 @@ def _sync_tasks(
                 elif seen.attempt < task.attempt:
                     strays.append((spec.task_id, seen.attempt))
                 seen = None
-            change, status = _task_change(task, seen, live, types, report, with_progress)
-            failures = change.failures if change is not None else None
-            if change is not None and failures is not None and failures >= options.max_attempts:
-                failed_jobs.setdefault(
-                    job.job_id,
-                    f"task {spec.task_id} failed {failures} times; last: {change.reason}",
-                )
+            change, status = _task_change(
+                task, seen, spec.run, live, types, report, with_throughput, now, options
+            )
+            if isinstance(change, AttemptEnd):
+                ended.append(change)
+                if change.job_failure:
+                    failed_jobs.setdefault(job.job_id, change.job_failure)
+                change = change.update
             if change is not None:
                 updates.append(change)
             if seen is not None and seen.state in TERMINAL_TASK_STATES:
@@ -348,25 +367,46 @@ def _sync_tasks(
                 acknowledged.append((task_id, seen.attempt))
             else:
                 strays.append((task_id, seen.attempt))
-    return sorted(strays), acknowledged, wrote
+    return TaskSync(sorted(strays), acknowledged, wrote, tuple(ended))
 
 
 def _task_change(
     task: TaskRecord,
     seen: TaskReport | None,
+    run: TaskRun,
     live: set[str],
     types: Mapping[str, str],
     report: ExecutorReport,
-    with_progress: bool,
-) -> tuple[TaskUpdate | None, str]:
-    """The update a report implies for one task (None: nothing changed), and its status."""
+    with_throughput: bool,
+    now: float,
+    options: ControlOptions,
+) -> tuple[TaskUpdate | AttemptEnd | None, str]:
+    """The update a report implies for one task (None: nothing changed; an `AttemptEnd`
+    when its attempt ended without completing), and its status.
+
+    Progress is recorded at rounds, and at every step where it changed when
+    `options.progress_at_steps` (the daemon: what is shown is one step old);
+    throughput (learning, §4.3) only at rounds (`with_throughput`).
+    """
+
+    def ended(failure: FailureClass, why: str, checkpoint: str | None = None) -> AttemptEnd:
+        return attempt_ended(
+            task,
+            failure,
+            why,
+            now=now,
+            max_attempts=options.max_attempts,
+            backoff=options.backoff,
+            checkpoint=checkpoint,
+        )
+
     if seen is None:
         if task.status not in ON_INSTANCE:
             return None, task.status
         where = task.instance_id
         if where not in live or where in report.lost_instances:
             why = report.lost_instances.get(where or "", "its instance is gone")
-            return _lost(task, f"lost with its instance {where}: {why}"), "pending"
+            return ended("infrastructure", f"lost with its instance {where}: {why}"), "pending"
         if where in report.ready_instances:
             # The worker is reachable but does not know this attempt: it never started
             # (the process stopped between recording the start and asking for it).
@@ -385,33 +425,48 @@ def _task_change(
     if seen.state == "failed":
         if task.status not in ON_INSTANCE:
             return None, task.status  # already recorded
-        return _lost(task, seen.reason or f"exit code {seen.exit_code}", seen.checkpoint), status
+        why = seen.reason or f"exit code {seen.exit_code}"
+        checkpoint = seen.checkpoint if seen.checkpoint != task.checkpoint else None
+        return ended(classify(seen, run), why, checkpoint), status
     instance_id = seen.instance_id if status in ON_INSTANCE else None
     checkpoint = seen.checkpoint if seen.checkpoint != task.checkpoint else None
     changed = (status, instance_id) != (task.status, task.instance_id) or checkpoint is not None
+    with_progress = with_throughput or options.progress_at_steps
     if with_progress:
-        changed = changed or (seen.progress, seen.throughput) != (task.progress, task.throughput)
+        changed = changed or seen.progress != task.progress
+    if with_throughput:
+        changed = changed or seen.throughput != task.throughput
     if not changed:
         return None, status
     reason: str | None = None
+    retries: int | None = None
+    failure: str | None = None
     if status != task.status:
         reason = {
             "running": "running",
             "pending": "checkpointed and stopped" if seen.checkpoint else "stopped",
             "completed": "completed",
         }.get(status, seen.reason or status)
+        if status == "pending" and task.status != "checkpointing":
+            # Stopped without being asked (its agent or instance going down): the
+            # infrastructure's doing, started again at once, never counted.
+            reason = f"attempt {task.attempt} stopped (infrastructure): {seen.reason or reason}"
+            retries, failure = task.retries + 1, "infrastructure"
     return (
         TaskUpdate(
             task.task_id,
             status=status,
             instance_id=instance_id,
-            # at rounds; and when an attempt ends, so a finished task shows where it got
+            # when recorded (see above); and when an attempt ends, so a finished task
+            # shows where it got
             progress=seen.progress if with_progress or status != task.status else None,
             checkpoint=checkpoint,
             reason=reason,
-            throughput=seen.throughput if with_progress else "keep",
+            throughput=seen.throughput if with_throughput else "keep",
             gpus=() if instance_id is None else None,
             phases=_measured_phases(task, seen, status, types),
+            retries=retries,
+            failure=failure,
         ),
         status,
     )
@@ -444,20 +499,6 @@ def _measured_phases(
         names += END_PHASES
     measured = [name for name in names if name in seen.phases]
     return tuple((instance_type, name, float(seen.phases[name])) for name in measured)
-
-
-def _lost(task: TaskRecord, reason: str, checkpoint: str | None = None) -> TaskUpdate:
-    """A failed attempt: back to pending (resuming from its last checkpoint), counted."""
-    return TaskUpdate(
-        task.task_id,
-        status="pending",
-        instance_id=None,
-        checkpoint=checkpoint,
-        failures=task.failures + 1,
-        reason=f"attempt {task.attempt} failed: {reason}",
-        throughput=None,
-        gpus=(),
-    )
 
 
 def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float) -> bool:
@@ -661,7 +702,8 @@ class ControlLoop:
     from the store. `passed(point)` is called as each named point of a round
     is passed (`synced`, `decided`, `recorded`, `launched` after each launch,
     `acted`, and `stepped` after a step is recorded): the daemon logs there,
-    and its crash tests kill it there.
+    and its crash tests kill it there. `attempt_ended` hears of each attempt
+    that ended without completing, with its class (the daemon logs it).
     """
 
     def __init__(
@@ -673,6 +715,7 @@ class ControlLoop:
         clock: Clock,
         options: ControlOptions | None = None,
         passed: Callable[[str], None] | None = None,
+        attempt_ended: Callable[[AttemptEnd], None] | None = None,
     ) -> None:
         self.planner = planner
         self.cloud = cloud
@@ -681,12 +724,21 @@ class ControlLoop:
         self.clock = clock
         self.options = options or ControlOptions()
         self.passed = passed or (lambda point: None)
+        self.attempt_ended = attempt_ended or (lambda end: None)
+
+    def _sync(self, now: float, *, learn: bool) -> Observed:
+        observed = sync(
+            self.cloud, self.executor, self.store, now=now, options=self.options, learn=learn
+        )
+        for end in observed.ended:
+            self.attempt_ended(end)
+        return observed
 
     def schedule(self) -> RoundOutcome:
         """One scheduling round: sync → snapshot → decide → record → act."""
         now = self.clock.now()
         options = self.options
-        observed = sync(self.cloud, self.executor, self.store, now=now, options=options, learn=True)
+        observed = self._sync(now, learn=True)
         self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
         ended, spent = self._history(now)
@@ -745,7 +797,7 @@ class ControlLoop:
         """Carry out the adopted plan as far as the world allows right now."""
         now = self.clock.now()
         options = self.options
-        observed = sync(self.cloud, self.executor, self.store, now=now, options=options)
+        observed = self._sync(now, learn=False)
         if options.dry_run:
             return StepDecision(now)
         snapshot = observed.unchanged or self.store.snapshot(

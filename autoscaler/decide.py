@@ -40,6 +40,7 @@ from autoscaler.cloud import (
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
 from autoscaler.execution import ResourceLimits, TaskLaunch
+from autoscaler.failures import Backoff, attempt_ended
 from autoscaler.fairshare import Admission, Claim, TeamPolicy, admit
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
@@ -125,8 +126,13 @@ class ControlOptions:
     guardrails: Guardrails = field(default_factory=Guardrails)
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    max_attempts: int = 3  # a task failing this many times fails its job
+    max_attempts: int = 3  # a task failing this many times fails its job (its own failures)
+    backoff: Backoff = field(default_factory=Backoff)  # before retrying a transient failure
     dry_run: bool = False  # decide and record, but launch, move and terminate nothing
+    # Record each task's progress at every step where it changed (the daemon: what is
+    # shown is one step old), not only at rounds. Replay leaves it off: its steps come
+    # at every event, and what it decides reads progress only at rounds.
+    progress_at_steps: bool = False
     learn: bool = True  # update the throughput table from observed throughputs
     instance_prefix: str = "inst-"  # launch tokens are this prefix and a sequence number
     # A launched instance the cloud stops listing is presumed gone only after this long
@@ -364,6 +370,9 @@ def decide(
     )
     alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)
+    drained = drained_off(plan.configuration, snapshot, usable)
+    if drained is not plan.configuration:
+        plan = dataclasses.replace(plan, configuration=drained)
     diff = _diff(
         snapshot,
         plan.configuration,
@@ -432,6 +441,59 @@ def _admission_numbers(admission: Admission | None) -> dict[str, Any]:
             "waiting": dict(admission.waiting),
         }
     }
+
+
+def drained_off(
+    configuration: Configuration, snapshot: StateSnapshot, catalog: Catalog
+) -> Configuration:
+    """The plan with each task the operator drained off an instance (`drain --job`:
+    `TaskRecord.drain_from`) placed elsewhere, when the plan left it there.
+
+    Only those tasks move — the instance and its other tasks stay. Each goes to
+    another instance of the plan with room for it (the fullest first, so the move
+    adds nothing), else to a new instance of its cheapest type. The same
+    configuration is returned when nothing was drained.
+    """
+    avoid = {
+        t.task_id: t.drain_from
+        for t in snapshot.tasks.values()
+        if t.drain_from is not None and t.instance_id == t.drain_from
+    }
+    if not any(
+        avoid.get(task) == inst.instance_id for inst in configuration for task in inst.tasks
+    ):
+        return configuration
+    specs = _specs(snapshot)
+    kept: list[Instance] = []
+    moving: list[str] = []
+    emptied: set[str] = set()
+    for inst in configuration:
+        stays = tuple(t for t in inst.tasks if t not in avoid or avoid[t] != inst.instance_id)
+        moving += [t for t in inst.tasks if t not in stays]
+        if inst.tasks and not stays and inst.instance_id is not None:
+            emptied.add(inst.instance_id)  # held only drained tasks: it drains
+        kept.append(Instance(inst.instance_id, inst.type, stays))
+    for task_id in moving:
+        spec = specs[task_id]
+        hosts = []
+        for position, inst in enumerate(kept):
+            demand = spec.demand_on(inst.type.family)
+            if inst.instance_id in (avoid[task_id], *emptied) or demand is None:
+                continue
+            used = _NOTHING
+            for other in inst.tasks:
+                other_demand = specs[other].demand_on(inst.type.family) if other in specs else None
+                used = used.plus(other_demand or _NOTHING)
+            after = used.plus(demand)
+            if after.fits_in(inst.type.capacity):
+                hosts.append((-len(inst.tasks), position))
+        if hosts:
+            _, position = min(hosts)
+            inst = kept[position]
+            kept[position] = Instance(inst.instance_id, inst.type, (*inst.tasks, task_id))
+        else:
+            kept.append(Instance(None, cheapest_type(spec, catalog), (task_id,)))
+    return Configuration(tuple(i for i in kept if i.instance_id not in emptied))
 
 
 def _held_numbers(held: Sequence[UnavailableOffering]) -> dict[str, Any]:
@@ -934,10 +996,17 @@ def advance(
     timed_out = instance_timeouts(snapshot, now, options.timeouts)
     leaving = frozenset(t.instance_id for t in timed_out)
     ready_now = ready_instances(snapshot, ready, leaving)
-    given_up = given_up_tasks(snapshot, now, options.timeouts, options.max_attempts)
+    given_up = given_up_tasks(
+        snapshot, now, options.timeouts, options.max_attempts, options.backoff
+    )
     leaving_tasks = moves_out(snapshot, ready_now, leaving, given_up.task_ids)
     started = starts_on_ready(
-        snapshot, catalog, ready_now, occupancy_of(snapshot, catalog), set(given_up.failed_jobs)
+        snapshot,
+        catalog,
+        ready_now,
+        occupancy_of(snapshot, catalog),
+        set(given_up.failed_jobs),
+        now,
     )
     stray_stops = tuple(
         Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
@@ -1023,10 +1092,11 @@ class GivenUp(TaskChanges):
 
 
 def given_up_tasks(
-    snapshot: StateSnapshot, now: float, timeouts: Timeouts, max_attempts: int
+    snapshot: StateSnapshot, now: float, timeouts: Timeouts, max_attempts: int, backoff: Backoff
 ) -> GivenUp:
-    """A step that takes too long is given up, counted as a failed attempt; a task
-    failing `max_attempts` times fails its job, with its last reason."""
+    """A step that takes too long is given up: a transient failure of the attempt
+    (counted, retried after its back-off); a task failing `max_attempts` times fails
+    its job, with its last reason."""
     updates: list[TaskUpdate] = []
     stops: list[Stop] = []
     failed: dict[str, str] = {}
@@ -1034,23 +1104,14 @@ def given_up_tasks(
         stuck = _stuck(task, now, timeouts)
         if not stuck:
             continue
-        count = task.failures + 1
-        updates.append(
-            TaskUpdate(
-                task.task_id,
-                status="pending",
-                instance_id=None,
-                failures=count,
-                reason=stuck,
-                throughput=None,
-                gpus=(),
-            )
+        why = stuck.removeprefix(f"attempt {task.attempt} ")
+        end = attempt_ended(
+            task, "transient", why, now=now, max_attempts=max_attempts, backoff=backoff
         )
+        updates.append(end.update)
         stops.append(Stop(task.task_id, task.attempt, stuck))
-        if count >= max_attempts:
-            failed.setdefault(
-                task.job_id, f"task {task.task_id} failed {count} times; last: {stuck}"
-            )
+        if end.job_failure:
+            failed.setdefault(task.job_id, end.job_failure)
     return GivenUp(tuple(updates), tuple(stops), frozenset(u.task_id for u in updates), failed)
 
 
@@ -1078,7 +1139,10 @@ def moves_out(
             continue
         if target is None or target in ready_now:
             reason = "no longer planned" if target is None else f"moving to {target}"
-            updates.append(TaskUpdate(task.task_id, status="checkpointing", reason=reason))
+            moves = None if target is None else task.moves + 1
+            updates.append(
+                TaskUpdate(task.task_id, status="checkpointing", reason=reason, moves=moves)
+            )
             stops.append(Stop(task.task_id, task.attempt, reason))
     return TaskChanges(tuple(updates), tuple(stops))
 
@@ -1099,10 +1163,12 @@ def starts_on_ready(
     ready_now: frozenset[str],
     occupied: Occupancy,
     failed_jobs: set[str],
+    now: float,
 ) -> Starts:
     """Pending tasks start on their target once it is ready and has room for them
     (the tasks leaving it still count until gone), in the snapshot's task order,
-    on the least-loaded GPUs; tasks of a job failing this step do not start."""
+    on the least-loaded GPUs; tasks of a job failing this step do not start, nor
+    tasks waiting out a transient failure's back-off (`retry_at`)."""
     instances = {i.instance_id: i for i in snapshot.instances}
     specs = _specs(snapshot)
     used = dict(occupied.used)
@@ -1116,6 +1182,7 @@ def starts_on_ready(
             or target is None
             or target not in ready_now
             or task.job_id in failed_jobs
+            or (task.retry_at is not None and now < task.retry_at)
         ):
             continue
         inst = instances[target]
@@ -1151,6 +1218,7 @@ def starts_on_ready(
                 reason=f"attempt {attempt} on {target}"
                 + (" from its checkpoint" if task.checkpoint else ""),
                 gpus=gpus,
+                drain_from="" if task.drain_from not in (None, target) else None,
             )
         )
         used[target] = after

@@ -24,7 +24,7 @@ no files.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, NamedTuple
 
 from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType
@@ -189,6 +189,32 @@ def demand_problem(vector: Sequence[float]) -> DemandProblem | None:
             "any number of copies share one instance)"
         )
     return None
+
+
+def without_missing_families(job: JobSpec, catalog: Catalog) -> tuple[JobSpec, tuple[str, ...]]:
+    """The job with each task's demand on a family no catalog type has dropped, when
+    another of its listed families (or `any`) is in the catalog; a note for each.
+
+    Eva's `config.json` lists a demand per family it was measured on; a cluster
+    that lacks one of them can still run the task on the others. A task all of
+    whose families are missing keeps them, for `validate_against_catalog` to refuse.
+    """
+    families = catalog.families
+    notes: list[str] = []
+    tasks = []
+    for task in job.tasks:
+        known = tuple((f, d) for f, d in task.demands if f == ANY_FAMILY or f in families)
+        missing = [f for f, _ in task.demands if f != ANY_FAMILY and f not in families]
+        if missing and known:
+            notes.append(
+                f"task {task.task_id!r}: ignored family {', '.join(sorted(missing))} "
+                f"(no such type in the catalog); it runs on {', '.join(f for f, _ in known)}"
+            )
+            task = replace(task, demands=known)
+        tasks.append(task)
+    if not notes:
+        return job, ()
+    return replace(job, tasks=tuple(tasks)), tuple(notes)
 
 
 def validate_against_catalog(

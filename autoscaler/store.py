@@ -125,9 +125,16 @@ class TaskRecord:
     checkpointed from); `target_instance_id` the one the latest adopted plan
     assigned it to. `progress` is the job's completed iterations as last
     observed; `checkpoint` where its latest complete checkpoint is stored.
-    `attempt` counts its starts (the executor's idempotency key), `failures`
-    the attempts that failed; `status_since` is when it entered its status
-    (timeouts are measured from it) and `reason` why.
+    `attempt` counts its starts (the executor's idempotency key); of the
+    attempts that ended early, `moves` counts those the plan moved, `retries`
+    those that failed (of any class) and were started again, `failures` those
+    that count toward `max_attempts` (the job's own failures, not the
+    infrastructure's), `failure` the class of the latest (`FailureClass`), and
+    `retry_at` when a transient failure's back-off lets the next attempt start;
+    `drain_from` an instance the operator drained this task (only) off: the next
+    round places it elsewhere (cleared once it starts elsewhere).
+    `status_since` is when it entered its status (timeouts are measured from
+    it) and `reason` why.
     """
 
     task_id: str
@@ -144,6 +151,11 @@ class TaskRecord:
     reason: str = ""
     throughput: float | None = None  # raw iterations per second, as last reported
     gpus: tuple[int, ...] = ()  # device indices on its instance
+    moves: int = 0
+    retries: int = 0
+    failure: str | None = None  # "deterministic", "transient" or "infrastructure"
+    retry_at: float | None = None
+    drain_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +175,11 @@ class TaskUpdate:
     # Phases of the attempt this update starts or ends, measured by its worker, to fold
     # into the measured delays of the instance type it ran on (`MeasuredDelays`).
     phases: tuple[PhaseSample, ...] = ()
+    moves: int | None = None
+    retries: int | None = None
+    failure: str | None = None
+    retry_at: float | None = None
+    drain_from: str | None = None  # "": cleared
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,8 +111,17 @@ def finish_job(
     if job.status in FINAL_JOB_STATUSES:
         return None
     task_status = TASK_STATUS_OF_FINISHED_JOB[status]
+    # A task says why it ended: its job's end, unless it had completed on its own.
+    why = {"cancelled": "cancelled", "failed": "its job failed", "completed": "completed"}[status]
     ended = tuple(
-        replace(t, status=task_status, target_instance_id=None, updated_at=at, status_since=at)
+        replace(
+            t,
+            status=task_status,
+            target_instance_id=None,
+            updated_at=at,
+            status_since=at,
+            reason=t.reason if t.status == "completed" else why,
+        )
         for t in tasks
     )
     leaves = tuple(t.task_id for t in tasks if t.instance_id is not None)
@@ -168,6 +177,11 @@ def update_task(
         task.reason if change.reason is None else change.reason,
         task.throughput if change.throughput == "keep" else change.throughput,
         task.gpus if change.gpus is None else change.gpus,
+        task.moves if change.moves is None else change.moves,
+        task.retries if change.retries is None else change.retries,
+        task.failure if change.failure is None else change.failure,
+        task.retry_at if change.retry_at is None else change.retry_at,
+        task.drain_from if change.drain_from is None else (change.drain_from or None),
     )
     if new.instance_id == task.instance_id:
         return TaskStep(new, measured=change.phases)

@@ -111,6 +111,10 @@ def number(
     infinity and NaN never pass)."""
     if (ge is None and gt is None) or (le is None and lt is None):
         raise TypeError("a number in a schema is bounded on both sides")
+    # Bounds as floats always: `typing` caches `Annotated[float, Meta(ge=1)]` and
+    # `Annotated[float, Meta(ge=1.0)]` as one (the Metas are equal), so an int bound would
+    # publish as 1 or 1.0 depending on which module was imported first.
+    ge, gt, le, lt = (None if b is None else float(b) for b in (ge, gt, le, lt))
     # msgspec's stub has one overload per pair of bounds, so it refuses `ge` beside `gt`
     # even as None; msgspec itself accepts None for an unused bound.
     return msgspec.Meta(ge=ge, gt=gt, le=le, lt=lt, description=description)  # type: ignore[call-overload, misc]

@@ -35,7 +35,13 @@ from autoscaler.cloud import (
     LaunchRequest,
     UnavailableOffering,
 )
-from autoscaler.execution import TERMINAL_TASK_STATES, ExecutorReport, TaskLaunch, TaskReport
+from autoscaler.execution import (
+    TERMINAL_TASK_STATES,
+    ExecutorReport,
+    FailureClass,
+    TaskLaunch,
+    TaskReport,
+)
 from autoscaler.jobs import JobSpec
 from autoscaler.throughput import ThroughputTable
 from autoscaler.work import job_work
@@ -71,6 +77,7 @@ class SimTask:
     starts: int = 0  # how many times it was started (migrations = starts - 1)
     attempt: int = 0  # the control loop's attempt number of the latest start
     reason: str = ""  # why its latest attempt failed
+    failure: FailureClass | None = None  # and whose doing it was (None: not said)
     checkpoint: str | None = None  # where its latest checkpoint is
     epoch: int = 0  # invalidates pending events when the task is stopped or restarted
 
@@ -265,9 +272,10 @@ class World:
 
         self.engine.after(spec.kill_s, killed)
 
-    def crash(self, task_id: str, reason: str) -> None:
-        """The task's process dies (tests of failures): its attempt ends `failed` and
-        the job stops progressing until every task runs again."""
+    def crash(self, task_id: str, reason: str, failure: FailureClass | None = None) -> None:
+        """The task's process dies (tests of failures): its attempt ends `failed` (of
+        class `failure`, as a worker would say) and the job stops progressing until
+        every task runs again."""
         task = self.tasks[task_id]
         if task.state not in ("starting", "running", "checkpointing"):
             raise SimulationError(f"crashing {task_id} while it is {task.state}")
@@ -275,7 +283,7 @@ class World:
         job.activation += 1
         self._deactivate(job)
         self._leave(task)
-        task.state, task.reason = "failed", reason
+        task.state, task.reason, task.failure = "failed", reason, failure
         self.on_change()
 
     def _leave(self, task: SimTask) -> None:
@@ -427,6 +435,7 @@ class SimulatedExecutor:
                 job.rate if job.active and task.state == "running" else None,
                 task.checkpoint,
                 reason=task.reason if task.state == "failed" else "",
+                failure=task.failure if task.state == "failed" else None,
             )
         return ExecutorReport(tasks, frozenset(world.ready))
 

@@ -191,6 +191,11 @@ class Task(Base):
     reason: Mapped[str] = mapped_column(Text, server_default="")
     throughput: Mapped[float | None] = mapped_column(Double)  # raw iterations per second
     gpus: Mapped[Any] = mapped_column(JsonText, server_default="[]")  # device indices
+    moves: Mapped[int] = mapped_column(Integer, server_default="0")  # the plan moved it
+    retries: Mapped[int] = mapped_column(Integer, server_default="0")  # failed, started again
+    failure: Mapped[str | None] = mapped_column(String(16))  # class of the latest failure
+    retry_at: Mapped[float | None] = mapped_column(Double)  # transient back-off until
+    drain_from: Mapped[str | None] = mapped_column(String)  # the operator moves it off
 
 
 class Instance(Base):

@@ -896,6 +896,11 @@ def _task(row: Row[Any]) -> TaskRecord:
         row.reason,
         row.throughput,
         tuple(row.gpus),
+        row.moves,
+        row.retries,
+        row.failure,
+        row.retry_at,
+        row.drain_from,
     )
 
 

@@ -9,6 +9,7 @@ tasks where the test says.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 import pytest
@@ -347,9 +348,12 @@ def test_a_task_stuck_starting_is_a_failed_attempt_sent_back_to_pending():
         status="pending",
         instance_id=None,
         failures=1,
-        reason=reason,
+        reason="attempt 1 failed (transient): still starting after 1801 s (limit 1800 s)",
         throughput=None,
         gpus=(),
+        retries=1,
+        failure="transient",
+        retry_at=1801.0 + OPTIONS.backoff.delay_s(1),
     )
     assert [(s.task_id, s.attempt, s.reason) for s in step.stops] == [("a/0", 1, reason)]
     assert step.failed_jobs == ()
@@ -362,7 +366,9 @@ def test_a_task_stuck_checkpointing_for_the_last_allowed_time_fails_its_job():
     assert updated(step, "a/0").failures == 3
     [(job_id, why)] = step.failed_jobs
     assert job_id == "a"
-    assert why.startswith("task a/0 failed 3 times; last: attempt 3 still checkpointing after")
+    assert why.startswith(
+        "task a/0 failed 3 times; last: attempt 3 failed (transient): still checkpointing after"
+    )
 
 
 @pytest.mark.parametrize("failing_first", [True, False])
@@ -398,7 +404,7 @@ def test_a_task_leaves_only_once_its_destination_is_ready():
         ("a/0", 1, "moving to inst-2")
     ]
     assert updated(step, "a/0") == TaskUpdate(
-        "a/0", status="checkpointing", reason="moving to inst-2"
+        "a/0", status="checkpointing", reason="moving to inst-2", moves=1
     )
 
 
@@ -546,3 +552,73 @@ def test_a_job_alone_past_the_probe_without_a_throughput_is_packed():
     assert planner.views == []  # still probing: the planner is not asked about it
     round_at(snap, SOLO_PROBE_S + 1.0, planner=planner)
     assert [j.job_id for j in planner.views[0].jobs] == ["u"]
+
+
+# -- a step: failures and moves ----------------------------------------------------------------
+
+
+def test_a_task_waiting_out_its_back_off_is_not_started_until_it_ends():
+    spec = job("a", (0, 2, 8))
+    waiting = dataclasses.replace(task("a/0", target="inst-1", attempt=1), retry_at=130.0)
+    snap = snapshot([record(spec)], [waiting], [instance("inst-1")])
+    assert step_at(snap, 129.0).starts == ()
+    [launch] = step_at(snap, 130.0).starts
+    assert (launch.task_id, launch.attempt) == ("a/0", 2)
+
+
+def test_a_task_the_plan_moves_counts_a_move_and_no_retry():
+    spec = job("a", (0, 2, 8))
+    moving = dataclasses.replace(task("a/0", "running", on="inst-1", target="inst-2"), moves=2)
+    snap = snapshot([record(spec)], [moving], [instance("inst-1"), instance("inst-2")])
+    update = updated(step_at(snap, 100.0), "a/0")
+    assert (update.moves, update.retries, update.failures) == (3, None, None)
+
+
+def test_a_stuck_start_is_a_transient_failure_with_its_back_off():
+    spec = job("a", (0, 2, 8))
+    stuck = task("a/0", "starting", on="inst-1", target="inst-1", since=0.0, attempt=2, failures=1)
+    update = updated(
+        step_at(snapshot([record(spec)], [stuck], [instance("inst-1")]), 1801.0), "a/0"
+    )
+    assert (update.failure, update.failures) == ("transient", 2)
+    assert update.retry_at == 1801.0 + OPTIONS.backoff.delay_s(2)
+
+
+# -- a round: drain --job --------------------------------------------------------------------------
+
+
+def test_a_task_drained_off_its_instance_alone_moves_and_its_neighbour_stays():
+    a, b = job("a", (0, 2, 8)), job("b", (0, 2, 8))
+    drained = dataclasses.replace(
+        task("a/0", "running", on="inst-1", target="inst-1"), drain_from="inst-1"
+    )
+    neighbour = task("b/0", "running", on="inst-1", target="inst-1")
+    snap = snapshot([record(a), record(b)], [drained, neighbour], [instance("inst-1")])
+    decision = round_at(snap, 100.0)  # the planner keeps both where they are
+    assert decision.targets["b/0"] == "inst-1"
+    assert decision.targets["a/0"] not in (None, "inst-1")
+    [launch] = decision.launches  # no other instance has room: the cheapest that fits
+    assert (launch.instance_type, launch.tasks) == ("cpu4", ("a/0",))
+    assert decision.drains == ()  # the instance stays
+
+
+def test_a_drained_task_goes_to_another_planned_instance_with_room_before_a_new_one():
+    a, b = job("a", (0, 2, 8)), job("b", (0, 2, 8))
+    drained = dataclasses.replace(
+        task("a/0", "running", on="inst-1", target="inst-1"), drain_from="inst-1"
+    )
+    elsewhere = task("b/0", "running", on="inst-2", target="inst-2")
+    snap = snapshot(
+        [record(a), record(b)], [drained, elsewhere], [instance("inst-1"), instance("inst-2")]
+    )
+    decision = round_at(snap, 100.0)
+    assert decision.targets["a/0"] == "inst-2" and decision.launches == ()
+    # inst-1 held only the drained task: the plan no longer uses it
+    assert [d.instance_id for d in decision.drains] == ["inst-1"]
+
+
+def test_a_drained_task_that_started_elsewhere_forgets_the_drain():
+    spec = job("a", (0, 2, 8))
+    leaving = dataclasses.replace(task("a/0", target="inst-2", attempt=1), drain_from="inst-1")
+    snap = snapshot([record(spec)], [leaving], [instance("inst-1"), instance("inst-2")])
+    assert updated(step_at(snap, 100.0), "a/0").drain_from == ""

@@ -50,3 +50,29 @@ def test_a_fraction_of_a_gpu_is_refused(gpus):
     spec = {"tasks": {"0": {"demand": {"any": [gpus, 4, 8]}}}}
     with pytest.raises(InputError, match=rf"field 'demand.any\[0\]' = {gpus}: .*whole number"):
         jobs_from_eva({"j": spec})
+
+
+def test_a_family_the_cluster_lacks_is_ignored_with_a_note_when_another_listed_one_fits():
+    from dataclasses import replace as _replace
+
+    from autoscaler.catalog import Catalog
+    from autoscaler.jobs import validate_against_catalog, without_missing_families
+    from autoscaler.resources import Resources
+    from tests.builders import itype
+    from tests.builders import job as built
+
+    catalog = Catalog([itype("c7i.large", 0, 2, 4, 0.1, family="c7i")])
+    base = built("e", (0, 1, 2))
+    task = _replace(
+        base.tasks[0], demands=(("c7i", Resources(0, 1, 2)), ("p3", Resources(1, 4, 16)))
+    )
+    eva = _replace(base, tasks=(task,))
+    kept, notes = without_missing_families(eva, catalog)
+    assert kept.tasks[0].demands == (("c7i", Resources(0, 1, 2)),)
+    assert notes == ("task 'e/0': ignored family p3 (no such type in the catalog); it runs on c7i",)
+    validate_against_catalog((kept,), catalog)  # accepted now
+
+    only_missing = _replace(base, tasks=(_replace(task, demands=(("p3", Resources(1, 4, 16)),)),))
+    assert without_missing_families(only_missing, catalog) == (only_missing, ())
+    with pytest.raises(InputError, match="family 'p3'"):
+        validate_against_catalog((only_missing,), catalog)

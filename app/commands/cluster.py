@@ -10,6 +10,7 @@ alone, daemon running or not, and calls no cloud.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import textwrap
@@ -133,21 +134,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     drain = sub.add_parser(
         "drain",
-        help="move every task off an instance, then terminate it",
+        help="move every task off an instance (then terminate it), or one job's tasks",
         description="Mark an instance draining: the next round places its tasks elsewhere; "
         "each keeps running until its new instance is ready, checkpoints, and resumes there. "
-        "The instance terminates once empty.",
+        "The instance terminates once empty. With --job, only that job's tasks move off the "
+        "instances they run on; the instances and their other tasks stay.",
     )
     target = drain.add_mutually_exclusive_group(required=True)
     target.add_argument("instance_id", metavar="INSTANCE", nargs="?")
     target.add_argument(
         "--job",
         metavar="JOB",
-        help="drain the instances this job's tasks run on (its id, or the name of one "
-        "unfinished job): see a migration without looking up an instance",
+        help="move only this job's tasks off the instances they run on (its id, or the "
+        "name of one unfinished job): see a migration without looking up an instance",
     )
     drain.add_argument(
-        "--wait", action="store_true", help="with --job: first wait until its tasks run"
+        "--wait",
+        action="store_true",
+        help="return once the moved tasks run again elsewhere (with --job: also first "
+        "wait until its tasks run)",
+    )
+    drain.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="with --wait: give up waiting after this long (the move goes on; default 900)",
     )
     add_json(drain)
     _config(drain)
@@ -415,7 +427,7 @@ def _client(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from app.jobfile import load_job_file, with_contexts
-    from autoscaler.jobs import validate_against_catalog
+    from autoscaler.jobs import validate_against_catalog, without_missing_families
     from provisioners.catalog import catalog_from_document
 
     # The files first: a mistake in one needs no daemon to be reported.
@@ -423,7 +435,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     config = load_cluster_config(args.config)
     with connect(config) as client:
         catalog = catalog_from_document(client.catalog(), source="the daemon's catalog")
-        for path, submission in zip(args.job_file, submissions, strict=True):
+        for index, (path, submission) in enumerate(zip(args.job_file, submissions, strict=True)):
+            job, notes = without_missing_families(submission.job, catalog)
+            for note in notes:
+                progress(f"{path}: {note}")
+            submissions[index] = submission = dataclasses.replace(submission, job=job)
             validate_against_catalog((submission.job,), catalog, source=str(path))
         limit = int(config.limits.max_context_mb * 2**20)
         packed: dict[Path, tuple[Path, str]] = {}
@@ -528,7 +544,8 @@ def cmd_job(args: argparse.Namespace) -> int:
             t["status"],
             t["instance"] or "-",
             t["attempt"],
-            t["migrations"],
+            t.get("moves", t["migrations"]),
+            _retries(t),
             f"{t['progress']:,.0f}",
             "-" if t["throughput"] is None else f"{t['throughput']:.3g}/s",
             shorten([t["reason"]], 44) if t["reason"] else "",
@@ -538,9 +555,19 @@ def cmd_job(args: argparse.Namespace) -> int:
     print()
     print(
         format_table(
-            ["task", "status", "instance", "attempt", "moves", "iterations", "rate", "why"],
+            [
+                "task",
+                "status",
+                "instance",
+                "attempt",
+                "moves",
+                "retries",
+                "iterations",
+                "rate",
+                "why",
+            ],
             rows,
-            [False, False, False, True, True, True, True, False],
+            [False, False, False, True, True, False, True, True, False],
         )
     )
     env = [(t["task"].split("/", 1)[1], t.get("env") or {}) for t in detail["task_list"]]
@@ -552,6 +579,15 @@ def cmd_job(args: argparse.Namespace) -> int:
         if not args.show_secrets:
             print("(env values hidden: --show-secrets shows them to the owner or an admin)")
     return 0
+
+
+def _retries(task: dict[str, Any]) -> str:
+    """Retries, with the class of the latest failure and how many counted toward
+    `max_attempts` (the job's own): "2 (transient, 1 counted)"."""
+    retries = task.get("retries", 0)
+    if not retries:
+        return "0"
+    return f"{retries} ({task.get('failure') or '?'}, {task.get('failures', 0)} counted)"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -568,24 +604,87 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        targets = (
-            [args.instance_id]
-            if args.job is None
-            else _instances_of(client, args.job, wait=args.wait)
-        )
+        job = ""
+        if args.job is None:
+            targets = [args.instance_id]
+        else:
+            job = _job_id(client, args.job, unfinished=True, field="--job")
+            targets = _instances_of(client, job, wait=args.wait)
         drained = []
+        leaving: dict[str, str] = {}  # task -> the instance it leaves
         for instance_id in targets:
-            draining, status = client.drain(instance_id)
-            drained.append({"instance": instance_id, "draining": draining, "status": status})
+            draining, status, tasks = client.drain(instance_id, job)
+            leaving.update({task: instance_id for task in tasks})
+            drained.append(
+                {"instance": instance_id, "draining": draining, "status": status, "tasks": tasks}
+            )
             if args.json:
                 continue
-            if draining:
+            if draining and job:
+                print(
+                    f"moving {len(tasks)} task(s) of {job} off {instance_id} at the next round; "
+                    "the instance and its other tasks stay"
+                )
+            elif draining:
                 print(f"draining {instance_id}: its tasks move at the next round, then it ends")
+            elif job:
+                print(f"no task of {job} runs on {instance_id} now: nothing to move")
             else:
                 print(f"{instance_id} is {status}: nothing to drain")
+        moved: dict[str, str] = {}
+        if args.wait and leaving:
+            if not args.json:
+                print(f"waiting up to {args.timeout:g} s for the moved tasks to run again")
+            moved = _wait_moved(client, leaving, timeout_s=args.timeout)
+            if not args.json:
+                for task, where in sorted(moved.items()):
+                    print(f"{task} runs on {where}")
     if args.json:
-        print_json({"instances": drained})
+        print_json({"instances": drained, "moved": moved})
     return 0
+
+
+class MoveTimeout(InputError):
+    """`drain --wait` gave up: the moved tasks did not all run again in time."""
+
+
+def _wait_moved(
+    client: Any, leaving: dict[str, str], *, timeout_s: float, poll_s: float = 2.0
+) -> dict[str, str]:
+    """Wait until each task in `leaving` runs a new attempt on another instance (or has
+    finished); returns task -> where it runs. Past `timeout_s`, fails naming those
+    still waiting and why."""
+    deadline = time.monotonic() + timeout_s
+    jobs = sorted({task.split("/", 1)[0] for task in leaving})
+    while True:
+        waiting: dict[str, str] = {}
+        moved: dict[str, str] = {}
+        for job in jobs:
+            detail = client.job(job)
+            for t in detail["task_list"]:
+                if t["task"] not in leaving:
+                    continue
+                here = t["instance"]
+                if t["status"] in FINAL:
+                    moved[t["task"]] = t["status"]
+                elif t["status"] == "running" and here and here != leaving[t["task"]]:
+                    moved[t["task"]] = here
+                else:
+                    waiting[t["task"]] = (
+                        f"{t['status']}: {t['reason']}" if t["reason"] else t["status"]
+                    )
+        if not waiting:
+            return moved
+        if time.monotonic() >= deadline:
+            still = "; ".join(f"{task} {why}" for task, why in sorted(waiting.items()))
+            raise MoveTimeout(
+                f"not yet running elsewhere after {timeout_s:g} s: {still} "
+                "(the move goes on; `autoscaler job` follows it)",
+                field="--timeout",
+                value=timeout_s,
+                has_value=True,
+            )
+        time.sleep(poll_s)
 
 
 def _job_id(client: Any, ref: str, *, unfinished: bool = False, field: str = "ID") -> str:
@@ -799,12 +898,15 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
         out += textwrap.wrap(f"Shared instances: {report['attribution']}.", 96)
         out.append("")
     bound = report["lower_bound_hourly_cost_now"]
+    parts = report["savings_parts"]
     out += [
         f"Hourly cost now          {money(report['hourly_cost_now'])}/h",
         f"No packing now           {money(report['no_packing_hourly_cost_now'])}/h",
         f"LP lower bound now       {money(bound)}/h" if bound is not None else "",
-        f"No packing so far        {money(report['no_packing_spend'])} "
-        f"(saved {money(report['savings'])})",
+        f"No packing so far        {money(report['no_packing_spend'])}",
+        f"  − spend on tasks       {money(parts['spend_on_tasks'])}",
+        f"  − idle spend           {money(parts['idle'])}",
+        f"  = saved                {money(report['savings'])}",
     ]
     if report.get("what_if"):
         from app.what_if import what_if_line

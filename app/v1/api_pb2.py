@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61pp/v1/api.proto\x12\x11\x61utoscaler.api.v1\")\n\x16MissingContextsRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"\x9b\x01\n\x17MissingContextsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x42\n\x04refs\x18\x02 \x03(\x0b\x32\x34.autoscaler.api.v1.MissingContextsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"$\n\x15UploadContextResponse\x12\x0b\n\x03ref\x18\x01 \x01(\t\"4\n\x10SubmitJobRequest\x12\x11\n\tspec_json\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cshow_secrets\x18\x02 \x01(\x08\"2\n\x0fListJobsRequest\x12\x10\n\x08statuses\x18\x01 \x03(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\"+\n\x14\x44rainInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"9\n\x15\x44rainInstanceResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\"<\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04tail\x18\x03 \x01(\x05\"\x16\n\x14\x43lusterStatusRequest\"8\n\x11\x43ostReportRequest\x12\r\n\x05since\x18\x01 \x01(\x01\x12\x14\n\x0c\x64ry_run_json\x18\x02 \x01(\t\"\x13\n\x11GetCatalogRequest\"J\n\x0bUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04team\x18\x03 \x01(\t\x12\x11\n\toverlap_s\x18\x04 \x01(\x01\"\x12\n\x10ListUsersRequest\":\n\x0c\x41uditRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x05\"\x18\n\x08\x44ocument\x12\x0c\n\x04json\x18\x01 \x01(\t2\xb6\n\n\nSubmission\x12h\n\x0fMissingContexts\x12).autoscaler.api.v1.MissingContextsRequest\x1a*.autoscaler.api.v1.MissingContextsResponse\x12\\\n\rUploadContext\x12\x1f.autoscaler.api.v1.ContextChunk\x1a(.autoscaler.api.v1.UploadContextResponse(\x01\x12V\n\tSubmitJob\x12#.autoscaler.api.v1.SubmitJobRequest\x1a$.autoscaler.api.v1.SubmitJobResponse\x12G\n\x06GetJob\x12 .autoscaler.api.v1.GetJobRequest\x1a\x1b.autoscaler.api.v1.Document\x12K\n\x08ListJobs\x12\".autoscaler.api.v1.ListJobsRequest\x1a\x1b.autoscaler.api.v1.Document\x12V\n\tCancelJob\x12#.autoscaler.api.v1.CancelJobRequest\x1a$.autoscaler.api.v1.CancelJobResponse\x12\x62\n\rDrainInstance\x12\'.autoscaler.api.v1.DrainInstanceRequest\x1a(.autoscaler.api.v1.DrainInstanceResponse\x12I\n\x07GetLogs\x12!.autoscaler.api.v1.GetLogsRequest\x1a\x1b.autoscaler.api.v1.Document\x12U\n\rClusterStatus\x12\'.autoscaler.api.v1.ClusterStatusRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nCostReport\x12$.autoscaler.api.v1.CostReportRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nGetCatalog\x12$.autoscaler.api.v1.GetCatalogRequest\x1a\x1b.autoscaler.api.v1.Document\x12\x46\n\x07\x41\x64\x64User\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12M\n\tListUsers\x12#.autoscaler.api.v1.ListUsersRequest\x1a\x1b.autoscaler.api.v1.Document\x12I\n\nRotateUser\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12I\n\nRevokeUser\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12\x45\n\x05\x41udit\x12\x1f.autoscaler.api.v1.AuditRequest\x1a\x1b.autoscaler.api.v1.Documentb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61pp/v1/api.proto\x12\x11\x61utoscaler.api.v1\")\n\x16MissingContextsRequest\x12\x0f\n\x07\x64igests\x18\x01 \x03(\t\"\x9b\x01\n\x17MissingContextsResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\x12\x42\n\x04refs\x18\x02 \x03(\x0b\x32\x34.autoscaler.api.v1.MissingContextsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x0c\x43ontextChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"$\n\x15UploadContextResponse\x12\x0b\n\x03ref\x18\x01 \x01(\t\"4\n\x10SubmitJobRequest\x12\x11\n\tspec_json\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\"#\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cshow_secrets\x18\x02 \x01(\x08\"2\n\x0fListJobsRequest\x12\x10\n\x08statuses\x18\x01 \x03(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\";\n\x14\x44rainInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"H\n\x15\x44rainInstanceResponse\x12\x10\n\x08\x64raining\x18\x01 \x01(\x08\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\r\n\x05tasks\x18\x03 \x03(\t\"<\n\x0eGetLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x0c\n\x04tail\x18\x03 \x01(\x05\"\x16\n\x14\x43lusterStatusRequest\"8\n\x11\x43ostReportRequest\x12\r\n\x05since\x18\x01 \x01(\x01\x12\x14\n\x0c\x64ry_run_json\x18\x02 \x01(\t\"\x13\n\x11GetCatalogRequest\"J\n\x0bUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04team\x18\x03 \x01(\t\x12\x11\n\toverlap_s\x18\x04 \x01(\x01\"\x12\n\x10ListUsersRequest\":\n\x0c\x41uditRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x05\"\x18\n\x08\x44ocument\x12\x0c\n\x04json\x18\x01 \x01(\t2\xb6\n\n\nSubmission\x12h\n\x0fMissingContexts\x12).autoscaler.api.v1.MissingContextsRequest\x1a*.autoscaler.api.v1.MissingContextsResponse\x12\\\n\rUploadContext\x12\x1f.autoscaler.api.v1.ContextChunk\x1a(.autoscaler.api.v1.UploadContextResponse(\x01\x12V\n\tSubmitJob\x12#.autoscaler.api.v1.SubmitJobRequest\x1a$.autoscaler.api.v1.SubmitJobResponse\x12G\n\x06GetJob\x12 .autoscaler.api.v1.GetJobRequest\x1a\x1b.autoscaler.api.v1.Document\x12K\n\x08ListJobs\x12\".autoscaler.api.v1.ListJobsRequest\x1a\x1b.autoscaler.api.v1.Document\x12V\n\tCancelJob\x12#.autoscaler.api.v1.CancelJobRequest\x1a$.autoscaler.api.v1.CancelJobResponse\x12\x62\n\rDrainInstance\x12\'.autoscaler.api.v1.DrainInstanceRequest\x1a(.autoscaler.api.v1.DrainInstanceResponse\x12I\n\x07GetLogs\x12!.autoscaler.api.v1.GetLogsRequest\x1a\x1b.autoscaler.api.v1.Document\x12U\n\rClusterStatus\x12\'.autoscaler.api.v1.ClusterStatusRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nCostReport\x12$.autoscaler.api.v1.CostReportRequest\x1a\x1b.autoscaler.api.v1.Document\x12O\n\nGetCatalog\x12$.autoscaler.api.v1.GetCatalogRequest\x1a\x1b.autoscaler.api.v1.Document\x12\x46\n\x07\x41\x64\x64User\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12M\n\tListUsers\x12#.autoscaler.api.v1.ListUsersRequest\x1a\x1b.autoscaler.api.v1.Document\x12I\n\nRotateUser\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12I\n\nRevokeUser\x12\x1e.autoscaler.api.v1.UserRequest\x1a\x1b.autoscaler.api.v1.Document\x12\x45\n\x05\x41udit\x12\x1f.autoscaler.api.v1.AuditRequest\x1a\x1b.autoscaler.api.v1.Documentb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -56,25 +56,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELJOBRESPONSE']._serialized_start=572
   _globals['_CANCELJOBRESPONSE']._serialized_end=626
   _globals['_DRAININSTANCEREQUEST']._serialized_start=628
-  _globals['_DRAININSTANCEREQUEST']._serialized_end=671
-  _globals['_DRAININSTANCERESPONSE']._serialized_start=673
-  _globals['_DRAININSTANCERESPONSE']._serialized_end=730
-  _globals['_GETLOGSREQUEST']._serialized_start=732
-  _globals['_GETLOGSREQUEST']._serialized_end=792
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=794
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=816
-  _globals['_COSTREPORTREQUEST']._serialized_start=818
-  _globals['_COSTREPORTREQUEST']._serialized_end=874
-  _globals['_GETCATALOGREQUEST']._serialized_start=876
-  _globals['_GETCATALOGREQUEST']._serialized_end=895
-  _globals['_USERREQUEST']._serialized_start=897
-  _globals['_USERREQUEST']._serialized_end=971
-  _globals['_LISTUSERSREQUEST']._serialized_start=973
-  _globals['_LISTUSERSREQUEST']._serialized_end=991
-  _globals['_AUDITREQUEST']._serialized_start=993
-  _globals['_AUDITREQUEST']._serialized_end=1051
-  _globals['_DOCUMENT']._serialized_start=1053
-  _globals['_DOCUMENT']._serialized_end=1077
-  _globals['_SUBMISSION']._serialized_start=1080
-  _globals['_SUBMISSION']._serialized_end=2414
+  _globals['_DRAININSTANCEREQUEST']._serialized_end=687
+  _globals['_DRAININSTANCERESPONSE']._serialized_start=689
+  _globals['_DRAININSTANCERESPONSE']._serialized_end=761
+  _globals['_GETLOGSREQUEST']._serialized_start=763
+  _globals['_GETLOGSREQUEST']._serialized_end=823
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=825
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=847
+  _globals['_COSTREPORTREQUEST']._serialized_start=849
+  _globals['_COSTREPORTREQUEST']._serialized_end=905
+  _globals['_GETCATALOGREQUEST']._serialized_start=907
+  _globals['_GETCATALOGREQUEST']._serialized_end=926
+  _globals['_USERREQUEST']._serialized_start=928
+  _globals['_USERREQUEST']._serialized_end=1002
+  _globals['_LISTUSERSREQUEST']._serialized_start=1004
+  _globals['_LISTUSERSREQUEST']._serialized_end=1022
+  _globals['_AUDITREQUEST']._serialized_start=1024
+  _globals['_AUDITREQUEST']._serialized_end=1082
+  _globals['_DOCUMENT']._serialized_start=1084
+  _globals['_DOCUMENT']._serialized_end=1108
+  _globals['_SUBMISSION']._serialized_start=1111
+  _globals['_SUBMISSION']._serialized_end=2445
 # @@protoc_insertion_point(module_scope)

@@ -88,18 +88,22 @@ class CancelJobResponse(_message.Message):
     def __init__(self, cancelled: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
 
 class DrainInstanceRequest(_message.Message):
-    __slots__ = ("instance_id",)
+    __slots__ = ("instance_id", "job_id")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
-    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, instance_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class DrainInstanceResponse(_message.Message):
-    __slots__ = ("draining", "status")
+    __slots__ = ("draining", "status", "tasks")
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     draining: bool
     status: str
-    def __init__(self, draining: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, draining: _Optional[bool] = ..., status: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetLogsRequest(_message.Message):
     __slots__ = ("job_id", "task", "tail")

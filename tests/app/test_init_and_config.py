@@ -131,6 +131,10 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
             "[planner]: field 'min_throughput' = -0.1",
         ),
         (('name = "c1"', 'name = "bad/name"'), "[cluster]: field 'name' = 'bad/name'"),
+        (
+            ("heartbeat_s = 10 ", "heartbeat_s = 4 "),
+            "[timeouts]: field 'heartbeat_s' = 4: must be longer than heartbeat_interval_s",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_table_field_and_value(tmp_path, edit, message):
@@ -156,6 +160,14 @@ def test_the_planner_table_names_the_planner_and_its_minimum_throughput(tmp_path
     path.write_text(edited)
     planner = load_cluster_config(path).planner.planner()
     assert (planner.name, planner.min_throughput) == ("eva-plain", 0.8)
+
+
+def test_a_silent_worker_is_lost_within_two_heartbeats_by_default(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    timeouts = load_cluster_config(tmp_path / "autoscaler.toml").timeouts
+    # shown lost at the step after the timeout: within 15 s on the local cloud
+    assert timeouts.heartbeat_s <= 2 * timeouts.heartbeat_interval_s
+    assert timeouts.heartbeat_s + 5.0 <= 15.0
 
 
 def test_ec2_may_not_contradict_the_cluster(tmp_path):

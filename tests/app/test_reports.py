@@ -89,9 +89,17 @@ def test_cost_report_sums_equal_the_ledger_and_work_without_a_daemon(history, tm
     assert report["spend_by_job"]["a"] == pytest.approx(0.357 * (3600 / 2 + 3500) / 3600, rel=1e-6)
     assert report["hourly_cost_now"] == pytest.approx(0.08925)  # only i-2 bills now
     assert "plot written to" in captured.err and (tmp_path / "cost.png").stat().st_size > 10_000
+    # Saved = no-packing cost − actual spend, idle included; the parts add up.
+    parts = report["savings_parts"]
+    assert parts["spend_on_tasks"] + parts["idle"] == pytest.approx(report["spend"], abs=1e-5)
+    assert report["savings"] == pytest.approx(
+        parts["no_packing_spend"] - parts["spend_on_tasks"] - parts["idle"], abs=1e-5
+    )
+    assert report["savings"] < parts["no_packing_spend"] - parts["spend_on_tasks"]  # idle > 0
     assert main(["cost-report", "--config", str(config.path)]) == 0
     text = capsys.readouterr().out
     assert "Spend" in text and "(idle: no task on the instance)" in text
+    assert "− idle spend" in text and "= saved" in text
 
 
 def test_cost_report_by_user_and_by_team_keeps_the_total(history, capsys):

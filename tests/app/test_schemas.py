@@ -68,3 +68,18 @@ def test_every_number_and_string_of_every_format_is_bounded(schema):
             assert t.max_length is not None, path
         else:
             assert isinstance(t, (mi.BoolType, mi.NoneType, mi.LiteralType)), (path, t)
+
+
+def test_a_published_bound_does_not_depend_on_which_module_was_imported_first():
+    # `typing` caches Annotated[float, Meta(ge=7)] and Annotated[float, Meta(ge=7.0)] as one
+    # type: whichever a module builds first is what every other module gets.
+    from typing import Annotated
+
+    import msgspec
+
+    from provisioners.documents import number
+
+    first = Annotated[float, number(ge=7, le=9)]
+    second = Annotated[float, number(ge=7.0, le=9.0)]
+    for schema in (msgspec.json.schema(first), msgspec.json.schema(second)):
+        assert repr(schema["minimum"]) == "7.0" and repr(schema["maximum"]) == "9.0"

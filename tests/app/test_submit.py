@@ -120,6 +120,11 @@ BAD = [
     (A + "image = 'i'\n" + OK, "give either 'context'"),
     (A + OK + "replicas = 0", "task 'a': field 'replicas' = 0"),
     (A + OK + "shm_size_gb = -1", "task 'a': field 'shm_size_gb' = -1"),
+    (A + OK + "checkpoint_every_s = 0", "task 'a': field 'checkpoint_every_s' = 0"),
+    (A + OK + "checkpoint_every_s = true", "field 'checkpoint_every_s' = True"),
+    (A + OK + "fatal_exit_codes = [0]", "task 'a': field 'fatal_exit_codes[0]' = 0"),
+    (A + OK + "fatal_exit_codes = [256]", "field 'fatal_exit_codes[0]' = 256"),
+    (A + OK + "fatal_exit_codes = 3", "field 'fatal_exit_codes' = 3"),
     (A + OK + "fetch_s = 1e12", "task 'a': field 'fetch_s' = 1000000000000.0"),
     (A + OK + "env = { AUTOSCALER_JOB_ID = 'x' }", "is reserved"),
     (A + OK + "env = { '1BAD' = 'x' }", "must be an environment variable name"),
@@ -161,6 +166,18 @@ def test_a_bad_job_file_is_one_line_exit_2_and_the_queue_is_unchanged(
     assert "Traceback" not in err
     assert [(j.job_id, j.status) for j in api.store.jobs()] == before
     assert api.storage.list("contexts/") == []  # nothing was uploaded either
+
+
+def test_the_checkpoint_schedule_and_fatal_exits_reach_the_launch(api, tmp_path, capsys):
+    body = A + OK + "checkpoint_every_s = 120\nfatal_exit_codes = [3, 2, 3]\n"
+    assert submit(api, write_job(tmp_path, body), extra=["--json"]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    run = api.store.job(job_id).spec.tasks[0].run
+    assert run.checkpoint_every_s == 120 and run.fatal_exit_codes == (2, 3)
+    assert submit(api, write_job(tmp_path, A + OK), extra=["--json"]) == 0
+    [plain] = json.loads(capsys.readouterr().out)["jobs"]
+    run = api.store.job(plain).spec.tasks[0].run
+    assert run.checkpoint_every_s is None and run.fatal_exit_codes == ()
 
 
 def test_eva_config_json_is_accepted(api, tmp_path, capsys):
@@ -338,6 +355,35 @@ def test_no_daemon_is_a_one_line_error_with_exit_1(cluster_dir):
     assert "cannot reach the daemon" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_drain_wait_returns_once_the_moved_tasks_run_elsewhere_or_times_out_clearly(
+    api, tmp_path, capsys, monkeypatch
+):
+    config = ["--config", str(api.config.path)]
+    assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
+    now = api.clock[0]
+    for instance in ("i-1", "i-2"):
+        request(api.store, instance, "c7i.xlarge", 0.1785, now)
+        api.store.transition_instance(instance, "running", now + 10, cloud_id=f"c-{instance}")
+    tasks = [t.task_id for t in api.store.tasks_of("j1")]
+    api.store.update_tasks(
+        [TaskUpdate(t, status="running", instance_id="i-1") for t in tasks], now + 20
+    )
+    capsys.readouterr()
+    # Nothing moves them (no daemon here): --wait says which still wait, and why.
+    assert main(["drain", "--job", "j1", "--wait", "--timeout", "0", *config]) == 2
+    err = capsys.readouterr().err
+    assert "not yet running elsewhere after 0 s" in err and tasks[0] in err
+
+    def a_step_moves_them(seconds: float) -> None:  # what the daemon's steps would do
+        moved = [TaskUpdate(t, status="running", instance_id="i-2", drain_from="") for t in tasks]
+        api.store.update_tasks(moved, api.clock[0])
+
+    monkeypatch.setattr("app.commands.cluster.time.sleep", a_step_moves_them)
+    assert main(["drain", "--job", "j1", "--wait", *config]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{t} runs on i-2" in out for t in tasks)
+
+
 def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, capsys):
     request(api.store, "i-1", "c7i.xlarge", 0.1785, api.clock[0])
     api.store.transition_instance("i-1", "running", api.clock[0] + 10, cloud_id="c-1")
@@ -352,31 +398,30 @@ def test_drain_marks_a_live_instance_draining_once_and_names_unknown_ones(api, c
     assert "no instance 'i-9'" in capsys.readouterr().err
 
 
-def test_drain_by_job_drains_where_its_tasks_run_named_by_id_or_unique_name(api, tmp_path, capsys):
+def test_drain_by_job_moves_only_its_tasks_named_by_id_or_unique_name(api, tmp_path, capsys):
     config = ["--config", str(api.config.path)]
     assert submit(api, write_job(tmp_path, 'id = "j1"\n' + GOOD)) == 0
     assert submit(api, write_job(tmp_path, 'id = "j2"\n' + GOOD.replace("resnet18", "bert"))) == 0
     now = api.clock[0]
-    for instance in ("i-1", "i-2", "i-3"):
+    for instance in ("i-1", "i-2"):
         request(api.store, instance, "c7i.xlarge", 0.1785, now)
         api.store.transition_instance(instance, "running", now + 10, cloud_id=f"c-{instance}")
     [a, b] = [t.task_id for t in api.store.tasks_of("j1")]
     [c, _] = [t.task_id for t in api.store.tasks_of("j2")]
-    for task, instance in ((a, "i-1"), (b, "i-2"), (c, "i-3")):
+    for task, instance in ((a, "i-1"), (b, "i-2"), (c, "i-1")):  # j2 shares i-1 with j1
         running = TaskUpdate(task, status="running", instance_id=instance)
         api.store.update_tasks([running], now + 20)
     capsys.readouterr()
 
-    assert main(["drain", "--job", "resnet18", *config]) == 0  # by name: j1's two instances
+    assert main(["drain", "--job", "resnet18", *config]) == 0  # by name: j1's two tasks
     out = capsys.readouterr().out
-    assert "draining i-1" in out and "draining i-2" in out and "i-3" not in out
-    assert [api.store.instance(i).status for i in ("i-1", "i-2", "i-3")] == [
-        "draining",
-        "draining",
-        "running",
-    ]
+    assert "off i-1" in out and "off i-2" in out
+    # The instances stay; only j1's tasks are to move, not j2's task beside them.
+    assert [api.store.instance(i).status for i in ("i-1", "i-2")] == ["running", "running"]
+    drains = {t.task_id: t.drain_from for j in ("j1", "j2") for t in api.store.tasks_of(j)}
+    assert (drains[a], drains[b], drains[c]) == ("i-1", "i-2", None)
     assert main(["drain", "--job", "j2", *config]) == 0  # by id
-    assert api.store.instance("i-3").status == "draining"
+    assert {t.task_id: t.drain_from for t in api.store.tasks_of("j2")}[c] == "i-1"
     capsys.readouterr()
     assert main(["drain", "--job", "gpt", *config]) == 2
     assert "no job 'gpt'" in capsys.readouterr().err
@@ -395,7 +440,8 @@ def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
     api, tmp_path, capsys, monkeypatch
 ):
     """`jobs --wait` returns once every job finished (1 if one failed); `drain --job --wait`
-    drains once the job's tasks run. Each poll's sleep moves the world one step on."""
+    moves them once they run, and returns once they run elsewhere. Each poll's sleep moves
+    the world one step on."""
     import app.commands.cluster as cli_module
 
     config = ["--config", str(api.config.path)]
@@ -419,6 +465,13 @@ def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
             ],
             now + 30,
         ),
+        lambda: api.store.update_tasks(  # the next round and steps move them
+            [
+                TaskUpdate(t.task_id, status="running", instance_id="i-2", drain_from="")
+                for t in api.store.tasks_of("j1")
+            ],
+            now + 60,
+        ),
     ]
     sleeps = []
 
@@ -429,17 +482,19 @@ def test_jobs_wait_and_drain_wait_follow_the_cluster_until_it_is_ready(
     monkeypatch.setattr(cli_module.time, "sleep", step)
     capsys.readouterr()
     assert main(["drain", "--job", "j1", "--wait", *config]) == 0
-    assert len(sleeps) == 2  # drained only once both tasks ran, not after the first
-    assert "waiting for j1 to run" in capsys.readouterr().out
-    assert api.store.instance("i-1").status == "draining"
+    # Moved only once both tasks ran, not after the first; returned once they ran again.
+    assert len(sleeps) == 3
+    out = capsys.readouterr().out
+    assert "waiting for j1 to run" in out and "runs on i-2" in out
+    assert api.store.instance("i-1").status == "running"  # only the job's tasks moved
 
     world += [
         lambda: api.store.job_finished("j1", now + 40),
         lambda: api.store.job_finished("j2", now + 50, "failed", "exit code 3"),
     ]
     assert main(["jobs", "--wait", *config]) == 1  # j2 failed
-    assert len(sleeps) == 4 and not world
+    assert len(sleeps) == 5 and not world
     out = capsys.readouterr().out
     assert "j1: completed" in out and "j2: failed" in out
     assert main(["jobs", "--wait", *config]) == 0  # nothing unfinished: nothing waited for
-    assert len(sleeps) == 4
+    assert len(sleeps) == 5

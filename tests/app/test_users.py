@@ -310,6 +310,9 @@ def test_a_submit_user_drains_only_an_instance_running_nothing_but_their_own_tas
         message = refused(lambda: alice.drain("i-ab"), grpc.StatusCode.PERMISSION_DENIED)
         assert "jobs of bob" in message
         assert api.store.instance("i-ab").status == "running"
-        assert alice.drain("i-a") == (True, "draining")
+        # Nor move bob's job off an instance (drain --job): only its owner or an admin.
+        refused(lambda: alice.drain("i-ab", "jb"), grpc.StatusCode.PERMISSION_DENIED)
+        assert api.store.tasks_of("jb")[0].drain_from is None
+        assert alice.drain("i-a") == (True, "draining", ["ja/a"])
     with admin(api) as root:
-        assert root.drain("i-ab") == (True, "draining")
+        assert root.drain("i-ab") == (True, "draining", ["jb/a"])

@@ -325,7 +325,9 @@ def test_a_task_stuck_starting_is_retried_then_fails_its_job_with_the_last_reaso
     )
     c.drive()
     c.loop().schedule()
-    for t in (800.0, 1500.0, 2200.0):  # each attempt gives up 600 s after it started
+    # Each attempt gives up 600 s after it started; the next starts after its back-off
+    # (10 s, then 20 s).
+    for t in (800.0, 811.0, 1500.0, 1521.0, 2200.0):
         c.until(t)
         c.loop().progress()
     assert [attempt for _, attempt, _ in c.executor.starts] == [1, 2, 3]
@@ -342,10 +344,15 @@ def test_a_task_that_keeps_crashing_fails_its_job_instead_of_retrying_forever():
     c.until(150.0)
     for n in range(3):
         c.world.crash("a/0", f"exit code 1 (crash {n + 1})")
-        c.until(160.0 + 60 * n)
+        c.until(c.engine.now() + 1)
+        c.until(c.engine.now() + 50)  # past its back-off (10 s, then 20 s)
+        c.loop().progress()  # the daemon's periodic step
+        c.until(c.engine.now() + 10)
     record = c.store.job("a")
     assert record.status == "failed"
-    assert record.reason == "task a/0 failed 3 times; last: attempt 3 failed: exit code 1 (crash 3)"
+    assert record.reason == (
+        "task a/0 failed 3 times; last: attempt 3 failed (transient): exit code 1 (crash 3)"
+    )
     assert [attempt for _, attempt, _ in c.executor.starts] == [1, 2, 3]
 
 
@@ -357,9 +364,40 @@ def test_a_crashed_attempt_is_restarted_and_counted_once():
     c.world.crash("a/0", "out of memory")
     c.until(151.0)
     [task] = c.store.tasks_of("a")
+    assert task.failures == 1 and task.attempt == 1 and task.status == "pending"
+    assert task.retry_at == 151.0 + 10.0  # seen at 151: 10 s of back-off, recorded
+    c.until(161.0)
+    c.loop().progress()  # the daemon's periodic step, once the back-off is over
+    [task] = c.store.tasks_of("a")
     assert task.failures == 1 and task.attempt == 2 and task.status == "starting"
     c.loop().progress()  # a second look at the same report changes nothing
     assert c.store.tasks_of("a")[0].failures == 1
+
+
+def test_an_infrastructure_failure_is_retried_at_once_and_never_counted():
+    c = Cluster([job("a", 0, 50_000)], ControlOptions(max_attempts=1))
+    c.drive()
+    c.loop().schedule()
+    c.until(150.0)
+    c.world.crash("a/0", "the agent went down", failure="infrastructure")
+    c.until(151.0)
+    [task] = c.store.tasks_of("a")
+    assert (task.failures, task.retries, task.failure) == (0, 1, "infrastructure")
+    assert task.attempt == 2 and task.status == "starting"  # no back-off
+    assert c.store.job("a").status != "failed"  # even with max_attempts 1
+
+
+def test_a_deterministic_failure_fails_its_job_at_once_with_the_reason():
+    c = Cluster([job("a", 0, 50_000)], ControlOptions(max_attempts=3))
+    c.drive()
+    c.loop().schedule()
+    c.until(150.0)
+    c.world.crash("a/0", "image not found: job:1", failure="deterministic")
+    c.until(151.0)
+    record = c.store.job("a")
+    assert record.status == "failed"
+    assert record.reason == "task a/0 failed with a deterministic error: image not found: job:1"
+    assert [attempt for _, attempt, _ in c.executor.starts] == [1]
 
 
 # -- the executor contract, in the simulated binding ------------------------------------------
@@ -445,6 +483,19 @@ def test_a_task_done_before_its_sibling_is_not_started_again_nor_planned():
     assert done.target_instance_id is None
     assert running.status == "running" and c.store.job("a").status == "running"
     assert sorted(c.executor.starts) == [("a/0", 1, "inst-1"), ("a/1", 1, "inst-1")]
+
+
+def test_with_progress_at_steps_what_is_recorded_is_one_step_old_and_idle_steps_write_nothing():
+    c = Cluster([job("a", 0, 50_000)], ControlOptions(progress_at_steps=True))
+    c.drive()
+    c.loop().schedule()
+    c.until(150.0)
+    c.loop().progress()
+    reached = c.executor.report().tasks["a/0"].progress
+    assert reached > 0 and c.store.tasks_of("a")[0].progress == reached  # no round since
+    written = c.store.tasks_of("a")[0].updated_at
+    c.loop().progress()  # the same instant: nothing changed, nothing written
+    assert c.store.tasks_of("a")[0].updated_at == written
 
 
 # -- a job with no solo speed is measured alone before it is packed -------------------------------

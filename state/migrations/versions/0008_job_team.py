@@ -1,8 +1,8 @@
 """Jobs: the owner's team at submission, whose fair share of a binding budget they spend.
 
-Revision ID: 0007
-Revises: 0006
-Create Date: 2026-12-03
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-12-04
 
 Teams share the cluster's `max_hourly_spend` by weight (`autoscaler.fairshare`); a job
 counts against the team its owner belonged to when it was submitted, so moving a user
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
