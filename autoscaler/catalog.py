@@ -39,16 +39,50 @@ class LaunchDelays:
 #: Used for instance types whose catalog entry gives no measured delays.
 TABLE1_LAUNCH_DELAYS = LaunchDelays(acquisition_s=19.0, setup_s=190.0, terminate_s=1.0)
 
+#: Capacity types (markets) an offering is bought on.
+ON_DEMAND = "on-demand"
+SPOT = "spot"
+MARKETS = (ON_DEMAND, SPOT)
+
+
+def offering_name(ec2_type: str, market: str = ON_DEMAND, zone: str | None = None) -> str:
+    """The catalog name of an offering: the EC2 type alone for on-demand in any zone
+    (so every existing name, record and trace keeps its meaning), else
+    `TYPE:spot`, `TYPE@ZONE` or `TYPE:spot@ZONE`."""
+    if market not in MARKETS:
+        raise ValueError(f"market must be one of {MARKETS}, not {market!r}")
+    name = ec2_type if market == ON_DEMAND else f"{ec2_type}:{market}"
+    return name if zone is None else f"{name}@{zone}"
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceType:
-    """One EC2 instance type: what it offers and what it costs per hour."""
+    """One offering the planner may buy: an EC2 type on a market (on-demand or spot),
+    optionally in one zone, with what it offers and what it costs per hour.
+
+    `name` is the offering's catalog name (`offering_name`); `ec2_type` is what the
+    cloud launches (the name itself when empty). `interruption_per_hour` is the
+    expected rate at which the provider reclaims it (0 for on-demand).
+    """
 
     name: str
     family: str
     capacity: Resources
     hourly_cost: float
     delays: LaunchDelays | None = None
+    market: str = ON_DEMAND
+    zone: str | None = None
+    ec2_type: str = ""
+    interruption_per_hour: float = 0.0
+
+    @property
+    def launch_type(self) -> str:
+        """The EC2 instance type to launch for this offering."""
+        return self.ec2_type or self.name
+
+    @property
+    def is_spot(self) -> bool:
+        return self.market == SPOT
 
     @property
     def launch_delays(self) -> LaunchDelays:
