@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -99,6 +99,7 @@ class Outcome:
     """What one fault cost, measured; None where it does not apply or was not seen."""
 
     fault: str
+    cloud: str = "local"
     checkpoint_step: int | None = None  # newest checkpoint the daemon knew at the fault
     progress_at_fault: float | None = None
     resumed_step: int | None = None  # None: the attempt ran on (nothing restarted)
@@ -188,6 +189,7 @@ class Run:
         fault: str,
         directory: Path,
         docker: Any,
+        side: CloudSide,
         state_url: str | None = None,
         total: int = TOTAL,
     ) -> None:
@@ -195,17 +197,18 @@ class Run:
         self.total = total
         self.directory = directory
         self.docker = docker
-        self.name = f"flt-{uuid.uuid4().hex[:6]}"
+        self.side = side
         options = {
             "interval_s": f"{INTERVAL_S:g}",
             "step_s": f"{STEP_INTERVAL_S:g}",
             "heartbeat_s": f"{HEARTBEAT_S:g}",
             "heartbeat_interval_s": f"{HEARTBEAT_INTERVAL_S:g}",
         }
-        self.config = local_cluster(directory / "cluster", self.name, **options)
+        path = side.cluster(directory / "cluster", options)
         if state_url is not None:
-            _use_state(self.config.path, state_url)
-            self.config = _reload(self.config.path)
+            _use_state(path, state_url)
+        self.config = _reload(path)
+        self.name = self.config.cluster.name
         self.at = ("--config", str(self.config.path))
         self.daemons: list[Daemon] = []
         self.outcome = Outcome(fault)
@@ -216,7 +219,7 @@ class Run:
     # the daemon and the job
 
     def start_daemon(self, name: str = "daemon") -> Daemon:
-        daemon = Daemon(self.config.path, name=name)
+        daemon = Daemon(self.config.path, env=self.side.env, name=name)
         self.daemons.append(daemon)
         return daemon
 
@@ -262,10 +265,6 @@ class Run:
         half = self.outcome.interval_iterations / 2
         ready = task.status == "running" and step is not None and step >= 2 * half
         return task if ready and task.progress >= step + half else None
-
-    def instance_record(self, instance_id: str) -> dict[str, Any]:
-        path = self.directory / "cluster" / "local-cloud" / "instances" / instance_id
-        return json.loads((path / "instance.json").read_text())
 
     def container_of(self, attempt: int) -> Any | None:
         found = self.docker.containers.list(
@@ -330,13 +329,7 @@ class Run:
         code, out = cli("down", "--yes", *self.at)
         if code != 0:
             self.outcome.notes.append(f"down exited {code}: {out.strip()[-200:]}")
-        records = [
-            json.loads(p.read_text())
-            for p in (self.directory / "cluster" / "local-cloud" / "instances").glob(
-                "*/instance.json"
-            )
-        ]
-        tokens = [r["token"] for r in records]
+        tokens = self.side.tokens()
         left = containers_labelled(self.docker, LABEL_INSTANCE, tokens) if tokens else []
         running = [
             c.name
@@ -347,10 +340,140 @@ class Run:
             "containers": len(left),  # in any state: `down` should remove them all
             "running": len(running),  # of those, still running
             "agents": len(processes_mentioning(f"--instance-id {self.name}-")),
-            "instances": sum(r["state"] != "terminated" for r in records),
+            "instances": self.side.instances_left(),
         }
         if left:
             self.outcome.notes.append(f"left after down: {', '.join(left)}")
+
+
+# -- the clouds -----------------------------------------------------------------------------
+
+
+class CloudSide:
+    """Where a run's instances live: how to make the cluster, find an instance's agent,
+    terminate an instance behind the daemon's back, and count what is left."""
+
+    name = ""
+    env: dict[str, str] = {}  # noqa: RUF012 (the daemon's extra environment; read only)
+    #: Faults that do not apply here, and why.
+    skips: dict[str, str] = {}  # noqa: RUF012
+
+    def cluster(self, directory: Path, options: dict[str, str]) -> Path:
+        raise NotImplementedError
+
+    def agent_pid(self, instance_id: str) -> int:
+        raise NotImplementedError
+
+    def terminate(self, instance_id: str) -> None:
+        raise NotImplementedError
+
+    def tokens(self) -> list[str]:
+        """Every instance id (launch token) of the cluster, terminated ones included."""
+        raise NotImplementedError
+
+    def instances_left(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop whatever the run left (after it was counted)."""
+
+
+class LocalSide(CloudSide):
+    """The local cloud: instances are agent processes, registered under the cluster's
+    `local-cloud/instances/` directory."""
+
+    name = "local"
+
+    def cluster(self, directory: Path, options: dict[str, str]) -> Path:
+        self.config = local_cluster(directory, f"flt-{uuid.uuid4().hex[:6]}", **options)
+        self.registry = directory / "local-cloud" / "instances"
+        return self.config.path
+
+    def _records(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in self.registry.glob("*/instance.json")]
+
+    def _record(self, instance_id: str) -> dict[str, Any]:
+        return json.loads((self.registry / instance_id / "instance.json").read_text())
+
+    def agent_pid(self, instance_id: str) -> int:
+        return int(self._record(instance_id)["pid"])
+
+    def terminate(self, instance_id: str) -> None:
+        """Through the local cloud's own API (as another user of the account would)."""
+        from app.wiring import local_cloud
+
+        local_cloud(self.config).terminate([self._record(instance_id)["cloud_id"]])
+
+    def tokens(self) -> list[str]:
+        return [r["token"] for r in self._records()]
+
+    def instances_left(self) -> int:
+        return sum(r["state"] != "terminated" for r in self._records())
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            from app.wiring import local_cloud
+
+            local_cloud(self.config).terminate_all()
+
+
+class Ec2Side(CloudSide):
+    """EC2 and S3 on `moto_server`, each running instance booted as a worker agent by the
+    end-to-end tests' `BootedInstances` (from its own user data; killed, containers and
+    all, when EC2 says it is shutting down)."""
+
+    name = "ec2"
+    skips = {  # noqa: RUF012
+        "storage-outage": "the store is S3 on moto_server: no fault of its own to toggle yet",
+    }
+
+    def __init__(self, endpoint: str, docker: Any, directory: Path) -> None:
+        from tests.e2e.ec2 import aws_env
+
+        self.endpoint = endpoint
+        self.docker = docker
+        self.env = aws_env(endpoint, directory)
+        self.booted: Any = None
+
+    def cluster(self, directory: Path, options: dict[str, str]) -> Path:
+        from app.wiring import offline_catalog
+        from tests.e2e.ec2 import BootedInstances, ec2_cluster
+        from tests.e2e.harness import set_options
+
+        config = ec2_cluster(directory, self.endpoint)
+        set_options(config.path, options)
+        config = _reload(config.path)
+        capacity = {t.name: ",".join(f"{v:g}" for v in t.capacity) for t in offline_catalog(config)}
+        self.booted = BootedInstances(
+            self.endpoint,
+            config.cluster.name,
+            capacity,
+            directory.parent / "instances",
+            self.docker,
+            directory,
+        ).start()
+        return config.path
+
+    def _ec2_id(self, instance_id: str) -> str:
+        [ec2_id] = [e for e, token in self.booted.tokens.items() if token == instance_id]
+        return ec2_id
+
+    def agent_pid(self, instance_id: str) -> int:
+        return int(self.booted.workers[self._ec2_id(instance_id)].pid)
+
+    def terminate(self, instance_id: str) -> None:
+        self.booted.ec2.terminate_instances(InstanceIds=[self._ec2_id(instance_id)])
+
+    def tokens(self) -> list[str]:
+        return list(self.booted.instance_ids())
+
+    def instances_left(self) -> int:
+        gone = ("shutting-down", "terminated")
+        return sum(i["State"]["Name"] not in gone for i in self.booted.listing())
+
+    def close(self) -> None:
+        if self.booted is not None:
+            self.booted.close()
 
 
 # -- the faults ----------------------------------------------------------------------------
@@ -408,7 +531,7 @@ def _attempt_fault(run: Run, inject: Callable[[Any], None], hold: Callable[[Any]
 
 def kill_agent(run: Run) -> None:
     def inject(task: Any) -> None:
-        os.kill(run.instance_record(task.instance_id)["pid"], signal.SIGKILL)
+        os.kill(run.side.agent_pid(task.instance_id), signal.SIGKILL)
 
     _attempt_fault(run, inject, lambda task: None)
 
@@ -424,20 +547,14 @@ def kill_container(run: Run) -> None:
 
 
 def terminate_instance(run: Run) -> None:
-    from app.wiring import local_cloud
-
-    def inject(task: Any) -> None:
-        cloud = local_cloud(run.config)
-        cloud.terminate([run.instance_record(task.instance_id)["cloud_id"]])
-
-    _attempt_fault(run, inject, lambda task: None)
+    _attempt_fault(run, lambda task: run.side.terminate(task.instance_id), lambda task: None)
 
 
 def pause_agent(run: Run) -> None:
     paused: list[int] = []
 
     def inject(task: Any) -> None:
-        pid = run.instance_record(task.instance_id)["pid"]
+        pid = run.side.agent_pid(task.instance_id)
         os.kill(pid, signal.SIGSTOP)
         paused.append(pid)
 
@@ -620,12 +737,22 @@ class Postgres:
 # -- running them --------------------------------------------------------------------------
 
 
-def run_fault(fault: str, directory: Path, docker: Any, total: int = TOTAL) -> Outcome:
-    """One fault on a cluster of its own in `directory` (a job of `total` iterations):
-    the measured outcome."""
+def run_fault(
+    fault: str,
+    directory: Path,
+    docker: Any,
+    side: CloudSide | None = None,
+    total: int = TOTAL,
+) -> Outcome:
+    """One fault on a cluster of its own in `directory` (on the local cloud unless `side`
+    says otherwise; a job of `total` iterations): the measured outcome."""
+    side = side or LocalSide()
     _, inject = FAULTS[fault]
+    if fault in side.skips:
+        return Outcome(fault, side.name, job_status="skipped", notes=[side.skips[fault]])
     postgres = Postgres(directory / "postgres") if fault == "restart-postgres" else None
-    run = Run(fault, directory, docker, postgres.url if postgres else None, total)
+    run = Run(fault, directory, docker, side, postgres.url if postgres else None, total)
+    run.outcome.cloud = side.name
     run.postgres = postgres  # type: ignore[attr-defined]
     try:
         run.start_daemon().wait_serving()
@@ -641,6 +768,7 @@ def run_fault(fault: str, directory: Path, docker: Any, total: int = TOTAL) -> O
     finally:
         if run.sampler is not None or any(d.process.poll() is None for d in run.daemons):
             run.teardown()
+        side.close()
         if postgres is not None:
             with contextlib.suppress(Exception):
                 postgres.stop()
@@ -657,13 +785,10 @@ def table(outcomes: list[Outcome]) -> str:
     rows = []
     for o in outcomes:
         goals = o.goals()
-        mark = (
-            "ok"
-            if all(v is not False for v in goals.values())
-            else "MISSED: " + ", ".join(k for k, v in goals.items() if v is False)
-        )
+        mark = ", ".join(k for k, v in goals.items() if v is False) or "none"
         rows.append(
             [
+                o.cloud,
                 o.fault,
                 num(o.checkpoint_step),
                 num(o.progress_at_fault),
@@ -681,6 +806,7 @@ def table(outcomes: list[Outcome]) -> str:
             ]
         )
     headers = [
+        "cloud",
         "fault",
         "ckpt",
         "at fault",
@@ -702,6 +828,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--list", action="store_true", help="list the faults and exit")
     parser.add_argument("--json", action="store_true", help="the outcomes as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the clusters' directories")
+    parser.add_argument(
+        "--cloud",
+        choices=("local", "ec2", "both"),
+        default="local",
+        help="the local cloud (default), EC2 on moto_server, or both",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name, (what, _) in FAULTS.items():
@@ -711,12 +843,17 @@ def main(argv: list[str] | None = None) -> None:
 
     client = docker.from_env()
     chosen = args.only or list(FAULTS)
+    clouds = ["local", "ec2"] if args.cloud == "both" else [args.cloud]
     outcomes = []
     base = Path(tempfile.mkdtemp(prefix="autoscaler-faults-"))
     try:
-        for number, fault in enumerate(chosen, 1):
-            _say(f"({number}/{len(chosen)}) {fault}: {FAULTS[fault][0]}")
-            outcomes.append(run_fault(fault, base / fault, client))
+        for cloud in clouds:
+            with _cloud(cloud, client, base / cloud) as make_side:
+                for number, fault in enumerate(chosen, 1):
+                    _say(f"({number}/{len(chosen)}) {cloud} {fault}: {FAULTS[fault][0]}")
+                    outcomes.append(
+                        run_fault(fault, base / cloud / fault, client, side=make_side())
+                    )
     finally:
         client.close()
         if not args.keep:
@@ -745,6 +882,49 @@ def main(argv: list[str] | None = None) -> None:
         for o in outcomes:
             for note in o.notes:
                 print(f"  {o.fault}: {note}")
+
+
+@contextlib.contextmanager
+def _cloud(cloud: str, docker: Any, directory: Path) -> Iterator[Callable[[], CloudSide]]:
+    """A maker of each run's cloud side; for EC2, `moto_server` running meanwhile and this
+    process speaking to it as the CLI's user would to AWS (`down` terminates there)."""
+    if cloud == "local":
+        yield LocalSide
+        return
+    from tests.e2e.ec2 import aws_env
+
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = dict(os.environ)
+    try:
+        _wait_http(f"{endpoint}/moto-api/", server)
+        os.environ.update(aws_env(endpoint, directory))
+        yield lambda: Ec2Side(endpoint, docker, directory)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _wait_http(url: str, server: subprocess.Popen[bytes]) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.1)
 
 
 # -- small helpers --------------------------------------------------------------------------
