@@ -263,8 +263,9 @@ class Run:
         task = self.record()
         step = _step_of(task.checkpoint)
         half = self.outcome.interval_iterations / 2
-        ready = task.status == "running" and step is not None and step >= 2 * half
-        return task if ready and task.progress >= step + half else None
+        if task.status != "running" or step is None or step < 2 * half:
+            return None
+        return task if task.progress >= step + half else None
 
     def container_of(self, attempt: int) -> Any | None:
         found = self.docker.containers.list(
@@ -640,7 +641,13 @@ def storage_outage(run: Run) -> None:
 
     uploaded = run.wait("a checkpoint uploaded after the outage", newer)
     outcome.recover_s = round(uploaded - back_at, 2)
-    outcome.notes.append(f"detect: the daemon records no storage fault ({fault_at:.0f})")
+    warned = _agent_warnings(run, "upload", fault_at)
+    if warned:
+        outcome.detect_s = round(min(warned) - fault_at, 2)
+    outcome.notes.append(
+        "detect: the worker's first failed upload in its log (the daemon records none); "
+        "recover: from the store back to the next checkpoint uploaded"
+    )
     _ran_on_or_resumed(run, task)
 
 
@@ -671,6 +678,23 @@ def restart_postgres(run: Run) -> None:
     if not alive:
         outcome.notes.append("the daemon exited")
     _ran_on_or_resumed(run, task)
+
+
+def _agent_warnings(run: Run, needle: str, after: float) -> list[float]:
+    """Times of the local agents' WARNING lines mentioning `needle`, from `after` on
+    (the agent logs `%(asctime)s`: local time, to the millisecond)."""
+    found = []
+    registry = run.directory / "cluster" / "local-cloud" / "instances"
+    for path in registry.glob("*/agent.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            stamp, _, rest = line.partition(" WARNING ")
+            if not rest or needle not in rest:
+                continue
+            with contextlib.suppress(ValueError):
+                at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if at >= after:
+                    found.append(at)
+    return found
 
 
 def _ran_on_or_resumed(run: Run, before: Any) -> None:
