@@ -729,11 +729,12 @@ class Postgres:
     """A PostgreSQL server of its own in `directory` (initdb, pg_ctl): restarting it
     disturbs nothing else."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self) -> None:
+        # Not under the run's directory: the server's user must reach it.
+        self.directory = directory = Path(tempfile.mkdtemp(prefix="autoscaler-faults-pg-"))
         self.port = free_port()
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.chown(directory, "postgres")
+        if os.geteuid() == 0:
+            shutil.chown(directory, "postgres")
         self._as_postgres(
             f"initdb -D {directory}/data -A trust -U postgres --no-sync >{directory}/initdb.log"
         )
@@ -757,6 +758,11 @@ class Postgres:
     def stop(self) -> None:
         self._as_postgres(f"pg_ctl -D {self.directory}/data -m fast -w stop")
 
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
 
 # -- running them --------------------------------------------------------------------------
 
@@ -774,7 +780,7 @@ def run_fault(
     _, inject = FAULTS[fault]
     if fault in side.skips:
         return Outcome(fault, side.name, job_status="skipped", notes=[side.skips[fault]])
-    postgres = Postgres(directory / "postgres") if fault == "restart-postgres" else None
+    postgres = Postgres() if fault == "restart-postgres" else None
     run = Run(fault, directory, docker, side, postgres.url if postgres else None, total)
     run.outcome.cloud = side.name
     run.postgres = postgres  # type: ignore[attr-defined]
@@ -794,9 +800,12 @@ def run_fault(
             run.teardown()
         side.close()
         if postgres is not None:
-            with contextlib.suppress(Exception):
-                postgres.stop()
-    _say(f"{fault}: done: {run.outcome.job_status}, leaks {run.outcome.leaks}")
+            postgres.remove()
+    o = run.outcome
+    _say(
+        f"{fault}: done: {o.job_status}; lost {o.lost}, detect {o.detect_s} s, "
+        f"recover {o.recover_s} s, duplicates {o.duplicates}, left {o.leaks}"
+    )
     return run.outcome
 
 
@@ -875,9 +884,12 @@ def main(argv: list[str] | None = None) -> None:
             with _cloud(cloud, client, base / cloud) as make_side:
                 for number, fault in enumerate(chosen, 1):
                     _say(f"({number}/{len(chosen)}) {cloud} {fault}: {FAULTS[fault][0]}")
-                    outcomes.append(
-                        run_fault(fault, base / cloud / fault, client, side=make_side())
-                    )
+                    try:
+                        outcome = run_fault(fault, base / cloud / fault, client, make_side())
+                    except Exception as exc:  # the next fault still runs; this one says why
+                        _say(f"{cloud} {fault}: could not run: {exc!r}")
+                        outcome = Outcome(fault, cloud, job_status="not run", notes=[repr(exc)])
+                    outcomes.append(outcome)
     finally:
         client.close()
         if not args.keep:
