@@ -976,11 +976,12 @@ def _time(event: dict[str, Any]) -> float:
 
 
 def _use_state(path: Path, url: str) -> None:
+    """The cluster's `[state]` on the database at `url` instead of its SQLite file."""
     text = path.read_text()
-    text, count = re.subn(r'# url = "postgresql[^\n]*', f'url = "{url}"', text, count=1)
+    text, count = re.subn(r'^path = "state\.db"[^\n]*', f'url = "{url}"', text, flags=re.M)
     if count != 1:
-        raise RuntimeError(f"no commented [state] url in {path}")
-    path.write_text(text.replace('path = "state.db"', "# path = unused", 1))
+        raise RuntimeError(f"no [state] path to replace in {path}")
+    path.write_text(text)
 
 
 def _reload(path: Path) -> Any:
