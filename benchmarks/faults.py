@@ -330,6 +330,7 @@ class Run:
         code, out = cli("down", "--yes", *self.at)
         if code != 0:
             self.outcome.notes.append(f"down exited {code}: {out.strip()[-200:]}")
+        self.side.settle()
         tokens = self.side.tokens()
         left = containers_labelled(self.docker, LABEL_INSTANCE, tokens) if tokens else []
         running = [
@@ -374,6 +375,9 @@ class CloudSide:
 
     def instances_left(self) -> int:
         raise NotImplementedError
+
+    def settle(self) -> None:
+        """Let the cloud finish what `down` asked before what is left is counted."""
 
     def close(self) -> None:
         """Stop whatever the run left (after it was counted)."""
@@ -471,6 +475,10 @@ class Ec2Side(CloudSide):
     def instances_left(self) -> int:
         gone = ("shutting-down", "terminated")
         return sum(i["State"]["Name"] not in gone for i in self.booted.listing())
+
+    def settle(self) -> None:
+        """The machines' stand-in halts a terminated instance's worker at its next poll."""
+        time.sleep(2.0)
 
     def close(self) -> None:
         if self.booted is not None:
