@@ -755,7 +755,9 @@ class Postgres:
     def _as_postgres(self, command: str) -> None:
         user = [] if os.geteuid() != 0 else ["su", "postgres", "-c"]
         run = [*user, command] if user else ["sh", "-c", command]
-        subprocess.run(run, check=True, timeout=120, cwd=self.directory)
+        subprocess.run(
+            run, check=True, timeout=120, cwd=self.directory, stdout=subprocess.DEVNULL
+        )  # pg_ctl's progress is not the benchmark's output
 
     def start(self) -> None:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.directory} -c fsync=off"
