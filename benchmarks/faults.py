@@ -810,9 +810,11 @@ def run_fault(
     finally:
         if run.sampler is not None or any(d.process.poll() is None for d in run.daemons):
             run.teardown()
-        side.close()
-        if postgres is not None:
-            postgres.remove()
+        try:
+            side.close()
+        finally:
+            if postgres is not None:
+                postgres.remove()
     o = run.outcome
     _say(
         f"{fault}: done: {o.job_status}; lost {o.lost}, detect {o.detect_s} s, "
