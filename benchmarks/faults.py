@@ -793,7 +793,13 @@ def run_fault(
     if fault in side.skips:
         return Outcome(fault, side.name, job_status="skipped", notes=[side.skips[fault]])
     postgres = Postgres() if fault == "restart-postgres" else None
-    run = Run(fault, directory, docker, side, postgres.url if postgres else None, total)
+    try:
+        run = Run(fault, directory, docker, side, postgres.url if postgres else None, total)
+    except BaseException:
+        side.close()
+        if postgres is not None:
+            postgres.remove()
+        raise
     run.outcome.cloud = side.name
     run.postgres = postgres  # type: ignore[attr-defined]
     try:
