@@ -25,6 +25,7 @@ from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
+from autoscaler.failures import Backoff
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import (
@@ -225,8 +226,24 @@ class TimeoutsTable(Strict, frozen=True):
     # heartbeats by default) it is lost, and shown so at the next step: within seconds.
     heartbeat_s: Annotated[float, seconds(gt=0)] = 10.0
     heartbeat_interval_s: Annotated[float, seconds(gt=0)] = 5.0
+    # A transient failure's task waits `retry_backoff_s` before its next attempt, doubling
+    # with each counted failure up to `retry_backoff_max_s` (`autoscaler.failures.Backoff`).
+    retry_backoff_s: Annotated[float, seconds(ge=0)] = _DEFAULTS.backoff.base_s
+    retry_backoff_max_s: Annotated[float, seconds(ge=0)] = _DEFAULTS.backoff.max_s
+    # Each worker agent's spend brake (`autoscaler-worker --orphan-timeout/--orphan-max`):
+    # with no word from the daemon this long it stops its instance — with no task running,
+    # or with tasks (checkpointed first); 0: never.
+    worker_orphan_timeout_s: Annotated[float, seconds(ge=0)] = 1800.0
+    worker_orphan_max_s: Annotated[float, seconds(ge=0)] = 7200.0
 
     def check(self) -> None:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise FieldError(
+                f"must be at least retry_backoff_s ({self.retry_backoff_s:g} s): the back-off "
+                "only grows",
+                "retry_backoff_max_s",
+                self.retry_backoff_max_s,
+            )
         if not self.heartbeat_s > self.heartbeat_interval_s:
             raise FieldError(
                 f"must be longer than heartbeat_interval_s ({self.heartbeat_interval_s:g} s): "
@@ -412,6 +429,7 @@ class ClusterConfig:
             orphans=OrphanPolicy(self.provisioner.ec2.orphan_policy, self.limits.orphan_grace_s),
             timeouts=Timeouts(t.boot_s, t.register_s, t.start_s, t.checkpoint_s),
             max_attempts=self.limits.max_attempts,
+            backoff=Backoff(t.retry_backoff_s, t.retry_backoff_max_s),
             dry_run=dry_run,
             progress_at_steps=True,  # what `job` shows is one step old
             instance_prefix=f"{self.cluster.name}-",

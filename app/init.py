@@ -363,6 +363,10 @@ min_throughput = 0.0               # never co-locate a task expected below this 
 {f"checkpoint_s = {timeouts.checkpoint_s:g}":<34} # a task's checkpoint and upload
 heartbeat_s = 10                   # a worker silent this long is lost: its tasks move
 heartbeat_interval_s = 5           # how often workers heart-beat
+retry_backoff_s = 10               # a transient failure's first wait before its retry
+retry_backoff_max_s = 300          # ... doubling with each failure, at most this
+worker_orphan_timeout_s = 1800     # a worker with no daemon this long and no task stops
+worker_orphan_max_s = 7200         # ... and with tasks (checkpointed first); 0: never
 
 [limits]
 {f"max_attempts = {defaults.max_attempts}":<34} # a task failing this often fails its job

@@ -316,6 +316,8 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
         sha256,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
         reports=BootReports(s3, bucket, prefix),
+        orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
+        orphan_max_s=config.timeouts.worker_orphan_max_s,
     )
 
 
@@ -352,4 +354,9 @@ def local_cloud(config: ClusterConfig) -> Any:
         ca_path=config.secrets.ca_cert,
         emulate_delays=config.cloud.emulate_delays,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
+        # Agents checkpoint and stop their tasks when told to stop (scale-in, `down`),
+        # and stop themselves when the daemon is gone too long (the spend brake).
+        stop_tasks=True,
+        orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
+        orphan_max_s=config.timeouts.worker_orphan_max_s,
     )

@@ -298,6 +298,17 @@ class Agent:
         bound = config.checkpoint_wait_s + config.stop_grace_s + config.upload_patience_s + 5
         deadline = time.monotonic() + bound
         while time.monotonic() < deadline and not all(a.terminal for a in asked):
+            if not self._reachable and all(a.exited.is_set() for a in asked):
+                # Every container has stopped and no daemon can grant an upload (`down`
+                # with the daemon stopped): waiting would only spend the grace. Closing
+                # makes the final uploads give up: each checkpoint is kept on this disk,
+                # beside its step (`KEPT_FILE`), for `down` to upload.
+                log.info("no daemon to grant uploads: the checkpoints stay on this disk")
+                self._closing.set()
+                settle = time.monotonic() + 10.0
+                while time.monotonic() < settle and not all(a.terminal for a in asked):
+                    time.sleep(0.05)
+                return
             time.sleep(0.1)
         beats = self.beats
         self._changed.set()  # tell the daemon how they ended, if it can hear

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,11 @@ from autoscaler.cloud import (
     LaunchRequest,
     UnavailableOffering,
 )
+from executor.attempts import KEPT_FILE, LAUNCH_FILE, ask_to_checkpoint, attempt_directory
 from executor.client import Launch
 from executor.enrollment import EnrollmentRefused, check_secret, new_secret, secret_digest
 from executor.protos import worker_pb2 as pb
-from executor.runtime import LABEL_INSTANCE
+from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.security import write_secret
 
 #: The agent's one-time enrollment secret, in its own work directory.
@@ -73,6 +75,10 @@ class LocalCloud:
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
         throughput_window_s: float | None = None,
+        stop_tasks: bool = True,
+        orphan_timeout_s: float | None = None,
+        orphan_max_s: float | None = None,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self._catalog = catalog
         self.root = root
@@ -84,6 +90,13 @@ class LocalCloud:
         self.python = python
         self.extra_env = extra_env or {}
         self.throughput_window_s = throughput_window_s
+        # What each agent is started with: checkpoint and stop its tasks on SIGTERM (an
+        # instance told to stop), and its spend brake (None: the agent's own default).
+        self.stop_tasks = stop_tasks
+        self.orphan_timeout_s = orphan_timeout_s
+        self.orphan_max_s = orphan_max_s
+        # How long `terminate` waits for an agent after SIGTERM before SIGKILL.
+        self.stop_grace_s = stop_grace_s
         self.availability = AvailabilityCache()
         self._lock = threading.RLock()
         self._base_ready = False
@@ -127,16 +140,30 @@ class LocalCloud:
             self._write(record)
             return self._view(record)
 
-    def terminate(self, instance_ids: Sequence[str]) -> None:
-        """Stop these agents and remove their containers; unknown ids are not an error."""
+    def terminate(
+        self,
+        instance_ids: Sequence[str],
+        *,
+        grace_s: float | None = None,
+        waiting: Callable[[int, float], None] | None = None,
+    ) -> None:
+        """Stop these agents and remove their containers; unknown ids are not an error.
+
+        Every agent gets SIGTERM at once (started with `--stop-tasks`, each checkpoints and
+        stops its tasks: an instance told to stop does so first), then SIGKILL when still
+        alive after `grace_s` (default `stop_grace_s`; 0: at once). `waiting(alive, waited_s)`
+        hears, about every second, how many agents are still stopping."""
         with self._lock:
             wanted = set(instance_ids)
-            for record in self._records():
-                if record["cloud_id"] in wanted and record["state"] != "terminated":
-                    self._stop_agent(record)
-                    record["state"] = "terminated"
-                    record["terminated_at"] = self.clock()
-                    self._write(record)
+            records = [
+                r for r in self._records() if r["cloud_id"] in wanted and r["state"] != "terminated"
+            ]
+            grace = self.stop_grace_s if grace_s is None else grace_s
+            self._stop_agents(records, grace, waiting)
+            for record in records:
+                record["state"] = "terminated"
+                record["terminated_at"] = self.clock()
+                self._write(record)
 
     def list(self) -> list[CloudInstance]:
         """Instances not terminated. An agent that died on its own is a terminated instance."""
@@ -179,6 +206,86 @@ class LocalCloud:
         records = [r for r in self._records() if r["state"] != "terminated"]
         self.terminate([r["cloud_id"] for r in records])
         return [r["token"] for r in records]
+
+    def leftovers(self) -> Leftovers:
+        """What of this cluster still runs on this host, whatever its records say: agent
+        processes (found by their work directory under this cloud's root, so one whose
+        record is lost or says terminated is found too) and containers labelled with any
+        instance this cloud ever launched (an agent killed with SIGKILL leaves them)."""
+        tokens = {r["token"] for r in self._records()}
+        marker = str(self.root.absolute() / "instances") + "/"
+        agents = sorted(
+            pid for pid, cmdline in _processes() if marker in cmdline and "executor" in cmdline
+        )
+        containers: builtins.list[tuple[str, str]] = []
+        client = self._docker()
+        if client is not None:
+            try:
+                for container in client.containers.list(
+                    all=True, filters={"label": LABEL_INSTANCE}
+                ):
+                    token = container.labels.get(LABEL_INSTANCE, "")
+                    if token in tokens:
+                        containers.append((container.id, token))
+            finally:
+                client.close()
+        return Leftovers(tuple(agents), tuple(sorted(containers)))
+
+    def sweep(self, grace_s: float = 0.0) -> Leftovers:
+        """Remove what `leftovers` finds: agents get SIGTERM, then SIGKILL after `grace_s`;
+        a container whose agent is gone has its job asked to checkpoint over its report
+        socket, as the agent would (`ask_to_checkpoint`: the checkpoint and its step stay in
+        its directory for `down` to upload), then is stopped and removed. Returns what
+        it found. Processes are matched by their command line, so a reused pid is safe."""
+        found = self.leftovers()
+        for pid in found.agents:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p) for p in found.agents) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in found.agents:
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+        client = self._docker()
+        if client is not None and found.containers:
+            import docker
+
+            try:
+                if grace_s > 0:
+                    # Their agents are gone: ask the jobs to checkpoint as an agent would.
+                    ask_to_checkpoint(
+                        [self._attempt_dir(client, c, t) for c, t in found.containers],
+                        time.monotonic() + grace_s,
+                    )
+                for container_id, _token in found.containers:
+                    try:
+                        container = client.containers.get(container_id)
+                        if grace_s > 0 and container.status == "running":
+                            container.stop(timeout=min(10, max(1, int(grace_s))))
+                        container.remove(force=True)
+                    except docker.errors.APIError as exc:
+                        if exc.status_code not in (404, 409):
+                            raise
+            finally:
+                client.close()
+        return found
+
+    def kept_checkpoints(self) -> builtins.list[KeptCheckpoint]:
+        """Checkpoints agents of this cloud left on this host's disk, not uploaded (the
+        daemon could not be reached to grant the upload: `down` with the daemon stopped,
+        or the spend brake): every attempt directory with a saved launch, a checkpoint
+        directory that is not empty, and the step it was taken at (`kept.json`, which
+        the agent writes when it keeps one, else the reporter's `final.json`)."""
+        out = []
+        for directory in sorted(self.root.glob("instances/*/work/attempts/*")):
+            kept = _kept_step(directory)
+            checkpoint = directory / "checkpoint"
+            if kept is None or not (directory / LAUNCH_FILE).is_file():
+                continue
+            if not checkpoint.is_dir() or not any(checkpoint.iterdir()):
+                continue
+            out.append(KeptCheckpoint(directory, directory / LAUNCH_FILE, checkpoint, kept))
+        return out
 
     # -- agents ------------------------------------------------------------------------------
 
@@ -233,6 +340,12 @@ class LocalCloud:
             command += ["--docker", self.docker_url]
         if self.throughput_window_s:
             command += ["--throughput-window", f"{self.throughput_window_s:g}"]
+        if self.stop_tasks:
+            command += ["--stop-tasks"]
+        if self.orphan_timeout_s is not None:
+            command += ["--orphan-timeout", f"{self.orphan_timeout_s:g}"]
+        if self.orphan_max_s is not None:
+            command += ["--orphan-max", f"{self.orphan_max_s:g}"]
         wait = max(0.0, record["running_at"] - self.clock()) + record["setup_s"]
         if wait > 0:
             # Emulated acquisition and setup: the agent registers when EC2's would.
@@ -250,29 +363,59 @@ class LocalCloud:
         log.close()
         return process.pid
 
-    def _stop_agent(self, record: dict[str, Any], grace_s: float = 10.0) -> None:
-        pid = record.get("pid")
-        if pid and _alive(pid, record["token"]):
+    def _stop_agents(
+        self,
+        records: Sequence[dict[str, Any]],
+        grace_s: float,
+        waiting: Callable[[int, float], None] | None = None,
+    ) -> None:
+        """SIGTERM every agent at once, SIGKILL those alive after `grace_s`; then remove
+        their containers."""
+        pids = [r["pid"] for r in records if r.get("pid") and _alive(r["pid"], r["token"])]
+        for pid in pids:
             _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        began = time.monotonic()
+        told = began
+        while (alive := sum(_alive(p) for p in pids)) and time.monotonic() < began + grace_s:
+            if waiting is not None and time.monotonic() - told >= 1.0:
+                told = time.monotonic()
+                waiting(alive, told - began)
+            time.sleep(0.05)
+        for pid in pids:
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)
-        self._remove_containers(record["token"])
+        for record in records:
+            self._remove_containers(record["token"])
 
-    def _remove_containers(self, token: str) -> None:
-        """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
+    def _attempt_dir(self, client: Any, container_id: str, token: str) -> Path:
+        """The attempt directory of a container of ours (from its labels)."""
+        labels = client.containers.get(container_id).labels
+        return attempt_directory(
+            self._dir(token) / "work",
+            labels.get(LABEL_TASK, ""),
+            int(labels.get(LABEL_ATTEMPT, "0") or 0),
+        )
+
+    def _docker(self) -> Any:
+        """A client of the engine, or None when there is none (no container ever ran)."""
         try:
             import docker
 
-            client = (
+            return (
                 docker.DockerClient(base_url=self.docker_url)
                 if self.docker_url
                 else (docker.from_env())
             )
         except Exception:
+            return None
+
+    def _remove_containers(self, token: str) -> None:
+        """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
+        client = self._docker()
+        if client is None:
             return  # no engine: the agent never ran a container
+        import docker
+
         try:
             for container in client.containers.list(
                 all=True, filters={"label": f"{LABEL_INSTANCE}={token}"}
@@ -323,6 +466,56 @@ class LocalCloud:
             record["token"],
             record["launched_at"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Leftovers:
+    """What of a local cluster runs on this host: agent process ids, and containers
+    (id, the instance token of its label)."""
+
+    agents: tuple[int, ...] = ()
+    containers: tuple[tuple[str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.agents or self.containers)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCheckpoint:
+    """A checkpoint an agent kept on this host's disk: its attempt directory, the saved
+    launch (`launch.pb`, the worker protocol's `StartTask`), the checkpoint directory
+    and the job's step when it was taken."""
+
+    directory: Path
+    launch: Path
+    checkpoint: Path
+    step: int
+
+
+def _kept_step(directory: Path) -> int | None:
+    """The step of the checkpoint kept in an attempt directory, or None if none is kept."""
+    for name, key in ((KEPT_FILE, "step"), ("report/final.json", "checkpoint_step")):
+        try:
+            document = json.loads((directory / name).read_text())
+        except (OSError, ValueError):
+            continue
+        step = document.get(key) if isinstance(document, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool) and step >= 0:
+            return int(step)
+    return None
+
+
+def _processes() -> builtins.list[tuple[int, str]]:
+    """(pid, command line) of every process this user can see (none without /proc)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline:
+            out.append((int(entry.name), cmdline.replace(b"\0", b" ").decode("utf-8", "replace")))
+    return out
 
 
 def _alive(pid: int, token: str | None = None) -> bool:

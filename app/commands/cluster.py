@@ -22,6 +22,7 @@ from typing import Any
 
 from app.cli_io import add_json, note, print_json, progress
 from app.config import ClusterConfig, load_cluster_config
+from app.down import DEFAULT_GRACE_S
 from app.table import format_table, money, shorten
 from app.validation import (
     PLOT_FORMATS,
@@ -91,12 +92,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     down = sub.add_parser(
         "down",
-        help="terminate every instance of the cluster (stop the daemon first)",
-        description="Terminate every instance the cloud lists for this cluster — with the "
-        "local provider, stop every worker agent and remove its containers — and record it. "
-        "Jobs stay queued: the next `autoscaler daemon` places them again.",
+        help="checkpoint every task, then terminate every instance of the cluster "
+        "(stop the daemon first)",
+        description="Ask every running task to checkpoint and stop (bounded by --grace), "
+        "upload what they saved, remove whatever of the cluster is left (agents and "
+        "containers on this host, found by their marks even when their records or the "
+        "daemon are gone; on EC2 every instance tagged with the cluster), terminate every "
+        "instance, and record it. Jobs stay queued: the next `autoscaler daemon` names "
+        "them (its `resuming` event) and resumes each task from its newest checkpoint; "
+        "`cancel` gives a job up.",
     )
     down.add_argument("--yes", action="store_true", help="do it (without it: only list)")
+    down.add_argument(
+        "--grace",
+        type=_grace,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help=f"how long tasks may take to checkpoint and stop (default: {DEFAULT_GRACE_S:g})",
+    )
+    down.add_argument(
+        "--now",
+        action="store_true",
+        help="skip the grace: stop everything at once (tasks resume from their last "
+        "checkpoint uploaded while they ran)",
+    )
     add_json(down)
     _config(down)
     down.set_defaults(func=cmd_down)
@@ -341,26 +360,36 @@ def _private_log_files() -> None:
             continue
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 3600 seconds, got {text!r}")
+    return value
+
+
 def cmd_down(args: argparse.Namespace) -> int:
-    from app.wiring import bring_down, build_cloud, open_state
+    from app.down import describe, graceful_down
+    from app.wiring import build_cloud, open_state
 
     config = load_cluster_config(args.config)
     cloud = build_cloud(config)
     listed = cloud.list()
     if not args.yes:
+        found = cloud.leftovers() if hasattr(cloud, "leftovers") else None
+        known = {i.instance_id for i in listed}
+        containers = [c for c, token in found.containers if token not in known] if found else []
         if args.json:
             print_json(
                 {
                     "terminated": [],
-                    "would_terminate": [
-                        {
-                            "instance": inst.instance_id,
-                            "cloud_id": inst.cloud_id,
-                            "type": inst.instance_type,
-                            "state": inst.state,
-                        }
-                        for inst in listed
-                    ],
+                    "would_terminate": [describe(i) for i in listed],
+                    "leftovers": {
+                        "agents": list(found.agents) if found else [],
+                        "containers": containers,
+                    },
                 }
             )
             return 0
@@ -369,10 +398,14 @@ def cmd_down(args: argparse.Namespace) -> int:
                 f"would terminate {inst.instance_id or '?'} ({inst.cloud_id}, "
                 f"{inst.instance_type}, {inst.state})"
             )
+        if containers:
+            print(f"would remove {len(containers)} leftover container(s) of ended instances")
         print(f"{len(listed)} instance(s); run again with --yes to terminate them")
         return 0
     from app.leader import LeaderLock
+    from executor.storage import open_storage
 
+    grace = 0.0 if args.now else args.grace
     store = open_state(config)
     # Holding the daemon's lock: no daemon relaunches what this terminates.
     leader = LeaderLock(store.engine, config.cluster.name)
@@ -384,16 +417,76 @@ def cmd_down(args: argparse.Namespace) -> int:
                 source=str(config.path),
             )
         try:
-            gone = bring_down(store, cloud, time.time)
+            if grace and listed:
+                progress(
+                    f"asking the tasks on {len(listed)} instance(s) to checkpoint and stop "
+                    f"(at most {grace:g} s; --now skips this)"
+                )
+            report = graceful_down(
+                store,
+                cloud,
+                open_storage(config.storage.url),
+                time.time,
+                grace_s=grace,
+                waiting=lambda alive, waited: progress(
+                    f"  {alive} agent(s) still checkpointing their tasks ({waited:.0f} s of "
+                    f"{grace:g} s)"
+                ),
+            )
         finally:
             leader.release()
     finally:
         store.close()
     if args.json:
-        print_json({"terminated": gone, "would_terminate": []})
+        print_json({**report.to_json(), "would_terminate": []})
         return 0
-    print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    print(render_down(report))
     return 0
+
+
+def render_down(report: Any) -> str:
+    """What `down` stopped: the tasks with the checkpoint each resumes from, the
+    instances, and leftovers found beyond the records."""
+    lines = []
+    if report.tasks:
+        rows = [
+            (
+                t.job_id,
+                t.task_id,
+                t.instance_id,
+                t.attempt,
+                "start" if t.checkpoint_step is None else t.checkpoint_step,
+                t.saved,
+            )
+            for t in report.tasks
+        ]
+        lines.append(
+            format_table(
+                ["job", "task", "instance", "attempt", "resumes from step", "checkpoint saved"],
+                rows,
+                right=[False, False, False, True, True, False],
+            )
+        )
+        lines.append("")
+    gone = [i["instance"] for i in report.instances]
+    lines.append(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    if report.leftover_agents or report.leftover_containers:
+        lines.append(
+            f"removed leftovers: {len(report.leftover_agents)} agent process(es), "
+            f"{len(report.leftover_containers)} container(s)"
+        )
+    if report.unuploaded:
+        lines.append(
+            f"{len(report.unuploaded)} checkpoint(s) kept on disk could not be uploaded "
+            "(run `down --yes` again): " + ", ".join(report.unuploaded)
+        )
+    if report.tasks:
+        jobs = sorted({t.job_id for t in report.tasks})
+        lines.append(
+            f"{len(jobs)} job(s) stay queued and resume at the next `autoscaler daemon`: "
+            + shorten(jobs)
+        )
+    return "\n".join(lines)
 
 
 # -- talking to the daemon ----------------------------------------------------------------------
