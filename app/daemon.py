@@ -210,14 +210,9 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
-        unfinished = store.jobs(("queued", "running"))
-        if unfinished:  # never a silent relaunch: say what the first round plans again
-            _event(
-                "resuming",
-                jobs=[j.job_id for j in unfinished],
-                reason=f"{len(unfinished)} unfinished job(s) in the database are planned "
-                "again at the first round, each task from its newest checkpoint",
-            )
+        resuming = resuming_event(store)
+        if resuming:  # never a silent relaunch: say what the first round plans again
+            _event("resuming", **resuming)
         try:
             self._serve()
             self._schedule()
@@ -313,6 +308,29 @@ class Daemon:
         )
         scheduler.start()
         self.scheduler = scheduler
+
+
+def resuming_event(store: Any) -> dict[str, Any] | None:
+    """What a starting daemon says it picks up (None: nothing): the unfinished jobs in the
+    database — queued ones included, such as those `down` stopped — and the step each of
+    their tasks resumes from (its newest checkpoint; None: from the start). Nothing is
+    relaunched silently."""
+    from executor.storage import checkpoint_step
+
+    unfinished = store.jobs(("queued", "running"))
+    if not unfinished:
+        return None
+    tasks = store.snapshot(with_throughput=False).tasks
+    return {
+        "jobs": [j.job_id for j in unfinished],
+        "from_step": {
+            t.task_id: checkpoint_step(t.checkpoint)
+            for t in sorted(tasks.values(), key=lambda t: t.task_id)
+            if t.status not in ("completed", "cancelled", "failed")
+        },
+        "reason": f"{len(unfinished)} unfinished job(s) in the database are planned again "
+        "at the first round, each task from its newest checkpoint",
+    }
 
 
 def _event(event: str, **fields: Any) -> None:
