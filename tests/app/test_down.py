@@ -88,10 +88,8 @@ def test_a_kept_checkpoint_is_recorded_only_for_its_tasks_current_attempt_and_wh
     assert checkpoint_step(store.snapshot(with_throughput=False).tasks["a/0"].checkpoint) == 650
 
 
-def test_down_leaves_jobs_queued_and_the_next_daemon_names_them_with_their_steps(
-    cluster, capsys
-):
-    config, store, storage = cluster
+def test_down_leaves_jobs_queued_and_the_next_daemon_names_them_with_their_steps(cluster, capsys):
+    config, store, _ = cluster
     before = resuming_event(store)
     assert before is not None and before["jobs"] == ["a"]
     _keep(config, "a/0", 2, 720)
@@ -118,7 +116,7 @@ def test_down_leaves_jobs_queued_and_the_next_daemon_names_them_with_their_steps
 
 
 def test_a_starting_daemon_with_nothing_unfinished_resumes_nothing(cluster):
-    config, store, _ = cluster
+    _, store, _ = cluster
     store.cancel_job("a", time.time())
     assert resuming_event(store) is None
 
