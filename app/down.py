@@ -123,10 +123,10 @@ def graceful_down(
     swept = None
     uploaded: dict[str, str] = {}
     failed: list[str] = []
-    if hasattr(cloud, "sweep"):  # the local cloud: agents and containers on this host
-        cloud.terminate(  # type: ignore[call-arg]
-            [i.cloud_id for i in listed], grace_s=grace_s, waiting=waiting
-        )
+    from provisioners.local import LocalCloud
+
+    if isinstance(cloud, LocalCloud):  # agents and containers on this host
+        cloud.terminate([i.cloud_id for i in listed], grace_s=grace_s, waiting=waiting)
         swept = cloud.sweep(grace_s)
         uploaded, failed = upload_kept(cloud.kept_checkpoints(), store, storage, clock)
     waited = time.monotonic() - began
