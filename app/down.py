@@ -112,6 +112,7 @@ def graceful_down(
     record it all (see the module's docstring). The caller holds the leader lock."""
     from app.wiring import bring_down
     from executor.storage import checkpoint_step
+    from provisioners.local import LocalCloud
 
     placed = {
         t.task_id: t
@@ -123,11 +124,13 @@ def graceful_down(
     swept = None
     uploaded: dict[str, str] = {}
     failed: list[str] = []
-    from provisioners.local import LocalCloud
-
     if isinstance(cloud, LocalCloud):  # agents and containers on this host
-        cloud.terminate([i.cloud_id for i in listed], grace_s=grace_s, waiting=waiting)
-        swept = cloud.sweep(grace_s)
+        cloud.terminate(
+            [i.cloud_id for i in listed], grace_s=grace_s, waiting=waiting, remove_containers=False
+        )
+        # What the agents did not stop (one that died, or ran without --stop-tasks): asked
+        # over its report socket, within what is left of the grace (a little at least).
+        swept = cloud.sweep(max(grace_s - (time.monotonic() - began), min(grace_s, 10.0)))
         uploaded, failed = upload_kept(cloud.kept_checkpoints(), store, storage, clock)
     waited = time.monotonic() - began
     after = store.snapshot(with_throughput=False).tasks

@@ -81,7 +81,8 @@ class LocalCloud:
         stop_grace_s: float = 10.0,
     ) -> None:
         self._catalog = catalog
-        self.root = root
+        # Absolute: agents are found by their work directory in their command line.
+        self.root = root.absolute()
         self.daemon_address = daemon_address
         self.ca_path = ca_path
         self.docker_url = docker_url or os.environ.get("DOCKER_HOST")
@@ -146,20 +147,23 @@ class LocalCloud:
         *,
         grace_s: float | None = None,
         waiting: Callable[[int, float], None] | None = None,
+        remove_containers: bool = True,
     ) -> None:
         """Stop these agents and remove their containers; unknown ids are not an error.
 
         Every agent gets SIGTERM at once (started with `--stop-tasks`, each checkpoints and
         stops its tasks: an instance told to stop does so first), then SIGKILL when still
         alive after `grace_s` (default `stop_grace_s`; 0: at once). `waiting(alive, waited_s)`
-        hears, about every second, how many agents are still stopping."""
+        hears, about every second, how many agents are still stopping. Without
+        `remove_containers`, containers an agent left are for `sweep` (`down`: it asks
+        their jobs to checkpoint first)."""
         with self._lock:
             wanted = set(instance_ids)
             records = [
                 r for r in self._records() if r["cloud_id"] in wanted and r["state"] != "terminated"
             ]
             grace = self.stop_grace_s if grace_s is None else grace_s
-            self._stop_agents(records, grace, waiting)
+            self._stop_agents(records, grace, waiting, remove_containers)
             for record in records:
                 record["state"] = "terminated"
                 record["terminated_at"] = self.clock()
@@ -368,9 +372,10 @@ class LocalCloud:
         records: Sequence[dict[str, Any]],
         grace_s: float,
         waiting: Callable[[int, float], None] | None = None,
+        remove_containers: bool = True,
     ) -> None:
         """SIGTERM every agent at once, SIGKILL those alive after `grace_s`; then remove
-        their containers."""
+        their containers (unless told not to)."""
         pids = [r["pid"] for r in records if r.get("pid") and _alive(r["pid"], r["token"])]
         for pid in pids:
             _signal_group(pid, signal.SIGTERM)
@@ -384,7 +389,7 @@ class LocalCloud:
         for pid in pids:
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)
-        for record in records:
+        for record in records if remove_containers else ():
             self._remove_containers(record["token"])
 
     def _attempt_dir(self, client: Any, container_id: str, token: str) -> Path:
