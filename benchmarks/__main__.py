@@ -1,4 +1,5 @@
-"""Run benchmarks: `python -m benchmarks` (all) or `python -m benchmarks NAME [options]`."""
+"""Run benchmarks: `python -m benchmarks` (all but `faults`, which runs only when named) or
+`python -m benchmarks NAME [options]`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
 from benchmarks import (
     daemon_scale,
+    faults,
     inputs,
     limits,
     lp_scaling,
@@ -24,7 +26,10 @@ BENCHMARKS = {
     "migration": migration.main,
     "limits": limits.main,
     "inputs": inputs.main,
+    "faults": faults.main,
 }
+#: Run only when named: minutes of Docker containers and injected faults.
+ON_REQUEST = {"faults"}
 
 
 def main() -> None:
@@ -39,6 +44,8 @@ def main() -> None:
             BENCHMARKS[args[0]](args[1:])
             return
         for name, run in BENCHMARKS.items():
+            if name in ON_REQUEST:
+                continue
             print(f"== {name} ==")
             run(args)
     except InputError as exc:  # a file named on the command line

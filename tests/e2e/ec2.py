@@ -247,6 +247,7 @@ class BootedInstances:
     user_data: dict[str, dict[str, str]] = field(default_factory=dict)
     metadata: dict[str, ImdsServer] = field(default_factory=dict)  # EC2 id -> its IMDS
     errors: list[str] = field(default_factory=list)
+    halted: set[str] = field(default_factory=set)  # EC2 ids whose machine is gone
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -327,10 +328,12 @@ class BootedInstances:
 
     def _halt(self, ec2_id: str) -> None:
         process = self.workers.get(ec2_id)
-        if process is None or process.poll() is not None:
+        if process is None or ec2_id in self.halted:
             return
-        os.killpg(process.pid, signal.SIGKILL)  # the machine is gone: no goodbye
-        process.wait(timeout=30)
+        self.halted.add(ec2_id)
+        if process.poll() is None:  # its worker may have died first: its containers go all
+            os.killpg(process.pid, signal.SIGKILL)  # the same (the machine is gone: no goodbye)
+            process.wait(timeout=30)
         imds = self.metadata.pop(ec2_id, None)
         if imds is not None:
             imds.close()
