@@ -49,6 +49,7 @@ from autoscaler.jobs import (
     validate_against_catalog,
     without_missing_families,
 )
+from autoscaler.limits import MAX_JOB_COST
 from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, TaskUpdate, UnknownEntity
 from executor.packing import inflated_size
 from executor.storage import (
@@ -676,6 +677,16 @@ def parse_submitted(spec_json: str) -> JobSpec:
             where=f"job {job.job_id!r}",
             field="priority",
             value=job.priority,
+            has_value=True,
+        )
+    if job.max_cost is not None and (
+        type(job.max_cost) not in (int, float) or not 0 < job.max_cost <= MAX_JOB_COST
+    ):
+        raise InputError(
+            f"must be a number of US dollars above 0 and at most {MAX_JOB_COST:g}",
+            where=f"job {job.job_id!r}",
+            field="max_cost",
+            value=job.max_cost,
             has_value=True,
         )
     seen: set[str] = set()

@@ -270,10 +270,23 @@ class TeamTable(Strict, frozen=True):
     # The priority of the team's jobs that state none, and the most one may ask for.
     priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     max_priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
+    # Dollars the team's jobs may be charged per UTC day; reached, they wait for the next.
+    daily_budget: (
+        Annotated[
+            float,
+            number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0"),
+        ]
+        | None
+    ) = None
 
     def limits(self) -> TeamLimits:
         return TeamLimits(
-            self.weight, self.max_hourly_spend, self.max_share, self.priority, self.max_priority
+            self.weight,
+            self.max_hourly_spend,
+            self.max_share,
+            self.priority,
+            self.max_priority,
+            self.daily_budget,
         )
 
 
