@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from app.config import ClusterConfig
 from app.leader import LeaderLock
 from app.metrics import Metrics
 from app.reports import hourly_cost_now
+from app.teams import team_policy
 from app.users import Authenticator
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
@@ -119,6 +120,7 @@ class Daemon:
             planner=config.planner.planner,
             options=self.options,
             max_context_bytes=int(config.limits.max_context_mb * 2**20),
+            teams=config.teams,
         )
         self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
@@ -131,6 +133,7 @@ class Daemon:
         with self._busy:
             started = time.perf_counter()
             try:
+                self._team_limits()
                 outcome = self.loop.schedule()
             except Exception:
                 log.exception("round failed; the next one starts from the database")
@@ -160,6 +163,17 @@ class Daemon:
                 _event("waiting", task=task, reason=why)
             self._observe_state()
             return record
+
+    def _team_limits(self) -> None:
+        """The teams' limits this round decides by: `team set`'s over the config's
+        (`app.teams`), read afresh so a change takes effect at the next round."""
+        try:
+            records = self.api.accounts.teams()
+        except RuntimeError:  # no state database for accounts (a test's store)
+            return
+        policy = team_policy(self.config.teams, records)
+        self.loop.options = replace(self.options, teams=policy)
+        self.api.options = self.loop.options
 
     def step(self) -> StepDecision | None:
         """One step between rounds; asks for an early round when a worker was lost."""

@@ -144,3 +144,44 @@ def test_spend_today_is_the_ledger_split_from_utc_midnight() -> None:
     spent = spending(uptime, placements, {"a": a, "b": b}, {"a": "ta", "b": "tb"}, catalog, end)
     assert spent.team_today == {"ta": 1.0, "tb": 1.0}
     assert spent.job_total == {"a": 2.0, "b": 2.0}
+
+
+def test_job_shows_why_a_waiting_job_waits() -> None:
+    # test_team_share's setting: budget $6/h, research weight 2, prod weight 1, eight
+    # $1/h jobs each: prod's share is $2/h, two jobs; its third waits for the share.
+    from app.reports import job_detail
+    from autoscaler.cloud import Guardrails
+    from tests.simulator.test_team_share import BUDGET, POLICY
+
+    catalog = one_task_type()
+    jobs = [*team_jobs("research", 8, 30000.0), *team_jobs("prod", 8, 30000.0)]
+    options = ControlOptions(guardrails=Guardrails(max_hourly_spend=BUDGET), teams=POLICY)
+    engine, store, loop = _loop(catalog, jobs, options)
+    for j in jobs:
+        store.submit_job(
+            j, owner=f"{j.trace.team}-user", at=j.trace.arrival_time_s, team=j.trace.team
+        )
+    _run(engine, loop, 900.0)
+    detail = job_detail(store, "prod2", catalog, 900.0)
+    assert detail is not None and detail["team"] == "prod"
+    assert detail["waiting"] == (
+        "waiting: team prod at its share $2.00/h of $6.00/h "
+        "($2.00/h in use; this job needs $1.00/h)"
+    )
+    running = job_detail(store, "prod0", catalog, 900.0)
+    assert running is not None and running["waiting"] is None
+
+
+def test_job_shows_a_job_stopped_at_its_max_cost() -> None:
+    from app.reports import job_detail
+
+    catalog = one_task_type()
+    spec = dataclasses.replace(job("capped", 0.0, DAY_S), max_cost=0.1)
+    engine, store, loop = _loop(catalog, [spec], ControlOptions())
+    store.submit_job(spec, owner="u", at=0.0)
+    _run(engine, loop, 3600.0)
+    detail = job_detail(store, "capped", catalog, 3600.0)
+    assert detail is not None
+    assert (detail["status"], detail["max_cost"]) == ("cancelled", 0.1)
+    assert detail["reason"].startswith("stopped: max_cost $0.10 reached")
+    assert detail["cost"] >= 0.1
