@@ -11,6 +11,7 @@ of 3/4 there (B: 3 of 4 CPUs; A: 12 of 16 GiB), so A's part is half: $0.1785/h.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -72,3 +73,41 @@ def test_a_quote_without_a_duration_has_no_total(planned):
         quote = root.quote(dataclasses.replace(demanding("a", 0, 1, 2), full_throughput=None))
     assert quote["hours"] is None and quote["total_packed"] is None
     assert quote["hourly_cost_packed"] == pytest.approx(0.08925)
+
+
+def test_submit_quote_through_the_cli_submits_nothing(planned, tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "job.toml"
+    path.write_text(
+        'name = "small"\nfull_throughput = 2.0\nmax_cost = 5.0\n'
+        '[tasks.a]\nimage = "busybox"\ndemand = { any = [0, 1, 2] }\n'
+    )
+    config = ["--config", str(planned.config.path)]
+    assert main(["submit", str(path), "--quote", "--iterations", "7200", "--json", *config]) == 0
+    [quote] = json.loads(capsys.readouterr().out)["quotes"]
+    assert quote["hourly_cost_packed"] == pytest.approx(0.08925)
+    assert quote["total_no_packing"] == pytest.approx(0.08925)  # 7200 iterations at 2/s: 1 h
+    assert main(["submit", str(path), "--quote", *config]) == 0
+    assert "no packing" in capsys.readouterr().out
+    assert main(["submit", str(path), "--duration", "60", *config]) == 2
+    assert "go with --quote" in capsys.readouterr().err
+    assert planned.store.jobs() == []
+
+
+def test_a_job_files_max_cost_reaches_the_daemon_and_is_bounded(planned, tmp_path, capsys):
+    from app.cli import main
+
+    path = tmp_path / "job.toml"
+    body = (
+        'name = "capped"\nmax_cost = {}\n'
+        '[tasks.a]\nimage = "busybox"\ndemand = {{ any = [0, 1, 2] }}\n'
+    )
+    config = ["--config", str(planned.config.path)]
+    path.write_text(body.format("12.5"))
+    assert main(["submit", str(path), "--json", *config]) == 0
+    [job_id] = json.loads(capsys.readouterr().out)["jobs"]
+    assert planned.store.job(job_id).spec.max_cost == 12.5
+    path.write_text(body.format("-1"))
+    assert main(["submit", str(path), *config]) == 2
+    assert "max_cost" in capsys.readouterr().err

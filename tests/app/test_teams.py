@@ -4,6 +4,8 @@ overriding the config's `[teams.NAME]`, and in effect at the daemon's next round
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
@@ -96,3 +98,20 @@ def test_the_daemon_decides_by_what_team_set_stored_at_its_next_round(with_teams
         assert daemon.api.options is daemon.loop.options  # quotes see the same limits
     finally:
         daemon.bindings.store.close()
+
+
+def test_team_commands_through_the_cli(api, capsys):
+    from app.cli import main
+
+    config = ["--config", str(api.config.path)]
+    assert main(["team", "list", *config]) == 0
+    assert "no teams" in capsys.readouterr().out
+    assert main(["team", "set", "ml", "--weight", "2", "--daily-budget", "150", *config]) == 0
+    out = capsys.readouterr().out
+    assert "$150.00*" in out and "2*" in out and "next round" in out
+    assert main(["team", "set", "ml", *config]) == 2
+    assert "at least one limit" in capsys.readouterr().err
+    assert main(["team", "list", "--json", *config]) == 0
+    [ml] = json.loads(capsys.readouterr().out)["teams"]
+    assert (ml["team"], ml["weight"], ml["daily_budget"]) == ("ml", 2.0, 150.0)
+    assert ml["set"] == ["daily_budget", "weight"]
