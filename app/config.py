@@ -290,6 +290,13 @@ class TeamTable(Strict, frozen=True):
         )
 
 
+class AuditTable(Strict, frozen=True):
+    """How long the audit log keeps an API call (`[audit]`)."""
+
+    # Entries older than this many days are deleted by the daemon, hourly (None: kept).
+    keep_days: Annotated[float, number(gt=0, le=36_500.0, description="days, > 0")] | None = None
+
+
 class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
@@ -306,6 +313,7 @@ class ClusterConfigFile(Strict, frozen=True):
     ec2: EC2Table = msgspec.field(default_factory=EC2Table)
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
+    audit: AuditTable = msgspec.field(default_factory=AuditTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -395,6 +403,7 @@ class ClusterConfig:
     state: StateConfig
     raw: Mapping[str, Any] = field(default_factory=dict)
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
+    audit: AuditTable = field(default_factory=AuditTable)
 
     @property
     def api_address(self) -> str:
@@ -513,6 +522,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
         teams=document.teams,
+        audit=document.audit,
     )
 
 

@@ -161,6 +161,13 @@ class Daemon:
                 )
             for task, why in record.numbers.get("infeasible", {}).items():
                 _event("waiting", task=task, reason=why)
+            # Budgets: a job at its max_cost (stopping, then stopped) and a team at its
+            # daily budget, each once a round while it lasts.
+            for job_id, capped in record.numbers.get("max_cost", {}).items():
+                _event("max_cost", job=job_id, state=capped["state"], reason=capped["reason"])
+            over = record.numbers.get("fair_share", {}).get("over_daily_budget", {})
+            for team, spent in over.items():
+                _event("daily_budget", team=team, **spent)
             self._observe_state()
             return record
 
@@ -174,6 +181,18 @@ class Daemon:
         policy = team_policy(self.config.teams, records)
         self.loop.options = replace(self.options, teams=policy)
         self.api.options = self.loop.options
+
+    def prune_audit(self) -> int:
+        """Delete audit entries older than `[audit] keep_days` (none without it): the log
+        of every call grows with every call, and a cluster's policy says how long it is
+        kept. Returns how many went."""
+        keep = self.config.audit.keep_days
+        if keep is None:
+            return 0
+        pruned = self.api.accounts.prune_audit(self.clock.now() - keep * 86400.0)
+        if pruned:
+            _event("audit_pruned", entries=pruned, keep_days=keep)
+        return pruned
 
     def step(self) -> StepDecision | None:
         """One step between rounds; asks for an early round when a worker was lost."""
@@ -325,6 +344,14 @@ class Daemon:
             id="collect-checkpoints",
             kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
         )
+        if self.config.audit.keep_days is not None:
+            scheduler.add_job(
+                self.prune_audit,
+                "interval",
+                seconds=3600,
+                id="prune-audit",
+                next_run_time=datetime.now(UTC),
+            )
         scheduler.start()
         self.scheduler = scheduler
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Engine, Row, Table, insert, select, update
+from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from autoscaler.store import StoreError
@@ -172,6 +172,12 @@ class SqlAccounts:
     def record(self, entry: AuditRecord) -> None:
         with write_transaction(self.engine) as conn:
             conn.execute(insert(AUDIT).values(**_audit_row(entry)))
+
+    def prune_audit(self, before: float) -> int:
+        """Delete the audit entries recorded before `before` (`[audit] keep_days`); how many."""
+        with write_transaction(self.engine) as conn:
+            done = conn.execute(delete(AUDIT).where(AUDIT.c.at < before))
+        return int(done.rowcount or 0)
 
     def audit(
         self, *, user: str | None = None, since: float | None = None, limit: int = 0

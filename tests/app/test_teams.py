@@ -115,3 +115,26 @@ def test_team_commands_through_the_cli(api, capsys):
     [ml] = json.loads(capsys.readouterr().out)["teams"]
     assert (ml["team"], ml["weight"], ml["daily_budget"]) == ("ml", 2.0, 150.0)
     assert ml["set"] == ["daily_budget", "weight"]
+
+
+def test_the_daemon_prunes_audit_entries_older_than_keep_days(cluster_dir, api):
+    path = cluster_dir / "autoscaler.toml"
+    path.write_text(path.read_text() + "\n[audit]\nkeep_days = 1.0\n")
+    config = load_cluster_config(path)
+    now = api.clock[0]
+    api.clock[0] = now - 2 * 86400.0  # two days ago
+    with admin(api) as root:
+        root.teams()
+    api.clock[0] = now - 3600.0  # an hour ago
+    with admin(api) as root:
+        root.set_team("ml", weight=2.0)
+    daemon = Daemon(config, build_bindings(config))
+    try:
+        assert daemon.prune_audit() == 1
+        assert daemon.prune_audit() == 0
+    finally:
+        daemon.bindings.store.close()
+    api.clock[0] = now
+    with admin(api) as root:
+        methods = [e["method"] for e in root.audit()["entries"]]
+    assert methods == ["SetTeam"]  # the call two days old is gone
