@@ -62,7 +62,7 @@ from autoscaler.execution import (
 from autoscaler.failures import AttemptEnd, attempt_ended, classify
 from autoscaler.jobs import TaskRun
 from autoscaler.planner import Plan
-from autoscaler.spend import Spending, spending
+from autoscaler.spend import Spending, day_start, spending
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
@@ -807,12 +807,16 @@ class ControlLoop:
         budgets = teams is not None and any(
             t.daily_budget is not None for t in (*teams.teams.values(), teams.default)
         )
-        if not budgets and not any(j.spec.max_cost is not None for j in snapshot.jobs):
+        capped = [j.submitted_at for j in snapshot.jobs if j.spec.max_cost is not None]
+        if not budgets and not capped:
             return None
+        # Placements from the earliest moment either reads: today's start, or the oldest
+        # capped job's submission (every placement of it is later).
+        since = min([day_start(now), *capped])
         records = {j.job_id: j for j in self.store.jobs()}
         return spending(
             self.store.uptime(),
-            self.store.placements(),
+            self.store.placements(since),
             {job_id: r.spec for job_id, r in records.items()},
             {job_id: r.team for job_id, r in records.items()},
             self.cloud.catalog(),

@@ -118,7 +118,9 @@ def spending(
     now: float,
 ) -> Spending:
     """`Spending` as of `now` from the two ledgers: `specs` the jobs whose tasks are in
-    `placements`, `teams` each job's team at submission."""
+    `placements`, `teams` each job's team at submission. A job's total is right when
+    `placements` holds every placement since it was submitted (those since any earlier
+    time do); a team's spend today, when it holds those since 00:00 UTC."""
     uptime, placements = list(uptime), list(placements)
     weight = dominant_share(specs, catalog)
     total, _ = attribute(uptime, placements, weight, 0.0, now)
