@@ -16,7 +16,15 @@ import uuid
 
 import pytest
 
-from tests.e2e.harness import Daemon, cli, cli_json, local_cluster, state_of, until
+from tests.e2e.harness import (
+    Daemon,
+    all_running,
+    cli,
+    cli_json,
+    local_cluster,
+    state_of,
+    until,
+)
 from tests.executor.conftest import docker_client, python_image  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(600)
@@ -99,6 +107,10 @@ def test_two_teams_users_share_a_binding_budget_by_weight(
                 **dict.fromkeys(jobs["alice"], "research"),
                 **dict.fromkeys(jobs["bob"], "prod"),
             }
+        # The admitted jobs run: their instances' agents enrolled and serve the workers'
+        # port (mutual TLS, the worker CA's certificates).
+        running = [j for ids in admitted.values() for j in ids]
+        until("the admitted jobs to run", lambda: all_running(config, running), daemon=daemon)
         waiting = cli_json("job", jobs["bob"][1], *at)["waiting"]
         assert waiting.startswith("waiting: team prod at its share $0.09/h of $0.27/h")
 
