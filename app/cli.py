@@ -59,6 +59,7 @@ def build_parser() -> Any:
     import argparse
     from typing import NoReturn
 
+    from app.commands.ca import register as register_ca_commands
     from app.commands.catalog import register as register_catalog_commands
     from app.commands.cluster import register as register_cluster_commands
     from app.commands.db import register as register_db_commands
@@ -89,6 +90,7 @@ def build_parser() -> Any:
     register_db_commands(sub)
     register_cluster_commands(sub)
     register_user_commands(sub)
+    register_ca_commands(sub)
     register_deploy_commands(sub)
     register_worker_command(sub)
     return parser

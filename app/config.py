@@ -287,11 +287,31 @@ class TeamTable(Strict, frozen=True):
     # The priority of the team's jobs that state none, and the most one may ask for.
     priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     max_priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
+    # Dollars the team's jobs may be charged per UTC day; reached, they wait for the next.
+    daily_budget: (
+        Annotated[
+            float,
+            number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0"),
+        ]
+        | None
+    ) = None
 
     def limits(self) -> TeamLimits:
         return TeamLimits(
-            self.weight, self.max_hourly_spend, self.max_share, self.priority, self.max_priority
+            self.weight,
+            self.max_hourly_spend,
+            self.max_share,
+            self.priority,
+            self.max_priority,
+            self.daily_budget,
         )
+
+
+class AuditTable(Strict, frozen=True):
+    """How long the audit log keeps an API call (`[audit]`)."""
+
+    # Entries older than this many days are deleted by the daemon, hourly (None: kept).
+    keep_days: Annotated[float, number(gt=0, le=36_500.0, description="days, > 0")] | None = None
 
 
 class ClusterConfigFile(Strict, frozen=True):
@@ -310,6 +330,7 @@ class ClusterConfigFile(Strict, frozen=True):
     ec2: EC2Table = msgspec.field(default_factory=EC2Table)
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
+    audit: AuditTable = msgspec.field(default_factory=AuditTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -399,6 +420,7 @@ class ClusterConfig:
     state: StateConfig
     raw: Mapping[str, Any] = field(default_factory=dict)
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
+    audit: AuditTable = field(default_factory=AuditTable)
 
     @property
     def api_address(self) -> str:
@@ -518,6 +540,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
         teams=document.teams,
+        audit=document.audit,
     )
 
 

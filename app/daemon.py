@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from app.config import ClusterConfig
 from app.leader import LeaderLock
 from app.metrics import Metrics
 from app.reports import hourly_cost_now
+from app.teams import team_policy
 from app.users import Authenticator
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
@@ -119,6 +120,7 @@ class Daemon:
             planner=config.planner.planner,
             options=self.options,
             max_context_bytes=int(config.limits.max_context_mb * 2**20),
+            teams=config.teams,
         )
         self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
@@ -131,6 +133,7 @@ class Daemon:
         with self._busy:
             started = time.perf_counter()
             try:
+                self._team_limits()
                 outcome = self.loop.schedule()
             except Exception:
                 log.exception("round failed; the next one starts from the database")
@@ -158,8 +161,38 @@ class Daemon:
                 )
             for task, why in record.numbers.get("infeasible", {}).items():
                 _event("waiting", task=task, reason=why)
+            # Budgets: a job at its max_cost (stopping, then stopped) and a team at its
+            # daily budget, each once a round while it lasts.
+            for job_id, capped in record.numbers.get("max_cost", {}).items():
+                _event("max_cost", job=job_id, state=capped["state"], reason=capped["reason"])
+            over = record.numbers.get("fair_share", {}).get("over_daily_budget", {})
+            for team, spent in over.items():
+                _event("daily_budget", team=team, **spent)
             self._observe_state()
             return record
+
+    def _team_limits(self) -> None:
+        """The teams' limits this round decides by: `team set`'s over the config's
+        (`app.teams`), read afresh so a change takes effect at the next round."""
+        try:
+            records = self.api.accounts.teams()
+        except RuntimeError:  # no state database for accounts (a test's store)
+            return
+        policy = team_policy(self.config.teams, records)
+        self.loop.options = replace(self.options, teams=policy)
+        self.api.options = self.loop.options
+
+    def prune_audit(self) -> int:
+        """Delete audit entries older than `[audit] keep_days` (none without it): the log
+        of every call grows with every call, and a cluster's policy says how long it is
+        kept. Returns how many went."""
+        keep = self.config.audit.keep_days
+        if keep is None:
+            return 0
+        pruned = self.api.accounts.prune_audit(self.clock.now() - keep * 86400.0)
+        if pruned:
+            _event("audit_pruned", entries=pruned, keep_days=keep)
+        return pruned
 
     def step(self) -> StepDecision | None:
         """One step between rounds; asks for an early round when a worker was lost."""
@@ -306,6 +339,14 @@ class Daemon:
             id="collect-checkpoints",
             kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
         )
+        if self.config.audit.keep_days is not None:
+            scheduler.add_job(
+                self.prune_audit,
+                "interval",
+                seconds=3600,
+                id="prune-audit",
+                next_run_time=datetime.now(UTC),
+            )
         scheduler.start()
         self.scheduler = scheduler
 

@@ -5,12 +5,9 @@ offline catalog for prices): it works whether the daemon runs or not, and
 makes no cloud call. The command line prints the same documents as tables,
 or writes them with `--json`; the submission API returns them as they are.
 
-**Who pays for a shared instance.** Each second of an instance's billed uptime
-(the ledger) is split among the tasks on it at that second (the placements
-ledger) in proportion to their dominant share — the largest of their GPU,
-CPU and RAM demand over the instance type's capacity, as in DRF. Seconds with
-no task on the instance (booting, draining, idle) are charged to no job: the
-report shows them as idle. Job costs plus idle equal the ledger's total.
+**Who pays for a shared instance** is `autoscaler.spend`'s rule (dominant share of
+each second of uptime; seconds with no task are idle): the same split the daily
+budgets and `max_cost` read. Job costs plus idle equal the ledger's total.
 
 **What no packing would have cost** is each task's reservation price (its
 cheapest instance type alone, Eva §4.2) for as long as it occupied an
@@ -20,9 +17,8 @@ instance — the bill of one instance per task, start-up delays aside.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,8 +26,10 @@ from autoscaler.catalog import Catalog
 from autoscaler.decide import ControlOptions, Planner, decide
 from autoscaler.jobs import JobSpec
 from autoscaler.pricing import PriceBook
+from autoscaler.spend import attribute, dominant_share
 from autoscaler.store import (
     BILLED_STATUSES,
+    FINAL_JOB_STATUSES,
     JobRecord,
     Placement,
     StateSnapshot,
@@ -44,77 +42,6 @@ from autoscaler.store import (
 def hourly_cost_now(store: Store) -> float:
     """$/h of every instance billed now, at the prices recorded with their requests."""
     return sum(i.hourly_price for i in store.instances() if i.status in BILLED_STATUSES)
-
-
-# -- cost attribution -------------------------------------------------------------------------
-
-
-def attribute(
-    uptime: Iterable[UptimeInterval],
-    placements: Iterable[Placement],
-    weight: Callable[[Placement, str], float],
-    t0: float,
-    t1: float,
-) -> tuple[dict[str, float], float]:
-    """Dollars billed within [t0, t1], split among jobs: ({job: $}, idle $).
-
-    `weight(placement, instance_type)` is a task's share weight on its instance
-    (see the module docstring); each stretch of uptime is split among the
-    placements overlapping it, pro rata.
-    """
-    by_instance: dict[str, list[Placement]] = defaultdict(list)
-    for p in placements:
-        by_instance[p.instance_id].append(p)
-    jobs: dict[str, float] = defaultdict(float)
-    idle = 0.0
-    for interval in uptime:
-        start = max(interval.start, t0)
-        end = min(t1 if interval.end is None else interval.end, t1)
-        if end <= start:
-            continue
-        here = [
-            p
-            for p in by_instance.get(interval.instance_id, ())
-            if p.start < end and (p.end is None or p.end > start)
-        ]
-        cuts = sorted(
-            {start, end, *(max(p.start, start) for p in here)}
-            | {min(p.end, end) for p in here if p.end is not None}
-        )
-        rate = interval.hourly_price / 3600.0
-        for a, b in itertools.pairwise(cuts):
-            if b <= a:
-                continue
-            present = [p for p in here if p.start <= a and (p.end is None or p.end >= b)]
-            dollars = (b - a) * rate
-            weights = [max(weight(p, interval.instance_type), 0.0) for p in present]
-            total = sum(weights)
-            if not present or total <= 0:
-                idle += dollars
-                continue
-            for p, w in zip(present, weights, strict=True):
-                jobs[p.job_id] += dollars * w / total
-    return dict(jobs), idle
-
-
-def dominant_share(
-    specs: Mapping[str, JobSpec], catalog: Catalog
-) -> Callable[[Placement, str], float]:
-    """The DRF weight of a placement: its largest demand over its instance's capacity."""
-    tasks = {t.task_id: t for job in specs.values() for t in job.tasks}
-
-    def weight(p: Placement, instance_type: str) -> float:
-        task = tasks.get(p.task_id)
-        if task is None or instance_type not in catalog:
-            return 1.0
-        itype = catalog[instance_type]
-        demand = task.demand_on(itype.family)
-        if demand is None:
-            return 1.0
-        shares = [d / c for d, c in zip(demand, itype.capacity, strict=True) if c > 0]
-        return max(shares, default=1.0) or 1.0
-
-    return weight
 
 
 def cost_report(
@@ -254,6 +181,106 @@ def dry_run(
         else round(plan.no_packing_hourly_cost, 6),
         "lower_bound_hourly_cost_after": None if plan is None else plan.lower_bound_hourly_cost,
     }
+
+
+def quote(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    planner: Planner,
+    options: ControlOptions | None,
+    now: float,
+    job: JobSpec,
+    *,
+    duration_s: float | None = None,
+    iterations: float | None = None,
+    throughput: float | None = None,
+) -> dict[str, Any]:
+    """What `job` would cost if submitted now, nothing submitted (`submit --quote`).
+
+    - **at the current packing**: the next round's plan with the job added (the
+      planner on the current state, as `dry_run`), each of its instances' price split
+      among the tasks on it by dominant share (`autoscaler.spend`, the rule reports
+      charge by): the job's part of the instances its tasks are placed on;
+    - **without packing**: each task's reservation price, its cheapest type alone
+      (Eva §4.2);
+    - **its share of the LP bound**: the plan's LP lower bound (the relaxation, Eva §4.2)
+      split among the planned jobs in proportion to their reservation prices;
+    - **total**: $/h × the duration, given or iterations ÷ iterations per second alone
+      (`throughput`, else the spec's `full_throughput`) — co-location slowdowns aside.
+    """
+    decision = _plan(snapshot, catalog, planner, options, now, [job])
+    prices = PriceBook(catalog)
+    no_packing = sum(_rp(prices, t) for t in job.tasks)
+    plan = decision.plan
+    mine = {t.task_id for t in job.tasks}
+    packed: float | None = None
+    bound_share: float | None = None
+    instances: list[dict[str, Any]] = []
+    if plan is not None:
+        specs = {j.job_id: j.spec for j in snapshot.jobs} | {job.job_id: job}
+        weight = dominant_share(specs, catalog)
+        placed = 0
+        packed = 0.0
+        for inst in plan.configuration:
+            here = [t for t in inst.tasks if t in mine]
+            if not here:
+                continue
+            weights = {
+                t: weight(Placement(t, t.split("/", 1)[0], "", 0, 0.0), inst.type.name)
+                for t in inst.tasks
+            }
+            part = sum(weights[t] for t in here) / sum(weights.values())
+            packed += inst.type.hourly_cost * part
+            placed += len(here)
+            instances.append(
+                {
+                    "instance": inst.instance_id or "(new)",
+                    "type": inst.type.name,
+                    "hourly_price": inst.type.hourly_cost,
+                    "tasks": len(inst.tasks),
+                    "of_this_job": len(here),
+                    "job_part": round(part, 6),
+                }
+            )
+        if placed < len(job.tasks):
+            packed = None  # not (all) placed: it would wait
+        bound = plan.lower_bound_hourly_cost
+        tasks = _tasks(specs)
+        planned_rp = sum(
+            _rp(prices, tasks[t]) for inst in plan.configuration for t in inst.tasks if t in tasks
+        )
+        if bound is not None and planned_rp > 0 and packed is not None:
+            bound_share = bound * no_packing / planned_rp
+    speed = throughput or job.full_throughput
+    hours = None
+    if duration_s:
+        hours = duration_s / 3600.0
+    elif iterations and speed:
+        hours = iterations / speed / 3600.0
+    waiting = dict(decision.numbers.get("fair_share", {}).get("waiting", {}))
+    return {
+        "job": job.job_id,
+        "tasks": len(job.tasks),
+        "hourly_cost_packed": None if packed is None else round(packed, 6),
+        "hourly_cost_no_packing": round(no_packing, 6),
+        "hourly_lower_bound_share": None if bound_share is None else round(bound_share, 6),
+        "lower_bound_hourly_cost": None if plan is None else plan.lower_bound_hourly_cost,
+        "hours": hours,
+        "total_packed": None if hours is None or packed is None else round(packed * hours, 6),
+        "total_no_packing": None if hours is None else round(no_packing * hours, 6),
+        "total_lower_bound_share": None
+        if hours is None or bound_share is None
+        else round(bound_share * hours, 6),
+        "instances": instances,
+        "launch": sorted(lc.instance_type for lc in decision.launches if set(lc.tasks) & mine),
+        "waiting": waiting.get(job.job_id),
+        "infeasible": {t: why for t, why in decision.infeasible.items() if t in mine},
+        "cluster_hourly_cost_after": None if plan is None else round(plan.hourly_cost, 6),
+    }
+
+
+def _tasks(specs: Mapping[str, JobSpec]) -> dict[str, Any]:
+    return {t.task_id: t for spec in specs.values() for t in spec.tasks}
 
 
 def _plan(
@@ -406,8 +433,28 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
         **_job_summary(store, record),
         "full_throughput": record.spec.full_throughput or record.solo_throughput,
         "cost": round(per_job.get(job_id, 0.0), 6),
+        "max_cost": record.spec.max_cost,
+        "team": record.team,
+        "waiting": waiting_reason(store, record),
         "task_list": tasks,
     }
+
+
+def waiting_reason(store: Store, record: JobRecord) -> str | None:
+    """Why the latest round left an unfinished job unplanned, as it recorded it: its
+    team's fair share or daily budget (`fair_share`), or its `max_cost` (None: it was
+    not held back)."""
+    if record.status in FINAL_JOB_STATUSES:
+        return None
+    latest = store.rounds(1)
+    if not latest:
+        return None
+    numbers = latest[-1].numbers
+    capped = numbers.get("max_cost", {}).get(record.job_id)
+    if capped:
+        return f"{capped['state']}: {capped['reason'].removeprefix('stopped: ')}"
+    waiting: str | None = numbers.get("fair_share", {}).get("waiting", {}).get(record.job_id)
+    return waiting
 
 
 def timeline(

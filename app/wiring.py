@@ -90,17 +90,21 @@ def first_admin(config: ClusterConfig, store: Any, at: float) -> Any:
 
 def worker_security(config: ClusterConfig) -> grpc.ServerCredentials:
     """The TLS credentials of the workers' port: the daemon's certificate, and a client
-    certificate from the worker CA required of every caller."""
-    from executor.security import read_secret, server_credentials
+    certificate from a worker CA required of every caller — the current one, and during
+    a rotation the previous one too (`app.worker_ca`), read again at each handshake."""
+    import time
+
+    from app.worker_ca import WorkerTrustFiles
+    from executor.security import read_secret, rotating_server_credentials
 
     secrets = config.secrets
     try:
         cert = secrets.server_cert.read_bytes()
         key = read_secret(secrets.server_key)
-        worker_ca = secrets.worker_ca_cert.read_bytes()
+        trust = WorkerTrustFiles(secrets)
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
-    return server_credentials(cert, key, client_ca=worker_ca)
+    return rotating_server_credentials(cert, key, trust.bundle(time.time))
 
 
 def _missing_secrets(config: ClusterConfig, exc: OSError) -> InputError:
@@ -149,8 +153,8 @@ class StateLedger:
 
 def build_bindings(config: ClusterConfig) -> Bindings:
     """State, storage, executor and cloud for `autoscaler daemon`."""
+    from app.worker_ca import WorkerTrustFiles
     from executor.client import WORKER_METHODS, GrpcExecutor, add_worker_services
-    from executor.security import Authority
     from executor.storage import open_storage
 
     store = open_state(config, create=True)
@@ -161,12 +165,13 @@ def build_bindings(config: ClusterConfig) -> Bindings:
 
         explain_denials(s3)
     try:
-        worker_ca = Authority.load(config.secrets.worker_ca_cert, config.secrets.worker_ca_key)
+        trust = WorkerTrustFiles(config.secrets)  # the worker CA, rotated without a restart
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
     cloud = _cloud(config, publish=True)
     executor = GrpcExecutor(
-        worker_ca=worker_ca,
+        worker_ca=trust().current,
+        trust=trust,
         storage=storage,
         cluster=config.cluster.name,
         registry_address=config.worker_address,

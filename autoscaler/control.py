@@ -62,6 +62,7 @@ from autoscaler.execution import (
 from autoscaler.failures import AttemptEnd, attempt_ended, classify
 from autoscaler.jobs import TaskRun
 from autoscaler.planner import Plan
+from autoscaler.spend import Spending, day_start, spending
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
@@ -559,6 +560,9 @@ def record(store: Store, decision: RoundDecision, *, dry_run: bool = False) -> R
     with its round id. Nothing has been done yet."""
     intents = None if dry_run else decision.intents()
     round_id = store.record_round(decision.record(), intents)
+    if not dry_run:
+        for job_id, reason in sorted(decision.stopped.items()):
+            store.job_finished(job_id, decision.at, "cancelled", reason)
     return replace(decision, round_id=round_id)
 
 
@@ -742,6 +746,7 @@ class ControlLoop:
         self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
         ended, spent = self._history(now)
+        spending = self._spending(snapshot, now)
         elapsed = stopwatch()
         decision = decide(
             snapshot,
@@ -753,6 +758,7 @@ class ControlLoop:
             orphans=observed.orphans,
             ended=ended,
             spent_last_day=spent,
+            spending=spending,
         )
         seconds = elapsed()
         if decision.plan is not None:
@@ -792,6 +798,30 @@ class ControlLoop:
         if rails.max_daily_spend is not None:
             spent = self.store.cost_between(now - 86400.0, now)
         return ended, spent
+
+    def _spending(self, snapshot: StateSnapshot, now: float) -> Spending | None:
+        """The attributed spend the budgets read (`autoscaler.spend`): read from the ledgers
+        only when a team has a daily budget or an unfinished job a `max_cost`, so a round
+        without either (a replay) reads neither ledger."""
+        teams = self.options.teams
+        budgets = teams is not None and any(
+            t.daily_budget is not None for t in (*teams.teams.values(), teams.default)
+        )
+        capped = [j.submitted_at for j in snapshot.jobs if j.spec.max_cost is not None]
+        if not budgets and not capped:
+            return None
+        # Placements from the earliest moment either reads: today's start, or the oldest
+        # capped job's submission (every placement of it is later).
+        since = min([day_start(now), *capped])
+        records = {j.job_id: j for j in self.store.jobs()}
+        return spending(
+            self.store.uptime(),
+            self.store.placements(since),
+            {job_id: r.spec for job_id, r in records.items()},
+            {job_id: r.team for job_id, r in records.items()},
+            self.cloud.catalog(),
+            now,
+        )
 
     def progress(self) -> StepDecision:
         """Carry out the adopted plan as far as the world allows right now."""

@@ -74,7 +74,7 @@ from executor.messages import (
 )
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
-from executor.security import Authority, PeerRefused, instance_of, instance_uri
+from executor.security import Authority, PeerRefused, WorkerTrust, instance_uri
 from executor.storage import (
     Storage,
     StorageError,
@@ -267,6 +267,7 @@ class GrpcExecutor:
         grant_expiry_s: float = GRANT_EXPIRY_S,
         enroll_burst: int = ENROLL_BURST,
         enroll_every_s: float = ENROLL_EVERY_S,
+        trust: Callable[[], WorkerTrust] | None = None,
     ) -> None:
         if not heartbeat_timeout_s > heartbeat_interval_s > 0:
             raise ValueError(
@@ -274,6 +275,9 @@ class GrpcExecutor:
                 f"got {heartbeat_timeout_s} s and {heartbeat_interval_s} s"
             )
         self.worker_ca = worker_ca
+        # Which worker CAs are accepted and which signs, read at every use: a rotation
+        # (`WorkerTrust`) takes effect without a restart. None: `worker_ca` alone.
+        self._trust = trust or (lambda: WorkerTrust(worker_ca))
         self.storage = storage
         self.cluster = cluster
         self.registry_address = registry_address
@@ -564,7 +568,7 @@ class GrpcExecutor:
 
     def _certificate(self, instance_id: str, csr_pem: bytes) -> bytes:
         try:
-            return self.worker_ca.sign_client(
+            return self._trust().current.sign_client(
                 csr_pem, instance_uri(self.cluster, instance_id), self.certificate_lifetime_s
             )
         except ValueError as exc:
@@ -584,7 +588,7 @@ class GrpcExecutor:
                 "a worker certificate is required (enroll, then call the worker port)",
             )
         try:
-            return instance_of(pems[0], self.worker_ca.cert_pem, self.cluster, time.time())
+            return self._trust().instance_of(pems[0], self.cluster, time.time())
         except PeerRefused as exc:
             raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 

@@ -380,3 +380,21 @@ class AuditEntry(Base):
     outcome: Mapped[str] = mapped_column(String(32))  # "ok" or the gRPC status refused with
     detail: Mapped[str] = mapped_column(Text, server_default="")
     peer: Mapped[str] = mapped_column(String, server_default="")
+
+
+class TeamSetting(Base):
+    """A team's limits as `autoscaler team set` left them: each column set overrides the
+    same key of the config's `[teams.NAME]`; NULL leaves the config's value
+    (`app.teams`). Read by the daemon before each round."""
+
+    __tablename__ = "team_settings"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    weight: Mapped[float | None] = mapped_column(Double)
+    max_hourly_spend: Mapped[float | None] = mapped_column(Double)
+    max_share: Mapped[float | None] = mapped_column(Double)
+    daily_budget: Mapped[float | None] = mapped_column(Double)
+    priority: Mapped[int | None] = mapped_column(Integer)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Double)
+    updated_by: Mapped[str] = mapped_column(String, server_default="")

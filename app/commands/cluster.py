@@ -86,6 +86,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("job_file", type=Path, nargs="+", metavar="JOB")
     submit.add_argument("--wait", action="store_true", help="wait until the job(s) finish")
+    submit.add_argument(
+        "--quote",
+        action="store_true",
+        help="submit nothing: print what each job would cost at the cluster's current packing, "
+        "beside its price with no packing and its share of the LP lower bound",
+    )
+    submit.add_argument(
+        "--duration",
+        type=number_arg(0.0, 10 * 365 * 86400.0, low_open=True),
+        default=0.0,
+        metavar="SECONDS",
+        help="with --quote: how long the job runs, for its total cost",
+    )
+    submit.add_argument(
+        "--iterations",
+        type=number_arg(0.0, 1e18, low_open=True),
+        default=0.0,
+        metavar="N",
+        help="with --quote: how many iterations it runs (at --throughput, else the job's "
+        "full_throughput), for its total cost",
+    )
+    submit.add_argument(
+        "--throughput",
+        type=number_arg(0.0, 1e12, low_open=True),
+        default=0.0,
+        metavar="PER_S",
+        help="with --quote: its iterations per second alone",
+    )
     add_json(submit)
     _config(submit)
     submit.set_defaults(func=cmd_submit)
@@ -523,6 +551,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from autoscaler.jobs import validate_against_catalog, without_missing_families
     from provisioners.catalog import catalog_from_document
 
+    if (args.duration or args.iterations or args.throughput) and not args.quote:
+        raise InputError("--duration, --iterations and --throughput go with --quote")
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
     config = load_cluster_config(args.config)
@@ -534,6 +564,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 progress(f"{path}: {note}")
             submissions[index] = submission = dataclasses.replace(submission, job=job)
             validate_against_catalog((submission.job,), catalog, source=str(path))
+        if args.quote:
+            return _quote(client, [s.job for s in submissions], args)
         limit = int(config.limits.max_context_mb * 2**20)
         packed: dict[Path, tuple[Path, str]] = {}
         with tempfile.TemporaryDirectory(prefix="autoscaler-contexts-") as scratch:
@@ -558,6 +590,73 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return _wait(client, ids)
+
+
+def _quote(client: Any, jobs: Sequence[Any], args: argparse.Namespace) -> int:
+    """`submit --quote`: each job's cost at the current packing, nothing submitted."""
+    quotes = [
+        client.quote(
+            job,
+            duration_s=args.duration,
+            iterations=args.iterations,
+            throughput=args.throughput,
+        )
+        for job in jobs
+    ]
+    if args.json:
+        print_json({"quotes": quotes})
+    else:
+        print(render_quotes(quotes))
+    return 0
+
+
+def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
+    """The quotes as a table: $/h packed, with no packing, the LP bound's share, totals."""
+
+    def cell(value: float | None, unit: str = "") -> str:
+        return "-" if value is None else money(value) + unit
+
+    rows = [
+        (
+            q["job"],
+            q["tasks"],
+            cell(q["hourly_cost_packed"], "/h"),
+            cell(q["hourly_cost_no_packing"], "/h"),
+            cell(q["hourly_lower_bound_share"], "/h"),
+            "-" if q["hours"] is None else f"{q['hours']:.2f} h",
+            cell(q["total_packed"]),
+            cell(q["total_no_packing"]),
+        )
+        for q in quotes
+    ]
+    lines = [
+        format_table(
+            [
+                "job",
+                "tasks",
+                "packed",
+                "no packing",
+                "LP bound share",
+                "for",
+                "total",
+                "no packing",
+            ],
+            rows,
+            [False, True, True, True, True, True, True, True],
+        )
+    ]
+    for q in quotes:
+        if q.get("waiting"):
+            lines.append(f"{q['job']}: {q['waiting']}")
+        for task, why in q.get("infeasible", {}).items():
+            lines.append(f"{task}: cannot be placed: {why}")
+        if q["hourly_cost_packed"] is None and not q.get("infeasible") and not q.get("waiting"):
+            lines.append(f"{q['job']}: not placed by the current plan")
+    lines.append(
+        "packed: its part of the instances it would share (dominant share), next round's "
+        "plan; no packing: each task alone on its cheapest type"
+    )
+    return "\n".join(lines)
 
 
 def _pack(directory: Path, out: Path, limit: int) -> str:
@@ -630,7 +729,14 @@ def cmd_job(args: argparse.Namespace) -> int:
         f"{detail['job']} ({detail['name']}, {detail['owner']}): {detail['status']}"
         + (f" — {detail['reason']}" if detail["reason"] else "")
     )
-    print(f"cost so far {money(detail['cost'])}; submitted {_when(detail['submitted_at'])}")
+    cap = detail.get("max_cost")
+    print(
+        f"cost so far {money(detail['cost'])}"
+        + (f" of max_cost {money(cap)}" if cap is not None else "")
+        + f"; submitted {_when(detail['submitted_at'])}"
+    )
+    if detail.get("waiting"):
+        print(detail["waiting"])
     rows = [
         (
             t["task"].split("/", 1)[1],
