@@ -12,6 +12,10 @@ on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
 SIGTERM or SIGINT finishes the current round or step and exits; instances
 keep running, and the next start continues from the database.
 
+With `[[notify]]` webhooks, a thread of its own posts the notification outbox's
+events (`app.notify`); the daemon adds its leadership and, after each round, the
+budget and held-offering crossings it sees. No round waits for a webhook.
+
 Every decision is logged as one JSON line with its reason.
 """
 
@@ -21,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -123,6 +128,22 @@ class Daemon:
         self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
         self.server: grpc.Server | None = None
+        self.notifier: Any = None  # app.notify.Notifier, with [[notify]] webhooks
+        self.notices: Any = None
+        self._notify_thread: threading.Thread | None = None
+        if config.notify:
+            from app.notify import Notices, Notifier, webhooks
+            from state.outbox import SqlOutbox
+
+            outbox = SqlOutbox(bindings.store.engine)
+            self.notifier = Notifier(
+                outbox,
+                webhooks(config),
+                config.cluster.name,
+                self.clock,
+                on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
+            )
+            self.notices = Notices(outbox, config.guardrails)
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -159,6 +180,11 @@ class Daemon:
             for task, why in record.numbers.get("infeasible", {}).items():
                 _event("waiting", task=task, reason=why)
             self._observe_state()
+            if self.notices is not None:
+                try:  # a budget or held offering crossed: into the outbox, sent by the notifier
+                    self.notices.after_round(record, self.bindings.store, self.clock.now())
+                except Exception:
+                    log.exception("notifications of the round failed; the next round retries")
             return record
 
     def step(self) -> StepDecision | None:
@@ -210,6 +236,9 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        if self.notices is not None:
+            self.notices.leader(f"{socket.gethostname()} (pid {os.getpid()})", self.clock.now())
+            self._notify_thread = self.notifier.start(self.stop)
         unfinished = store.jobs(("queued", "running"))
         if unfinished:  # never a silent relaunch: say what the first round plans again
             _event(
@@ -228,6 +257,8 @@ class Daemon:
                 self.scheduler.shutdown(wait=True)
             if self.server is not None:
                 self.server.stop(grace=5).wait()
+            if self._notify_thread is not None:  # `stop` is set: it ends after its post
+                self._notify_thread.join()
             leader.release()
             _event("stopped", reason="instances keep running; the next start continues")
         return 0

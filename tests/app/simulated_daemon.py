@@ -4,7 +4,7 @@ notifications are the production code's, on a virtual clock, in a second."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from app.bundled import bundled
@@ -21,14 +21,24 @@ from tests.simulator.test_hand_computed import NO_INTERFERENCE, catalog
 
 
 class SimulatedDaemon:
-    """A cluster directory (`autoscaler init --local`, plus `extra` TOML), its daemon, and
+    """A cluster directory (`autoscaler init --local`, its file changed by `edits` and
+    followed by `extra` TOML), its daemon, and
     the simulated world it drives; `until(t)` moves the world, the daemon stepping after
     every batch of events as its scheduler would."""
 
-    def __init__(self, root: Path, jobs: Sequence[JobSpec], extra: str = "") -> None:
+    def __init__(
+        self,
+        root: Path,
+        jobs: Sequence[JobSpec],
+        extra: str = "",
+        edits: Mapping[str, str] | None = None,
+    ) -> None:
         init_cluster(root, name="test", local=True)
         path = root / "autoscaler.toml"
         text = path.read_text().replace('listen = "127.0.0.1:9464"', 'listen = ""')
+        for old, new in (edits or {}).items():
+            assert old in text, old
+            text = text.replace(old, new)
         path.write_text(text + "\n" + extra)
         self.config = load_cluster_config(path)
         self.engine = EventLoop()
