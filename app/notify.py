@@ -184,6 +184,24 @@ def message(event: OutboxEvent, cluster: str) -> bytes:
     return json.dumps(document, separators=(",", ":"), default=str).encode()
 
 
+def signed(
+    hook: Webhook, event: OutboxEvent, cluster: str, now: float
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one attempt to post `event` to `hook` at `now`."""
+    body = message(event, cluster)
+    timestamp = str(int(now))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "autoscaler-notify/1",
+        EVENT_HEADER: event.kind,
+        IDEMPOTENCY_HEADER: event.key,
+        TIMESTAMP_HEADER: timestamp,
+    }
+    if hook.secret is not None:
+        headers[SIGNATURE_HEADER] = sign(hook.secret, timestamp, body)
+    return body, headers
+
+
 class DeliveryError(Exception):
     """A post that did not succeed; `permanent` when another try cannot help."""
 
@@ -271,17 +289,7 @@ class Notifier:
         if hook is None:
             self._record(delivery, now, "failed", None, "no [[notify]] of this name any more")
             return
-        body = message(event, self.cluster)
-        timestamp = str(int(now))
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "autoscaler-notify/1",
-            EVENT_HEADER: event.kind,
-            IDEMPOTENCY_HEADER: event.key,
-            TIMESTAMP_HEADER: timestamp,
-        }
-        if hook.secret is not None:
-            headers[SIGNATURE_HEADER] = sign(hook.secret, timestamp, body)
+        body, headers = signed(hook, event, self.cluster, now)
         try:
             self.send(hook, body, headers)
         except DeliveryError as exc:
@@ -426,12 +434,14 @@ class Notices:
         )
         return self.outbox.emit([event], now, {"leader": holder})
 
-    def test(self, now: float, by: str = "") -> list[str]:
-        """A test event (`autoscaler notify test`)."""
-        event = OutboxEvent(
-            f"test:{now:.6f}",
-            "test",
-            now,
-            {"message": "a test notification from `autoscaler notify test`", "by": by},
-        )
-        return self.outbox.emit([event], now)
+
+def sample_event(now: float) -> OutboxEvent:
+    """What `autoscaler notify test` posts (its key unique: receivers keep it)."""
+    import uuid
+
+    return OutboxEvent(
+        f"test:{uuid.uuid4()}",
+        "test",
+        now,
+        {"message": "a test notification from `autoscaler notify test`"},
+    )

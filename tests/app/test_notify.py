@@ -426,3 +426,69 @@ def test_each_new_leader_is_an_event_naming_the_one_before(store):
         ("leader.changed", "host-a (pid 1)", None),
         ("leader.changed", "host-b (pid 2)", "host-a (pid 1)"),
     ]
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_notify_test_posts_a_signed_test_event_and_says_how_each_answered(
+    cluster_dir, receiver, secret_file, capsys
+):
+    from app.cli import main
+
+    path = cluster_dir / "autoscaler.toml"
+    path.write_text(path.read_text() + notify_toml(receiver, secret_file))
+    assert main(["notify", "test", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == "chat: delivered\n"
+    [(headers, body)] = receiver.requests
+    assert verified(headers, body) and json.loads(body)["event"] == "test"
+    receiver.statuses = [500]
+    assert main(["notify", "test", "--config", str(path), "--json"]) == 1
+    out = capsys.readouterr().out
+    assert json.loads(out)["results"] == [
+        {"webhook": "chat", "delivered": False, "error": "HTTP 500 Internal Server Error"}
+    ]
+    assert TOKEN not in out and SECRET.decode() not in out
+
+
+def test_notify_deliveries_lists_what_the_state_recorded(
+    cluster_dir, receiver, secret_file, capsys
+):
+    from app.cli import main
+    from app.config import load_cluster_config
+    from app.wiring import open_state
+
+    path = cluster_dir / "autoscaler.toml"
+    path.write_text(path.read_text() + notify_toml(receiver, secret_file))
+    config = load_cluster_config(path)
+    receiver.statuses = [503]
+    with open_state(config, create=True) as state:
+        state.submit_job(job("a", 0, 10), owner="alice", at=0.0)
+        state.job_finished("a", 5.0)
+        hooks = [webhook(t, cluster_dir) for t in config.notify]
+        Notifier(SqlOutbox(state.engine), hooks, "test", Clock(6.0)).run_once()
+    assert main(["notify", "deliveries", "--config", str(path), "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)["deliveries"]
+    assert shown == {
+        "webhook": "chat",
+        "event": "job.completed",
+        "key": "job.completed:a",
+        "status": "pending",
+        "attempts": 1,
+        "next_at": 16.0,
+        "error": "HTTP 503 Service Unavailable",
+    }
+    assert main(["notify", "deliveries", "--config", str(path)]) == 0
+    assert "job.completed:a" in capsys.readouterr().out
+
+
+def test_the_daemon_check_refuses_a_webhook_secret_others_can_read(cluster_dir, receiver):
+    from app.config import check_daemon_config, load_cluster_config
+
+    loose = cluster_dir / "loose.secret"
+    loose.write_bytes(SECRET)
+    loose.chmod(0o644)
+    path = cluster_dir / "autoscaler.toml"
+    path.write_text(path.read_text() + notify_toml(receiver, loose))
+    with pytest.raises(InputError, match=r"\[\[notify\]\] chat.*chmod 600"):
+        check_daemon_config(load_cluster_config(path))
