@@ -57,6 +57,9 @@ log = logging.getLogger("autoscaler.daemon")
 #: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
 FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
 
+#: How long delivered and failed notifications are kept in the state.
+NOTIFY_RETENTION_S = 30 * 86400.0
+
 #: Threads of the gRPC server: API calls, and one per connected worker's command stream.
 WORKER_THREADS = 512
 
@@ -342,8 +345,16 @@ class Daemon:
             id="collect-checkpoints",
             kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
         )
+        scheduler.add_job(self._prune_notifications, "interval", seconds=3600, id="prune-notify")
         scheduler.start()
         self.scheduler = scheduler
+
+    def _prune_notifications(self) -> None:
+        """Forget notifications ended more than `NOTIFY_RETENTION_S` ago (the outbox gets
+        a row per finished job, webhooks or not)."""
+        from state.outbox import SqlOutbox
+
+        SqlOutbox(self.bindings.store.engine).prune(self.clock.now() - NOTIFY_RETENTION_S)
 
 
 def _event(event: str, **fields: Any) -> None:

@@ -201,6 +201,19 @@ class SqlOutbox:
                 )
             )
 
+    def prune(self, before: float) -> int:
+        """Forget what ended before `before`: deliveries delivered or failed, and events
+        with no delivery left (sent, or news too old to send). Returns events removed."""
+        with write_transaction(self.engine) as conn:
+            conn.execute(
+                delete(DELIVERIES).where(
+                    DELIVERIES.c.status != "pending", DELIVERIES.c.updated_at < before
+                )
+            )
+            left = select(DELIVERIES.c.id).where(DELIVERIES.c.event_id == EVENTS.c.id)
+            gone = conn.execute(delete(EVENTS).where(EVENTS.c.at < before, ~left.exists())).rowcount
+            return int(gone or 0)
+
     def deliveries(self, sink: str | None = None) -> list[Delivery]:
         """Every delivery (of one sink), oldest first."""
         return self._deliveries(None if sink is None else DELIVERIES.c.sink == sink, None)

@@ -106,3 +106,17 @@ def test_an_attempt_is_recorded_with_its_outcome(sql_store: SqlStore, status):
     [after] = outbox.deliveries("w")
     assert (after.status, after.attempts, after.next_at) == (status, 1, None)
     assert outbox.due(1e9) == [] and outbox.next_due() is None
+
+
+def test_prune_forgets_only_what_ended_before_the_cut(sql_store: SqlStore):
+    outbox = SqlOutbox(sql_store.engine)
+    outbox.emit([OutboxEvent(f"test:{n}", "test", float(n)) for n in (1, 2, 3, 4)], 0.0)
+    outbox.dispatch({"w": frozenset({"test"})}, 5.0, max_age_s=3.5)  # test:1 is too old
+    by_key = {d.event.key: d for d in outbox.due(5.0)}
+    assert sorted(by_key) == ["test:2", "test:3", "test:4"]
+    outbox.attempted(by_key["test:2"].delivery_id, 6.0, "delivered", next_at=None)
+    outbox.attempted(by_key["test:3"].delivery_id, 6.0, "pending", next_at=9.0, error="503")
+    outbox.attempted(by_key["test:4"].delivery_id, 20.0, "failed", next_at=None, error="404")
+    assert outbox.prune(before=10.0) == 2  # test:1 (never sent) and test:2 (delivered)
+    assert [e.key for e in outbox.events()] == ["test:3", "test:4"]
+    assert sorted(d.event.key for d in outbox.deliveries()) == ["test:3", "test:4"]
