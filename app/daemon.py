@@ -240,7 +240,10 @@ class Daemon:
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
         if self.notices is not None:
-            self.notices.leader(f"{socket.gethostname()} (pid {os.getpid()})", self.clock.now())
+            try:
+                self.notices.leader(f"{socket.gethostname()} (pid {os.getpid()})", self.clock.now())
+            except Exception:  # news of it is not worth not leading
+                log.exception("the notification of this daemon's leadership failed")
             self._notify_thread = self.notifier.start(self.stop)
         unfinished = store.jobs(("queued", "running"))
         if unfinished:  # never a silent relaunch: say what the first round plans again
@@ -260,7 +263,8 @@ class Daemon:
                 self.scheduler.shutdown(wait=True)
             if self.server is not None:
                 self.server.stop(grace=5).wait()
-            if self._notify_thread is not None:  # `stop` is set: it ends after its post
+            if self._notify_thread is not None:  # it ends after the post it is in, if any
+                self.stop.set()
                 self._notify_thread.join()
             leader.release()
             _event("stopped", reason="instances keep running; the next start continues")

@@ -271,16 +271,20 @@ class Notifier:
         self.on_attempt = on_attempt or (lambda outcome: None)
         self.max_age_s = max_age_s
 
-    def run_once(self) -> int:
-        """Dispatch new events and post what is due; returns the attempts made."""
+    def run_once(self, stop: threading.Event | None = None) -> int:
+        """Dispatch new events and post what is due, until `stop` is set; returns the
+        attempts made."""
         now = self.clock.now()
         self.outbox.dispatch(
             {name: hook.events for name, hook in self.hooks.items()}, now, self.max_age_s
         )
-        due = self.outbox.due(now)
-        for delivery in due:
+        made = 0
+        for delivery in self.outbox.due(now):
+            if stop is not None and stop.is_set():
+                break
             self._attempt(delivery)
-        return len(due)
+            made += 1
+        return made
 
     def _attempt(self, delivery: Delivery) -> None:
         event = delivery.event
@@ -330,7 +334,7 @@ class Notifier:
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    self.run_once()
+                    self.run_once(stop)
                 except Exception:
                     log.exception("notification pass failed; the next one retries")
                 stop.wait(poll_s)

@@ -134,6 +134,12 @@ class SqlOutbox:
         the kinds it subscribes to) subscribing to its kind, in one transaction; an
         event older than `max_age_s` is dispatched to none (news, not history: a
         webhook added today does not get last month's jobs). Returns deliveries made."""
+        with read_transaction(self.engine) as conn:  # most passes find nothing: no write
+            waiting = conn.execute(
+                select(EVENTS.c.id).where(EVENTS.c.dispatched.is_(False)).limit(1)
+            ).first()
+        if waiting is None:
+            return 0
         made = 0
         with write_transaction(self.engine) as conn:
             rows = conn.execute(

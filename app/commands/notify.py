@@ -112,14 +112,14 @@ def cmd_notify_deliveries(args: argparse.Namespace) -> int:
         return 0
     rows = [
         (
-            d["webhook"],
-            d["key"],
-            d["status"],
-            str(d["attempts"]),
-            _when(d["next_at"]) if d["status"] == "pending" else "-",
-            d["error"] or "-",
+            d.sink,
+            d.event.key,
+            d.status,
+            str(d.attempts),
+            _when(d.next_at) if d.status == "pending" else "-",
+            d.last_error or "-",
         )
-        for d in documents
+        for d in found
     ]
     headers = ["webhook", "event", "status", "attempts", "next try", "last error"]
     print(format_table(headers, rows, [False, False, False, True, False, False]))
