@@ -64,6 +64,7 @@ def build_parser() -> Any:
     from app.commands.cluster import register as register_cluster_commands
     from app.commands.db import register as register_db_commands
     from app.commands.deploy import register as register_deploy_commands
+    from app.commands.notify import register as register_notify_commands
     from app.commands.plan import register as register_plan_command
     from app.commands.replay import register as register_simulator_commands
     from app.commands.users import register as register_user_commands
@@ -92,6 +93,7 @@ def build_parser() -> Any:
     register_user_commands(sub)
     register_ca_commands(sub)
     register_deploy_commands(sub)
+    register_notify_commands(sub)
     register_worker_command(sub)
     return parser
 

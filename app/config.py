@@ -1,11 +1,11 @@
 """The cluster configuration: one TOML file, written by `autoscaler init`, read by every command.
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
-`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]` and `[teams.NAME]`
-are read here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
-`app.state_config`. Relative paths are relative to the file. Every value is
-checked where it is read, and an unknown key is an error (a typo never falls
-back to a default silently).
+`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]` and
+`[[notify]]` (webhooks, `app.notify`) are read here; `[ec2]` and `[guardrails]` by
+`provisioners.config`; `[state]` by `app.state_config`. Relative paths are
+relative to the file. Every value is checked where it is read, and an unknown
+key is an error (a typo never falls back to a default silently).
 """
 
 from __future__ import annotations
@@ -314,6 +314,55 @@ class AuditTable(Strict, frozen=True):
     keep_days: Annotated[float, number(gt=0, le=36_500.0, description="days, > 0")] | None = None
 
 
+#: The events a webhook may subscribe to (`state.outbox.EVENT_KINDS`, spelt out here so
+#: reading the configuration loads no SQLAlchemy).
+NotifyEventName = Literal[
+    "job.completed",
+    "job.failed",
+    "job.cancelled",
+    "budget.80",
+    "budget.100",
+    "offering.held",
+    "leader.changed",
+    "test",
+]
+ALL_NOTIFY_EVENTS: tuple[NotifyEventName, ...] = NotifyEventName.__args__  # type: ignore[attr-defined]
+
+
+class NotifyTable(Strict, frozen=True):
+    """A webhook the daemon posts events to (`[[notify]]`, one table per webhook): a JSON
+    body Slack and Teams incoming webhooks accept, signed with HMAC-SHA256 when a
+    `secret_file` is given (`app.notify`)."""
+
+    url: Annotated[
+        str,
+        text(max_length=2048, pattern=r"^https://[^\s/]+", description="an https:// URL"),
+    ]
+    # What deliveries are recorded and logged under (never the URL: a webhook URL is a
+    # secret); default: the URL's host and a hash of the whole URL.
+    name: Name | None = None
+    events: tuple[NotifyEventName, ...] = ALL_NOTIFY_EVENTS
+    # A file only its owner reads, holding the HMAC key (relative to this file).
+    secret_file: Annotated[str, text(max_length=4096)] = ""
+    # CA certificates (PEM) to verify the receiver with, beside the system's.
+    ca_file: Annotated[str, text(max_length=4096)] = ""
+    timeout_s: Annotated[float, number(gt=0, le=120.0)] = 10.0
+    max_attempts: Annotated[int, whole(ge=1, le=50)] = 8
+    backoff_s: Annotated[float, seconds(gt=0)] = 10.0  # first retry; doubling each time
+    max_backoff_s: Annotated[float, seconds(gt=0)] = 3600.0
+
+    @property
+    def sink(self) -> str:
+        """The webhook's name in records and logs."""
+        if self.name:
+            return self.name
+        import hashlib
+        from urllib.parse import urlsplit
+
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:8]
+        return f"{urlsplit(self.url).hostname}-{digest}"
+
+
 class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
@@ -331,6 +380,7 @@ class ClusterConfigFile(Strict, frozen=True):
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
     audit: AuditTable = msgspec.field(default_factory=AuditTable)
+    notify: tuple[NotifyTable, ...] = ()
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -347,6 +397,14 @@ class ClusterConfigFile(Strict, frozen=True):
             self.ec2.check_zones(self.cluster.region)
         except FieldError as exc:
             raise FieldError(exc.message, "ec2.zones", exc.value) from None
+        sinks = [n.sink for n in self.notify]
+        for i, sink in enumerate(sinks):
+            if sink in sinks[:i]:
+                raise FieldError(
+                    "names a webhook twice: give each [[notify]] its own name",
+                    f"notify.{i}.name",
+                    sink,
+                )
         api = self.api.advertise or self.api.listen
         if self.metrics.listen and self.metrics.listen in (self.api.listen, api):
             raise FieldError(
@@ -421,6 +479,7 @@ class ClusterConfig:
     raw: Mapping[str, Any] = field(default_factory=dict)
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
     audit: AuditTable = field(default_factory=AuditTable)
+    notify: tuple[NotifyTable, ...] = ()
 
     @property
     def api_address(self) -> str:
@@ -541,6 +600,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         raw=data,
         teams=document.teams,
         audit=document.audit,
+        notify=document.notify,
     )
 
 
@@ -617,6 +677,17 @@ def check_daemon_config(config: ClusterConfig) -> list[str]:
     if problem:
         raise refuse(problem, "[storage]", "url", config.storage.url)
     found.append(f"storage {config.storage.url}")
+
+    if config.notify:
+        from app.notify import webhook
+
+        for table in config.notify:
+            secret = "secret_file" if table.secret_file else "ca_file"
+            try:
+                webhook(table, config.path.parent)
+            except (OSError, ValueError) as exc:  # unreadable, unsafe mode, not PEM
+                raise refuse(_one_line(exc), f"[[notify]] {table.sink}", secret) from None
+        found.append(f"webhooks {', '.join(t.sink for t in config.notify)}")
 
     from app.state_config import database_url_problem
 

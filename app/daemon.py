@@ -12,6 +12,10 @@ on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
 SIGTERM or SIGINT finishes the current round or step and exits; instances
 keep running, and the next start continues from the database.
 
+With `[[notify]]` webhooks, a thread of its own posts the notification outbox's
+events (`app.notify`); the daemon adds its leadership and, after each round, the
+budget and held-offering crossings it sees. No round waits for a webhook.
+
 Every decision is logged as one JSON line with its reason.
 """
 
@@ -21,6 +25,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -52,6 +57,9 @@ log = logging.getLogger("autoscaler.daemon")
 #: SIGKILL (tests of restart safety only): `synced`, `decided`, `recorded`, `launched`,
 #: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
 FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
+
+#: How long delivered and failed notifications are kept in the state.
+NOTIFY_RETENTION_S = 30 * 86400.0
 
 #: Threads of the gRPC server: API calls, and one per connected worker's command stream.
 WORKER_THREADS = 512
@@ -125,6 +133,22 @@ class Daemon:
         self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
         self.server: grpc.Server | None = None
+        self.notifier: Any = None  # app.notify.Notifier, with [[notify]] webhooks
+        self.notices: Any = None
+        self._notify_thread: threading.Thread | None = None
+        if config.notify:
+            from app.notify import Notices, Notifier, webhooks
+            from state.outbox import SqlOutbox
+
+            outbox = SqlOutbox(bindings.store.engine)
+            self.notifier = Notifier(
+                outbox,
+                webhooks(config),
+                config.cluster.name,
+                self.clock,
+                on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
+            )
+            self.notices = Notices(outbox, config.guardrails)
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -169,6 +193,11 @@ class Daemon:
             for team, spent in over.items():
                 _event("daily_budget", team=team, **spent)
             self._observe_state()
+            if self.notices is not None:
+                try:  # a budget or held offering crossed: into the outbox, sent by the notifier
+                    self.notices.after_round(record, self.bindings.store, self.clock.now())
+                except Exception:
+                    log.exception("notifications of the round failed; the next round retries")
             return record
 
     def _team_limits(self) -> None:
@@ -246,6 +275,12 @@ class Daemon:
         resuming = resuming_event(store)
         if resuming:  # never a silent relaunch: say what the first round plans again
             _event("resuming", **resuming)
+        if self.notices is not None:
+            try:
+                self.notices.leader(f"{socket.gethostname()} (pid {os.getpid()})", self.clock.now())
+            except Exception:  # news of it is not worth not leading
+                log.exception("the notification of this daemon's leadership failed")
+            self._notify_thread = self.notifier.start(self.stop)
         try:
             self._serve()
             self._schedule()
@@ -256,6 +291,9 @@ class Daemon:
                 self.scheduler.shutdown(wait=True)
             if self.server is not None:
                 self.server.stop(grace=5).wait()
+            if self._notify_thread is not None:  # it ends after the post it is in, if any
+                self.stop.set()
+                self._notify_thread.join()
             leader.release()
             _event("stopped", reason="instances keep running; the next start continues")
         return 0
@@ -347,8 +385,16 @@ class Daemon:
                 id="prune-audit",
                 next_run_time=datetime.now(UTC),
             )
+        scheduler.add_job(self._prune_notifications, "interval", seconds=3600, id="prune-notify")
         scheduler.start()
         self.scheduler = scheduler
+
+    def _prune_notifications(self) -> None:
+        """Forget notifications ended more than `NOTIFY_RETENTION_S` ago (the outbox gets
+        a row per finished job, webhooks or not)."""
+        from state.outbox import SqlOutbox
+
+        SqlOutbox(self.bindings.store.engine).prune(self.clock.now() - NOTIFY_RETENTION_S)
 
 
 def resuming_event(store: Any) -> dict[str, Any] | None:

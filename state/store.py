@@ -16,6 +16,8 @@ processes (the daemon's round, a submission API, the CLI) can use it at once:
   which leave the job alone; a cancellation still in flight makes them wait for
   it. Instance transitions lock the instance's row the same way, so two
   processes cannot both move it from the same status.
+- **A job's end is news**: the transaction that ends a job (completed, failed,
+  cancelled) also writes its event to the notification outbox (`state.outbox`).
 - **Snapshots are consistent**: `snapshot()` reads every table in one read
   transaction (REPEATABLE READ on PostgreSQL; on SQLite in WAL mode a read
   transaction sees the database as of its first read), without blocking writers.
@@ -74,6 +76,7 @@ from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry
 from autoscaler.view import MeasuredDelay, MeasuredDelays, PhaseSample
 from state.database import create_state_engine, read_transaction, write_transaction
 from state.migrate import check_schema
+from state.outbox import insert_events, job_event
 from state.schema import (
     Instance,
     InstanceTransition,
@@ -252,6 +255,8 @@ class SqlStore(Store):
             _write(conn, JOBS, [end.job])
             _write(conn, TASKS, end.tasks)
             self._close_placements(conn, end.leaves, at)
+            # The notification of its end, in the same transaction (`state.outbox`).
+            insert_events(conn, [job_event(end.job)])
             return True
 
     def _locked_job(self, conn: Connection, job_id: str) -> JobRecord | None:
