@@ -57,6 +57,7 @@ from autoscaler.execution import (
     Executor,
     ExecutorReport,
     FailureClass,
+    InstanceNotice,
     TaskReport,
 )
 from autoscaler.failures import AttemptEnd, attempt_ended, classify
@@ -67,6 +68,7 @@ from autoscaler.store import (
     ActionRecord,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -227,6 +229,8 @@ def _sync_instances(
         lost = report.lost_instances.get(our_id)
         if lost is not None and inst.lost_at is None:
             wrote = store.instance_worker(our_id, now, ready=False, reason=lost) or wrote
+        for notice in report.notices.get(our_id, ()):
+            wrote = _record_notice(store, inst, notice, now) or wrote
     for our_id, status, reason, seen in changes:
         change = InstanceChange(
             our_id,
@@ -238,6 +242,21 @@ def _sync_instances(
         )
         store.transition_instances([change], now)
     return gone, wrote or bool(changes)
+
+
+def _record_notice(store: Store, inst: InstanceRecord, notice: InstanceNotice, now: float) -> bool:
+    """A provider's notice about an instance into the state, once: a reclaim marks it
+    (nothing is placed on it any more; its tasks, checkpointed and stopped by its worker,
+    start elsewhere without counting as failures) and both kinds join the interruption
+    history with the instance's offering."""
+    if notice.reclaims and inst.reclaimed_at is not None:
+        return False
+    kind: InterruptionKind = "reclaim" if notice.reclaims else "rebalance"
+    reason = f"{notice.describe()} for {inst.instance_type}"
+    recorded = store.instance_notice(inst.instance_id, kind, now, reason)
+    if recorded:
+        log.warning("instance %s: %s", inst.instance_id, reason)
+    return recorded
 
 
 def _never_a_worker(inst: InstanceRecord) -> bool:
