@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 SPOT_PRICES_FORMAT = "ec2-batch-autoscaler spot prices v1"
 #: Older than this, the table is fetched again (spot prices change gradually, hourly at most).
 SPOT_PRICES_STALE_AFTER_S = 3600.0
-#: The product whose prices are wanted: what the workers run.
+#: The product whose prices are wanted: what the workers run (in a VPC, EC2 may name it
+#: either way).
 PRODUCT = "Linux/UNIX"
+PRODUCTS = frozenset({PRODUCT, "Linux/UNIX (Amazon VPC)"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +89,10 @@ def spot_prices_path(cache_dir: Path, region: str) -> Path:
 def prices_from_history(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """The newest price of each (type, zone) among `DescribeSpotPriceHistory` entries
     (`InstanceType`, `AvailabilityZone`, `SpotPrice` as a string, `Timestamp`); entries of
-    other products, or without a positive price, are left out."""
+    other products (Windows, SUSE, ...), or without a positive price, are left out."""
     newest: dict[tuple[str, str], tuple[datetime, float]] = {}
     for entry in entries:
-        if entry.get("ProductDescription", PRODUCT) != PRODUCT:
+        if entry.get("ProductDescription", PRODUCT) not in PRODUCTS:
             continue
         itype, zone = entry.get("InstanceType"), entry.get("AvailabilityZone")
         try:
