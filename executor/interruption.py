@@ -99,7 +99,7 @@ class NoticeWatcher:
 
     def poll(self) -> list[Notice]:
         """Ask once for each kind of notice; returns the new ones (after handing each over)."""
-        found = []
+        found: list[Notice] = []
         for kind, path in NOTICE_PATHS.items():
             try:
                 body = self._get(path)

@@ -125,19 +125,20 @@ class LocalCloud:
                 self.availability.mark(itype.name, None, now, "no spot capacity (its trace)")
                 raise InsufficientCapacity(itype.name, ("local",), "no spot capacity now")
             delays = itype.launch_delays if self.emulate_delays else None
-            record = {
+            running_at = self.clock() + (delays.acquisition_s if delays else 0.0)
+            record: dict[str, Any] = {
                 "token": request.instance_id,
                 "cloud_id": f"local-{secrets.token_hex(6)}",
                 "type": itype.name,
                 "launched_at": self.clock(),
-                "running_at": self.clock() + (delays.acquisition_s if delays else 0.0),
+                "running_at": running_at,
                 "setup_s": delays.setup_s if delays else 0.0,
                 "state": "pending",
                 "pid": None,
             }
             if itype.is_spot:
                 record["reclaim_at"] = self.reclaims.reclaim_at(
-                    itype.name, request.instance_id, record["running_at"]
+                    itype.name, request.instance_id, running_at
                 )
             secret = new_secret()
             record["enrollment_sha256"] = secret_digest(secret)
