@@ -334,6 +334,11 @@ def _sync_tasks(
     its task and its job (`autoscaler.failures`)."""
     live = {i.instance_id for i in snap.instances} - gone
     types = {i.instance_id: i.instance_type for i in snap.instances}
+    # Instances their provider reclaims: recorded before, or noticed in this very report.
+    reclaimed = frozenset(
+        {i.instance_id for i in snap.instances if i.reclaimed_at is not None}
+        | {i for i, notices in report.notices.items() if any(n.reclaims for n in notices)}
+    )
     updates: list[TaskUpdate] = []
     acknowledged: list[tuple[str, int]] = []
     strays: list[tuple[str, int]] = []
@@ -355,7 +360,7 @@ def _sync_tasks(
                     strays.append((spec.task_id, seen.attempt))
                 seen = None
             change, status = _task_change(
-                task, seen, spec.run, live, types, report, with_throughput, now, options
+                task, seen, spec.run, live, types, report, with_throughput, now, options, reclaimed
             )
             if isinstance(change, AttemptEnd):
                 ended.append(change)
@@ -399,6 +404,7 @@ def _task_change(
     with_throughput: bool,
     now: float,
     options: ControlOptions,
+    reclaimed: frozenset[str] = frozenset(),
 ) -> tuple[TaskUpdate | AttemptEnd | None, str]:
     """The update a report implies for one task (None: nothing changed; an `AttemptEnd`
     when its attempt ended without completing), and its status.
@@ -466,7 +472,12 @@ def _task_change(
             "pending": "checkpointed and stopped" if seen.checkpoint else "stopped",
             "completed": "completed",
         }.get(status, seen.reason or status)
-        if status == "pending" and task.status != "checkpointing":
+        if task.instance_id in reclaimed and status == "pending":
+            # Its provider reclaimed the instance (a spot interruption notice): the agent
+            # checkpointed and stopped it, whether or not a move was asked for meanwhile.
+            reason = f"attempt {task.attempt} stopped (infrastructure): its instance was reclaimed"
+            retries, failure = task.retries + 1, "infrastructure"
+        elif status == "pending" and task.status != "checkpointing":
             # Stopped without being asked (its agent or instance going down): the
             # infrastructure's doing, started again at once, never counted.
             reason = f"attempt {task.attempt} stopped (infrastructure): {seen.reason or reason}"
