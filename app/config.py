@@ -96,6 +96,8 @@ def parse_address(value: str) -> tuple[str, int]:
 
 
 Address = Annotated[str, text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")]
+#: A catalog offering's name (`autoscaler.catalog.offering_name`): 'c7i.large:spot@us-east-1a'.
+Offering = Annotated[str, text(max_length=300, min_length=1)]
 
 
 class ClusterTable(Strict, frozen=True):
@@ -115,6 +117,21 @@ class CloudTable(Strict, frozen=True):
     # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
     # worker installs offline.
     wheelhouse: Annotated[str, text(max_length=4096)] = ""
+    # local: emulate spot reclaims (`provisioners.local_reclaims`), per spot offering
+    # (`TYPE:spot`, `TYPE:spot@ZONE`): a rate in reclaims per instance-hour (each
+    # instance's reclaim drawn at launch, seeded), or an availability trace file
+    # ({"metadata": {"gap_seconds": 600}, "data": [0, 1, ...]}, 1 = no spot capacity).
+    reclaim_rates: Annotated[
+        dict[Offering, Annotated[float, number(ge=0.0, le=3600.0)]], msgspec.Meta(max_length=10_000)
+    ] = msgspec.field(default_factory=dict)
+    reclaim_traces: Annotated[
+        dict[Offering, Annotated[str, text(max_length=4096)]], msgspec.Meta(max_length=10_000)
+    ] = msgspec.field(default_factory=dict)
+    reclaim_seed: Annotated[int, whole(ge=0, le=2**63 - 1)] = 0
+    # local: the spot notice's window before the instance goes (EC2: 120 s), and how often
+    # agents poll for it (AWS recommends 5 s)
+    notice_window_s: Annotated[float, seconds(gt=0.0)] = 120.0
+    notice_poll_s: Annotated[float, seconds(gt=0.0)] = 5.0
 
 
 def _check_address(value: str, name: str, *, optional: bool = False) -> None:

@@ -47,7 +47,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
-from autoscaler.execution import Executor
+from autoscaler.execution import Executor, InstanceNotice
 from autoscaler.failures import AttemptEnd
 from autoscaler.store import RoundRecord
 
@@ -149,6 +149,8 @@ class Daemon:
                 on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
             )
             self.notices = Notices(outbox, config.guardrails)
+        if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
+            bindings.executor.on_notice = self.noticed
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -249,9 +251,22 @@ class Daemon:
                 _event("job_failed", job=job_id, reason=reason)
             if step:
                 self._observe_state()
-        if step.replan and self.scheduler is not None:
-            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
+        if step.replan:
+            self.replan_now()
         return step
+
+    def noticed(self, instance_id: str, notice: InstanceNotice) -> None:
+        """A worker reports its provider's notice: a reclaim is planned for at once — the
+        round starts now, not at the next period — and a rebalance recommendation is
+        recorded by that round (the interruption history keeps both)."""
+        _event("notice", instance=instance_id, kind=notice.kind, reason=notice.describe())
+        if notice.reclaims:
+            self.replan_now()
+
+    def replan_now(self) -> None:
+        """Run the next round at once (no-op before the scheduler runs)."""
+        if self.scheduler is not None:
+            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
 
     def _observe_state(self) -> None:
         store = self.bindings.store

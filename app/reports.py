@@ -12,6 +12,16 @@ budgets and `max_cost` read. Job costs plus idle equal the ledger's total.
 **What no packing would have cost** is each task's reservation price (its
 cheapest instance type alone, Eva §4.2) for as long as it occupied an
 instance — the bill of one instance per task, start-up delays aside.
+
+**Spot** (`spot_summary`): an instance's market is its offering's (the catalog
+name it was bought as, `TYPE:spot[@ZONE]`); the spot share is spot instance-hours
+over all instance-hours; savings against on-demand are each spot hour at the
+on-demand price of its EC2 type (the catalog's now) minus the price recorded with
+its request (what it was bought at); an interruption is a reclaim notice from the
+interruption history; **work lost** is the task-time from a reclaim notice until
+the task left the instance — the stretch its attempt spent being checkpointed
+and stopped instead of working (what the job did since its last checkpoint is
+saved by the checkpoint its worker takes on the notice, if the job answers it).
 """
 
 from __future__ import annotations
@@ -22,7 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import SPOT, Catalog
+from autoscaler.cloud import offering_parts
 from autoscaler.decide import ControlOptions, Planner, decide
 from autoscaler.jobs import JobSpec
 from autoscaler.pricing import PriceBook
@@ -42,6 +53,80 @@ from autoscaler.store import (
 def hourly_cost_now(store: Store) -> float:
     """$/h of every instance billed now, at the prices recorded with their requests."""
     return sum(i.hourly_price for i in store.instances() if i.status in BILLED_STATUSES)
+
+
+# -- spot -------------------------------------------------------------------------------------
+
+
+def market_of(offering: str) -> str:
+    """The market an offering name says (on-demand for a name that is not an offering's)."""
+    try:
+        return offering_parts(offering)[1]
+    except ValueError:
+        return "on-demand"
+
+
+def _hours(start: float, end: float | None, t0: float, t1: float) -> float:
+    return max(0.0, min(t1, end if end is not None else t1) - max(t0, start)) / 3600.0
+
+
+def reclaims_of(store: Store, since: float | None = None) -> dict[str, float]:
+    """Instance -> when its provider's reclaim notice came."""
+    return {r.instance_id: r.at for r in store.interruptions(since) if r.kind == "reclaim"}
+
+
+def was_interrupted(placement: Placement, reclaimed: Mapping[str, float]) -> bool:
+    """Whether the task was on its instance when the provider's reclaim notice came."""
+    at = reclaimed.get(placement.instance_id)
+    return (
+        at is not None and placement.start <= at and (placement.end is None or placement.end >= at)
+    )
+
+
+def interrupted_s(placement: Placement, reclaimed: Mapping[str, float], now: float) -> float:
+    """Seconds of `placement` from its instance's reclaim notice until the task left
+    (0: it was not there when the notice came)."""
+    if not was_interrupted(placement, reclaimed):
+        return 0.0
+    end = placement.end if placement.end is not None else now
+    return max(0.0, min(now, end) - reclaimed[placement.instance_id])
+
+
+def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> dict[str, Any]:
+    """Spot share, spend and savings against on-demand, interruptions and work lost, within
+    [since, now] (see the module's docstring for each definition)."""
+    hours = spot_hours = spot_spend = savings = 0.0
+    unpriced: set[str] = set()
+    for interval in store.uptime():
+        h = _hours(interval.start, interval.end, since, now)
+        hours += h
+        if market_of(interval.instance_type) != SPOT:
+            continue
+        spot_hours += h
+        spot_spend += interval.cost(since, now)
+        ec2_type = offering_parts(interval.instance_type)[0]
+        if ec2_type not in catalog or catalog[ec2_type].is_spot:
+            unpriced.add(ec2_type)  # no on-demand price to compare with
+            continue
+        savings += (catalog[ec2_type].hourly_cost - interval.hourly_price) * h
+    history = store.interruptions(since)
+    reclaims = [r for r in history if r.kind == "reclaim"]
+    by_offering: dict[str, int] = defaultdict(int)
+    for r in reclaims:
+        by_offering[r.offering] += 1
+    reclaimed = reclaims_of(store)
+    lost = sum(interrupted_s(p, reclaimed, now) for p in store.placements(since))
+    return {
+        "spot_share": round(spot_hours / hours, 6) if hours else 0.0,
+        "spot_instance_hours": round(spot_hours, 6),
+        "spot_spend": round(spot_spend, 6),
+        "savings_vs_on_demand": round(savings, 6),
+        "savings_unpriced_types": sorted(unpriced),  # no on-demand price in the catalog
+        "interruptions": len(reclaims),
+        "interruptions_by_offering": dict(sorted(by_offering.items())),
+        "rebalance_recommendations": len(history) - len(reclaims),
+        "work_lost_task_hours": round(lost / 3600.0, 6),
+    }
 
 
 def cost_report(
@@ -99,6 +184,7 @@ def cost_report(
         },
         "savings_hourly_now": round(no_packing_now - now_hourly, 6),
         "lower_bound_hourly_cost_now": None,
+        "spot": spot_summary(store, catalog, since, now),
         "jobs": {
             k: {"name": records[k].spec.name, "status": records[k].status}
             for k in sorted(per_job)
@@ -323,6 +409,8 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
             "status": i.status,
             "zone": i.zone,
             "hourly_price": i.hourly_price,
+            "market": market_of(i.instance_type),
+            "reclaimed_at": i.reclaimed_at,
             "worker": "lost" if i.lost_at else ("ready" if i.ready_at else "not registered"),
             "uptime_s": round(now - i.requested_at, 3),
             "tasks": sorted(on.get(i.instance_id, ())),
@@ -356,9 +444,19 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
                 if a.kind in ("launch", "terminate", "report")
             ],
         }
+    billed = [i for i in snapshot.instances if i.status in BILLED_STATUSES]
+    spot_hourly = sum(i.hourly_price for i in billed if market_of(i.instance_type) == SPOT)
+    day = store.interruptions(now - 86400.0)
+    spot = {
+        "instances": sum(1 for i in billed if market_of(i.instance_type) == SPOT),
+        "hourly_cost": round(spot_hourly, 6),
+        "reclaimed_now": sorted(i.instance_id for i in snapshot.instances if i.reclaimed_at),
+        "interruptions_last_day": sum(1 for r in day if r.kind == "reclaim"),
+    }
     return {
         "at": now,
         "hourly_cost": round(hourly_cost_now(store), 6),
+        "spot": spot,
         "instances": instances,
         "tasks": dict(sorted(by_status.items())),
         "jobs": dict(sorted(jobs.items())),
@@ -402,10 +500,22 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
     specs = {j.job_id: j.spec for j in store.jobs()}
     per_job, _ = attribute(uptime, everyone, dominant_share(specs, catalog), 0.0, now)
     moves: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    reclaimed = reclaims_of(store)
+    markets = {i.instance_id: market_of(i.instance_type) for i in uptime}
+    lost: dict[str, float] = defaultdict(float)
+    interruptions: dict[str, int] = defaultdict(int)
+    on_spot = occupied = 0.0
     for p in placements:
         moves[p.task_id].append(
             {"instance": p.instance_id, "attempt": p.attempt, "start": p.start, "end": p.end}
         )
+        seconds = max(0.0, min(now, p.end if p.end is not None else now) - p.start)
+        occupied += seconds
+        if markets.get(p.instance_id) == SPOT:
+            on_spot += seconds
+        if was_interrupted(p, reclaimed):
+            interruptions[p.task_id] += 1
+            lost[p.task_id] += interrupted_s(p, reclaimed, now)
     tasks = []
     for task in store.tasks_of(job_id):
         history = moves.get(task.task_id, [])
@@ -426,6 +536,8 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
                 "checkpoint": task.checkpoint,
                 "reason": task.reason,
                 "migrations": max(0, len(history) - 1),  # instance changes, whatever the cause
+                "interruptions": interruptions.get(task.task_id, 0),  # reclaims it was on
+                "work_lost_s": round(lost.get(task.task_id, 0.0), 3),
                 "placements": history,
             }
         )
@@ -436,6 +548,10 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
         "max_cost": record.spec.max_cost,
         "team": record.team,
         "waiting": waiting_reason(store, record),
+        # Of the time its tasks occupied instances, the share on spot ones.
+        "spot_share": round(on_spot / occupied, 6) if occupied else 0.0,
+        "interruptions": sum(interruptions.values()),
+        "work_lost_s": round(sum(lost.values()), 3),
         "task_list": tasks,
     }
 

@@ -8,6 +8,7 @@ may believe of them (`StateLedger`: the state, read for every worker call).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -351,17 +352,42 @@ def _check_advertised(config: ClusterConfig) -> None:
 def local_cloud(config: ClusterConfig) -> Any:
     """The cluster's local cloud: agents on this host, registered under the state's directory."""
     from provisioners.local import LocalCloud
+    from provisioners.local_reclaims import AvailabilityTrace, ReclaimPlan
 
+    cloud = config.cloud
+    root = config.path.parent / "local-cloud"
+    traces = {
+        offering: AvailabilityTrace.load(config.path.parent / path)  # relative: to the config
+        for offering, path in cloud.reclaim_traces.items()
+    }
     return LocalCloud(
         offline_catalog(config),
-        config.path.parent / "local-cloud",
+        root,
         daemon_address=config.api_address,
         ca_path=config.secrets.ca_cert,
-        emulate_delays=config.cloud.emulate_delays,
+        emulate_delays=cloud.emulate_delays,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
         # Agents checkpoint and stop their tasks when told to stop (scale-in, `down`),
         # and stop themselves when the daemon is gone too long (the spend brake).
         stop_tasks=True,
         orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
         orphan_max_s=config.timeouts.worker_orphan_max_s,
+        reclaims=ReclaimPlan(
+            cloud.reclaim_rates, traces, seed=cloud.reclaim_seed, epoch_s=_epoch(root)
+        ),
+        notice_window_s=cloud.notice_window_s,
+        notice_poll_s=cloud.notice_poll_s,
     )
+
+
+def _epoch(root: Path) -> float:
+    """When the local cloud's availability traces start: its first use, kept in its
+    directory so a restarted daemon reads the same intervals."""
+    path = root / "epoch"
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        root.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        path.write_text(f"{now!r}\n")
+        return now

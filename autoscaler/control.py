@@ -57,6 +57,7 @@ from autoscaler.execution import (
     Executor,
     ExecutorReport,
     FailureClass,
+    InstanceNotice,
     TaskReport,
 )
 from autoscaler.failures import AttemptEnd, attempt_ended, classify
@@ -68,6 +69,7 @@ from autoscaler.store import (
     ActionRecord,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -228,6 +230,8 @@ def _sync_instances(
         lost = report.lost_instances.get(our_id)
         if lost is not None and inst.lost_at is None:
             wrote = store.instance_worker(our_id, now, ready=False, reason=lost) or wrote
+        for notice in report.notices.get(our_id, ()):
+            wrote = _record_notice(store, inst, notice, now) or wrote
     for our_id, status, reason, seen in changes:
         change = InstanceChange(
             our_id,
@@ -239,6 +243,21 @@ def _sync_instances(
         )
         store.transition_instances([change], now)
     return gone, wrote or bool(changes)
+
+
+def _record_notice(store: Store, inst: InstanceRecord, notice: InstanceNotice, now: float) -> bool:
+    """A provider's notice about an instance into the state, once: a reclaim marks it
+    (nothing is placed on it any more; its tasks, checkpointed and stopped by its worker,
+    start elsewhere without counting as failures) and both kinds join the interruption
+    history with the instance's offering."""
+    if notice.reclaims and inst.reclaimed_at is not None:
+        return False
+    kind: InterruptionKind = "reclaim" if notice.reclaims else "rebalance"
+    reason = f"{notice.describe()} for {inst.instance_type}"
+    recorded = store.instance_notice(inst.instance_id, kind, now, reason)
+    if recorded:
+        log.warning("instance %s: %s", inst.instance_id, reason)
+    return recorded
 
 
 def _never_a_worker(inst: InstanceRecord) -> bool:
@@ -316,6 +335,11 @@ def _sync_tasks(
     its task and its job (`autoscaler.failures`)."""
     live = {i.instance_id for i in snap.instances} - gone
     types = {i.instance_id: i.instance_type for i in snap.instances}
+    # Instances their provider reclaims: recorded before, or noticed in this very report.
+    reclaimed = frozenset(
+        {i.instance_id for i in snap.instances if i.reclaimed_at is not None}
+        | {i for i, notices in report.notices.items() if any(n.reclaims for n in notices)}
+    )
     updates: list[TaskUpdate] = []
     acknowledged: list[tuple[str, int]] = []
     strays: list[tuple[str, int]] = []
@@ -337,7 +361,7 @@ def _sync_tasks(
                     strays.append((spec.task_id, seen.attempt))
                 seen = None
             change, status = _task_change(
-                task, seen, spec.run, live, types, report, with_throughput, now, options
+                task, seen, spec.run, live, types, report, with_throughput, now, options, reclaimed
             )
             if isinstance(change, AttemptEnd):
                 ended.append(change)
@@ -381,6 +405,7 @@ def _task_change(
     with_throughput: bool,
     now: float,
     options: ControlOptions,
+    reclaimed: frozenset[str] = frozenset(),
 ) -> tuple[TaskUpdate | AttemptEnd | None, str]:
     """The update a report implies for one task (None: nothing changed; an `AttemptEnd`
     when its attempt ended without completing), and its status.
@@ -448,7 +473,12 @@ def _task_change(
             "pending": "checkpointed and stopped" if seen.checkpoint else "stopped",
             "completed": "completed",
         }.get(status, seen.reason or status)
-        if status == "pending" and task.status != "checkpointing":
+        if task.instance_id in reclaimed and status == "pending":
+            # Its provider reclaimed the instance (a spot interruption notice): the agent
+            # checkpointed and stopped it, whether or not a move was asked for meanwhile.
+            reason = f"attempt {task.attempt} stopped (infrastructure): its instance was reclaimed"
+            retries, failure = task.retries + 1, "infrastructure"
+        elif status == "pending" and task.status != "checkpointing":
             # Stopped without being asked (its agent or instance going down): the
             # infrastructure's doing, started again at once, never counted.
             reason = f"attempt {task.attempt} stopped (infrastructure): {seen.reason or reason}"

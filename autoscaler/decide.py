@@ -325,6 +325,9 @@ def decide(
         else []
     )
     blocked = unavailable_types([*unavailable, *held], now)
+    # A reclaimed instance is gone for planning from its notice on: its tasks are planned
+    # elsewhere at once (they resume from the checkpoints its worker takes as it stops them).
+    leaving |= {i.instance_id for i in snapshot.instances if i.reclaimed_at is not None}
     live = [
         i
         for i in snapshot.instances
@@ -367,6 +370,7 @@ def decide(
                 **_held_numbers(held),
                 **_admission_numbers(admission),
                 **_cost_numbers(over_cost, stopped),
+                **_reclaimed_numbers(snapshot),
             },
             stopped=stopped,
         )
@@ -423,6 +427,7 @@ def decide(
             **_held_numbers(held),
             **_admission_numbers(admission),
             **_cost_numbers(over_cost, stopped),
+            **_reclaimed_numbers(snapshot),
         },
         stopped=stopped,
     )
@@ -558,6 +563,17 @@ def drained_off(
         else:
             kept.append(Instance(None, cheapest_type(spec, catalog), (task_id,)))
     return Configuration(tuple(i for i in kept if i.instance_id not in emptied))
+
+
+def _reclaimed_numbers(snapshot: StateSnapshot) -> dict[str, Any]:
+    """What a round records of the instances their provider reclaims (spot notices): the
+    offering each was bought as, when, and the notice."""
+    reclaimed = {
+        i.instance_id: {"offering": i.instance_type, "at": i.reclaimed_at, "reason": i.reason}
+        for i in snapshot.instances
+        if i.reclaimed_at is not None
+    }
+    return {"reclaimed": reclaimed} if reclaimed else {}
 
 
 def _held_numbers(held: Sequence[UnavailableOffering]) -> dict[str, Any]:
@@ -961,14 +977,33 @@ def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
 # -- timeouts ---------------------------------------------------------------------------------
 
 
+#: How long the provider gives a reclaimed spot instance (EC2: two minutes from the notice).
+RECLAIM_WINDOW_S = 120.0
+
+
 def instance_timeouts(
     snapshot: StateSnapshot, now: float, timeouts: Timeouts
 ) -> tuple[InstanceAction, ...]:
     """Instances to terminate now: lost workers, launches that never boot, workers that
     never register (Ray autoscaler v2's stuck-instance handling)."""
     found: list[InstanceAction] = []
+    occupied = {
+        t.instance_id for t in snapshot.tasks.values() if t.status in ON_INSTANCE and t.instance_id
+    }
     for inst in snapshot.instances:
         if inst.status not in ("requested", "pending", "running", "draining"):
+            continue
+        if inst.reclaimed_at is not None:
+            # Its tasks leave first (checkpointed by its worker, inside the provider's
+            # window); then it goes, whether or not they managed to.
+            waited = now - inst.reclaimed_at
+            if inst.instance_id not in occupied or waited > RECLAIM_WINDOW_S:
+                found.append(
+                    InstanceAction(
+                        inst.instance_id,
+                        f"reclaimed by its provider ({inst.instance_type}): {inst.reason}",
+                    )
+                )
             continue
         if inst.lost_at is not None:
             found.append(InstanceAction(inst.instance_id, f"worker lost: {inst.reason}"))
@@ -1107,6 +1142,7 @@ def ready_instances(
         for i in snapshot.instances
         if i.status in ("running", "draining")
         and i.ready_at is not None
+        and i.reclaimed_at is None
         and i.instance_id not in leaving
         and (ready is None or i.instance_id in ready)
     )

@@ -59,6 +59,7 @@ import grpc
 from autoscaler.execution import (
     TERMINAL_TASK_STATES,
     ExecutorReport,
+    InstanceNotice,
     TaskLaunch,
     TaskReport,
     TaskState,
@@ -219,6 +220,7 @@ class _Worker:
     # launch of a start, whose grants are made as it is sent).
     outbox: list[tuple[int, pb.Command, TaskLaunch | None]] = field(default_factory=list)
     streams: int = 0  # command streams open now
+    notices: tuple[InstanceNotice, ...] = ()  # what its provider announced (spot)
     # Wakes this worker's command streams only (one condition per worker, on the
     # executor's lock: a start for one worker does not wake a hundred streams).
     wakeup: threading.Condition | None = None
@@ -298,6 +300,9 @@ class GrpcExecutor:
         self._released: dict[str, None] = {}  # instances given up (oldest first, bounded)
         self._sequence = 0
         self._closed = False
+        # Called (outside the lock) with an instance whose worker reports a new notice from
+        # its provider: the daemon runs a round at once rather than at the next period.
+        self.on_notice: Callable[[str, InstanceNotice], None] | None = None
 
     # -- the Executor contract -------------------------------------------------------------
 
@@ -409,6 +414,7 @@ class GrpcExecutor:
                 tasks,
                 frozenset(w.instance_id for w in self._workers.values() if w.lost is None),
                 {w.instance_id: w.lost for w in self._workers.values() if w.lost is not None},
+                {w.instance_id: w.notices for w in self._workers.values() if w.notices},
             )
 
     def _expected(self, task_id: str, request: _Request) -> TaskReport:
@@ -615,6 +621,11 @@ class GrpcExecutor:
                 memory_gb=request.capacity.memory_gb,
             )
             worker.agent_version = request.agent_version
+            notices = tuple(
+                InstanceNotice(n.kind, n.action, n.time) for n in request.notices if n.kind
+            )
+            new_notices = [n for n in notices if n not in worker.notices]
+            worker.notices = tuple(dict.fromkeys((*worker.notices, *notices)))
             before = {key: status.checkpoint for key, status in worker.tasks.items()}
             others = self._absorb(worker, request.tasks, placements)
             ended = {(s.task_id, s.attempt) for s in request.tasks if s.state in _TERMINAL_PB}
@@ -635,6 +646,10 @@ class GrpcExecutor:
                 heartbeat_timeout_s=self.heartbeat_timeout_s,
             )
         self._prune(newer)
+        for notice in new_notices:
+            log.warning("instance %s: %s", instance_id, notice.describe())
+            if self.on_notice is not None:
+                self.on_notice(instance_id, notice)
         return response
 
     def _prune(self, newer: Iterable[tuple[str, str, int, str]]) -> None:

@@ -18,6 +18,12 @@ launch writes a one-time secret, mode 0600, into that agent's own work
 directory, and keeps only its SHA-256 in the instance's record; the daemon
 accepts it once. On one host the host's user is the trust boundary: the secret
 keeps agents (and anything their jobs run) from passing for each other.
+
+Spot reclaims (`provisioners.local_reclaims`): with a `ReclaimPlan` (a rate or an
+availability trace per spot offering), each spot instance gets its reclaim time at
+launch; from then its agent, polling the cloud's metadata stand-in (`--imds-url`),
+finds EC2's interruption notice, and once the notice window is over (120 s, or
+shorter in tests) the cloud terminates the instance. `reclaim()` injects one now.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from autoscaler.cloud import (
     AvailabilityCache,
     CloudInstance,
     CloudRequestError,
+    InsufficientCapacity,
     LaunchRequest,
     UnavailableOffering,
 )
@@ -52,6 +59,7 @@ from executor.enrollment import EnrollmentRefused, check_secret, new_secret, sec
 from executor.protos import worker_pb2 as pb
 from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.security import write_secret
+from provisioners.local_reclaims import NOTICE_WINDOW_S, NoticeServer, ReclaimPlan, notice_time
 
 #: The agent's one-time enrollment secret, in its own work directory.
 SECRET_FILE = "enrollment-secret"
@@ -79,6 +87,9 @@ class LocalCloud:
         orphan_timeout_s: float | None = None,
         orphan_max_s: float | None = None,
         stop_grace_s: float = 10.0,
+        reclaims: ReclaimPlan | None = None,
+        notice_window_s: float = NOTICE_WINDOW_S,
+        notice_poll_s: float = 5.0,
     ) -> None:
         self._catalog = catalog
         # Absolute: agents are found by their work directory in their command line.
@@ -99,6 +110,10 @@ class LocalCloud:
         # How long `terminate` waits for an agent after SIGTERM before SIGKILL.
         self.stop_grace_s = stop_grace_s
         self.availability = AvailabilityCache()
+        self.reclaims = reclaims or ReclaimPlan()
+        self.notice_window_s = notice_window_s
+        self.notice_poll_s = notice_poll_s
+        self._notices: NoticeServer | None = None
         self._lock = threading.RLock()
         self._base_ready = False
         (root / "instances").mkdir(parents=True, exist_ok=True)
@@ -119,17 +134,26 @@ class LocalCloud:
             if existing is not None and existing["state"] != "terminated":
                 return self._view(existing)
             itype = self._catalog[request.instance_type]
+            now = self.clock()
+            if itype.is_spot and not self.reclaims.has_capacity(itype.name, now):
+                self.availability.mark(itype.name, None, now, "no spot capacity (its trace)")
+                raise InsufficientCapacity(itype.name, ("local",), "no spot capacity now")
             delays = itype.launch_delays if self.emulate_delays else None
-            record = {
+            running_at = self.clock() + (delays.acquisition_s if delays else 0.0)
+            record: dict[str, Any] = {
                 "token": request.instance_id,
                 "cloud_id": f"local-{secrets.token_hex(6)}",
                 "type": itype.name,
                 "launched_at": self.clock(),
-                "running_at": self.clock() + (delays.acquisition_s if delays else 0.0),
+                "running_at": running_at,
                 "setup_s": delays.setup_s if delays else 0.0,
                 "state": "pending",
                 "pid": None,
             }
+            if itype.is_spot:
+                record["reclaim_at"] = self.reclaims.reclaim_at(
+                    itype.name, request.instance_id, running_at
+                )
             secret = new_secret()
             record["enrollment_sha256"] = secret_digest(secret)
             record["enrolled"] = False
@@ -181,11 +205,55 @@ class LocalCloud:
                     record["terminated_at"] = self.clock()
                     self._write(record)
                     continue
+                reclaim_at = record.get("reclaim_at")
+                if reclaim_at is not None and self.clock() >= reclaim_at + self.notice_window_s:
+                    log.warning("reclaiming spot instance %s (%s)", record["token"], record["type"])
+                    self._stop_agents([record], self.stop_grace_s)
+                    record["state"] = "terminated"
+                    record["terminated_at"] = self.clock()
+                    record["reclaimed"] = True
+                    self._write(record)
+                    continue
                 out.append(self._view(record))
             return sorted(out, key=lambda i: i.cloud_id)
 
     def unavailable(self) -> builtins.list[UnavailableOffering]:
         return self.availability.offerings(self.clock())
+
+    # -- spot reclaims -----------------------------------------------------------------------
+
+    def reclaim(self, instance_id: str, at: float | None = None) -> None:
+        """Reclaim the instance of this launch token (a spot instance, or any: for tests and
+        demonstrations) at `at` (now by default): its agent finds the notice at its next
+        poll, and the cloud terminates it once the notice window is over."""
+        with self._lock:
+            record = self._read(instance_id)
+            if record is None or record["state"] == "terminated":
+                raise CloudRequestError(f"the local cloud runs no instance {instance_id}")
+            record["reclaim_at"] = self.clock() if at is None else at
+            self._write(record)
+
+    def notice_of(self, instance_id: str) -> dict[str, str] | None:
+        """The spot interruption notice the instance's metadata serves now (None: none)."""
+        record = self._read(instance_id)
+        reclaim_at = record.get("reclaim_at") if record is not None else None
+        if reclaim_at is None or self.clock() < reclaim_at:
+            return None
+        return {"action": "terminate", "time": notice_time(reclaim_at + self.notice_window_s)}
+
+    def notice_url(self, instance_id: str) -> str:
+        """Where this instance's agent polls for notices (the stand-in starts at first use)."""
+        with self._lock:
+            if self._notices is None:
+                self._notices = NoticeServer(self.notice_of)
+            return self._notices.url_of(instance_id)
+
+    def close(self) -> None:
+        """Stop the metadata stand-in (the agents keep running, as instances would)."""
+        with self._lock:
+            notices, self._notices = self._notices, None
+        if notices is not None:
+            notices.close()
 
     # -- enrollment --------------------------------------------------------------------------
 
@@ -350,6 +418,13 @@ class LocalCloud:
             command += ["--orphan-timeout", f"{self.orphan_timeout_s:g}"]
         if self.orphan_max_s is not None:
             command += ["--orphan-max", f"{self.orphan_max_s:g}"]
+        if itype.is_spot or self.reclaims:
+            command += [
+                "--imds-url",
+                self.notice_url(record["token"]),
+                "--notice-poll",
+                f"{self.notice_poll_s:g}",
+            ]
         wait = max(0.0, record["running_at"] - self.clock()) + record["setup_s"]
         if wait > 0:
             # Emulated acquisition and setup: the agent registers when EC2's would.
@@ -470,6 +545,7 @@ class LocalCloud:
             "local",
             record["token"],
             record["launched_at"],
+            spot=record["type"] in self._catalog and self._catalog[record["type"]].is_spot,
         )
 
 

@@ -223,6 +223,8 @@ class Instance(Base):
     ready_at: Mapped[float | None] = mapped_column(Double)  # its worker registered
     lost_at: Mapped[float | None] = mapped_column(Double)  # its worker fell silent
     reason: Mapped[str] = mapped_column(Text, server_default="")  # of its current status
+    # Its provider announced it reclaims it (a spot interruption notice, 0009).
+    reclaimed_at: Mapped[float | None] = mapped_column(Double)
 
 
 class InstanceTransition(Base):
@@ -335,6 +337,26 @@ class Placement(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     start: Mapped[float] = mapped_column(Double)
     end: Mapped[float | None] = mapped_column(Double)
+
+
+class Interruption(Base):
+    """One notice a provider gave about an instance — reclaimed, or a rebalance
+    recommendation — with the offering it was bought as: the cluster's own interruption
+    history, from which an observed rate per offering is drawn (0009)."""
+
+    __tablename__ = "interruptions"
+    __table_args__ = (
+        CheckConstraint(one_of("kind", ("reclaim", "rebalance")), name="kind"),
+        Index(None, "offering", "at"),
+        Index(None, "instance_id", "kind", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    offering: Mapped[str] = mapped_column(String)
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"))
+    at: Mapped[float] = mapped_column(Double)
+    kind: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, server_default="")
 
 
 class PhaseDelay(Base):

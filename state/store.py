@@ -59,6 +59,8 @@ from autoscaler.store import (
     DuplicateJob,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
+    InterruptionRecord,
     JobRecord,
     JobStatus,
     RoundIntents,
@@ -80,6 +82,7 @@ from state.outbox import insert_events, job_event
 from state.schema import (
     Instance,
     InstanceTransition,
+    Interruption,
     Job,
     PhaseDelay,
     Placement,
@@ -104,6 +107,7 @@ ACTIONS = cast(Table, RoundAction.__table__)
 LEDGER = cast(Table, UptimeInterval.__table__)
 PLACEMENTS = cast(Table, Placement.__table__)
 DELAYS = cast(Table, PhaseDelay.__table__)
+INTERRUPTIONS = cast(Table, Interruption.__table__)
 
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
@@ -116,6 +120,7 @@ INSTANCE_COLUMNS = (
     "ready_at",
     "lost_at",
     "reason",
+    "reclaimed_at",
 )
 LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
 #: table -> (its key, the columns transitions change).
@@ -531,6 +536,56 @@ class SqlStore(Store):
             _write(conn, INSTANCES, [seen])
             return True
 
+    def instance_notice(
+        self, instance_id: str, kind: InterruptionKind, at: float, reason: str = ""
+    ) -> bool:
+        with write_transaction(self._engine) as conn:
+            row = conn.execute(
+                select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+            ).first()
+            if row is None:
+                raise UnknownEntity(f"no instance {instance_id!r}")
+            known = conn.execute(
+                select(INTERRUPTIONS.c.id).where(
+                    INTERRUPTIONS.c.instance_id == instance_id, INTERRUPTIONS.c.kind == kind
+                )
+            ).first()
+            if known is not None:
+                return False
+            if kind == "reclaim":
+                seen = transitions.reclaim_instance(_instance(row, ()), at, reason)
+                if seen is not None:
+                    _write(conn, INSTANCES, [seen])
+            conn.execute(
+                insert(INTERRUPTIONS).values(
+                    offering=row.instance_type,
+                    instance_id=instance_id,
+                    at=at,
+                    kind=kind,
+                    reason=reason,
+                )
+            )
+            return True
+
+    def interruption_counts(self, since: float) -> dict[str, int]:
+        with read_transaction(self._engine) as conn:
+            rows = conn.execute(
+                select(INTERRUPTIONS.c.offering, func.count())
+                .where(INTERRUPTIONS.c.kind == "reclaim", INTERRUPTIONS.c.at >= since)
+                .group_by(INTERRUPTIONS.c.offering)
+            )
+            return {offering: int(count) for offering, count in rows}
+
+    def interruptions(self, since: float | None = None) -> list[InterruptionRecord]:
+        with read_transaction(self._engine) as conn:
+            query = select(INTERRUPTIONS).order_by(INTERRUPTIONS.c.at, INTERRUPTIONS.c.id)
+            if since is not None:
+                query = query.where(INTERRUPTIONS.c.at >= since)
+            return [
+                InterruptionRecord(r.offering, r.instance_id, r.at, r.kind, r.reason)
+                for r in conn.execute(query)
+            ]
+
     # -- learning ---------------------------------------------------------
     def record_throughput(
         self,
@@ -923,6 +978,7 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.lost_at,
         row.reason,
         row.private_address,
+        row.reclaimed_at,
     )
 
 

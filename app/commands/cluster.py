@@ -737,6 +737,12 @@ def cmd_job(args: argparse.Namespace) -> int:
     )
     if detail.get("waiting"):
         print(detail["waiting"])
+    if detail.get("spot_share") or detail.get("interruptions"):
+        print(
+            f"on spot {detail['spot_share']:.0%} of its task-time; "
+            f"{detail['interruptions']} interruption(s), "
+            f"work lost {_duration(detail['work_lost_s'])}"
+        )
     rows = [
         (
             t["task"].split("/", 1)[1],
@@ -975,6 +981,15 @@ def render_status(status: dict[str, Any]) -> str:
         for i in status["instances"]
     ]
     out = [f"{len(rows)} instance(s), {money(status['hourly_cost'])}/h now"]
+    spot = status.get("spot") or {}
+    if spot.get("instances") or spot.get("interruptions_last_day"):
+        line = (
+            f"spot: {spot['instances']} instance(s), {money(spot['hourly_cost'])}/h; "
+            f"{spot['interruptions_last_day']} interruption(s) in the last day"
+        )
+        if spot.get("reclaimed_now"):
+            line += f"; being reclaimed: {', '.join(spot['reclaimed_now'])}"
+        out.append(line)
     if rows:
         out += [
             "",
@@ -1107,6 +1122,18 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
         f"  − idle spend           {money(parts['idle'])}",
         f"  = saved                {money(report['savings'])}",
     ]
+    spot = report.get("spot") or {}
+    if spot.get("spot_instance_hours") or spot.get("interruptions"):
+        by_offering = ", ".join(f"{n} {o}" for o, n in spot["interruptions_by_offering"].items())
+        out += [
+            "",
+            f"Spot share               {spot['spot_share']:.1%} of instance-hours "
+            f"({money(spot['spot_spend'])})",
+            f"Saved against on-demand  {money(spot['savings_vs_on_demand'])}",
+            f"Interruptions            {spot['interruptions']}"
+            + (f" ({by_offering})" if by_offering else ""),
+            f"Work lost                {spot['work_lost_task_hours']:.3g} task-hours",
+        ]
     if report.get("what_if"):
         from app.what_if import what_if_line
 
