@@ -356,6 +356,8 @@ def _job_summary(store: Store, record: JobRecord) -> dict[str, Any]:
         "tasks": len(tasks),
         "running": sum(1 for t in tasks if t.status == "running"),
         "progress": max((t.progress for t in tasks), default=0.0),
+        "attempts": sum(t.attempt for t in tasks),  # starts of all its tasks
+        "moves": sum(t.moves for t in tasks),  # attempts the plan moved elsewhere
         "submitted_at": record.submitted_at,
         "started_at": record.started_at,
         "finished_at": record.finished_at,

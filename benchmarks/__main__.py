@@ -8,6 +8,7 @@ from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
 from benchmarks import (
     daemon_scale,
+    dashboard,
     inputs,
     limits,
     lp_scaling,
@@ -24,7 +25,11 @@ BENCHMARKS = {
     "migration": migration.main,
     "limits": limits.main,
     "inputs": inputs.main,
+    "dashboard": dashboard.main,
 }
+
+#: Commands run only when named (they write files, or need a browser).
+COMMANDS = {"screenshots": dashboard.screenshots}
 
 
 def main() -> None:
@@ -32,11 +37,14 @@ def main() -> None:
     args = sys.argv[1:]
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
-        print("available:", ", ".join(BENCHMARKS))
+        print("available:", ", ".join([*BENCHMARKS, *COMMANDS]))
         return
     try:
         if args and args[0] in BENCHMARKS:
             BENCHMARKS[args[0]](args[1:])
+            return
+        if args and args[0] in COMMANDS:
+            COMMANDS[args[0]](args[1:])
             return
         for name, run in BENCHMARKS.items():
             print(f"== {name} ==")
