@@ -188,7 +188,7 @@ def endpoint_times(jobs: int, repeat: int = 5) -> list[tuple[str, float, float]]
             options = config.control_options()
             baselines: dict[str, Callable[[], Any]] = {
                 "/api/now": lambda: cluster_status(store, now),
-                "/api/jobs": lambda: job_list(store),
+                "/api/jobs": lambda: (job_list(store), cost_report(store, catalog, now)),
                 "/api/spend": lambda: cost_report(
                     store, catalog, now, planner=planner, options=options
                 ),
@@ -231,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     )
     print(
-        "baseline: the command line's document builder on the same state (status, jobs, "
-        "cost-report with its LP bound, the round log); /now is the page skeleton."
+        "baseline: the command line's document builders on the same state: status; jobs "
+        "and cost-report; cost-report with its LP bound; the round log. /now is the page "
+        "skeleton. The dashboard adds the session, the role check, the audit entry, JSON."
     )
 
 
@@ -241,9 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def screenshots(argv: list[str] | None = None) -> None:
     """Serve a demo cluster's dashboard over HTTPS and capture every page with Chromium."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks screenshots", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks screenshots", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     parser.add_argument("--jobs", type=int, default=40)
     args = parser.parse_args(argv)
@@ -259,7 +258,10 @@ def screenshots(argv: list[str] | None = None) -> None:
         add_user(store_accounts(store), "rita", "read", None, now)
         dashboard = build_dashboard(config, store, time.time)
         server = DashboardServer(
-            dashboard, config.dashboard.listen, config.secrets.server_cert, config.secrets.server_key
+            dashboard,
+            config.dashboard.listen,
+            config.secrets.server_cert,
+            config.secrets.server_key,
         )
         server.start()
         try:

@@ -41,7 +41,7 @@ from app.dashboard.views import (
     now_document,
     spend_series,
 )
-from app.reports import cost_report
+from app.reports import job_list, spend_of_jobs
 from app.users import Authenticator, Caller
 from app.v1 import api_pb2
 from autoscaler.cloud import Guardrails
@@ -304,25 +304,22 @@ class Dashboard:
         return json.loads(answer.json)
 
     def _status(self, request: Request, params: dict, context: _WebContext) -> Any:
-        return self._document(
-            self.service.ClusterStatus(api_pb2.ClusterStatusRequest(), context)
-        )
+        return self._document(self.service.ClusterStatus(api_pb2.ClusterStatusRequest(), context))
 
     def _now(self, request: Request, params: dict, context: _WebContext) -> Any:
         status = self._status(request, params, context)
-        return now_document(
-            status, self.store, self.service.catalog(), self.guardrails, self.now()
-        )
+        return now_document(status, self.store, self.service.catalog(), self.guardrails, self.now())
 
     def _jobs(self, request: Request, params: dict, context: _WebContext) -> Any:
         statuses = request.query_params.getlist("status")
         limit = _int(request.query_params.get("limit"), 0)
-        listed = self._document(
-            self.service.ListJobs(api_pb2.ListJobsRequest(statuses=statuses, limit=limit), context)
-        )
-        # The same attribution as `cost-report` (no planner: the bound is not shown here).
-        report = cost_report(self.store, self.service.catalog(), self.now())
-        return jobs_document(listed, report, self.store.jobs())
+        # `ListJobs`'s document and `cost-report`'s split of the spend, from one read of the
+        # jobs (a page of 1,000 jobs reads them once, not three times).
+        records = self.store.jobs()
+        listed = job_list(self.store, statuses, limit, records=records)
+        by_id = {r.job_id: r for r in records}
+        per_job, idle = spend_of_jobs(self.store, self.service.catalog(), by_id, 0.0, self.now())
+        return jobs_document(listed, per_job, idle, by_id)
 
     def _job(self, request: Request, params: dict, context: _WebContext) -> Any:
         detail = self._document(

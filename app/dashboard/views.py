@@ -12,10 +12,10 @@ decision log filtered.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.reports import timeline
+from app.reports import spend_by, timeline
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Guardrails
 from autoscaler.store import BILLED_STATUSES, JobRecord, RoundRecord, Store
@@ -50,7 +50,8 @@ def now_document(
     instances = []
     groups: dict[tuple[str, str], int] = defaultdict(int)
     for entry in status["instances"]:
-        offering = catalog[entry["type"]] if entry["type"] in catalog else None
+        known = entry["type"] in catalog
+        offering = catalog[entry["type"]] if known else None
         market = offering.market if offering is not None else "on-demand"
         ec2_type = offering.launch_type if offering is not None else entry["type"]
         groups[(ec2_type, market)] += 1
@@ -110,18 +111,20 @@ def _row(name: str, limit: float, used: float) -> dict[str, Any]:
 
 
 def jobs_document(
-    listed: Mapping[str, Any], report: Mapping[str, Any], records: Iterable[JobRecord]
+    listed: Mapping[str, Any],
+    per_job: Mapping[str, float],
+    idle: float,
+    records: Mapping[str, JobRecord],
 ) -> dict[str, Any]:
     """The Jobs page: the `ListJobs` document with each job's attributed cost so far
-    (`cost_report`'s `spend_by_job`, the same split) and, when its total work is known and
-    it has made progress, the cost expected at completion at the pace so far; the spend
-    by user and by team as `cost-report --by` prints them."""
-    spend = report.get("spend_by_job", {})
-    total_iters = {r.job_id: r.spec.trace.total_iters for r in records}
+    (`cost_report`'s split, `spend_of_jobs`) and, when its total work is known and it has
+    made progress, the cost expected at completion at the pace so far; the spend by user
+    and by team as `cost-report --by` prints them."""
     jobs = []
     for job in listed["jobs"]:
-        cost = spend.get(job["job"], 0.0)
-        total = total_iters.get(job["job"])
+        cost = round(per_job.get(job["job"], 0.0), 6)
+        record = records.get(job["job"])
+        total = record.spec.trace.total_iters if record is not None else None
         if job["status"] == "completed":
             expected: float | None = cost
         elif total and job["progress"] > 0:
@@ -135,11 +138,15 @@ def jobs_document(
     return {
         "jobs": jobs,
         "counts": dict(sorted(counts.items())),
-        "spend_by_user": report.get("spend_by_user", {}),
-        "spend_by_team": report.get("spend_by_team", {}),
-        "spend": report.get("spend"),
-        "idle": report.get("idle"),
+        "spend_by_user": _rounded(spend_by(per_job, records, "user")),
+        "spend_by_team": _rounded(spend_by(per_job, records, "team")),
+        "spend_on_jobs": round(sum(per_job.values()), 6),
+        "idle": round(idle, 6),
     }
+
+
+def _rounded(spend: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 6) for k, v in sorted(spend.items())}
 
 
 def job_timeline(detail: Mapping[str, Any]) -> list[dict[str, Any]]:

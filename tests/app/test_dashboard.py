@@ -3,6 +3,7 @@ audit log, and the same documents the command line prints (through the gRPC API)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -66,7 +67,9 @@ def _history(api: Api) -> None:
     store.submit_job(job("b", (0, 2, 8)), owner="admin", at=t0)
     request(store, "i-1", "c7i.2xlarge", 0.357, t0)
     store.transition_instance("i-1", "running", t0 + 10, cloud_id="c-1")
-    running = [TaskUpdate(t, status="running", instance_id="i-1", attempt=1) for t in ("a/0", "b/0")]
+    running = [
+        TaskUpdate(t, status="running", instance_id="i-1", attempt=1) for t in ("a/0", "b/0")
+    ]
     store.update_tasks(running, t0 + 100)
     store.update_tasks([TaskUpdate("a/0", throughput=12.5, progress=300.0)], t0 + 200)
 
@@ -212,13 +215,21 @@ def test_the_decision_log_is_filtered_and_newest_first(web):
     t = web.api.clock[0]
     store.record_round(
         RoundRecord(
-            t - 60, "eva", "full", True, "jobs arrived",
+            t - 60,
+            "eva",
+            "full",
+            True,
+            "jobs arrived",
             actions=(ActionRecord("launch", "i-1", "pack a, b", "done"),),
         )
     )
     store.record_round(
         RoundRecord(
-            t, "eva", "partial", False, "migration not worth it",
+            t,
+            "eva",
+            "partial",
+            False,
+            "migration not worth it",
             actions=(
                 ActionRecord("launch", "i-2", "over max_hourly_spend", "refused"),
                 ActionRecord("start", "a/0", "on i-1", "done"),
@@ -259,3 +270,42 @@ def test_every_page_renders_for_a_logged_in_user(web):
     job = client.get("/api/jobs/a").json()
     assert [e["event"] for e in job["timeline"]][:2] == ["submitted", "placed"]
     assert client.get("/api/jobs/nope").status_code == 404
+
+
+def _statements_per_request(directory, jobs: int) -> dict[str, int]:
+    """SQL statements each polled endpoint runs on a cluster with `jobs` jobs (filled as a
+    daemon writes them: most completed, some running on a dozen instances, rounds)."""
+    from sqlalchemy import event
+
+    from benchmarks.dashboard import build_dashboard, demo_cluster
+
+    now = time.time()
+    config, store = demo_cluster(directory, jobs, now)
+    try:
+        client = TestClient(build_dashboard(config, store, lambda: now).app, base_url="https://t")
+        bearer = {"Authorization": f"Bearer {read_token(config.secrets.api_token)}"}
+        counted = [0]
+
+        def count(*_args) -> None:
+            counted[0] += 1
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        result = {}
+        for path in ("/api/now", "/api/jobs", "/api/spend", "/api/decisions", "/api/status"):
+            counted[0] = 0
+            answer = client.get(path, headers=bearer)
+            assert answer.status_code == 200, (path, answer.text)
+            result[path] = counted[0]
+        event.remove(store.engine, "before_cursor_execute", count)
+        return result
+    finally:
+        store.close()
+
+
+def test_each_endpoint_reads_the_state_in_as_many_statements_whatever_the_jobs(tmp_path):
+    """A page's server time grows with the rows it reads, never by a query per job: each
+    endpoint runs as many statements with 200 jobs as with 20 (`python -m benchmarks
+    dashboard` times them with 1,000 beside the command line's own builders)."""
+    few = _statements_per_request(tmp_path / "few", 20)
+    many = _statements_per_request(tmp_path / "many", 200)
+    assert many == few

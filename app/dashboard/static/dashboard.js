@@ -194,7 +194,7 @@ async function renderJobs() {
   const shown = d.jobs.filter((j) => (!jobFilter.status || j.status === jobFilter.status)
     && (!jobFilter.text || `${j.job} ${j.name} ${j.owner}`.includes(jobFilter.text)));
   const counts = el("div", { class: "cards" },
-    Object.entries(d.counts).map(([s, n]) => card(s, n)), card("spend so far", usd(d.spend)));
+    Object.entries(d.counts).map(([s, n]) => card(s, n)), card("spend on jobs", usd(d.spend_on_jobs)), card("idle", usd(d.idle)));
   const rows = shown.slice().reverse().map((j) => [
     el("a", { href: `/jobs/${encodeURIComponent(j.job)}`, class: "job-link" }, j.job),
     j.name, j.owner, el("span", { class: `status ${j.status}`, "data-job-status": j.job }, j.status),
