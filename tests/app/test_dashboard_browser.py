@@ -19,6 +19,7 @@ import pytest
 from app.dashboard.server import DashboardServer
 from tests.app.conftest import free_port
 from tests.app.test_dashboard import _history, web  # noqa: F401 (fixture)
+from tests.executor.conftest import docker_client, python_image  # noqa: F401 (fixtures)
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -137,3 +138,58 @@ def test_the_spend_chart_is_drawn_with_data(web, served, browser):  # noqa: F811
     assert painted > 100  # coloured series strokes (the axes and grid are grey)
     assert page.locator("#spend-total .value").inner_text() != "—"
     page.context.close()
+
+
+# -- the whole system -------------------------------------------------------------------------
+
+
+def test_a_job_submitted_through_the_cli_appears_progresses_and_completes_on_the_jobs_page(
+    tmp_path,
+    browser,
+    python_image,  # noqa: F811 (the example builds FROM it)
+    docker_client,  # noqa: F811
+):
+    import uuid
+
+    from executor.security import read_token
+    from tests.e2e.harness import PATIENCE_S, Daemon, cli, cli_json, copy_example, local_cluster
+
+    name = f"dash-{uuid.uuid4().hex[:6]}"
+    config = local_cluster(tmp_path / "cluster", name, interval_s="3", step_s="1")
+    assert config.dashboard.enabled  # `init --local` turns it on
+    job_file = copy_example("train", tmp_path / "jobs", {"TOTAL": "400"})  # 20 s alone
+    at = ("--config", str(config.path))
+    base = f"https://{config.dashboard.listen}"
+    wait_ms = PATIENCE_S * 1000
+    daemon = Daemon(config.path)
+    try:
+        daemon.wait_serving()
+        page = _page(browser)
+        _log_in(page, base, read_token(config.secrets.api_token))
+        page.goto(f"{base}/jobs")
+        page.wait_for_selector("#updated:has-text('updated')")
+        assert page.locator("#jobs tbody tr").count() == 0
+        [job_id] = cli_json("submit", str(job_file), *at)["jobs"]
+        status = f"#jobs [data-job-status='{job_id}']"
+        page.wait_for_selector(status, timeout=60_000)  # appears without a reload
+        page.wait_for_function(
+            """(id) => {
+                const cell = document.querySelector(`[data-job-progress='${id}']`);
+                return cell && Number(cell.textContent.replace(/,/g, '')) > 0;
+            }""",
+            arg=job_id,
+            timeout=wait_ms,
+        )
+        assert page.locator(status).inner_text() == "running"
+        page.wait_for_selector(f"{status}:has-text('completed')", timeout=wait_ms)
+        assert page.locator(f"[data-job-progress='{job_id}']").inner_text() == "400"
+        assert cli_json("job", job_id, *at)["status"] == "completed"
+        page.goto(f"{base}/jobs/{job_id}")
+        page.wait_for_selector("#timeline")
+        assert "placed" in page.locator("#timeline").inner_text()
+        page.context.close()
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+        code, out = cli("down", "--yes", *at)
+    assert code == 0, out
