@@ -2,7 +2,7 @@
 
 `python -m benchmarks dashboard [--jobs N]` fills a cluster's state as a daemon
 would have written it (N jobs of three users: most completed, some running on
-a dozen instances, the rest queued; two hours of rounds), then times each JSON
+six instances, the rest queued; two hours of rounds), then times each JSON
 endpoint the pages poll, in-process (no network, no TLS), beside its baseline:
 the command line's own document builder on the same state (`app.reports`), so
 the ratio is the dashboard's overhead (session, role, audit entry, JSON) and
@@ -41,6 +41,9 @@ TYPES = (("c7i.2xlarge", 0.357), ("r7i.2xlarge", 0.5292), ("c7i.xlarge", 0.1785)
 
 CHROMIUM = "/usr/bin/chromium"
 
+#: Instances of the filled state (within `init --local`'s max_instances of 8).
+INSTANCES = 6
+
 
 def _job(job_id: str, tasks: int, total: float) -> JobSpec:
     specs = tuple(
@@ -58,11 +61,11 @@ def _job(job_id: str, tasks: int, total: float) -> JobSpec:
 
 def fill(store: Any, jobs: int, now: float, seed: int = 1) -> None:
     """`jobs` jobs over the last two hours, as a daemon records them: 70% completed,
-    10% running on 12 instances, 20% queued, and a round every two minutes."""
+    10% running on six instances, 20% queued, and a round every two minutes."""
     rng = random.Random(seed)
     start = now - 7200.0
     instances = []
-    for k in range(12):
+    for k in range(INSTANCES):
         itype, price = TYPES[k % len(TYPES)]
         instance_id = f"demo-{k:03d}"
         at = start + 60.0 * k
@@ -71,6 +74,7 @@ def fill(store: Any, jobs: int, now: float, seed: int = 1) -> None:
             RoundIntents(requests=((instance_id, itype, price),)),
         )
         store.transition_instance(instance_id, "running", at + 30.0, cloud_id=f"c-{k}")
+        store.instance_worker(instance_id, at + 45.0, ready=True)
         instances.append(instance_id)
     done, running = int(jobs * 0.7), int(jobs * 0.1)
     for n in range(jobs):
@@ -94,8 +98,9 @@ def fill(store: Any, jobs: int, now: float, seed: int = 1) -> None:
             for t in spec.tasks
         ]
         store.update_tasks(ups, at + 20.0)
+        store.job_started(job_id, at + 20.0)
         if n < done:
-            store.job_finished(job_id, min(now, at + rng.uniform(120.0, 600.0)))
+            store.job_finished(job_id, min(now, at + rng.uniform(600.0, 2400.0)))
     for r in range(60):
         at = start + 120.0 * r
         hourly = 2.5 + 0.8 * rng.random()
@@ -114,7 +119,9 @@ def fill(store: Any, jobs: int, now: float, seed: int = 1) -> None:
                     "lower_bound_hourly_cost": round(hourly * 0.86, 4),
                 },
                 actions=(
-                    ActionRecord("launch", f"demo-{r % 12:03d}", "pack queued tasks", "done"),
+                    ActionRecord(
+                        "launch", f"demo-{r % INSTANCES:03d}", "pack queued tasks", "done"
+                    ),
                     ActionRecord(
                         "launch",
                         "r7i.8xlarge",
@@ -134,18 +141,36 @@ def demo_cluster(directory: Path, jobs: int, now: float) -> tuple[ClusterConfig,
     store = open_state(config, create=True)
     first_admin(config, store, now)
     fill(store, jobs, now)
+    _write_logs(config, store, directory)
     return config, store
 
 
-def build_dashboard(config: ClusterConfig, store: Any, now: Callable[[], float]) -> Any:
+def _write_logs(config: ClusterConfig, store: Any, directory: Path) -> None:
+    """A log for each running task, where its worker would have uploaded it."""
+    from executor.storage import log_key, open_storage
+
+    storage = open_storage(config.storage.url)
+    scratch = directory / "log.txt"
+    for record in store.jobs(["running"]):
+        for task in store.tasks_of(record.job_id):
+            lines = [f"step {s}: loss {2.0 / (1 + s / 100):.4f}" for s in range(0, 400, 20)]
+            scratch.write_text("\n".join(["resumed at step 0", *lines]) + "\n")
+            storage.put_file(log_key(record.job_id, task.task_id, task.attempt), scratch)
+
+
+def build_dashboard(
+    config: ClusterConfig, store: Any, now: Callable[[], float], *, what_if: bool = False
+) -> Any:
     """The daemon's dashboard on `store` (the planner and catalog the daemon would use)."""
     from app.api import SubmissionService
     from app.dashboard.server import Dashboard
+    from app.what_if import what_if as replay
+    from executor.storage import open_storage
 
     catalog = offline_catalog(config)
     service = SubmissionService(
         store,
-        None,  # type: ignore[arg-type]  # no storage: nothing here reads logs
+        open_storage(config.storage.url),
         lambda: catalog,
         now=now,
         planner=config.planner.planner,
@@ -157,6 +182,7 @@ def build_dashboard(config: ClusterConfig, store: Any, now: Callable[[], float])
         guardrails=config.guardrails,
         cluster=config.cluster.name,
         now=now,
+        what_if=(lambda since, until: replay(config, since, until)) if what_if else None,
     )
 
 
@@ -256,7 +282,7 @@ def screenshots(argv: list[str] | None = None) -> None:
         now = time.time()
         config, store = demo_cluster(Path(tmp), args.jobs, now)
         add_user(store_accounts(store), "rita", "read", None, now)
-        dashboard = build_dashboard(config, store, time.time)
+        dashboard = build_dashboard(config, store, time.time, what_if=True)
         server = DashboardServer(
             dashboard,
             config.dashboard.listen,
@@ -288,8 +314,10 @@ def screenshots(argv: list[str] | None = None) -> None:
                     page.wait_for_selector("#updated:has-text('updated')")
                     if name == "spend":
                         page.wait_for_selector("#chart-hourly canvas")
+                        # The what-if line: the week replayed under the other schedulers.
+                        page.wait_for_selector("#what-if:has-text('would have cost')")
                     target = args.out / f"{name}.png"
-                    page.screenshot(path=str(target), full_page=name != "jobs")
+                    page.screenshot(path=str(target), full_page=name in ("now", "spend"))
                     print(f"wrote {target}")
                 browser.close()
         finally:
