@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from app.reports import cluster_status, cost_report, job_list
 from app.table import format_table
 from app.users import Authenticator, add_user
 from app.wiring import first_admin, offline_catalog, open_state
-from autoscaler.jobs import JobSpec, Resources, TaskSpec, TraceFacts
+from autoscaler.jobs import JobSpec, TaskSpec, TraceFacts
+from autoscaler.resources import Resources
 from autoscaler.store import ActionRecord, RoundIntents, RoundRecord, TaskUpdate
 
 #: The users of the filled state: (name, team).
@@ -226,7 +228,7 @@ def endpoint_times(jobs: int, repeat: int = 5) -> list[tuple[str, float, float]]
                 answer = client.get(path)
                 if answer.status_code != 200:
                     raise RuntimeError(f"{path}: {answer.status_code} {answer.text[:200]}")
-                served = _median_s(lambda path=path: client.get(path), repeat)
+                served = _median_s(partial(client.get, path), repeat)
                 rows.append((path, served, _median_s(baseline, repeat)))
             return rows
         finally:
