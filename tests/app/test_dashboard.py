@@ -309,3 +309,72 @@ def test_each_endpoint_reads_the_state_in_as_many_statements_whatever_the_jobs(t
     few = _statements_per_request(tmp_path / "few", 20)
     many = _statements_per_request(tmp_path / "many", 200)
     assert many == few
+
+
+def test_the_what_if_line_is_replayed_in_the_background_and_reused():
+    import threading
+
+    from app.dashboard.server import WHAT_IF_WINDOW_S, WhatIfCache
+
+    calls: list[tuple[float, float]] = []
+    finished = threading.Semaphore(0)
+
+    def replay(since: float, until: float) -> dict:
+        calls.append((since, until))
+        finished.release()
+        return {"would_have_cost": {"no-packing": 1.5 * len(calls)}, "message": ""}
+
+    clock = [1_000_000.0]
+    cache = WhatIfCache(replay, lambda: clock[0], ttl_s=600.0)
+
+    def ready() -> dict:
+        assert finished.acquire(timeout=30)
+        while (answer := cache.get())["state"] != "ready" or answer["would_have_cost"] != {
+            "no-packing": 1.5 * len(calls)
+        }:
+            threading.Event().wait(0.01)  # the thread stores what it computed
+        return answer
+
+    assert cache.get()["state"] == "computing"  # a page poll never waits for a replay
+    assert ready()["would_have_cost"] == {"no-packing": 1.5}
+    assert calls == [(1_000_000.0 - WHAT_IF_WINDOW_S, 1_000_000.0)]  # the last week
+    clock[0] += 599.0
+    assert cache.get()["state"] == "ready" and len(calls) == 1  # reused
+    clock[0] += 1.0
+    assert cache.get()["would_have_cost"] == {"no-packing": 1.5}  # the old one meanwhile
+    assert ready()["would_have_cost"] == {"no-packing": 3.0} and len(calls) == 2
+    assert WhatIfCache(None, lambda: 0.0).get()["state"] == "off"
+
+
+def test_a_jobs_timeline_lists_its_moves_in_order():
+    from app.dashboard.views import job_timeline
+
+    detail = {
+        "job": "j",
+        "status": "completed",
+        "reason": "",
+        "submitted_at": 10.0,
+        "started_at": 20.0,
+        "finished_at": 90.0,
+        "task_list": [
+            {
+                "task": "j/0",
+                "checkpoint": None,
+                "failure": None,
+                "placements": [
+                    {"instance": "i-1", "attempt": 1, "start": 20.0, "end": 50.0},
+                    {"instance": "i-2", "attempt": 2, "start": 55.0, "end": 90.0},
+                ],
+            }
+        ],
+    }
+    events = [(e["at"], e["event"]) for e in job_timeline(detail)]
+    assert events == [
+        (10.0, "submitted"),
+        (20.0, "started"),
+        (20.0, "placed"),
+        (50.0, "left"),
+        (55.0, "moved"),
+        (90.0, "left"),
+        (90.0, "completed"),
+    ]
