@@ -378,3 +378,19 @@ def test_a_jobs_timeline_lists_its_moves_in_order():
         (90.0, "left"),
         (90.0, "completed"),
     ]
+
+
+def test_drain_is_the_apis_drain_with_its_ownership_rule(web):
+    _history(web.api)  # i-1 runs sam's a/0 and admin's b/0
+    sam = web.logged_in(web.submitter)
+    csrf = sam.get("/now").text.split('data-csrf="')[1].split('"')[0]
+    refused = sam.post("/api/instances/i-1/drain", headers={"X-CSRF-Token": csrf})
+    assert refused.status_code == 403 and "only an admin may drain it" in refused.json()["error"]
+    assert web.api.store.instance("i-1").status == "running"
+    admin = web.logged_in(web.admin)
+    csrf = admin.get("/now").text.split('data-csrf="')[1].split('"')[0]
+    drained = admin.post("/api/instances/i-1/drain", headers={"X-CSRF-Token": csrf}).json()
+    assert drained["draining"] is True and sorted(drained["tasks"]) == ["a/0", "b/0"]
+    assert web.api.store.instance("i-1").status == "draining"
+    outcomes = [(e.user_name, e.outcome) for e in web.audit("DrainInstance")]
+    assert outcomes == [("sam", "permission_denied"), ("admin", "ok")]
