@@ -2,9 +2,9 @@
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
 `[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]` and
-`[[notify]]` (webhooks, `app.notify`) are read here; `[ec2]` and `[guardrails]` by
-`provisioners.config`; `[state]` by `app.state_config`. Relative paths are
-relative to the file. Every value is checked where it is read, and an unknown
+`[[notify]]` (webhooks, `app.notify`), `[audit]` and `[dashboard]` are read here; `[ec2]`
+and `[guardrails]` by `provisioners.config`; `[state]` by `app.state_config`. Relative
+paths are relative to the file. Every value is checked where it is read, and an unknown
 key is an error (a typo never falls back to a default silently).
 """
 
@@ -160,6 +160,17 @@ class MetricsTable(Strict, frozen=True):
 
     def check(self) -> None:
         _check_address(self.listen, "listen", optional=True)
+
+
+class DashboardTable(Strict, frozen=True):
+    """The web dashboard (`app.dashboard`): off unless enabled; HTTPS with the daemon's
+    certificate, a user's token to log in."""
+
+    enabled: bool = False
+    listen: Address = "127.0.0.1:8443"  # where the daemon serves it
+
+    def check(self) -> None:
+        _check_address(self.listen, "listen")
 
 
 #: S3's rules for a bucket name: 3-63 lowercase letters, digits, '.' and '-', starting
@@ -398,6 +409,7 @@ class ClusterConfigFile(Strict, frozen=True):
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
     audit: AuditTable = msgspec.field(default_factory=AuditTable)
     notify: tuple[NotifyTable, ...] = ()
+    dashboard: DashboardTable = msgspec.field(default_factory=DashboardTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -428,6 +440,13 @@ class ClusterConfigFile(Strict, frozen=True):
                 "is the API's address: give the metrics their own port",
                 "metrics.listen",
                 self.metrics.listen,
+            )
+        taken = {self.api.listen, api, self.metrics.listen}
+        if self.dashboard.enabled and self.dashboard.listen in taken:
+            raise FieldError(
+                "is the API's or the metrics' address: give the dashboard its own port",
+                "dashboard.listen",
+                self.dashboard.listen,
             )
 
 
@@ -497,6 +516,7 @@ class ClusterConfig:
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
     audit: AuditTable = field(default_factory=AuditTable)
     notify: tuple[NotifyTable, ...] = ()
+    dashboard: DashboardTable = field(default_factory=DashboardTable)
 
     @property
     def api_address(self) -> str:
@@ -618,6 +638,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         teams=document.teams,
         audit=document.audit,
         notify=document.notify,
+        dashboard=document.dashboard,
     )
 
 
@@ -655,6 +676,7 @@ def check_daemon_config(config: ClusterConfig) -> list[str]:
         ("[api]", "advertise", config.api.advertise),
         ("[api]", "worker_listen", config.api.worker_listen),
         ("[metrics]", "listen", config.metrics.listen),
+        ("[dashboard]", "listen", config.dashboard.listen if config.dashboard.enabled else ""),
     ):
         if value:
             try:

@@ -5,8 +5,9 @@ waits and says so), serves gRPC on two ports — users (TLS, a user's token on
 every call, allowed by role and audited: `app.api.UserAuth`) and worker
 enrollment on `[api] listen`, the enrolled workers on the workers' port (mutual
 TLS: a client certificate from the worker CA, which `UserAuth` lets through to
-services that check it themselves) — exposes
-Prometheus metrics, and lets APScheduler 3 run a
+services that check it themselves) — exposes Prometheus metrics, serves the web
+dashboard when `[dashboard] enabled` (`app.dashboard`: HTTPS, the same users,
+roles and audit log), and lets APScheduler 3 run a
 round every `interval_s` and the step that carries it out every `step_s` —
 on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
 SIGTERM or SIGINT finishes the current round or step and exits; instances
@@ -151,6 +152,7 @@ class Daemon:
             self.notices = Notices(outbox, config.guardrails)
         if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
             bindings.executor.on_notice = self.noticed
+        self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -304,6 +306,8 @@ class Daemon:
         finally:
             if self.scheduler is not None:
                 self.scheduler.shutdown(wait=True)
+            if self.dashboard is not None:
+                self.dashboard.stop()
             if self.server is not None:
                 self.server.stop(grace=5).wait()
             if self._notify_thread is not None:  # it ends after the post it is in, if any
@@ -363,6 +367,37 @@ class Daemon:
             host = host.removeprefix("[").removesuffix("]")  # an IPv6 address, bracketed
             start_http_server(int(port), addr=host, registry=self.metrics.registry)
             _event("metrics", listen=self.config.metrics.listen)
+        if self.config.dashboard.enabled:
+            self._serve_dashboard()
+
+    def _serve_dashboard(self) -> None:
+        """The web dashboard over HTTPS with the API's certificate (`app.dashboard`)."""
+        from app.dashboard.server import Dashboard, DashboardServer
+
+        config = self.config
+
+        def what_if(since: float, until: float) -> dict[str, Any]:
+            from app.what_if import what_if as replay
+
+            return replay(config, since, until)
+
+        dashboard = Dashboard(
+            self.api,
+            self.authenticator,
+            guardrails=config.guardrails,
+            cluster=config.cluster.name,
+            what_if=what_if,
+            now=self.clock.now,
+        )
+        server = DashboardServer(
+            dashboard,
+            config.dashboard.listen,
+            config.secrets.server_cert,
+            config.secrets.server_key,
+        )
+        server.start()
+        self.dashboard = server
+        _event("dashboard", listen=f"https://{config.dashboard.listen}/")
 
     def _schedule(self) -> None:
         from apscheduler.executors.pool import ThreadPoolExecutor

@@ -207,6 +207,16 @@ def cost_report(
 NO_TEAM_LABEL = "(no team)"
 
 
+def spend_of_jobs(
+    store: Store, catalog: Catalog, records: Mapping[str, JobRecord], since: float, now: float
+) -> tuple[dict[str, float], float]:
+    """({job: $ attributed}, idle $) within [since, now]: `cost_report`'s split."""
+    specs = {job_id: r.spec for job_id, r in records.items()}
+    return attribute(
+        store.uptime(), store.placements(since), dominant_share(specs, catalog), since, now
+    )
+
+
 def spend_by(
     per_job: Mapping[str, float], records: Mapping[str, JobRecord], key: str
 ) -> dict[str, float]:
@@ -464,15 +474,26 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
     }
 
 
-def job_list(store: Store, statuses: Iterable[str] | None = None, limit: int = 0) -> dict[str, Any]:
-    records = store.jobs(list(statuses) if statuses else None)
+def job_list(
+    store: Store,
+    statuses: Iterable[str] | None = None,
+    limit: int = 0,
+    *,
+    records: Sequence[JobRecord] | None = None,
+) -> dict[str, Any]:
+    """Every job (of `statuses`), oldest first; `records`: the store's jobs, if already read."""
+    wanted = set(statuses or ())
+    if records is None:
+        records = store.jobs(sorted(wanted) if wanted else None)
+    elif wanted:
+        records = [r for r in records if r.status in wanted]
     if limit:
         records = records[-limit:]
-    return {"jobs": [_job_summary(store, r) for r in records]}
+    tasks = store.tasks_of_jobs(r.job_id for r in records)  # one query, not one a job
+    return {"jobs": [_job_summary(r, tasks[r.job_id]) for r in records]}
 
 
-def _job_summary(store: Store, record: JobRecord) -> dict[str, Any]:
-    tasks = store.tasks_of(record.job_id)
+def _job_summary(record: JobRecord, tasks: Sequence[TaskRecord]) -> dict[str, Any]:
     return {
         "job": record.job_id,
         "name": record.spec.name,
@@ -481,6 +502,8 @@ def _job_summary(store: Store, record: JobRecord) -> dict[str, Any]:
         "tasks": len(tasks),
         "running": sum(1 for t in tasks if t.status == "running"),
         "progress": max((t.progress for t in tasks), default=0.0),
+        "attempts": sum(t.attempt for t in tasks),  # starts of all its tasks
+        "moves": sum(t.moves for t in tasks),  # attempts the plan moved elsewhere
         "submitted_at": record.submitted_at,
         "started_at": record.started_at,
         "finished_at": record.finished_at,
@@ -542,7 +565,7 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
             }
         )
     return {
-        **_job_summary(store, record),
+        **_job_summary(record, store.tasks_of(job_id)),
         "full_throughput": record.spec.full_throughput or record.solo_throughput,
         "cost": round(per_job.get(job_id, 0.0), 6),
         "max_cost": record.spec.max_cost,

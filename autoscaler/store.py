@@ -467,6 +467,11 @@ class Store(Protocol):
 
     def tasks_of(self, job_id: str) -> list[TaskRecord]: ...
 
+    def tasks_of_jobs(self, job_ids: Iterable[str]) -> dict[str, list[TaskRecord]]:
+        """`tasks_of` for many jobs at once (a job list, a dashboard page); bindings
+        that pay per query read them in one. (Defined here once: bindings inherit it.)"""
+        return {job_id: self.tasks_of(job_id) for job_id in job_ids}
+
     def instance(self, instance_id: str) -> InstanceRecord | None: ...
 
     def instances(self, include_finished: bool = False) -> list[InstanceRecord]: ...

@@ -781,6 +781,17 @@ class SqlStore(Store):
         with read_transaction(self._engine) as conn:
             return self._tasks(conn, JOBS.c.job_id == job_id)
 
+    def tasks_of_jobs(self, job_ids: Iterable[str]) -> dict[str, list[TaskRecord]]:
+        ids = list(dict.fromkeys(job_ids))
+        found: dict[str, list[TaskRecord]] = {job_id: [] for job_id in ids}
+        with read_transaction(self._engine) as conn:
+            # In chunks: SQLite's default bound on a statement's parameters is 999 in
+            # older builds.
+            for at in range(0, len(ids), 500):
+                for task in self._tasks(conn, JOBS.c.job_id.in_(ids[at : at + 500])):
+                    found[task.job_id].append(task)
+        return found
+
     def instance(self, instance_id: str) -> InstanceRecord | None:
         with read_transaction(self._engine) as conn:
             found = self._instances(conn, INSTANCES.c.instance_id == instance_id)

@@ -63,6 +63,17 @@ def test_duplicate_job_is_rejected_and_the_first_is_kept(store):
     assert len(store.tasks_of("j1")) == 1
 
 
+def test_tasks_of_many_jobs_are_each_jobs_tasks(store):
+    for n, job_id in enumerate(("j1", "j2", "j3")):
+        submit(store, job_id, n_tasks=n + 1)
+    store.update_tasks([TaskUpdate("j2/1", progress=7.0)], 1.0)
+    many = store.tasks_of_jobs(["j3", "j2", "nope"])
+    assert list(many) == ["j3", "j2", "nope"] and many["nope"] == []
+    for job_id in ("j2", "j3"):
+        assert many[job_id] == store.tasks_of(job_id)
+    assert many["j2"][1].progress == 7.0
+
+
 def test_job_lifecycle_sets_times_once(store):
     submit(store, "j1")
     assert store.job_started("j1", 10.0)

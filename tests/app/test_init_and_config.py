@@ -273,3 +273,33 @@ def test_the_transient_back_off_and_the_workers_spend_brake_are_set_in_timeouts(
     cloud = local_cloud(config)
     assert isinstance(cloud, LocalCloud)
     assert (cloud.stop_tasks, cloud.orphan_timeout_s, cloud.orphan_max_s) == (True, 600.0, 0.0)
+
+
+def test_the_dashboard_is_on_for_a_local_cluster_and_off_unless_enabled_otherwise(tmp_path):
+    main(["init", "--dir", str(tmp_path / "local"), "--local", "--name", "laptop"])
+    local = load_cluster_config(tmp_path / "local" / "autoscaler.toml")
+    assert local.dashboard.enabled
+    assert local.dashboard.listen not in (local.api.listen, local.metrics.listen)
+    main(["init", "--dir", str(tmp_path / "ec2"), "--name", "prod"])
+    assert not load_cluster_config(tmp_path / "ec2" / "autoscaler.toml").dashboard.enabled
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[cluster]\nname = "c1"\n')
+    assert not load_cluster_config(bare).dashboard.enabled  # no [dashboard]: off
+
+
+def test_the_dashboard_may_not_take_the_apis_port(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    api = load_cluster_config(path).api.listen
+    text = path.read_text()
+    dashboard = load_cluster_config(path).dashboard.listen
+    path.write_text(text.replace(f'listen = "{dashboard}"', f'listen = "{api}"'))
+    with pytest.raises(InputError) as bad:
+        load_cluster_config(path)
+    assert "[dashboard]: field 'listen'" in str(bad.value) and "own port" in str(bad.value)
+    path.write_text(
+        text.replace("enabled = true", "enabled = false").replace(
+            f'listen = "{dashboard}"', f'listen = "{api}"'
+        )
+    )
+    assert not load_cluster_config(path).dashboard.enabled  # off: its address is not used
