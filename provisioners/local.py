@@ -283,9 +283,10 @@ class LocalCloud:
         """What of this cluster still runs on this host, whatever its records say: agent
         processes (found by their work directory under this cloud's root, so one whose
         record is lost or says terminated is found too) and containers labelled with any
-        instance this cloud ever launched (an agent killed with SIGKILL leaves them)."""
+        instance this cloud ever launched, its directories under this root (an agent killed
+        with SIGKILL leaves them; another cluster of the same name on this host is not ours)."""
         tokens = {r["token"] for r in self._records()}
-        marker = str(self.root.absolute() / "instances") + "/"
+        marker = str(self.root / "instances") + "/"
         agents = sorted(
             pid for pid, cmdline in _processes() if marker in cmdline and "executor" in cmdline
         )
@@ -297,7 +298,12 @@ class LocalCloud:
                     all=True, filters={"label": LABEL_INSTANCE}
                 ):
                     token = container.labels.get(LABEL_INSTANCE, "")
-                    if token in tokens:
+                    # Ours: one of our instances, and its directories under our root (an
+                    # instance of another cluster of the same name on this host is not).
+                    mounts = container.attrs.get("Mounts") or ()
+                    if token in tokens and any(
+                        str(m.get("Source", "")).startswith(marker) for m in mounts
+                    ):
                         containers.append((container.id, token))
             finally:
                 client.close()
