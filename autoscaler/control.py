@@ -314,11 +314,18 @@ def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace
     the cloud stops listing it: it booted long after its launch became visible,
     and its worker may answer a moment more while it shuts down. Waiting would
     only bill the ledger for time the cloud does not charge.
+
+    So is an instance whose worker registered and has since been found lost (silent
+    past the heartbeat timeout): the listing's lag is a launch's, and this one was
+    listed for as long as it took to boot; waiting out the grace would only keep its
+    tasks from starting elsewhere for a minute.
     """
     if inst.status == "terminating" and inst.ready_at is not None:
         return True
     if inst.instance_id in ready:
         return False
+    if inst.ready_at is not None and inst.lost_at is not None:
+        return True
     return now - last_confirmed(inst) >= grace_s
 
 

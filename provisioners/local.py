@@ -460,6 +460,9 @@ class LocalCloud:
         pids = [r["pid"] for r in records if r.get("pid") and _alive(r["pid"], r["token"])]
         for pid in pids:
             _signal_group(pid, signal.SIGTERM)
+            # As systemd does: a stopped (SIGSTOP) agent handles its SIGTERM only once
+            # continued, and would otherwise sit out the grace to be killed unsaved.
+            _signal_group(pid, signal.SIGCONT)
         began = time.monotonic()
         told = began
         while (alive := sum(_alive(p) for p in pids)) and time.monotonic() < began + grace_s:
