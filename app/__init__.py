@@ -3,9 +3,10 @@
 - `cli`, `commands/`: the command line, one module per group of commands
   (`plan`, `replay` and `trace`, `catalog`, `db`, and the cluster's: `init`,
   `daemon`, `submit`, `jobs`, `status`, `cost-report`, `down`, …).
-- `daemon`, `api` (+ `v1/api.proto`), `leader`, `metrics`: the long-running
-  service: APScheduler ticks driving the core's `ControlLoop`, the gRPC
-  submission API, one leader per cluster, Prometheus metrics.
+- `daemon`, `api` (+ `v1/api.proto`), `leader`, `metrics`, `notify`: the
+  long-running service: APScheduler ticks driving the core's `ControlLoop`, the
+  gRPC submission API, one leader per cluster, Prometheus metrics, webhook
+  notifications sent from the state's outbox by a thread of their own.
 - `config`, `state_config`, `init`, `jobfile`: the files users own (the
   cluster's TOML, job files) and `autoscaler init`, which writes them.
 - `wiring`: the one place that picks a binding for each interface from the

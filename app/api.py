@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+import msgspec
 from sqlalchemy import Engine
 
-from app.reports import cluster_status, cost_report, job_detail, job_list
+from app.config import TeamTable
+from app.reports import cluster_status, cost_report, job_detail, job_list, quote
+from app.teams import check_team, team_list
 from app.users import (
     ROTATION_OVERLAP_S,
     Authenticator,
@@ -49,6 +52,7 @@ from autoscaler.jobs import (
     validate_against_catalog,
     without_missing_families,
 )
+from autoscaler.limits import MAX_JOB_COST
 from autoscaler.store import FINAL_JOB_STATUSES, DuplicateJob, Store, TaskUpdate, UnknownEntity
 from executor.packing import inflated_size
 from executor.storage import (
@@ -61,7 +65,7 @@ from executor.storage import (
     is_log_key,
     job_prefix,
 )
-from state.accounts import AuditRecord, DuplicateUser, SqlAccounts
+from state.accounts import TEAM_KEYS, AuditRecord, DuplicateUser, SqlAccounts
 
 log = logging.getLogger("autoscaler.api")
 
@@ -70,7 +74,7 @@ SERVICE = "/autoscaler.api.v1.Submission/"
 #: The methods each role may call. `submit` may cancel and drain only its own jobs,
 #: which the method itself checks (the owner is known only once the job is read).
 READ_METHODS = frozenset(
-    {"GetJob", "ListJobs", "GetLogs", "ClusterStatus", "CostReport", "GetCatalog"}
+    {"GetJob", "ListJobs", "GetLogs", "ClusterStatus", "CostReport", "GetCatalog", "QuoteJob"}
 )
 SUBMIT_METHODS = READ_METHODS | {
     "MissingContexts",
@@ -79,7 +83,15 @@ SUBMIT_METHODS = READ_METHODS | {
     "CancelJob",
     "DrainInstance",
 }
-ADMIN_METHODS = SUBMIT_METHODS | {"AddUser", "ListUsers", "RotateUser", "RevokeUser", "Audit"}
+ADMIN_METHODS = SUBMIT_METHODS | {
+    "AddUser",
+    "ListUsers",
+    "RotateUser",
+    "RevokeUser",
+    "Audit",
+    "SetTeam",
+    "ListTeams",
+}
 ROLE_METHODS = {"read": READ_METHODS, "submit": SUBMIT_METHODS, "admin": ADMIN_METHODS}
 
 #: What a task's env value shows as unless its owner or an admin asks for it.
@@ -130,6 +142,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         options: ControlOptions | None = None,
         max_context_bytes: int = 256 * 1024 * 1024,
         accounts: SqlAccounts | None = None,
+        teams: Mapping[str, TeamTable] | None = None,
     ) -> None:
         if accounts is None and isinstance(getattr(store, "engine", None), Engine):
             accounts = SqlAccounts(store.engine)  # type: ignore[attr-defined]
@@ -141,6 +154,7 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
         self.planner = planner
         self.options = options
         self.max_context_bytes = max_context_bytes
+        self.teams = dict(teams or {})  # the config's [teams.NAME] (`app.teams`)
 
     # -- contexts -----------------------------------------------------------------------------
 
@@ -361,6 +375,31 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
     def GetCatalog(self, request, context):
         return _document(catalog_document(self.catalog()))
 
+    def QuoteJob(self, request, context):
+        if self.planner is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this service has no planner")
+        try:
+            job = parse_submitted(request.spec_json)
+            catalog = self.catalog()
+            job, _ = without_missing_families(job, catalog)
+            validate_against_catalog((job,), catalog, source=f"job {job.job_id!r}")
+            current().target = job.job_id
+            options = self.options or ControlOptions()
+            document = quote(
+                self.store.snapshot(options.default_throughput),
+                catalog,
+                self.planner(),
+                options,
+                self.now(),
+                job,
+                duration_s=request.duration_s or None,
+                iterations=request.iterations or None,
+                throughput=request.throughput or None,
+            )
+        except (InputError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return _document(document)
+
     # -- users and the audit log (admin only: `UserAuth`) ----------------------------------------
 
     @property
@@ -409,6 +448,38 @@ class SubmissionService(api_pb2_grpc.SubmissionServicer):
             user=request.user or None, since=request.since or None, limit=request.limit
         )
         return _document({"entries": [_audit_document(e) for e in entries]})
+
+    # -- teams (admin only) ------------------------------------------------------------------------
+
+    def SetTeam(self, request, context):
+        current().target = request.name
+        given = {key: getattr(request, key) for key in TEAM_KEYS if request.HasField(key)}
+        if not given:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "give at least one limit: "
+                + ", ".join(f"--{k.replace('_', '-')}" for k in TEAM_KEYS),
+            )
+        current().detail = json.dumps(given, sort_keys=True)
+        records = self.accounts.teams()
+        before = next((r for r in records if r.name == request.name), None)
+        try:
+            check_team(
+                request.name,
+                {
+                    **msgspec.structs.asdict(self.teams.get(request.name, TeamTable())),
+                    **(before.limits if before else {}),
+                    **given,
+                },
+            )
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.accounts.set_team(request.name, given, self.now(), current().caller.name)
+        listed = team_list(self.teams, self.accounts.teams())["teams"]
+        return _document(next(t for t in listed if t["team"] == request.name))
+
+    def ListTeams(self, request, context):
+        return _document(team_list(self.teams, self.accounts.teams()))
 
     def _user(self, request: Any, context: Any) -> Any:
         current().target = request.name
@@ -678,6 +749,16 @@ def parse_submitted(spec_json: str) -> JobSpec:
             value=job.priority,
             has_value=True,
         )
+    if job.max_cost is not None and (
+        type(job.max_cost) not in (int, float) or not 0 < job.max_cost <= MAX_JOB_COST
+    ):
+        raise InputError(
+            f"must be a number of US dollars above 0 and at most {MAX_JOB_COST:g}",
+            where=f"job {job.job_id!r}",
+            field="max_cost",
+            value=job.max_cost,
+            has_value=True,
+        )
     seen: set[str] = set()
     for task in job.tasks:
         key = task.task_id.removeprefix(f"{job.job_id}/")
@@ -886,6 +967,33 @@ class ApiClient:
     def audit(self, user: str = "", since: float = 0.0, limit: int = 0) -> dict[str, Any]:
         request = api_pb2.AuditRequest(user=user, since=since, limit=limit)
         return json.loads(self._call(self.stub.Audit, request).json)
+
+    def set_team(self, name: str, **limits: float | int) -> dict[str, Any]:
+        """Set some of a team's limits (`state.accounts.TEAM_KEYS`); the rest stay."""
+        request = api_pb2.TeamRequest(name=name)
+        for key, value in limits.items():
+            setattr(request, key, value)  # sets the field's presence too (proto3 optional)
+        return json.loads(self._call(self.stub.SetTeam, request).json)
+
+    def teams(self) -> dict[str, Any]:
+        return json.loads(self._call(self.stub.ListTeams, api_pb2.ListTeamsRequest()).json)
+
+    def quote(
+        self,
+        job: JobSpec,
+        *,
+        duration_s: float = 0.0,
+        iterations: float = 0.0,
+        throughput: float = 0.0,
+    ) -> dict[str, Any]:
+        """What `job` would cost at the current packing, nothing submitted (`reports.quote`)."""
+        request = api_pb2.QuoteJobRequest(
+            spec_json=json.dumps(spec_document(job)),
+            duration_s=duration_s,
+            iterations=iterations,
+            throughput=throughput,
+        )
+        return json.loads(self._call(self.stub.QuoteJob, request).json)
 
 
 def _chunks(digest: str, data: bytes) -> Iterator[api_pb2.ContextChunk]:

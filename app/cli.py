@@ -59,10 +59,12 @@ def build_parser() -> Any:
     import argparse
     from typing import NoReturn
 
+    from app.commands.ca import register as register_ca_commands
     from app.commands.catalog import register as register_catalog_commands
     from app.commands.cluster import register as register_cluster_commands
     from app.commands.db import register as register_db_commands
     from app.commands.deploy import register as register_deploy_commands
+    from app.commands.notify import register as register_notify_commands
     from app.commands.plan import register as register_plan_command
     from app.commands.replay import register as register_simulator_commands
     from app.commands.users import register as register_user_commands
@@ -89,7 +91,9 @@ def build_parser() -> Any:
     register_db_commands(sub)
     register_cluster_commands(sub)
     register_user_commands(sub)
+    register_ca_commands(sub)
     register_deploy_commands(sub)
+    register_notify_commands(sub)
     register_worker_command(sub)
     return parser
 

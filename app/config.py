@@ -1,11 +1,11 @@
 """The cluster configuration: one TOML file, written by `autoscaler init`, read by every command.
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
-`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]` and `[teams.NAME]`
-are read here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
-`app.state_config`. Relative paths are relative to the file. Every value is
-checked where it is read, and an unknown key is an error (a typo never falls
-back to a default silently).
+`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]` and
+`[[notify]]` (webhooks, `app.notify`), `[audit]` and `[dashboard]` are read here; `[ec2]`
+and `[guardrails]` by `provisioners.config`; `[state]` by `app.state_config`. Relative
+paths are relative to the file. Every value is checked where it is read, and an unknown
+key is an error (a typo never falls back to a default silently).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
 from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
+from autoscaler.failures import Backoff
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
 from provisioners.config import (
@@ -95,6 +96,8 @@ def parse_address(value: str) -> tuple[str, int]:
 
 
 Address = Annotated[str, text(max_length=300, description="HOST:PORT, such as '127.0.0.1:7443'")]
+#: A catalog offering's name (`autoscaler.catalog.offering_name`): 'c7i.large:spot@us-east-1a'.
+Offering = Annotated[str, text(max_length=300, min_length=1)]
 
 
 class ClusterTable(Strict, frozen=True):
@@ -114,6 +117,21 @@ class CloudTable(Strict, frozen=True):
     # dependency, hash-pinned), which the daemon publishes to the cluster's bucket and every
     # worker installs offline.
     wheelhouse: Annotated[str, text(max_length=4096)] = ""
+    # local: emulate spot reclaims (`provisioners.local_reclaims`), per spot offering
+    # (`TYPE:spot`, `TYPE:spot@ZONE`): a rate in reclaims per instance-hour (each
+    # instance's reclaim drawn at launch, seeded), or an availability trace file
+    # ({"metadata": {"gap_seconds": 600}, "data": [0, 1, ...]}, 1 = no spot capacity).
+    reclaim_rates: Annotated[
+        dict[Offering, Annotated[float, number(ge=0.0, le=3600.0)]], msgspec.Meta(max_length=10_000)
+    ] = msgspec.field(default_factory=dict)
+    reclaim_traces: Annotated[
+        dict[Offering, Annotated[str, text(max_length=4096)]], msgspec.Meta(max_length=10_000)
+    ] = msgspec.field(default_factory=dict)
+    reclaim_seed: Annotated[int, whole(ge=0, le=2**63 - 1)] = 0
+    # local: the spot notice's window before the instance goes (EC2: 120 s), and how often
+    # agents poll for it (AWS recommends 5 s)
+    notice_window_s: Annotated[float, seconds(gt=0.0)] = 120.0
+    notice_poll_s: Annotated[float, seconds(gt=0.0)] = 5.0
 
 
 def _check_address(value: str, name: str, *, optional: bool = False) -> None:
@@ -142,6 +160,17 @@ class MetricsTable(Strict, frozen=True):
 
     def check(self) -> None:
         _check_address(self.listen, "listen", optional=True)
+
+
+class DashboardTable(Strict, frozen=True):
+    """The web dashboard (`app.dashboard`): off unless enabled; HTTPS with the daemon's
+    certificate, a user's token to log in."""
+
+    enabled: bool = False
+    listen: Address = "127.0.0.1:8443"  # where the daemon serves it
+
+    def check(self) -> None:
+        _check_address(self.listen, "listen")
 
 
 #: S3's rules for a bucket name: 3-63 lowercase letters, digits, '.' and '-', starting
@@ -225,8 +254,24 @@ class TimeoutsTable(Strict, frozen=True):
     # heartbeats by default) it is lost, and shown so at the next step: within seconds.
     heartbeat_s: Annotated[float, seconds(gt=0)] = 10.0
     heartbeat_interval_s: Annotated[float, seconds(gt=0)] = 5.0
+    # A transient failure's task waits `retry_backoff_s` before its next attempt, doubling
+    # with each counted failure up to `retry_backoff_max_s` (`autoscaler.failures.Backoff`).
+    retry_backoff_s: Annotated[float, seconds(ge=0)] = _DEFAULTS.backoff.base_s
+    retry_backoff_max_s: Annotated[float, seconds(ge=0)] = _DEFAULTS.backoff.max_s
+    # Each worker agent's spend brake (`autoscaler-worker --orphan-timeout/--orphan-max`):
+    # with no word from the daemon this long it stops its instance — with no task running,
+    # or with tasks (checkpointed first); 0: never.
+    worker_orphan_timeout_s: Annotated[float, seconds(ge=0)] = 1800.0
+    worker_orphan_max_s: Annotated[float, seconds(ge=0)] = 7200.0
 
     def check(self) -> None:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise FieldError(
+                f"must be at least retry_backoff_s ({self.retry_backoff_s:g} s): the back-off "
+                "only grows",
+                "retry_backoff_max_s",
+                self.retry_backoff_max_s,
+            )
         if not self.heartbeat_s > self.heartbeat_interval_s:
             raise FieldError(
                 f"must be longer than heartbeat_interval_s ({self.heartbeat_interval_s:g} s): "
@@ -270,11 +315,80 @@ class TeamTable(Strict, frozen=True):
     # The priority of the team's jobs that state none, and the most one may ask for.
     priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     max_priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
+    # Dollars the team's jobs may be charged per UTC day; reached, they wait for the next.
+    daily_budget: (
+        Annotated[
+            float,
+            number(ge=0, le=24 * MAX_HOURLY_SPEND, description="a number of US dollars, >= 0"),
+        ]
+        | None
+    ) = None
 
     def limits(self) -> TeamLimits:
         return TeamLimits(
-            self.weight, self.max_hourly_spend, self.max_share, self.priority, self.max_priority
+            self.weight,
+            self.max_hourly_spend,
+            self.max_share,
+            self.priority,
+            self.max_priority,
+            self.daily_budget,
         )
+
+
+class AuditTable(Strict, frozen=True):
+    """How long the audit log keeps an API call (`[audit]`)."""
+
+    # Entries older than this many days are deleted by the daemon, hourly (None: kept).
+    keep_days: Annotated[float, number(gt=0, le=36_500.0, description="days, > 0")] | None = None
+
+
+#: The events a webhook may subscribe to (`state.outbox.EVENT_KINDS`, spelt out here so
+#: reading the configuration loads no SQLAlchemy).
+NotifyEventName = Literal[
+    "job.completed",
+    "job.failed",
+    "job.cancelled",
+    "budget.80",
+    "budget.100",
+    "offering.held",
+    "leader.changed",
+    "test",
+]
+ALL_NOTIFY_EVENTS: tuple[NotifyEventName, ...] = NotifyEventName.__args__  # type: ignore[attr-defined]
+
+
+class NotifyTable(Strict, frozen=True):
+    """A webhook the daemon posts events to (`[[notify]]`, one table per webhook): a JSON
+    body Slack and Teams incoming webhooks accept, signed with HMAC-SHA256 when a
+    `secret_file` is given (`app.notify`)."""
+
+    url: Annotated[
+        str,
+        text(max_length=2048, pattern=r"^https://[^\s/]+", description="an https:// URL"),
+    ]
+    # What deliveries are recorded and logged under (never the URL: a webhook URL is a
+    # secret); default: the URL's host and a hash of the whole URL.
+    name: Name | None = None
+    events: tuple[NotifyEventName, ...] = ALL_NOTIFY_EVENTS
+    # A file only its owner reads, holding the HMAC key (relative to this file).
+    secret_file: Annotated[str, text(max_length=4096)] = ""
+    # CA certificates (PEM) to verify the receiver with, beside the system's.
+    ca_file: Annotated[str, text(max_length=4096)] = ""
+    timeout_s: Annotated[float, number(gt=0, le=120.0)] = 10.0
+    max_attempts: Annotated[int, whole(ge=1, le=50)] = 8
+    backoff_s: Annotated[float, seconds(gt=0)] = 10.0  # first retry; doubling each time
+    max_backoff_s: Annotated[float, seconds(gt=0)] = 3600.0
+
+    @property
+    def sink(self) -> str:
+        """The webhook's name in records and logs."""
+        if self.name:
+            return self.name
+        import hashlib
+        from urllib.parse import urlsplit
+
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:8]
+        return f"{urlsplit(self.url).hostname}-{digest}"
 
 
 class ClusterConfigFile(Strict, frozen=True):
@@ -293,6 +407,9 @@ class ClusterConfigFile(Strict, frozen=True):
     ec2: EC2Table = msgspec.field(default_factory=EC2Table)
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
+    audit: AuditTable = msgspec.field(default_factory=AuditTable)
+    notify: tuple[NotifyTable, ...] = ()
+    dashboard: DashboardTable = msgspec.field(default_factory=DashboardTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -309,12 +426,27 @@ class ClusterConfigFile(Strict, frozen=True):
             self.ec2.check_zones(self.cluster.region)
         except FieldError as exc:
             raise FieldError(exc.message, "ec2.zones", exc.value) from None
+        sinks = [n.sink for n in self.notify]
+        for i, sink in enumerate(sinks):
+            if sink in sinks[:i]:
+                raise FieldError(
+                    "names a webhook twice: give each [[notify]] its own name",
+                    f"notify.{i}.name",
+                    sink,
+                )
         api = self.api.advertise or self.api.listen
         if self.metrics.listen and self.metrics.listen in (self.api.listen, api):
             raise FieldError(
                 "is the API's address: give the metrics their own port",
                 "metrics.listen",
                 self.metrics.listen,
+            )
+        taken = {self.api.listen, api, self.metrics.listen}
+        if self.dashboard.enabled and self.dashboard.listen in taken:
+            raise FieldError(
+                "is the API's or the metrics' address: give the dashboard its own port",
+                "dashboard.listen",
+                self.dashboard.listen,
             )
 
 
@@ -382,6 +514,9 @@ class ClusterConfig:
     state: StateConfig
     raw: Mapping[str, Any] = field(default_factory=dict)
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
+    audit: AuditTable = field(default_factory=AuditTable)
+    notify: tuple[NotifyTable, ...] = ()
+    dashboard: DashboardTable = field(default_factory=DashboardTable)
 
     @property
     def api_address(self) -> str:
@@ -412,6 +547,7 @@ class ClusterConfig:
             orphans=OrphanPolicy(self.provisioner.ec2.orphan_policy, self.limits.orphan_grace_s),
             timeouts=Timeouts(t.boot_s, t.register_s, t.start_s, t.checkpoint_s),
             max_attempts=self.limits.max_attempts,
+            backoff=Backoff(t.retry_backoff_s, t.retry_backoff_max_s),
             dry_run=dry_run,
             progress_at_steps=True,  # what `job` shows is one step old
             instance_prefix=f"{self.cluster.name}-",
@@ -500,6 +636,9 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
         teams=document.teams,
+        audit=document.audit,
+        notify=document.notify,
+        dashboard=document.dashboard,
     )
 
 
@@ -537,6 +676,7 @@ def check_daemon_config(config: ClusterConfig) -> list[str]:
         ("[api]", "advertise", config.api.advertise),
         ("[api]", "worker_listen", config.api.worker_listen),
         ("[metrics]", "listen", config.metrics.listen),
+        ("[dashboard]", "listen", config.dashboard.listen if config.dashboard.enabled else ""),
     ):
         if value:
             try:
@@ -576,6 +716,17 @@ def check_daemon_config(config: ClusterConfig) -> list[str]:
     if problem:
         raise refuse(problem, "[storage]", "url", config.storage.url)
     found.append(f"storage {config.storage.url}")
+
+    if config.notify:
+        from app.notify import webhook
+
+        for table in config.notify:
+            secret = "secret_file" if table.secret_file else "ca_file"
+            try:
+                webhook(table, config.path.parent)
+            except (OSError, ValueError) as exc:  # unreadable, unsafe mode, not PEM
+                raise refuse(_one_line(exc), f"[[notify]] {table.sink}", secret) from None
+        found.append(f"webhooks {', '.join(t.sink for t in config.notify)}")
 
     from app.state_config import database_url_problem
 

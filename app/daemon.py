@@ -5,12 +5,17 @@ waits and says so), serves gRPC on two ports — users (TLS, a user's token on
 every call, allowed by role and audited: `app.api.UserAuth`) and worker
 enrollment on `[api] listen`, the enrolled workers on the workers' port (mutual
 TLS: a client certificate from the worker CA, which `UserAuth` lets through to
-services that check it themselves) — exposes
-Prometheus metrics, and lets APScheduler 3 run a
+services that check it themselves) — exposes Prometheus metrics, serves the web
+dashboard when `[dashboard] enabled` (`app.dashboard`: HTTPS, the same users,
+roles and audit log), and lets APScheduler 3 run a
 round every `interval_s` and the step that carries it out every `step_s` —
 on one worker thread, so never two at once (`max_instances=1`, `coalesce`).
 SIGTERM or SIGINT finishes the current round or step and exits; instances
 keep running, and the next start continues from the database.
+
+With `[[notify]]` webhooks, a thread of its own posts the notification outbox's
+events (`app.notify`); the daemon adds its leadership and, after each round, the
+budget and held-offering crossings it sees. No round waits for a webhook.
 
 Every decision is logged as one JSON line with its reason.
 """
@@ -21,11 +26,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,12 +42,13 @@ from app.config import ClusterConfig
 from app.leader import LeaderLock
 from app.metrics import Metrics
 from app.reports import hourly_cost_now
+from app.teams import team_policy
 from app.users import Authenticator
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Cloud
 from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
-from autoscaler.execution import Executor
+from autoscaler.execution import Executor, InstanceNotice
 from autoscaler.failures import AttemptEnd
 from autoscaler.store import RoundRecord
 
@@ -51,6 +58,9 @@ log = logging.getLogger("autoscaler.daemon")
 #: SIGKILL (tests of restart safety only): `synced`, `decided`, `recorded`, `launched`,
 #: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
 FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
+
+#: How long delivered and failed notifications are kept in the state.
+NOTIFY_RETENTION_S = 30 * 86400.0
 
 #: Threads of the gRPC server: API calls, and one per connected worker's command stream.
 WORKER_THREADS = 512
@@ -119,10 +129,30 @@ class Daemon:
             planner=config.planner.planner,
             options=self.options,
             max_context_bytes=int(config.limits.max_context_mb * 2**20),
+            teams=config.teams,
         )
         self.authenticator = Authenticator(self.api.accounts, now=self.clock.now)
         self.scheduler: Any = None
         self.server: grpc.Server | None = None
+        self.notifier: Any = None  # app.notify.Notifier, with [[notify]] webhooks
+        self.notices: Any = None
+        self._notify_thread: threading.Thread | None = None
+        if config.notify:
+            from app.notify import Notices, Notifier, webhooks
+            from state.outbox import SqlOutbox
+
+            outbox = SqlOutbox(bindings.store.engine)
+            self.notifier = Notifier(
+                outbox,
+                webhooks(config),
+                config.cluster.name,
+                self.clock,
+                on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
+            )
+            self.notices = Notices(outbox, config.guardrails)
+        if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
+            bindings.executor.on_notice = self.noticed
+        self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -131,6 +161,7 @@ class Daemon:
         with self._busy:
             started = time.perf_counter()
             try:
+                self._team_limits()
                 outcome = self.loop.schedule()
             except Exception:
                 log.exception("round failed; the next one starts from the database")
@@ -158,8 +189,43 @@ class Daemon:
                 )
             for task, why in record.numbers.get("infeasible", {}).items():
                 _event("waiting", task=task, reason=why)
+            # Budgets: a job at its max_cost (stopping, then stopped) and a team at its
+            # daily budget, each once a round while it lasts.
+            for job_id, capped in record.numbers.get("max_cost", {}).items():
+                _event("max_cost", job=job_id, state=capped["state"], reason=capped["reason"])
+            over = record.numbers.get("fair_share", {}).get("over_daily_budget", {})
+            for team, spent in over.items():
+                _event("daily_budget", team=team, **spent)
             self._observe_state()
+            if self.notices is not None:
+                try:  # a budget or held offering crossed: into the outbox, sent by the notifier
+                    self.notices.after_round(record, self.bindings.store, self.clock.now())
+                except Exception:
+                    log.exception("notifications of the round failed; the next round retries")
             return record
+
+    def _team_limits(self) -> None:
+        """The teams' limits this round decides by: `team set`'s over the config's
+        (`app.teams`), read afresh so a change takes effect at the next round."""
+        try:
+            records = self.api.accounts.teams()
+        except RuntimeError:  # no state database for accounts (a test's store)
+            return
+        policy = team_policy(self.config.teams, records)
+        self.loop.options = replace(self.options, teams=policy)
+        self.api.options = self.loop.options
+
+    def prune_audit(self) -> int:
+        """Delete audit entries older than `[audit] keep_days` (none without it): the log
+        of every call grows with every call, and a cluster's policy says how long it is
+        kept. Returns how many went."""
+        keep = self.config.audit.keep_days
+        if keep is None:
+            return 0
+        pruned = self.api.accounts.prune_audit(self.clock.now() - keep * 86400.0)
+        if pruned:
+            _event("audit_pruned", entries=pruned, keep_days=keep)
+        return pruned
 
     def step(self) -> StepDecision | None:
         """One step between rounds; asks for an early round when a worker was lost."""
@@ -187,9 +253,22 @@ class Daemon:
                 _event("job_failed", job=job_id, reason=reason)
             if step:
                 self._observe_state()
-        if step.replan and self.scheduler is not None:
-            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
+        if step.replan:
+            self.replan_now()
         return step
+
+    def noticed(self, instance_id: str, notice: InstanceNotice) -> None:
+        """A worker reports its provider's notice: a reclaim is planned for at once — the
+        round starts now, not at the next period — and a rebalance recommendation is
+        recorded by that round (the interruption history keeps both)."""
+        _event("notice", instance=instance_id, kind=notice.kind, reason=notice.describe())
+        if notice.reclaims:
+            self.replan_now()
+
+    def replan_now(self) -> None:
+        """Run the next round at once (no-op before the scheduler runs)."""
+        if self.scheduler is not None:
+            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
 
     def _observe_state(self) -> None:
         store = self.bindings.store
@@ -210,14 +289,15 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
-        unfinished = store.jobs(("queued", "running"))
-        if unfinished:  # never a silent relaunch: say what the first round plans again
-            _event(
-                "resuming",
-                jobs=[j.job_id for j in unfinished],
-                reason=f"{len(unfinished)} unfinished job(s) in the database are planned "
-                "again at the first round, each task from its newest checkpoint",
-            )
+        resuming = resuming_event(store)
+        if resuming:  # never a silent relaunch: say what the first round plans again
+            _event("resuming", **resuming)
+        if self.notices is not None:
+            try:
+                self.notices.leader(f"{socket.gethostname()} (pid {os.getpid()})", self.clock.now())
+            except Exception:  # news of it is not worth not leading
+                log.exception("the notification of this daemon's leadership failed")
+            self._notify_thread = self.notifier.start(self.stop)
         try:
             self._serve()
             self._schedule()
@@ -226,8 +306,13 @@ class Daemon:
         finally:
             if self.scheduler is not None:
                 self.scheduler.shutdown(wait=True)
+            if self.dashboard is not None:
+                self.dashboard.stop()
             if self.server is not None:
                 self.server.stop(grace=5).wait()
+            if self._notify_thread is not None:  # it ends after the post it is in, if any
+                self.stop.set()
+                self._notify_thread.join()
             leader.release()
             _event("stopped", reason="instances keep running; the next start continues")
         return 0
@@ -282,6 +367,37 @@ class Daemon:
             host = host.removeprefix("[").removesuffix("]")  # an IPv6 address, bracketed
             start_http_server(int(port), addr=host, registry=self.metrics.registry)
             _event("metrics", listen=self.config.metrics.listen)
+        if self.config.dashboard.enabled:
+            self._serve_dashboard()
+
+    def _serve_dashboard(self) -> None:
+        """The web dashboard over HTTPS with the API's certificate (`app.dashboard`)."""
+        from app.dashboard.server import Dashboard, DashboardServer
+
+        config = self.config
+
+        def what_if(since: float, until: float) -> dict[str, Any]:
+            from app.what_if import what_if as replay
+
+            return replay(config, since, until)
+
+        dashboard = Dashboard(
+            self.api,
+            self.authenticator,
+            guardrails=config.guardrails,
+            cluster=config.cluster.name,
+            what_if=what_if,
+            now=self.clock.now,
+        )
+        server = DashboardServer(
+            dashboard,
+            config.dashboard.listen,
+            config.secrets.server_cert,
+            config.secrets.server_key,
+        )
+        server.start()
+        self.dashboard = server
+        _event("dashboard", listen=f"https://{config.dashboard.listen}/")
 
     def _schedule(self) -> None:
         from apscheduler.executors.pool import ThreadPoolExecutor
@@ -311,8 +427,47 @@ class Daemon:
             id="collect-checkpoints",
             kwargs={"retention_s": self.config.storage.checkpoint_retention_days * 86400.0},
         )
+        if self.config.audit.keep_days is not None:
+            scheduler.add_job(
+                self.prune_audit,
+                "interval",
+                seconds=3600,
+                id="prune-audit",
+                next_run_time=datetime.now(UTC),
+            )
+        scheduler.add_job(self._prune_notifications, "interval", seconds=3600, id="prune-notify")
         scheduler.start()
         self.scheduler = scheduler
+
+    def _prune_notifications(self) -> None:
+        """Forget notifications ended more than `NOTIFY_RETENTION_S` ago (the outbox gets
+        a row per finished job, webhooks or not)."""
+        from state.outbox import SqlOutbox
+
+        SqlOutbox(self.bindings.store.engine).prune(self.clock.now() - NOTIFY_RETENTION_S)
+
+
+def resuming_event(store: Any) -> dict[str, Any] | None:
+    """What a starting daemon says it picks up (None: nothing): the unfinished jobs in the
+    database — queued ones included, such as those `down` stopped — and the step each of
+    their tasks resumes from (its newest checkpoint; None: from the start). Nothing is
+    relaunched silently."""
+    from executor.storage import checkpoint_step
+
+    unfinished = store.jobs(("queued", "running"))
+    if not unfinished:
+        return None
+    tasks = store.snapshot(with_throughput=False).tasks
+    return {
+        "jobs": [j.job_id for j in unfinished],
+        "from_step": {
+            t.task_id: checkpoint_step(t.checkpoint)
+            for t in sorted(tasks.values(), key=lambda t: t.task_id)
+            if t.status not in ("completed", "cancelled", "failed")
+        },
+        "reason": f"{len(unfinished)} unfinished job(s) in the database are planned again "
+        "at the first round, each task from its newest checkpoint",
+    }
 
 
 def _event(event: str, **fields: Any) -> None:

@@ -23,7 +23,7 @@ server CA or the advertised host (move the daemon, run `init` again).
 Its arguments are checked before anything is written, and the configuration
 is parsed back before it is written: every string goes into the TOML escaped
 (a `"` or a newline in `--dir` makes no broken file), and the API, worker and
-metrics ports are ones no other process on this host (another cluster's daemon)
+metrics and dashboard ports are ones no other process on this host (another cluster's daemon)
 listens on.
 """
 
@@ -55,9 +55,11 @@ from provisioners.documents import Strict, convert, parse_toml, text
 __all__ = ["DAEMON_NAME", "InitResult", "config_template", "init_cluster", "new_cluster_name"]
 
 
-#: The ports `init` offers first: the API's (gRPC, TLS) and the metrics' (Prometheus).
+#: The ports `init` offers first: the API's (gRPC, TLS), the metrics' (Prometheus) and
+#: the dashboard's (HTTPS).
 DEFAULT_API_PORT = 7443
 DEFAULT_METRICS_PORT = 9464
+DEFAULT_DASHBOARD_PORT = 8443
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +300,9 @@ def config_template(
     while free_port(api_port + 1) != api_port + 1:  # the workers' port: listen's + 1
         api_port = free_port(api_port + 2)
     metrics_port = free_port(DEFAULT_METRICS_PORT, {api_port, api_port + 1})
+    dashboard_port = free_port(DEFAULT_DASHBOARD_PORT, {api_port, api_port + 1, metrics_port})
+    # On one machine the dashboard is on (loopback only); on EC2 it is opened by choice.
+    dashboard = "true" if local else "false"
     if local:
         storage = f"url = {toml_string(file_url(directory.resolve() / 'storage'))}"
         state = 'path = "state.db"                  # a SQLite file beside this one'
@@ -340,6 +345,10 @@ emulate_delays = false             # local only: wait the catalog's launch delay
 [metrics]
 {f'listen = "127.0.0.1:{metrics_port}"':<34} # Prometheus metrics over HTTP; "" turns them off
 
+[dashboard]
+{f"enabled = {dashboard}":<34} # the web dashboard: HTTPS with the daemon's certificate,
+{f'listen = "127.0.0.1:{dashboard_port}"':<34} # log in with a user's token (read, submit, admin)
+
 [storage]
 # build contexts, checkpoints and logs: s3://BUCKET/PREFIX, or file:///DIR on one machine
 {storage}
@@ -363,6 +372,10 @@ min_throughput = 0.0               # never co-locate a task expected below this 
 {f"checkpoint_s = {timeouts.checkpoint_s:g}":<34} # a task's checkpoint and upload
 heartbeat_s = 10                   # a worker silent this long is lost: its tasks move
 heartbeat_interval_s = 5           # how often workers heart-beat
+retry_backoff_s = 10               # a transient failure's first wait before its retry
+retry_backoff_max_s = 300          # ... doubling with each failure, at most this
+worker_orphan_timeout_s = 1800     # a worker with no daemon this long and no task stops
+worker_orphan_max_s = 7200         # ... and with tasks (checkpointed first); 0: never
 
 [limits]
 {f"max_attempts = {defaults.max_attempts}":<34} # a task failing this often fails its job

@@ -8,6 +8,7 @@ Our format (TOML):
     max_tasks_per_instance = 1      # optional: spread the tasks (anti-affinity)
     init_delay_s = 10               # optional: how long it takes to resume
     priority = 5                    # optional: queue place in its team (higher first)
+    max_cost = 40.0                 # optional: dollars; reached: checkpointed and stopped
 
     [tasks.node0]
     context = "train"               # a directory holding a Dockerfile (relative to this file)
@@ -56,7 +57,7 @@ from autoscaler.jobs import (
     without_missing_families,
     workload_key,
 )
-from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S
+from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S, MAX_JOB_COST
 from autoscaler.resources import Resources
 from executor.packing import pack_context as pack_context  # what `submit` uploads
 from provisioners.documents import (
@@ -163,6 +164,9 @@ class JobFile(Strict, frozen=True):
     max_tasks_per_instance: Annotated[int, whole(ge=1, le=100_000)] | None = None
     init_delay_s: Delay = DEFAULT_INIT_S
     priority: Annotated[int, whole(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
+    max_cost: (
+        Annotated[float, number(gt=0, le=MAX_JOB_COST, description="a number of US dollars")] | None
+    ) = None
 
     def check(self) -> None:
         # Task names the job's tasks run under: a key, or its replicas KEY-0, KEY-1, ...
@@ -329,6 +333,7 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
         init_delay_s=parsed.init_delay_s,
         max_tasks_per_instance=parsed.max_tasks_per_instance,
         priority=parsed.priority,
+        max_cost=parsed.max_cost,
     )
     return Submission(job, contexts)
 

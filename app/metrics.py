@@ -1,9 +1,11 @@
 """Prometheus metrics of the daemon (prometheus-client), refreshed after every round and step.
 
-What an operator watches: the bill now, instances by type and status, tasks by
-status, how long rounds take and which candidate they choose, how far the
-plan is from the LP lower bound, launches refused by guardrails, capacity
-errors, lost workers.
+What an operator watches: the bill now, instances by type, capacity type and
+status, jobs and tasks by status (the queue), how long rounds take and which
+candidate they choose, the planned $/h beside the LP lower bound (Eva §4.2: the
+bound no packing can beat), launches refused by guardrails, capacity errors,
+lost workers, spot interruptions, webhook deliveries. `deploy/grafana/` charts
+every one of them (its test checks each name against a rendered registry).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from autoscaler.catalog import ON_DEMAND, SPOT
 from autoscaler.decide import StepDecision
 from autoscaler.store import RoundRecord, StateSnapshot
 
@@ -26,7 +29,16 @@ class Metrics:
             "autoscaler_hourly_cost_dollars", "$/h of the instances billed now", registry=r
         )
         self.instances = Gauge(
-            "autoscaler_instances", "instances by type and status", ["type", "status"], registry=r
+            "autoscaler_instances",
+            "instances by offering (catalog name), capacity type and status",
+            ["type", "capacity_type", "status"],
+            registry=r,
+        )
+        self.jobs = Gauge(
+            "autoscaler_jobs",
+            "jobs not finished, by status (queued: the queue)",
+            ["status"],
+            registry=r,
         )
         self.tasks = Gauge(
             "autoscaler_tasks", "tasks of active jobs by status", ["status"], registry=r
@@ -39,6 +51,16 @@ class Metrics:
         )
         self.rounds = Counter(
             "autoscaler_rounds_total", "rounds by the candidate they chose", ["chosen"], registry=r
+        )
+        self.planned_cost = Gauge(
+            "autoscaler_planned_hourly_cost_dollars",
+            "$/h of the configuration the latest round adopted",
+            registry=r,
+        )
+        self.lower_bound = Gauge(
+            "autoscaler_lower_bound_hourly_cost_dollars",
+            "$/h of the LP lower bound for the latest round's tasks (no packing beats it)",
+            registry=r,
         )
         self.bound_gap = Gauge(
             "autoscaler_lower_bound_gap_ratio",
@@ -54,6 +76,18 @@ class Metrics:
         self.lost_workers = Counter(
             "autoscaler_lost_workers_total", "workers declared lost", registry=r
         )
+        self.interruptions = Counter(
+            "autoscaler_interruptions_total",
+            "spot instances the cloud reclaimed, by offering and capacity type",
+            ["type", "capacity_type"],
+            registry=r,
+        )
+        self.notifications = Counter(
+            "autoscaler_notifications_total",
+            "webhook delivery attempts by outcome (delivered, retry, failed)",
+            ["outcome"],
+            registry=r,
+        )
         self.infeasible = Gauge(
             "autoscaler_infeasible_tasks", "tasks nothing available can host", registry=r
         )
@@ -68,6 +102,10 @@ class Metrics:
         self.rounds.labels(record.chosen).inc()
         cost = record.numbers.get("hourly_cost")
         bound = record.numbers.get("lower_bound_hourly_cost")
+        if cost is not None:
+            self.planned_cost.set(cost)
+        if bound is not None:
+            self.lower_bound.set(bound)
         if cost is not None and bound:
             self.bound_gap.set(cost / bound - 1.0)
         self.infeasible.set(len(record.numbers.get("infeasible", {})))
@@ -85,9 +123,20 @@ class Metrics:
             if action.reason.startswith("worker lost"):
                 self.lost_workers.inc()
 
+    def observe_interruption(self, instance_type: str) -> None:
+        """The cloud reclaimed an instance of `instance_type` (a spot interruption)."""
+        self.interruptions.labels(instance_type, capacity_type(instance_type)).inc()
+
     def observe_state(self, snapshot: StateSnapshot, hourly_cost: float) -> None:
         self.hourly_cost.set(hourly_cost)
-        self._set(self.instances, ((i.instance_type, i.status) for i in snapshot.instances))
+        self._set(
+            self.instances,
+            (
+                (i.instance_type, capacity_type(i.instance_type), i.status)
+                for i in snapshot.instances
+            ),
+        )
+        self._set(self.jobs, ((j.status,) for j in snapshot.jobs))
         self._set(self.tasks, ((t.status,) for t in snapshot.tasks.values()))
 
     @staticmethod
@@ -98,3 +147,9 @@ class Metrics:
         gauge.clear()
         for key, n in counts.items():
             gauge.labels(*key).set(n)
+
+
+def capacity_type(offering: str) -> str:
+    """The market of a catalog name as `autoscaler.catalog.offering_name` writes it
+    (`TYPE`, `TYPE@ZONE`: on-demand; `TYPE:spot`, `TYPE:spot@ZONE`: spot)."""
+    return SPOT if offering.partition("@")[0].endswith(f":{SPOT}") else ON_DEMAND

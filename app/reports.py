@@ -5,33 +5,42 @@ offline catalog for prices): it works whether the daemon runs or not, and
 makes no cloud call. The command line prints the same documents as tables,
 or writes them with `--json`; the submission API returns them as they are.
 
-**Who pays for a shared instance.** Each second of an instance's billed uptime
-(the ledger) is split among the tasks on it at that second (the placements
-ledger) in proportion to their dominant share — the largest of their GPU,
-CPU and RAM demand over the instance type's capacity, as in DRF. Seconds with
-no task on the instance (booting, draining, idle) are charged to no job: the
-report shows them as idle. Job costs plus idle equal the ledger's total.
+**Who pays for a shared instance** is `autoscaler.spend`'s rule (dominant share of
+each second of uptime; seconds with no task are idle): the same split the daily
+budgets and `max_cost` read. Job costs plus idle equal the ledger's total.
 
 **What no packing would have cost** is each task's reservation price (its
 cheapest instance type alone, Eva §4.2) for as long as it occupied an
 instance — the bill of one instance per task, start-up delays aside.
+
+**Spot** (`spot_summary`): an instance's market is its offering's (the catalog
+name it was bought as, `TYPE:spot[@ZONE]`); the spot share is spot instance-hours
+over all instance-hours; savings against on-demand are each spot hour at the
+on-demand price of its EC2 type (the catalog's now) minus the price recorded with
+its request (what it was bought at); an interruption is a reclaim notice from the
+interruption history; **work lost** is the task-time from a reclaim notice until
+the task left the instance — the stretch its attempt spent being checkpointed
+and stopped instead of working (what the job did since its last checkpoint is
+saved by the checkpoint its worker takes on the notice, if the job answers it).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import SPOT, Catalog
+from autoscaler.cloud import offering_parts
 from autoscaler.decide import ControlOptions, Planner, decide
 from autoscaler.jobs import JobSpec
 from autoscaler.pricing import PriceBook
+from autoscaler.spend import attribute, dominant_share
 from autoscaler.store import (
     BILLED_STATUSES,
+    FINAL_JOB_STATUSES,
     JobRecord,
     Placement,
     StateSnapshot,
@@ -46,75 +55,78 @@ def hourly_cost_now(store: Store) -> float:
     return sum(i.hourly_price for i in store.instances() if i.status in BILLED_STATUSES)
 
 
-# -- cost attribution -------------------------------------------------------------------------
+# -- spot -------------------------------------------------------------------------------------
 
 
-def attribute(
-    uptime: Iterable[UptimeInterval],
-    placements: Iterable[Placement],
-    weight: Callable[[Placement, str], float],
-    t0: float,
-    t1: float,
-) -> tuple[dict[str, float], float]:
-    """Dollars billed within [t0, t1], split among jobs: ({job: $}, idle $).
+def market_of(offering: str) -> str:
+    """The market an offering name says (on-demand for a name that is not an offering's)."""
+    try:
+        return offering_parts(offering)[1]
+    except ValueError:
+        return "on-demand"
 
-    `weight(placement, instance_type)` is a task's share weight on its instance
-    (see the module docstring); each stretch of uptime is split among the
-    placements overlapping it, pro rata.
-    """
-    by_instance: dict[str, list[Placement]] = defaultdict(list)
-    for p in placements:
-        by_instance[p.instance_id].append(p)
-    jobs: dict[str, float] = defaultdict(float)
-    idle = 0.0
-    for interval in uptime:
-        start = max(interval.start, t0)
-        end = min(t1 if interval.end is None else interval.end, t1)
-        if end <= start:
+
+def _hours(start: float, end: float | None, t0: float, t1: float) -> float:
+    return max(0.0, min(t1, end if end is not None else t1) - max(t0, start)) / 3600.0
+
+
+def reclaims_of(store: Store, since: float | None = None) -> dict[str, float]:
+    """Instance -> when its provider's reclaim notice came."""
+    return {r.instance_id: r.at for r in store.interruptions(since) if r.kind == "reclaim"}
+
+
+def was_interrupted(placement: Placement, reclaimed: Mapping[str, float]) -> bool:
+    """Whether the task was on its instance when the provider's reclaim notice came."""
+    at = reclaimed.get(placement.instance_id)
+    return (
+        at is not None and placement.start <= at and (placement.end is None or placement.end >= at)
+    )
+
+
+def interrupted_s(placement: Placement, reclaimed: Mapping[str, float], now: float) -> float:
+    """Seconds of `placement` from its instance's reclaim notice until the task left
+    (0: it was not there when the notice came)."""
+    if not was_interrupted(placement, reclaimed):
+        return 0.0
+    end = placement.end if placement.end is not None else now
+    return max(0.0, min(now, end) - reclaimed[placement.instance_id])
+
+
+def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> dict[str, Any]:
+    """Spot share, spend and savings against on-demand, interruptions and work lost, within
+    [since, now] (see the module's docstring for each definition)."""
+    hours = spot_hours = spot_spend = savings = 0.0
+    unpriced: set[str] = set()
+    for interval in store.uptime():
+        h = _hours(interval.start, interval.end, since, now)
+        hours += h
+        if market_of(interval.instance_type) != SPOT:
             continue
-        here = [
-            p
-            for p in by_instance.get(interval.instance_id, ())
-            if p.start < end and (p.end is None or p.end > start)
-        ]
-        cuts = sorted(
-            {start, end, *(max(p.start, start) for p in here)}
-            | {min(p.end, end) for p in here if p.end is not None}
-        )
-        rate = interval.hourly_price / 3600.0
-        for a, b in itertools.pairwise(cuts):
-            if b <= a:
-                continue
-            present = [p for p in here if p.start <= a and (p.end is None or p.end >= b)]
-            dollars = (b - a) * rate
-            weights = [max(weight(p, interval.instance_type), 0.0) for p in present]
-            total = sum(weights)
-            if not present or total <= 0:
-                idle += dollars
-                continue
-            for p, w in zip(present, weights, strict=True):
-                jobs[p.job_id] += dollars * w / total
-    return dict(jobs), idle
-
-
-def dominant_share(
-    specs: Mapping[str, JobSpec], catalog: Catalog
-) -> Callable[[Placement, str], float]:
-    """The DRF weight of a placement: its largest demand over its instance's capacity."""
-    tasks = {t.task_id: t for job in specs.values() for t in job.tasks}
-
-    def weight(p: Placement, instance_type: str) -> float:
-        task = tasks.get(p.task_id)
-        if task is None or instance_type not in catalog:
-            return 1.0
-        itype = catalog[instance_type]
-        demand = task.demand_on(itype.family)
-        if demand is None:
-            return 1.0
-        shares = [d / c for d, c in zip(demand, itype.capacity, strict=True) if c > 0]
-        return max(shares, default=1.0) or 1.0
-
-    return weight
+        spot_hours += h
+        spot_spend += interval.cost(since, now)
+        ec2_type = offering_parts(interval.instance_type)[0]
+        if ec2_type not in catalog or catalog[ec2_type].is_spot:
+            unpriced.add(ec2_type)  # no on-demand price to compare with
+            continue
+        savings += (catalog[ec2_type].hourly_cost - interval.hourly_price) * h
+    history = store.interruptions(since)
+    reclaims = [r for r in history if r.kind == "reclaim"]
+    by_offering: dict[str, int] = defaultdict(int)
+    for r in reclaims:
+        by_offering[r.offering] += 1
+    reclaimed = reclaims_of(store)
+    lost = sum(interrupted_s(p, reclaimed, now) for p in store.placements(since))
+    return {
+        "spot_share": round(spot_hours / hours, 6) if hours else 0.0,
+        "spot_instance_hours": round(spot_hours, 6),
+        "spot_spend": round(spot_spend, 6),
+        "savings_vs_on_demand": round(savings, 6),
+        "savings_unpriced_types": sorted(unpriced),  # no on-demand price in the catalog
+        "interruptions": len(reclaims),
+        "interruptions_by_offering": dict(sorted(by_offering.items())),
+        "rebalance_recommendations": len(history) - len(reclaims),
+        "work_lost_task_hours": round(lost / 3600.0, 6),
+    }
 
 
 def cost_report(
@@ -172,6 +184,7 @@ def cost_report(
         },
         "savings_hourly_now": round(no_packing_now - now_hourly, 6),
         "lower_bound_hourly_cost_now": None,
+        "spot": spot_summary(store, catalog, since, now),
         "jobs": {
             k: {"name": records[k].spec.name, "status": records[k].status}
             for k in sorted(per_job)
@@ -192,6 +205,16 @@ def cost_report(
 
 #: The team column of a job whose owner had no team when it was submitted.
 NO_TEAM_LABEL = "(no team)"
+
+
+def spend_of_jobs(
+    store: Store, catalog: Catalog, records: Mapping[str, JobRecord], since: float, now: float
+) -> tuple[dict[str, float], float]:
+    """({job: $ attributed}, idle $) within [since, now]: `cost_report`'s split."""
+    specs = {job_id: r.spec for job_id, r in records.items()}
+    return attribute(
+        store.uptime(), store.placements(since), dominant_share(specs, catalog), since, now
+    )
 
 
 def spend_by(
@@ -256,6 +279,106 @@ def dry_run(
     }
 
 
+def quote(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    planner: Planner,
+    options: ControlOptions | None,
+    now: float,
+    job: JobSpec,
+    *,
+    duration_s: float | None = None,
+    iterations: float | None = None,
+    throughput: float | None = None,
+) -> dict[str, Any]:
+    """What `job` would cost if submitted now, nothing submitted (`submit --quote`).
+
+    - **at the current packing**: the next round's plan with the job added (the
+      planner on the current state, as `dry_run`), each of its instances' price split
+      among the tasks on it by dominant share (`autoscaler.spend`, the rule reports
+      charge by): the job's part of the instances its tasks are placed on;
+    - **without packing**: each task's reservation price, its cheapest type alone
+      (Eva §4.2);
+    - **its share of the LP bound**: the plan's LP lower bound (the relaxation, Eva §4.2)
+      split among the planned jobs in proportion to their reservation prices;
+    - **total**: $/h × the duration, given or iterations ÷ iterations per second alone
+      (`throughput`, else the spec's `full_throughput`) — co-location slowdowns aside.
+    """
+    decision = _plan(snapshot, catalog, planner, options, now, [job])
+    prices = PriceBook(catalog)
+    no_packing = sum(_rp(prices, t) for t in job.tasks)
+    plan = decision.plan
+    mine = {t.task_id for t in job.tasks}
+    packed: float | None = None
+    bound_share: float | None = None
+    instances: list[dict[str, Any]] = []
+    if plan is not None:
+        specs = {j.job_id: j.spec for j in snapshot.jobs} | {job.job_id: job}
+        weight = dominant_share(specs, catalog)
+        placed = 0
+        packed = 0.0
+        for inst in plan.configuration:
+            here = [t for t in inst.tasks if t in mine]
+            if not here:
+                continue
+            weights = {
+                t: weight(Placement(t, t.split("/", 1)[0], "", 0, 0.0), inst.type.name)
+                for t in inst.tasks
+            }
+            part = sum(weights[t] for t in here) / sum(weights.values())
+            packed += inst.type.hourly_cost * part
+            placed += len(here)
+            instances.append(
+                {
+                    "instance": inst.instance_id or "(new)",
+                    "type": inst.type.name,
+                    "hourly_price": inst.type.hourly_cost,
+                    "tasks": len(inst.tasks),
+                    "of_this_job": len(here),
+                    "job_part": round(part, 6),
+                }
+            )
+        if placed < len(job.tasks):
+            packed = None  # not (all) placed: it would wait
+        bound = plan.lower_bound_hourly_cost
+        tasks = _tasks(specs)
+        planned_rp = sum(
+            _rp(prices, tasks[t]) for inst in plan.configuration for t in inst.tasks if t in tasks
+        )
+        if bound is not None and planned_rp > 0 and packed is not None:
+            bound_share = bound * no_packing / planned_rp
+    speed = throughput or job.full_throughput
+    hours = None
+    if duration_s:
+        hours = duration_s / 3600.0
+    elif iterations and speed:
+        hours = iterations / speed / 3600.0
+    waiting = dict(decision.numbers.get("fair_share", {}).get("waiting", {}))
+    return {
+        "job": job.job_id,
+        "tasks": len(job.tasks),
+        "hourly_cost_packed": None if packed is None else round(packed, 6),
+        "hourly_cost_no_packing": round(no_packing, 6),
+        "hourly_lower_bound_share": None if bound_share is None else round(bound_share, 6),
+        "lower_bound_hourly_cost": None if plan is None else plan.lower_bound_hourly_cost,
+        "hours": hours,
+        "total_packed": None if hours is None or packed is None else round(packed * hours, 6),
+        "total_no_packing": None if hours is None else round(no_packing * hours, 6),
+        "total_lower_bound_share": None
+        if hours is None or bound_share is None
+        else round(bound_share * hours, 6),
+        "instances": instances,
+        "launch": sorted(lc.instance_type for lc in decision.launches if set(lc.tasks) & mine),
+        "waiting": waiting.get(job.job_id),
+        "infeasible": {t: why for t, why in decision.infeasible.items() if t in mine},
+        "cluster_hourly_cost_after": None if plan is None else round(plan.hourly_cost, 6),
+    }
+
+
+def _tasks(specs: Mapping[str, JobSpec]) -> dict[str, Any]:
+    return {t.task_id: t for spec in specs.values() for t in spec.tasks}
+
+
 def _plan(
     snapshot: StateSnapshot,
     catalog: Catalog,
@@ -296,6 +419,8 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
             "status": i.status,
             "zone": i.zone,
             "hourly_price": i.hourly_price,
+            "market": market_of(i.instance_type),
+            "reclaimed_at": i.reclaimed_at,
             "worker": "lost" if i.lost_at else ("ready" if i.ready_at else "not registered"),
             "uptime_s": round(now - i.requested_at, 3),
             "tasks": sorted(on.get(i.instance_id, ())),
@@ -329,9 +454,19 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
                 if a.kind in ("launch", "terminate", "report")
             ],
         }
+    billed = [i for i in snapshot.instances if i.status in BILLED_STATUSES]
+    spot_hourly = sum(i.hourly_price for i in billed if market_of(i.instance_type) == SPOT)
+    day = store.interruptions(now - 86400.0)
+    spot = {
+        "instances": sum(1 for i in billed if market_of(i.instance_type) == SPOT),
+        "hourly_cost": round(spot_hourly, 6),
+        "reclaimed_now": sorted(i.instance_id for i in snapshot.instances if i.reclaimed_at),
+        "interruptions_last_day": sum(1 for r in day if r.kind == "reclaim"),
+    }
     return {
         "at": now,
         "hourly_cost": round(hourly_cost_now(store), 6),
+        "spot": spot,
         "instances": instances,
         "tasks": dict(sorted(by_status.items())),
         "jobs": dict(sorted(jobs.items())),
@@ -339,15 +474,26 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
     }
 
 
-def job_list(store: Store, statuses: Iterable[str] | None = None, limit: int = 0) -> dict[str, Any]:
-    records = store.jobs(list(statuses) if statuses else None)
+def job_list(
+    store: Store,
+    statuses: Iterable[str] | None = None,
+    limit: int = 0,
+    *,
+    records: Sequence[JobRecord] | None = None,
+) -> dict[str, Any]:
+    """Every job (of `statuses`), oldest first; `records`: the store's jobs, if already read."""
+    wanted = set(statuses or ())
+    if records is None:
+        records = store.jobs(sorted(wanted) if wanted else None)
+    elif wanted:
+        records = [r for r in records if r.status in wanted]
     if limit:
         records = records[-limit:]
-    return {"jobs": [_job_summary(store, r) for r in records]}
+    tasks = store.tasks_of_jobs(r.job_id for r in records)  # one query, not one a job
+    return {"jobs": [_job_summary(r, tasks[r.job_id]) for r in records]}
 
 
-def _job_summary(store: Store, record: JobRecord) -> dict[str, Any]:
-    tasks = store.tasks_of(record.job_id)
+def _job_summary(record: JobRecord, tasks: Sequence[TaskRecord]) -> dict[str, Any]:
     return {
         "job": record.job_id,
         "name": record.spec.name,
@@ -356,6 +502,8 @@ def _job_summary(store: Store, record: JobRecord) -> dict[str, Any]:
         "tasks": len(tasks),
         "running": sum(1 for t in tasks if t.status == "running"),
         "progress": max((t.progress for t in tasks), default=0.0),
+        "attempts": sum(t.attempt for t in tasks),  # starts of all its tasks
+        "moves": sum(t.moves for t in tasks),  # attempts the plan moved elsewhere
         "submitted_at": record.submitted_at,
         "started_at": record.started_at,
         "finished_at": record.finished_at,
@@ -375,10 +523,22 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
     specs = {j.job_id: j.spec for j in store.jobs()}
     per_job, _ = attribute(uptime, everyone, dominant_share(specs, catalog), 0.0, now)
     moves: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    reclaimed = reclaims_of(store)
+    markets = {i.instance_id: market_of(i.instance_type) for i in uptime}
+    lost: dict[str, float] = defaultdict(float)
+    interruptions: dict[str, int] = defaultdict(int)
+    on_spot = occupied = 0.0
     for p in placements:
         moves[p.task_id].append(
             {"instance": p.instance_id, "attempt": p.attempt, "start": p.start, "end": p.end}
         )
+        seconds = max(0.0, min(now, p.end if p.end is not None else now) - p.start)
+        occupied += seconds
+        if markets.get(p.instance_id) == SPOT:
+            on_spot += seconds
+        if was_interrupted(p, reclaimed):
+            interruptions[p.task_id] += 1
+            lost[p.task_id] += interrupted_s(p, reclaimed, now)
     tasks = []
     for task in store.tasks_of(job_id):
         history = moves.get(task.task_id, [])
@@ -399,15 +559,41 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
                 "checkpoint": task.checkpoint,
                 "reason": task.reason,
                 "migrations": max(0, len(history) - 1),  # instance changes, whatever the cause
+                "interruptions": interruptions.get(task.task_id, 0),  # reclaims it was on
+                "work_lost_s": round(lost.get(task.task_id, 0.0), 3),
                 "placements": history,
             }
         )
     return {
-        **_job_summary(store, record),
+        **_job_summary(record, store.tasks_of(job_id)),
         "full_throughput": record.spec.full_throughput or record.solo_throughput,
         "cost": round(per_job.get(job_id, 0.0), 6),
+        "max_cost": record.spec.max_cost,
+        "team": record.team,
+        "waiting": waiting_reason(store, record),
+        # Of the time its tasks occupied instances, the share on spot ones.
+        "spot_share": round(on_spot / occupied, 6) if occupied else 0.0,
+        "interruptions": sum(interruptions.values()),
+        "work_lost_s": round(sum(lost.values()), 3),
         "task_list": tasks,
     }
+
+
+def waiting_reason(store: Store, record: JobRecord) -> str | None:
+    """Why the latest round left an unfinished job unplanned, as it recorded it: its
+    team's fair share or daily budget (`fair_share`), or its `max_cost` (None: it was
+    not held back)."""
+    if record.status in FINAL_JOB_STATUSES:
+        return None
+    latest = store.rounds(1)
+    if not latest:
+        return None
+    numbers = latest[-1].numbers
+    capped = numbers.get("max_cost", {}).get(record.job_id)
+    if capped:
+        return f"{capped['state']}: {capped['reason'].removeprefix('stopped: ')}"
+    waiting: str | None = numbers.get("fair_share", {}).get("waiting", {}).get(record.job_id)
+    return waiting
 
 
 def timeline(

@@ -124,19 +124,43 @@ class Caller:
         return self.role == "admin"
 
 
+#: Failed token checks a user id may cost before it is limited (a burst), then one per
+#: `FAILURE_EVERY_S`: each costs a scrypt (tens of milliseconds, 16 MiB), so guessing at a
+#: known user id is bounded CPU and memory a second, not what the caller sends.
+FAILURE_BURST = 10
+FAILURE_EVERY_S = 1.0
+
+
 class Authenticator:
     """The user a token belongs to, if it is valid now.
 
     Each call reads the user's row (so revocations and rotations apply at once);
     scrypt runs only the first time a given token meets a given stored hash.
+
+    Failed checks are rate-limited per user id (a token bucket: `FAILURE_BURST`, then
+    one per `FAILURE_EVERY_S`): once a user id's bucket is empty, a token not verified
+    before is refused without running scrypt until the bucket refills. A token already
+    verified (a logged-in client) is checked from the cache and never limited, so an
+    attack on a user id does not cut its running clients off. Unknown ids cost no
+    scrypt at all; the buckets are bounded by the users that exist.
     """
 
     CACHE = 4096
 
-    def __init__(self, accounts: SqlAccounts, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        accounts: SqlAccounts,
+        now: Callable[[], float] = time.time,
+        *,
+        failure_burst: int = FAILURE_BURST,
+        failure_every_s: float = FAILURE_EVERY_S,
+    ) -> None:
         self.accounts = accounts
         self.now = now
+        self.failure_burst = failure_burst
+        self.failure_every_s = failure_every_s
         self._verified: OrderedDict[tuple[bytes, str], None] = OrderedDict()
+        self._failures: dict[str, tuple[float, float]] = {}  # user id -> (tokens, at)
         self._lock = threading.Lock()
 
     def authenticate(self, token: str) -> Caller | None:
@@ -147,16 +171,38 @@ class Authenticator:
         if user.previous_hash and (user.previous_until or 0.0) > self.now():
             valid.append(user.previous_hash)
         fingerprint = hashlib.sha256(token.encode()).digest()
+        if any(self._cached(fingerprint, stored) for stored in valid):
+            return Caller(user.user_id, user.name, user.role, user.team)
+        if not self._may_try(user.user_id):
+            return None  # too many failures for this id lately: no scrypt spent on it
         if not any(self._matches(fingerprint, token, stored) for stored in valid):
+            self._failed(user.user_id)
             return None
         return Caller(user.user_id, user.name, user.role, user.team)
 
-    def _matches(self, fingerprint: bytes, token: str, stored: str) -> bool:
+    def _bucket(self, user_id: str, now: float) -> float:
+        tokens, at = self._failures.get(user_id, (float(self.failure_burst), now))
+        return min(float(self.failure_burst), tokens + (now - at) / self.failure_every_s)
+
+    def _may_try(self, user_id: str) -> bool:
+        with self._lock:
+            return self._bucket(user_id, self.now()) >= 1.0
+
+    def _failed(self, user_id: str) -> None:
+        now = self.now()
+        with self._lock:
+            self._failures[user_id] = (max(0.0, self._bucket(user_id, now) - 1.0), now)
+
+    def _cached(self, fingerprint: bytes, stored: str) -> bool:
         key = (fingerprint, stored)
         with self._lock:
             if key in self._verified:
                 self._verified.move_to_end(key)
                 return True
+        return False
+
+    def _matches(self, fingerprint: bytes, token: str, stored: str) -> bool:
+        key = (fingerprint, stored)
         if not token_matches(token, stored):
             return False
         with self._lock:

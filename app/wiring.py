@@ -8,6 +8,7 @@ may believe of them (`StateLedger`: the state, read for every worker call).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -90,17 +91,21 @@ def first_admin(config: ClusterConfig, store: Any, at: float) -> Any:
 
 def worker_security(config: ClusterConfig) -> grpc.ServerCredentials:
     """The TLS credentials of the workers' port: the daemon's certificate, and a client
-    certificate from the worker CA required of every caller."""
-    from executor.security import read_secret, server_credentials
+    certificate from a worker CA required of every caller — the current one, and during
+    a rotation the previous one too (`app.worker_ca`), read again at each handshake."""
+    import time
+
+    from app.worker_ca import WorkerTrustFiles
+    from executor.security import read_secret, rotating_server_credentials
 
     secrets = config.secrets
     try:
         cert = secrets.server_cert.read_bytes()
         key = read_secret(secrets.server_key)
-        worker_ca = secrets.worker_ca_cert.read_bytes()
+        trust = WorkerTrustFiles(secrets)
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
-    return server_credentials(cert, key, client_ca=worker_ca)
+    return rotating_server_credentials(cert, key, trust.bundle(time.time))
 
 
 def _missing_secrets(config: ClusterConfig, exc: OSError) -> InputError:
@@ -149,8 +154,8 @@ class StateLedger:
 
 def build_bindings(config: ClusterConfig) -> Bindings:
     """State, storage, executor and cloud for `autoscaler daemon`."""
+    from app.worker_ca import WorkerTrustFiles
     from executor.client import WORKER_METHODS, GrpcExecutor, add_worker_services
-    from executor.security import Authority
     from executor.storage import open_storage
 
     store = open_state(config, create=True)
@@ -161,12 +166,13 @@ def build_bindings(config: ClusterConfig) -> Bindings:
 
         explain_denials(s3)
     try:
-        worker_ca = Authority.load(config.secrets.worker_ca_cert, config.secrets.worker_ca_key)
+        trust = WorkerTrustFiles(config.secrets)  # the worker CA, rotated without a restart
     except OSError as exc:
         raise _missing_secrets(config, exc) from None
     cloud = _cloud(config, publish=True)
     executor = GrpcExecutor(
-        worker_ca=worker_ca,
+        worker_ca=trust().current,
+        trust=trust,
         storage=storage,
         cluster=config.cluster.name,
         registry_address=config.worker_address,
@@ -316,6 +322,8 @@ def worker_bootstrap(config: ClusterConfig) -> Any:
         sha256,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
         reports=BootReports(s3, bucket, prefix),
+        orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
+        orphan_max_s=config.timeouts.worker_orphan_max_s,
     )
 
 
@@ -344,12 +352,42 @@ def _check_advertised(config: ClusterConfig) -> None:
 def local_cloud(config: ClusterConfig) -> Any:
     """The cluster's local cloud: agents on this host, registered under the state's directory."""
     from provisioners.local import LocalCloud
+    from provisioners.local_reclaims import AvailabilityTrace, ReclaimPlan
 
+    cloud = config.cloud
+    root = config.path.parent / "local-cloud"
+    traces = {
+        offering: AvailabilityTrace.load(config.path.parent / path)  # relative: to the config
+        for offering, path in cloud.reclaim_traces.items()
+    }
     return LocalCloud(
         offline_catalog(config),
-        config.path.parent / "local-cloud",
+        root,
         daemon_address=config.api_address,
         ca_path=config.secrets.ca_cert,
-        emulate_delays=config.cloud.emulate_delays,
+        emulate_delays=cloud.emulate_delays,
         throughput_window_s=throughput_window_s(config.cluster.interval_s),
+        # Agents checkpoint and stop their tasks when told to stop (scale-in, `down`),
+        # and stop themselves when the daemon is gone too long (the spend brake).
+        stop_tasks=True,
+        orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
+        orphan_max_s=config.timeouts.worker_orphan_max_s,
+        reclaims=ReclaimPlan(
+            cloud.reclaim_rates, traces, seed=cloud.reclaim_seed, epoch_s=_epoch(root)
+        ),
+        notice_window_s=cloud.notice_window_s,
+        notice_poll_s=cloud.notice_poll_s,
     )
+
+
+def _epoch(root: Path) -> float:
+    """When the local cloud's availability traces start: its first use, kept in its
+    directory so a restarted daemon reads the same intervals."""
+    path = root / "epoch"
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        root.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        path.write_text(f"{now!r}\n")
+        return now

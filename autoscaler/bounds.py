@@ -42,6 +42,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -204,6 +205,86 @@ def configuration_bound(
     if converged:
         best_bound = max(best_bound, master)
     return ConfigurationBound(best_bound, master, converged, iterations, len(seen), elapsed())
+
+
+#: Time for one exact pricing problem of the grouped configuration LP's capped rows.
+CAPPED_PRICING_TIME_S = 0.5
+
+
+def _capped_pricing(
+    k: int,
+    cap: np.ndarray,
+    duals: np.ndarray,
+    n_cls: int,
+    relaxation: _KnapsackRelaxation,
+    down: np.ndarray,
+    rows: Sequence[tuple[int, int]],
+    capped: Sequence[tuple[int, int, np.ndarray]],
+) -> tuple[tuple[tuple[int, int], ...] | None, float]:
+    """Type k's pricing problem of the grouped configuration LP as a small MIP:
+    maximise Σ u_c a_c + Σ_rows w·left_r + Σ_capped w·t, t ≤ left_r, t ≤ Σ a_c
+    rest_c (`capped`: row, resource and the classes' rests that count there).
+    Returns the best composition found and an upper bound on the best value (HiGHS'
+    dual bound when its time runs out)."""
+    fitting = relaxation.fitting
+    if not fitting:
+        return None, 0.0
+    u = duals[:n_cls]
+    w = np.zeros(3)
+    for row, r in rows:
+        w[r] += duals[row]
+    n, m = len(fitting), len(capped)
+    fit = np.array(fitting)
+    # maximise as minimising the negation; columns: a_c then t_j
+    cost = np.concatenate([-(u[fit] - down[fit, k] @ w), [-duals[row] for row, _, _ in capped]])
+    a_rows = [down[fit, k, r] for r in range(3)]  # Σ a d↓ ≤ Q
+    lower, upper = [-highspy.kHighsInf] * 3, [float(x) for x in cap]
+    dense = [np.concatenate([a, np.zeros(m)]) for a in a_rows]
+    for j, (_, r, rest) in enumerate(capped):
+        held = np.concatenate([-rest[fit], np.zeros(m)])
+        held[n + j] = 1.0  # t_j − Σ a_c rest_c ≤ 0
+        within = np.concatenate([down[fit, k, r], np.zeros(m)])
+        within[n + j] = 1.0  # t_j + Σ a_c d↓_c ≤ Q_r
+        dense += [held, within]
+        lower += [-highspy.kHighsInf] * 2
+        upper += [0.0, float(cap[r])]
+    matrix = np.array(dense)
+    lp = highspy.HighsLp()
+    lp.num_col_ = n + m
+    lp.num_row_ = len(dense)
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n + m)
+    lp.col_upper_ = np.concatenate([np.array(relaxation.most, dtype=float), np.full(m, np.inf)])
+    lp.row_lower_ = np.array(lower)
+    lp.row_upper_ = np.array(upper)
+    starts, index, value = [0], [], []
+    for col in range(n + m):
+        nz = np.flatnonzero(matrix[:, col])
+        index += nz.tolist()
+        value += matrix[nz, col].tolist()
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n + [highspy.HighsVarType.kContinuous] * m
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("time_limit", CAPPED_PRICING_TIME_S)
+    highs.passModel(lp)
+    highs.run()
+    info = highs.getInfo()
+    constant = float(w @ cap)
+    if highs.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+        top = -highs.getObjectiveValue() + constant
+    else:
+        dual = info.mip_dual_bound
+        top = -dual + constant if math.isfinite(dual) else math.inf
+    comp = None
+    if info.primal_solution_status == 2:
+        x = highs.getSolution().col_value
+        comp = tuple((c, round(x[i])) for i, c in enumerate(fitting) if round(x[i]) > 0)
+    return comp or None, top
 
 
 class _KnapsackRelaxation:
@@ -752,22 +833,27 @@ def static_bounds(
     time_limit_s: float = CONFIGURATION_TIME_LIMIT_S,
     mip_time_limit_s: float = MIP_TIME_LIMIT_S,
     mip_max_tasks: int = MIP_MAX_TASKS,
+    grouped_time_limit_s: float | None = None,
 ) -> StaticBounds:
     """Beside the `fluid` bound: up to `STATIC_BOUNDS_MAX_CLASSES` classes, the whole-task
     LP's and (with `configuration`) the configuration LP's; with `exact` and at most
     `mip_max_tasks` tasks, the MIP optimum (`upper_bound`: a known plan's cost). Above
     the class limit, or where the configuration LP did not converge (with
     `configuration`), the grouped configuration LP's too (`grouped_configuration_bound`),
-    whose size does not grow with the classes."""
+    whose size does not grow with the classes (`grouped_time_limit_s`: its column
+    generation's time, `GROUPED_TIME_LIMIT_S` unless given)."""
+    grouped_s = GROUPED_TIME_LIMIT_S if grouped_time_limit_s is None else grouped_time_limit_s
     if len(classes) > STATIC_BOUNDS_MAX_CLASSES:
         if not configuration:
             return StaticBounds(fluid)
-        return StaticBounds(fluid, grouped=grouped_configuration_bound(catalog, classes))
+        return StaticBounds(
+            fluid, grouped=grouped_configuration_bound(catalog, classes, time_limit_s=grouped_s)
+        )
     whole = whole_task_bound(catalog, classes)
     config = configuration_bound(catalog, classes, time_limit_s) if configuration else None
     grouped = None
     if config is not None and not config.converged:  # Farley's bound may be weak: group
-        grouped = grouped_configuration_bound(catalog, classes)
+        grouped = grouped_configuration_bound(catalog, classes, time_limit_s=grouped_s)
     mip = None
     if exact and sum(c.count for c in classes) <= mip_max_tasks:
         known = max(
@@ -807,7 +893,12 @@ def grouped_configuration_bound(
         minimise Σ_p C_k y_p  s.t.  Σ_p a_cp y_p ≥ n_c                (every class)
                  Σ_{p: k(p) ∈ S} y_p (Q_k − Σ_c a_cp d↓_ck)_r ≥ R_S,r   (every S, r)
 
-    where R_S,r = Σ over tasks τ with S(τ) ⊆ S of min_{k ∈ S(τ)} (d_τk − d↓_τk)_r.
+    where R_S,r = Σ over tasks τ with S(τ) ⊆ S of min_{k ∈ S(τ)} (d_τk − d↓_τk)_r;
+    and, since a task's rest sits on the instance that hosts the task, the same rows
+    over the tasks in classes only (R'_S,r) with each pattern counting at most the
+    rest its own tasks can bring, min(left_r, Σ_c a_cp ρ_ckr) (ρ: the most rest of a
+    member of c on k) — else the rest of tasks rounded down two to an instance could
+    sit in the spare CPUs of instances whose GPUs one 8-GPU task fills.
     *Valid*: take any configuration of whole tasks and let y count its instances by
     (type, classes of the tasks on them). Class rows hold with equality. An instance
     of type k holds tasks whose true demands fit Q_k, so its leftover after their d↓
@@ -818,7 +909,10 @@ def grouped_configuration_bound(
     u_c − w_k·d↓_ck (w_k: the rest rows' duals of the sets containing k) against
     C_k − w_k·Q_k; it is stopped with Farley's bound (see the module): any pattern's
     ratio of dual value to cost is at most (w_k·Q_k + K'_k)/C_k, with K'_k the
-    knapsack's optimum or, where the search was cut short, its LP relaxation's.
+    knapsack's optimum or, where the search was cut short, its LP relaxation's. The
+    capped rows' min is priced by its two linear upper bounds (each a knapsack, the
+    lesser bounding K) and, where they cannot settle it, by a small MIP
+    (`_capped_pricing`).
     Anti-affinity is left out (the bound only gets lower).
     """
     elapsed = stopwatch()
@@ -880,11 +974,24 @@ def grouped_configuration_bound(
         axis=1,
     )  # sets x resources
     rows = [(s, r) for s in range(len(sets)) for r in range(3) if need[s, r] > 1e-9]
+    # the capped rows: the same rests, of the tasks in classes only, each instance
+    # holding no more of them than its class tasks can have (see the docstring)
+    in_class = np.where(nonzero, counts, 0.0)
+    class_need = inside.T.astype(float) @ np.stack(
+        [np.bincount(set_of, weights=in_class * rest[:, r], minlength=len(sets)) for r in range(3)],
+        axis=1,
+    )
+    capped = [(s, r) for s in range(len(sets)) for r in range(3) if class_need[s, r] > 1e-9]
 
     n_cls = len(first)
     grouped_counts = np.bincount(inverse, weights=counts[nonzero], minlength=n_cls)
     grouped_down = down[first]
     grouped_fit = fit[first]
+    # per grouped class, type and resource: the most any member's rest is there
+    own_rest = np.where(fit[:, :, None], np.nan_to_num(demand, nan=0.0) - down, 0.0)
+    most_rest = np.zeros((n_cls, n_types, 3))
+    np.maximum.at(most_rest, inverse, np.maximum(own_rest[nonzero], 0.0))
+    grouped_set = set_of[first]
     pclasses = [
         PatternClass(
             int(grouped_counts[c] + 0.5),
@@ -904,7 +1011,11 @@ def grouped_configuration_bound(
     ]
     highs = highspy.Highs()
     highs.setOptionValue("output_flag", False)
-    lower = [float(c.count) for c in pclasses] + [float(need[s, r]) for s, r in rows]
+    lower = (
+        [float(c.count) for c in pclasses]
+        + [float(need[s, r]) for s, r in rows]
+        + [float(class_need[s, r]) for s, r in capped]
+    )
     highs.addRows(
         len(lower),
         np.array(lower),
@@ -916,6 +1027,11 @@ def grouped_configuration_bound(
     )
     rows_of_type = [
         [(n_cls + i, r) for i, (s, r) in enumerate(rows) if sets[s, k]] for k in range(n_types)
+    ]
+    first_capped = n_cls + len(rows)
+    capped_of_type = [
+        [(first_capped + i, s, r) for i, (s, r) in enumerate(capped) if sets[s, k]]
+        for k in range(n_types)
     ]
     seen: set[Pattern] = set()
 
@@ -933,6 +1049,13 @@ def grouped_configuration_bound(
             if left[r] > 0:
                 index.append(row)
                 value.append(float(left[r]))
+        for row, s, r in capped_of_type[k]:
+            held = sum(
+                n * most_rest[c, k, r] for c, n in pattern.composition if inside[grouped_set[c], s]
+            )
+            if min(left[r], held) > 0:
+                index.append(row)
+                value.append(float(min(left[r], held)))
         highs.addCol(
             float(costs[k]),
             0.0,
@@ -960,49 +1083,110 @@ def grouped_configuration_bound(
         duals = np.maximum(0.0, np.array(highs.getSolution().row_dual))
         u = duals[:n_cls]
         entered = 0
-        priced = []  # per type: (w·Q_k, values, reduced shape, upper bound on K'_k, proven)
-        for k, shape in enumerate(types):
-            w = np.zeros(3)
+
+        def exact_value(
+            k: int, comp: tuple[tuple[int, int], ...], duals: np.ndarray = duals
+        ) -> float:
+            """Σ u_c a_c plus the rest rows' duals times the column's coefficients."""
+            u = duals[:n_cls]
+            left = caps[k].copy()
+            total = 0.0
+            for c, n in comp:
+                left -= n * grouped_down[c, k]
+                total += u[c] * n
             for row, r in rows_of_type[k]:
-                w[r] += duals[row]
-            wq = float(w @ caps[k])
-            values = np.where(grouped_fit[:, k], np.maximum(0.0, u - grouped_down[:, k] @ w), 0.0)
-            values_list = values.tolist()
-            reduced = TypeShape(shape.name, max(0.0, shape.cost - wq), shape.capacity)
-            relaxed = relaxations[k].upper_bound(values_list)
-            threshold = reduced.cost * (1 + 1e-9) + 1e-9
-            if relaxed <= threshold:
-                priced.append((wq, values_list, reduced, max(relaxed, reduced.cost), True))
-                continue
-            for filled in relaxations[k].greedy(values_list):
-                if sum(values_list[c] * n for c, n in filled) > threshold:
-                    entered += add(Pattern(k, filled))
-            comp, value, complete, _ = best_composition(
-                k, reduced, pclasses, values_list, None, short, None, relaxations[k].fitting
-            )
-            if comp and value > threshold:
-                entered += add(Pattern(k, comp))
-            top = max(value, reduced.cost) if complete else relaxed
-            priced.append((wq, values_list, reduced, top, complete))
-        if not entered:  # search the cut-short knapsacks through before concluding
-            for k, (wq, values_list, reduced, _, proven) in enumerate(priced):
-                if proven:
+                total += duals[row] * max(0.0, float(left[r]))
+            for row, s_, r in capped_of_type[k]:
+                held = sum(n * most_rest[c, k, r] for c, n in comp if inside[grouped_set[c], s_])
+                total += duals[row] * max(0.0, min(float(left[r]), held))
+            return total
+
+        def offer(k: int, comp: tuple[tuple[int, int], ...]) -> int:
+            if exact_value(k, comp) > types[k].cost * (1 + 1e-9) + 1e-9:
+                return int(add(Pattern(k, comp)))
+            return 0
+
+        # per type, one entry per linearization of the capped rows' min(left, held):
+        # [w·Q_k, values, reduced shape, upper bound on K'_k, proven]; the column's
+        # value is at most each linearization's, so each bounds K_k
+        priced: list[list[list[Any]]] = []
+        for k, shape in enumerate(types):
+            w_left = np.zeros(3)  # duals of the rows a column enters with its leftover
+            for row, r in rows_of_type[k]:
+                w_left[r] += duals[row]
+            w_all = w_left.copy()
+            extra = np.zeros(n_cls)  # the capped rows' duals times the classes' rests
+            for row, s_, r in capped_of_type[k]:
+                w_all[r] += duals[row]
+                extra += duals[row] * most_rest[:, k, r] * inside[grouped_set, s_]
+            linearizations = [w_all] if not capped_of_type[k] else [w_all, w_left]
+            states = []
+            for w in linearizations:
+                wq = float(w @ caps[k])
+                raw = u - grouped_down[:, k] @ w
+                if w is w_left:
+                    raw = raw + extra
+                values_list = np.where(grouped_fit[:, k], np.maximum(0.0, raw), 0.0).tolist()
+                reduced = TypeShape(shape.name, max(0.0, shape.cost - wq), shape.capacity)
+                relaxed = relaxations[k].upper_bound(values_list)
+                threshold = reduced.cost * (1 + 1e-9) + 1e-9
+                if relaxed <= threshold:
+                    states.append([wq, values_list, reduced, max(relaxed, reduced.cost), True])
                     continue
+                for filled in relaxations[k].greedy(values_list):
+                    if sum(values_list[c] * n for c, n in filled) > threshold:
+                        entered += offer(k, filled)
                 comp, value, complete, _ = best_composition(
-                    k,
-                    reduced,
-                    pclasses,
-                    values_list,
-                    None,
-                    node_limit,
-                    None,
-                    relaxations[k].fitting,
+                    k, reduced, pclasses, values_list, None, short, None, relaxations[k].fitting
                 )
-                if comp and value > reduced.cost * (1 + 1e-9) + 1e-9:
-                    entered += add(Pattern(k, comp))
-                if complete:
-                    priced[k] = (wq, values_list, reduced, max(value, reduced.cost), True)
-        ratio = max([1.0] + [(p[0] + p[3]) / types[k].cost for k, p in enumerate(priced)])
+                if comp and value > threshold:
+                    entered += offer(k, comp)
+                top = max(value, reduced.cost) if complete else relaxed
+                states.append([wq, values_list, reduced, top, complete])
+            priced.append(states)
+        if not entered:  # search the cut-short knapsacks through before concluding
+            for k, states in enumerate(priced):
+                for state in states:
+                    wq, values_list, reduced, _, proven = state
+                    if proven:
+                        continue
+                    comp, value, complete, _ = best_composition(
+                        k,
+                        reduced,
+                        pclasses,
+                        values_list,
+                        None,
+                        node_limit,
+                        None,
+                        relaxations[k].fitting,
+                    )
+                    if comp and value > reduced.cost * (1 + 1e-9) + 1e-9:
+                        entered += offer(k, comp)
+                    if complete:
+                        state[3], state[4] = max(value, reduced.cost), True
+        tops = [min(p[0] + p[3] for p in states) for states in priced]
+        if not entered:  # the min(left, held) terms exactly, where the two lines disagree
+            for k, states in enumerate(priced):
+                if len(states) < 2 or tops[k] <= types[k].cost * (1 + 1e-9) + 1e-9:
+                    continue
+                comp, top = _capped_pricing(
+                    k,
+                    caps[k],
+                    duals,
+                    n_cls,
+                    relaxations[k],
+                    grouped_down,
+                    rows_of_type[k],
+                    [
+                        (row, r, most_rest[:, k, r] * inside[grouped_set, s_])
+                        for row, s_, r in capped_of_type[k]
+                    ],
+                )
+                if comp:
+                    entered += offer(k, comp)
+                tops[k] = min(tops[k], top)
+        ratio = max([1.0] + [top / types[k].cost for k, top in enumerate(tops)])
+
         best_bound = max(best_bound, master / ratio)
         if not entered:
             converged = ratio <= 1 + 1e-9

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import MARKETS, ON_DEMAND, Catalog
 
 InstanceState = Literal["pending", "running", "shutting-down", "terminated", "stopping", "stopped"]
 
@@ -65,6 +65,17 @@ class LaunchRequest:
     zones: tuple[str, ...] = ()
     spot: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
+
+
+def offering_parts(offering: str) -> tuple[str, str, str | None]:
+    """(EC2 type, market, zone or None) of an offering's catalog name, the inverse of
+    `catalog.offering_name`; a bare type is on-demand in any zone."""
+    name, _, zone = offering.partition("@")
+    ec2_type, _, market = name.partition(":")
+    market = market or ON_DEMAND
+    if market not in MARKETS:
+        raise ValueError(f"offering {offering!r}: market must be one of {MARKETS}")
+    return ec2_type, market, zone or None
 
 
 @dataclass(frozen=True, slots=True)

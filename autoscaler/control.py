@@ -57,16 +57,19 @@ from autoscaler.execution import (
     Executor,
     ExecutorReport,
     FailureClass,
+    InstanceNotice,
     TaskReport,
 )
 from autoscaler.failures import AttemptEnd, attempt_ended, classify
 from autoscaler.jobs import TaskRun
 from autoscaler.planner import Plan
+from autoscaler.spend import Spending, day_start, spending
 from autoscaler.stopwatch import stopwatch
 from autoscaler.store import (
     ActionRecord,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
     RoundRecord,
     StateSnapshot,
     Store,
@@ -227,6 +230,8 @@ def _sync_instances(
         lost = report.lost_instances.get(our_id)
         if lost is not None and inst.lost_at is None:
             wrote = store.instance_worker(our_id, now, ready=False, reason=lost) or wrote
+        for notice in report.notices.get(our_id, ()):
+            wrote = _record_notice(store, inst, notice, now) or wrote
     for our_id, status, reason, seen in changes:
         change = InstanceChange(
             our_id,
@@ -238,6 +243,21 @@ def _sync_instances(
         )
         store.transition_instances([change], now)
     return gone, wrote or bool(changes)
+
+
+def _record_notice(store: Store, inst: InstanceRecord, notice: InstanceNotice, now: float) -> bool:
+    """A provider's notice about an instance into the state, once: a reclaim marks it
+    (nothing is placed on it any more; its tasks, checkpointed and stopped by its worker,
+    start elsewhere without counting as failures) and both kinds join the interruption
+    history with the instance's offering."""
+    if notice.reclaims and inst.reclaimed_at is not None:
+        return False
+    kind: InterruptionKind = "reclaim" if notice.reclaims else "rebalance"
+    reason = f"{notice.describe()} for {inst.instance_type}"
+    recorded = store.instance_notice(inst.instance_id, kind, now, reason)
+    if recorded:
+        log.warning("instance %s: %s", inst.instance_id, reason)
+    return recorded
 
 
 def _never_a_worker(inst: InstanceRecord) -> bool:
@@ -294,11 +314,18 @@ def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace
     the cloud stops listing it: it booted long after its launch became visible,
     and its worker may answer a moment more while it shuts down. Waiting would
     only bill the ledger for time the cloud does not charge.
+
+    So is an instance whose worker registered and has since been found lost (silent
+    past the heartbeat timeout): the listing's lag is a launch's, and this one was
+    listed for as long as it took to boot; waiting out the grace would only keep its
+    tasks from starting elsewhere for a minute.
     """
     if inst.status == "terminating" and inst.ready_at is not None:
         return True
     if inst.instance_id in ready:
         return False
+    if inst.ready_at is not None and inst.lost_at is not None:
+        return True
     return now - last_confirmed(inst) >= grace_s
 
 
@@ -315,6 +342,11 @@ def _sync_tasks(
     its task and its job (`autoscaler.failures`)."""
     live = {i.instance_id for i in snap.instances} - gone
     types = {i.instance_id: i.instance_type for i in snap.instances}
+    # Instances their provider reclaims: recorded before, or noticed in this very report.
+    reclaimed = frozenset(
+        {i.instance_id for i in snap.instances if i.reclaimed_at is not None}
+        | {i for i, notices in report.notices.items() if any(n.reclaims for n in notices)}
+    )
     updates: list[TaskUpdate] = []
     acknowledged: list[tuple[str, int]] = []
     strays: list[tuple[str, int]] = []
@@ -336,7 +368,7 @@ def _sync_tasks(
                     strays.append((spec.task_id, seen.attempt))
                 seen = None
             change, status = _task_change(
-                task, seen, spec.run, live, types, report, with_throughput, now, options
+                task, seen, spec.run, live, types, report, with_throughput, now, options, reclaimed
             )
             if isinstance(change, AttemptEnd):
                 ended.append(change)
@@ -380,6 +412,7 @@ def _task_change(
     with_throughput: bool,
     now: float,
     options: ControlOptions,
+    reclaimed: frozenset[str] = frozenset(),
 ) -> tuple[TaskUpdate | AttemptEnd | None, str]:
     """The update a report implies for one task (None: nothing changed; an `AttemptEnd`
     when its attempt ended without completing), and its status.
@@ -447,7 +480,12 @@ def _task_change(
             "pending": "checkpointed and stopped" if seen.checkpoint else "stopped",
             "completed": "completed",
         }.get(status, seen.reason or status)
-        if status == "pending" and task.status != "checkpointing":
+        if task.instance_id in reclaimed and status == "pending":
+            # Its provider reclaimed the instance (a spot interruption notice): the agent
+            # checkpointed and stopped it, whether or not a move was asked for meanwhile.
+            reason = f"attempt {task.attempt} stopped (infrastructure): its instance was reclaimed"
+            retries, failure = task.retries + 1, "infrastructure"
+        elif status == "pending" and task.status != "checkpointing":
             # Stopped without being asked (its agent or instance going down): the
             # infrastructure's doing, started again at once, never counted.
             reason = f"attempt {task.attempt} stopped (infrastructure): {seen.reason or reason}"
@@ -559,6 +597,9 @@ def record(store: Store, decision: RoundDecision, *, dry_run: bool = False) -> R
     with its round id. Nothing has been done yet."""
     intents = None if dry_run else decision.intents()
     round_id = store.record_round(decision.record(), intents)
+    if not dry_run:
+        for job_id, reason in sorted(decision.stopped.items()):
+            store.job_finished(job_id, decision.at, "cancelled", reason)
     return replace(decision, round_id=round_id)
 
 
@@ -742,6 +783,7 @@ class ControlLoop:
         self.passed("synced")
         snapshot = observed.unchanged or self.store.snapshot(options.default_throughput)
         ended, spent = self._history(now)
+        spending = self._spending(snapshot, now)
         elapsed = stopwatch()
         decision = decide(
             snapshot,
@@ -753,6 +795,7 @@ class ControlLoop:
             orphans=observed.orphans,
             ended=ended,
             spent_last_day=spent,
+            spending=spending,
         )
         seconds = elapsed()
         if decision.plan is not None:
@@ -792,6 +835,30 @@ class ControlLoop:
         if rails.max_daily_spend is not None:
             spent = self.store.cost_between(now - 86400.0, now)
         return ended, spent
+
+    def _spending(self, snapshot: StateSnapshot, now: float) -> Spending | None:
+        """The attributed spend the budgets read (`autoscaler.spend`): read from the ledgers
+        only when a team has a daily budget or an unfinished job a `max_cost`, so a round
+        without either (a replay) reads neither ledger."""
+        teams = self.options.teams
+        budgets = teams is not None and any(
+            t.daily_budget is not None for t in (*teams.teams.values(), teams.default)
+        )
+        capped = [j.submitted_at for j in snapshot.jobs if j.spec.max_cost is not None]
+        if not budgets and not capped:
+            return None
+        # Placements from the earliest moment either reads: today's start, or the oldest
+        # capped job's submission (every placement of it is later).
+        since = min([day_start(now), *capped])
+        records = {j.job_id: j for j in self.store.jobs()}
+        return spending(
+            self.store.uptime(),
+            self.store.placements(since),
+            {job_id: r.spec for job_id, r in records.items()},
+            {job_id: r.team for job_id, r in records.items()},
+            self.cloud.catalog(),
+            now,
+        )
 
     def progress(self) -> StepDecision:
         """Carry out the adopted plan as far as the world allows right now."""

@@ -46,6 +46,7 @@ from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources
+from autoscaler.spend import Spending
 from autoscaler.store import (
     ActionRecord,
     InstanceRecord,
@@ -209,6 +210,9 @@ class RoundDecision:
     orphans: tuple[OrphanDecision, ...] = ()
     numbers: Mapping[str, Any] = field(default_factory=dict)
     round_id: int | None = None
+    # Jobs at their `max_cost` with no task left on an instance: the round ends them
+    # (cancelled, with the reason), job -> reason.
+    stopped: Mapping[str, str] = field(default_factory=dict)
 
     def actions(self) -> tuple[ActionRecord, ...]:
         """Every action in a fixed order: launches first (their index is their position)."""
@@ -295,13 +299,16 @@ def decide(
     orphans: Sequence[CloudInstance] = (),
     ended: Sequence[InstanceRecord] = (),
     spent_last_day: float = 0.0,
+    spending: Spending | None = None,
 ) -> RoundDecision:
     """One scheduling round's decision, from the snapshot taken after `sync`.
 
     `ended` are instances terminated or failed lately (the snapshot holds live ones
     only): with the live ones they count launches per type in the last hour and
     boots that never registered (`boot_holds`). `spent_last_day` is the ledger's last
-    24 hours, for the daily budget."""
+    24 hours, for the daily budget. `spending` is the attributed spend of teams today
+    and of jobs so far (`autoscaler.spend`), for teams' daily budgets and jobs'
+    `max_cost` (None: neither is in use)."""
     had_event = (
         snapshot.last_round_job_events is None
         or snapshot.job_events != snapshot.last_round_job_events
@@ -318,6 +325,9 @@ def decide(
         else []
     )
     blocked = unavailable_types([*unavailable, *held], now)
+    # A reclaimed instance is gone for planning from its notice on: its tasks are planned
+    # elsewhere at once (they resume from the checkpoints its worker takes as it stops them).
+    leaving |= {i.instance_id for i in snapshot.instances if i.reclaimed_at is not None}
     live = [
         i
         for i in snapshot.instances
@@ -332,7 +342,14 @@ def decide(
         if not any(t.task_id in infeasible for t in j.spec.tasks)
         and (spec := _unfinished(j.spec, snapshot)) is not None
     )
-    admission = _admission(snapshot, jobs, usable, options)
+    over_cost = over_max_cost(snapshot, spending)
+    jobs = tuple(j for j in jobs if j.job_id not in over_cost)
+    stopped = {
+        job_id: why
+        for job_id, why in over_cost.items()
+        if not any(t.job_id == job_id and t.status in ON_INSTANCE for t in snapshot.tasks.values())
+    }
+    admission = _admission(snapshot, jobs, usable, options, spending)
     if admission is not None:
         jobs = tuple(j for j in jobs if j.job_id in admission.admitted)
     planned_tasks = {t.task_id for j in jobs for t in j.tasks}
@@ -349,7 +366,13 @@ def decide(
             targets={tid: None for tid in snapshot.tasks},
             infeasible=infeasible,
             orphans=judged,
-            numbers={**_held_numbers(held), **_admission_numbers(admission)},
+            numbers={
+                **_held_numbers(held),
+                **_admission_numbers(admission),
+                **_cost_numbers(over_cost, stopped),
+                **_reclaimed_numbers(snapshot),
+            },
+            stopped=stopped,
         )
 
     progress = {
@@ -403,12 +426,49 @@ def decide(
             **plan_numbers(plan, len(usable)),
             **_held_numbers(held),
             **_admission_numbers(admission),
+            **_cost_numbers(over_cost, stopped),
+            **_reclaimed_numbers(snapshot),
         },
+        stopped=stopped,
     )
 
 
+def over_max_cost(snapshot: StateSnapshot, spending: Spending | None) -> dict[str, str]:
+    """The unfinished jobs whose attributed spend has reached their `max_cost`, each with
+    the reason it ends with. Such a job is planned no more: its running tasks are
+    checkpointed and stopped (an infrastructure stop, not a failure), and the first
+    round that finds none of them on an instance ends it, cancelled with that reason
+    (`RoundDecision.stopped`)."""
+    if spending is None:
+        return {}
+    over = {}
+    for record in snapshot.jobs:
+        cap = record.spec.max_cost
+        spent = spending.job_total.get(record.job_id, 0.0)
+        if cap is not None and spent >= cap:
+            over[record.job_id] = f"stopped: max_cost ${cap:.2f} reached (${spent:.2f} spent)"
+    return over
+
+
+def _cost_numbers(over_cost: Mapping[str, str], stopped: Mapping[str, str]) -> dict[str, Any]:
+    """What a round records of jobs at their `max_cost`: stopping (being checkpointed)
+    or stopped (ended by this round), and why."""
+    if not over_cost:
+        return {}
+    return {
+        "max_cost": {
+            job_id: {"state": "stopped" if job_id in stopped else "stopping", "reason": why}
+            for job_id, why in sorted(over_cost.items())
+        }
+    }
+
+
 def _admission(
-    snapshot: StateSnapshot, jobs: Sequence[JobSpec], usable: Catalog, options: ControlOptions
+    snapshot: StateSnapshot,
+    jobs: Sequence[JobSpec],
+    usable: Catalog,
+    options: ControlOptions,
+    spending: Spending | None = None,
 ) -> Admission | None:
     """The jobs the round may plan when teams share the budget (None: no team policy).
 
@@ -427,20 +487,29 @@ def _admission(
         )
         for job in jobs
     ]
-    return admit(claims, options.teams, options.guardrails.max_hourly_spend)
+    return admit(
+        claims,
+        options.teams,
+        options.guardrails.max_hourly_spend,
+        spending.team_today if spending is not None else None,
+    )
 
 
 def _admission_numbers(admission: Admission | None) -> dict[str, Any]:
     """What a round records of the teams' fair share: demands, shares, who waits and why."""
     if admission is None:
         return {}
-    return {
-        "fair_share": {
-            "demands": dict(admission.demands),
-            "shares": dict(admission.shares),
-            "waiting": dict(admission.waiting),
-        }
+    document: dict[str, Any] = {
+        "demands": dict(admission.demands),
+        "shares": dict(admission.shares),
+        "waiting": dict(admission.waiting),
     }
+    if admission.over_daily_budget:
+        document["over_daily_budget"] = {
+            team: {"spent_today": round(spent, 6), "daily_budget": budget}
+            for team, (spent, budget) in sorted(admission.over_daily_budget.items())
+        }
+    return {"fair_share": document}
 
 
 def drained_off(
@@ -494,6 +563,17 @@ def drained_off(
         else:
             kept.append(Instance(None, cheapest_type(spec, catalog), (task_id,)))
     return Configuration(tuple(i for i in kept if i.instance_id not in emptied))
+
+
+def _reclaimed_numbers(snapshot: StateSnapshot) -> dict[str, Any]:
+    """What a round records of the instances their provider reclaims (spot notices): the
+    offering each was bought as, when, and the notice."""
+    reclaimed = {
+        i.instance_id: {"offering": i.instance_type, "at": i.reclaimed_at, "reason": i.reason}
+        for i in snapshot.instances
+        if i.reclaimed_at is not None
+    }
+    return {"reclaimed": reclaimed} if reclaimed else {}
 
 
 def _held_numbers(held: Sequence[UnavailableOffering]) -> dict[str, Any]:
@@ -897,14 +977,33 @@ def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
 # -- timeouts ---------------------------------------------------------------------------------
 
 
+#: How long the provider gives a reclaimed spot instance (EC2: two minutes from the notice).
+RECLAIM_WINDOW_S = 120.0
+
+
 def instance_timeouts(
     snapshot: StateSnapshot, now: float, timeouts: Timeouts
 ) -> tuple[InstanceAction, ...]:
     """Instances to terminate now: lost workers, launches that never boot, workers that
     never register (Ray autoscaler v2's stuck-instance handling)."""
     found: list[InstanceAction] = []
+    occupied = {
+        t.instance_id for t in snapshot.tasks.values() if t.status in ON_INSTANCE and t.instance_id
+    }
     for inst in snapshot.instances:
         if inst.status not in ("requested", "pending", "running", "draining"):
+            continue
+        if inst.reclaimed_at is not None:
+            # Its tasks leave first (checkpointed by its worker, inside the provider's
+            # window); then it goes, whether or not they managed to.
+            waited = now - inst.reclaimed_at
+            if inst.instance_id not in occupied or waited > RECLAIM_WINDOW_S:
+                found.append(
+                    InstanceAction(
+                        inst.instance_id,
+                        f"reclaimed by its provider ({inst.instance_type}): {inst.reason}",
+                    )
+                )
             continue
         if inst.lost_at is not None:
             found.append(InstanceAction(inst.instance_id, f"worker lost: {inst.reason}"))
@@ -1043,6 +1142,7 @@ def ready_instances(
         for i in snapshot.instances
         if i.status in ("running", "draining")
         and i.ready_at is not None
+        and i.reclaimed_at is None
         and i.instance_id not in leaving
         and (ready is None or i.instance_id in ready)
     )

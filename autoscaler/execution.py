@@ -104,11 +104,39 @@ class TaskReport:
     failure: FailureClass | None = None  # of a failed (or stopped) attempt: whose doing
 
 
+#: The provider's two-minute warning before it reclaims a spot instance.
+INSTANCE_ACTION = "instance-action"
+#: A rebalance recommendation: a higher risk of interruption soon.
+REBALANCE = "rebalance"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceNotice:
+    """What the provider announced about an instance (EC2 spot, through IMDS; the local
+    cloud emulates it): `kind` INSTANCE_ACTION (it is being reclaimed: its worker
+    checkpoints and stops its tasks) or REBALANCE; `action` and `time` as published."""
+
+    kind: str
+    action: str = ""
+    time: str = ""
+
+    @property
+    def reclaims(self) -> bool:
+        return self.kind == INSTANCE_ACTION
+
+    def describe(self) -> str:
+        if self.reclaims:
+            return f"spot interruption notice ({self.action or 'terminate'} at {self.time})"
+        return f"rebalance recommendation ({self.time})"
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutorReport:
     tasks: Mapping[str, TaskReport] = field(default_factory=dict)
     ready_instances: frozenset[str] = frozenset()
     lost_instances: Mapping[str, str] = field(default_factory=dict)  # instance -> reason
+    # instance -> what its provider announced (spot notices), oldest first
+    notices: Mapping[str, tuple[InstanceNotice, ...]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -25,6 +25,13 @@ applied each round to the unfinished jobs (queued and running alike):
    admitted if it fits both what is left of B and its team's cap, and a team's queue
    stops at its first job that does not.
 
+Before these, **a team over its daily budget waits until the next UTC day** (rule 0): a
+team with a `daily_budget` whose attributed spend since 00:00 UTC (the ledger split among
+jobs by dominant share, as `cost-report --by team` splits it: `autoscaler.spend`) has
+reached it claims nothing — none of its jobs is admitted, its running ones are
+checkpointed — until the day turns and its spend today is back at zero. Its demand is
+still shown; its share is 0, and rules 1-5 share the budget among the others.
+
 A job not admitted is not planned this round: it waits (a running one is checkpointed
 and resumes once admitted again), with the reason recorded.
 """
@@ -52,6 +59,7 @@ class TeamLimits:
     max_share: float | None = None  # of the cluster's max_hourly_spend, in (0, 1]
     priority: int = 0  # of its jobs that state none
     max_priority: int | None = None  # the most a job of the team may ask for (None: any)
+    daily_budget: float | None = None  # $ per UTC day (rule 0; None: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,8 @@ class Admission:
     waiting: Mapping[str, str]  # job -> why it waits
     demands: Mapping[str, float]
     shares: Mapping[str, float]
+    # Rule 0: teams waiting for the next UTC day, each (spent today, daily budget) in $.
+    over_daily_budget: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def binds(self) -> bool:
@@ -136,8 +146,60 @@ def weighted_max_min(
     return shares
 
 
-def admit(claims: Sequence[Claim], policy: TeamPolicy, budget: float | None) -> Admission:
-    """Rules 1-5: the jobs a round may plan under the cluster's `budget` ($/h; None: none)."""
+def over_daily_budget(
+    policy: TeamPolicy, spent_today: Mapping[str, float]
+) -> dict[str, tuple[float, float]]:
+    """Rule 0: the teams whose spend today has reached their daily budget, each with
+    (spent, budget) in dollars."""
+    over = {}
+    for team, spent in spent_today.items():
+        budget = policy.limits(team).daily_budget
+        if budget is not None and spent >= budget - _EPS:
+            over[team] = (spent, budget)
+    return over
+
+
+def team_label(team: str) -> str:
+    """How a reason names a team (a job of no team's owner has none)."""
+    return f"team {team}" if team else "jobs of no team"
+
+
+def admit(
+    claims: Sequence[Claim],
+    policy: TeamPolicy,
+    budget: float | None,
+    spent_today: Mapping[str, float] | None = None,
+) -> Admission:
+    """Rules 0-5: the jobs a round may plan under the cluster's `budget` ($/h; None: none),
+    given each team's attributed spend since 00:00 UTC (`spent_today`, dollars)."""
+    over = over_daily_budget(policy, spent_today or {})
+    paused = {
+        c.job_id: (
+            f"waiting: {team_label(c.team)} reached its daily budget "
+            f"(${over[c.team][0]:.2f} of ${over[c.team][1]:.2f} spent since 00:00 UTC); "
+            "it resumes at the next UTC day"
+        )
+        for c in claims
+        if c.team in over
+    }
+    admission = _admit([c for c in claims if c.team not in over], policy, budget)
+    if not paused:
+        return admission
+    demands = dict(admission.demands)
+    for claim in claims:
+        if claim.team in over:
+            demands[claim.team] = demands.get(claim.team, 0.0) + claim.hourly_price
+    return Admission(
+        admission.admitted,
+        {**admission.waiting, **paused},
+        demands,
+        {**admission.shares, **dict.fromkeys(over.keys() & demands.keys(), 0.0)},
+        over,
+    )
+
+
+def _admit(claims: Sequence[Claim], policy: TeamPolicy, budget: float | None) -> Admission:
+    """Rules 1-5."""
     demands: dict[str, float] = {}
     for claim in claims:
         demands[claim.team] = demands.get(claim.team, 0.0) + claim.hourly_price
@@ -168,11 +230,11 @@ def admit(claims: Sequence[Claim], policy: TeamPolicy, budget: float | None) -> 
             left -= claim.hourly_price
         else:
             stopped.add(claim.team)
+    of = f" of ${budget:.2f}/h" if budget is not None else ""
     waiting = {
         c.job_id: (
-            f"waits for its team's share: team {c.team or 'without a team'} has "
-            f"${spent[c.team]:.2f}/h of its ${shares[c.team]:.2f}/h fair share in use, "
-            f"this job needs ${c.hourly_price:.2f}/h"
+            f"waiting: {team_label(c.team)} at its share ${shares[c.team]:.2f}/h{of} "
+            f"(${spent[c.team]:.2f}/h in use; this job needs ${c.hourly_price:.2f}/h)"
         )
         for c in queued
         if c.job_id not in admitted

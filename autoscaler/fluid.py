@@ -180,9 +180,12 @@ def fluid_pack(
     # breaks ties.
     cheapest = np.argmin(np.where(fits, costs[None, :], np.inf), axis=1)
     type_of = shapes.hosts(type_of, demand, fits, costs[cheapest], max_items, throughput)
+    paid = _PaidRoom(demand, caps, family_of_type, max_items) if throughput >= 1.0 else None
     instances: list[tuple[int, list[int]]] = []
     for k, f in enumerate(family_of_type):
         items = np.flatnonzero(type_of == k)
+        if paid is not None and len(items):
+            items = paid.fill(items, caps[k], np.random.default_rng(k))
         if not len(items):
             continue
         best: tuple[float, list[np.ndarray], np.ndarray] | None = None
@@ -197,7 +200,12 @@ def fluid_pack(
                 best = (cost, bins, targets)
         assert best is not None
         _, bins, targets = best
-        instances += [(t, b.tolist()) for t, b in zip(targets.tolist(), bins, strict=True)]
+        if paid is not None:
+            paid.add(bins, targets)
+        else:
+            instances += [(t, b.tolist()) for t, b in zip(targets.tolist(), bins, strict=True)]
+    if paid is not None:
+        instances = paid.instances()
     prices = replace(solution, lower_bound=lower_bound, class_prices=(), shadow_prices=shadow)
     return FluidPacking(instances, lower_bound, prices, cheapest, len(first), bits)
 
@@ -368,6 +376,157 @@ def _sizes(cap: np.ndarray, prices: np.ndarray) -> list[np.ndarray]:
     if total <= 0 or np.allclose(prices / total, inv / inv.sum(), rtol=1e-6):
         return [inv]
     return [inv, prices / total + 0.01 * inv]
+
+
+#: Most open instances one item is offered to when filling paid room (`_PaidRoom.fill`):
+#: the instances are dealt at random into parts of this size, as POP deals a problem.
+FILL_PART_BINS = 256
+#: Items below this share of every capacity in reach are filled a run at a time
+#: (`_PaidRoom._next_fit`), not one by one.
+FILL_TINY = 1 / 32
+
+
+class _PaidRoom:
+    """Instances already packed, and the room left on them, which later (cheaper)
+    types' items fill before any of their own instances is opened.
+
+    An instance's price is paid whatever it holds, so a task placed in its spare
+    room costs nothing, while the fluid LP deals every task to one type in
+    proportions that ignore the room whole tasks leave: a p3.16xlarge holding one
+    8-GPU task has no GPU left but most of its CPUs and memory, which CPU-only
+    tasks dealt to c7i/r7i can use (the held-out `uniform-gpu` mix: 2.5% of the
+    cost). Types are packed in descending cost, so room is always offered by a
+    dearer instance to a cheaper type's items. The room is measured against each
+    instance's final (downsized) type, so filling never changes its type or price.
+    """
+
+    def __init__(
+        self,
+        demand: np.ndarray,
+        caps: np.ndarray,
+        family_of_type: np.ndarray,
+        max_items: int | None,
+    ) -> None:
+        self.demand, self.caps, self.family_of_type = demand, caps, family_of_type
+        self.max_items = max_items
+        self.bins: list[list[int]] = []
+        self.targets: list[int] = []
+        self.free = np.zeros((0, 3))
+
+    def add(self, bins: list[np.ndarray], targets: np.ndarray) -> None:
+        if not bins:
+            return
+        fam = self.family_of_type[targets]
+        used = _totals(self.demand, bins)[np.arange(len(bins)), fam, :]
+        self.free = np.concatenate([self.free, self.caps[targets] - used])
+        self.bins += [b.tolist() for b in bins]
+        self.targets += targets.tolist()
+
+    def instances(self) -> list[tuple[int, list[int]]]:
+        return list(zip(self.targets, self.bins, strict=True))
+
+    def fill(self, items: np.ndarray, cap: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Put what fits of `items` (largest first, in shares of `cap`, the capacity
+        of the type they were dealt to) into the open room, each into the instance
+        it leaves least free; returns the items left over."""
+        if not self.bins:
+            return items
+        inv = _per_unit(cap)
+        left = np.ones(len(items), dtype=bool)
+        targets = np.array(self.targets)
+        for g in np.unique(self.family_of_type[targets]).tolist():
+            on_g = self.demand[items, g, :]
+            able = left & ~np.isnan(on_g).any(axis=1)
+            if not able.any():
+                continue
+            least = np.nanmin(on_g[able], axis=0)
+            tol = EPSILON
+            open_ = np.flatnonzero(
+                (self.family_of_type[targets] == g) & np.all(self.free >= least - tol, axis=1)
+            )
+            if self.max_items is not None:
+                sizes = np.array([len(self.bins[b]) for b in open_], dtype=np.int64)
+                open_ = open_[sizes < self.max_items]
+            if not len(open_):
+                continue
+            parts = max(1, -(-len(open_) // FILL_PART_BINS))
+            open_ = rng.permutation(open_)
+            candidates = np.flatnonzero(able)
+            candidates = candidates[np.argsort(-(on_g[candidates] @ inv), kind="stable")]
+            deal = rng.integers(0, parts, len(candidates)) if parts > 1 else None
+            for p, bins in enumerate(np.array_split(open_, parts)):
+                mine = candidates if deal is None else candidates[deal == p]
+                placed = self._fill_part(bins, items[mine], on_g[mine], inv)
+                left[mine[placed]] = False
+        return items[left]
+
+    def _fill_part(
+        self, bins: np.ndarray, items: np.ndarray, need: np.ndarray, inv: np.ndarray
+    ) -> np.ndarray:
+        """Best fit of `items` (demands `need`, in order) into `bins`; which were placed."""
+        placed = np.zeros(len(items), dtype=bool)
+        if not len(items) or not len(bins):
+            return placed
+        free = self.free[bins].copy()
+        room = free @ inv
+        count = np.array([len(self.bins[b]) for b in bins.tolist()])
+        least = np.minimum.accumulate(need[::-1], axis=0)[::-1]
+        most = np.maximum.accumulate(need[::-1], axis=0)[::-1]
+        tiny = self.caps[np.array(self.targets)[bins]].min(axis=0) * FILL_TINY
+        alive = np.ones(len(bins), dtype=bool)
+        for pos in range(len(items)):
+            if pos % 32 == 0:
+                alive &= np.all(free >= least[pos] - EPSILON, axis=1)
+                if self.max_items is not None:
+                    alive &= count < self.max_items
+                if not alive.any():
+                    break
+                if self.max_items is None and np.all(most[pos] <= tiny):
+                    self._next_fit(bins, free, alive, items[pos:], need[pos:], placed[pos:])
+                    break
+            ok = alive & np.all(free >= need[pos] - EPSILON, axis=1)
+            if not ok.any():
+                continue
+            b = int(np.argmin(np.where(ok, room, np.inf)))
+            free[b] -= need[pos]
+            room[b] = free[b] @ inv
+            count[b] += 1
+            if self.max_items is not None and count[b] >= self.max_items:
+                alive[b] = False
+            self.bins[int(bins[b])].append(int(items[pos]))
+            placed[pos] = True
+        self.free[bins] = free
+        return placed
+
+    def _next_fit(
+        self,
+        bins: np.ndarray,
+        free: np.ndarray,
+        alive: np.ndarray,
+        items: np.ndarray,
+        need: np.ndarray,
+        placed: np.ndarray,
+    ) -> None:
+        """Items tiny against every bin: each open bin, fullest first, takes the longest
+        run of the next items that fits (a run found by bisection on their running
+        sums, so the cost is per bin, not per item); at most one tiny item's room is
+        lost per bin. Updates `free` and `placed` in place."""
+        total = np.vstack([np.zeros((1, 3)), np.cumsum(need, axis=0)])
+        start = 0
+        order = np.flatnonzero(alive)
+        order = order[np.argsort(free[order].sum(axis=1), kind="stable")]
+        for b in order.tolist():
+            if start >= len(items):
+                break
+            limit = total[start] + free[b] + EPSILON
+            end = min(int(np.searchsorted(total[:, r], limit[r], side="right")) for r in range(3))
+            end -= 1  # total[end] is the last running sum within the limit
+            if end <= start:
+                continue
+            free[b] -= total[end] - total[start]
+            self.bins[int(bins[b])].extend(items[start:end].tolist())
+            placed[start:end] = True
+            start = end
 
 
 #: Bins filled below this share (in their fullest resource) are loose ends: the

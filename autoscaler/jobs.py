@@ -150,6 +150,9 @@ class JobSpec:
     # Its place in its team's queue when the budget binds (higher first; None: the team's
     # default), held within the team's bound (`autoscaler.fairshare`).
     priority: int | None = None
+    # Dollars the job may be charged (its attributed spend, `autoscaler.spend`): reached,
+    # it is checkpointed and stopped — an infrastructure stop, not a failure. None: no cap.
+    max_cost: float | None = None
 
     @property
     def is_multi_task(self) -> bool:

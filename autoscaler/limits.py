@@ -13,3 +13,5 @@ MAX_DELAY_S = 86_400.0
 MAX_HOURLY_COST = 100_000.0
 #: An instance type's capacity: GPUs, cores, GiB.
 MAX_CAPACITY = (1_024.0, 100_000.0, 100_000_000.0)
+#: A job's `max_cost` (dollars): a billion is no cap anyone means.
+MAX_JOB_COST = 1_000_000_000.0

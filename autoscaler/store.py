@@ -216,6 +216,9 @@ class InstanceRecord:
     # Its private address as the cloud reported it: an enrolling worker's signed identity
     # document must name it (and `cloud_id`).
     private_address: str | None = None
+    # When its provider announced it reclaims it (a spot interruption notice): from then
+    # on nothing is placed on it, and it is terminated once its tasks have left.
+    reclaimed_at: float | None = None
 
     def entered(self, status: str) -> float | None:
         """When the instance last entered `status` (None if it never did)."""
@@ -240,6 +243,24 @@ class UptimeInterval:
         end = t1 if self.end is None else min(self.end, t1)
         seconds = max(0.0, end - max(self.start, t0))
         return seconds / 3600.0 * self.hourly_price
+
+
+#: What an interruption record may be: the provider reclaimed the instance (its two-minute
+#: notice), or recommended rebalancing away from it.
+InterruptionKind = Literal["reclaim", "rebalance"]
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionRecord:
+    """One notice a provider gave about an instance, with the offering it was bought as
+    (the instance's catalog name: type, market, zone): the cluster's own interruption
+    history, from which an observed rate per offering is drawn."""
+
+    offering: str
+    instance_id: str
+    at: float
+    kind: InterruptionKind = "reclaim"
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,6 +412,24 @@ class Store(Protocol):
         """Its worker registered (`ready`) or was declared lost (with the reason), once each."""
         ...
 
+    def instance_notice(
+        self, instance_id: str, kind: InterruptionKind, at: float, reason: str = ""
+    ) -> bool:
+        """Its provider reclaims it (a spot interruption notice: `reclaimed_at` is set, with
+        the reason) or recommends rebalancing away from it; either is added to the
+        interruption history with the instance's offering, once per instance and kind
+        (False: recorded before). UnknownEntity for an unknown instance."""
+        ...
+
+    def interruption_counts(self, since: float) -> dict[str, int]:
+        """Reclaims per offering at or after `since` (offerings with none are absent)."""
+        ...
+
+    def interruptions(self, since: float | None = None) -> list[InterruptionRecord]:
+        """The interruption history (reclaims and rebalance recommendations) at or after
+        `since` (all when None), oldest first."""
+        ...
+
     # -- learning ---------------------------------------------------------
     def record_throughput(
         self,
@@ -427,6 +466,11 @@ class Store(Protocol):
     def jobs(self, statuses: Iterable[str] | None = None) -> list[JobRecord]: ...
 
     def tasks_of(self, job_id: str) -> list[TaskRecord]: ...
+
+    def tasks_of_jobs(self, job_ids: Iterable[str]) -> dict[str, list[TaskRecord]]:
+        """`tasks_of` for many jobs at once (a job list, a dashboard page); bindings
+        that pay per query read them in one. (Defined here once: bindings inherit it.)"""
+        return {job_id: self.tasks_of(job_id) for job_id in job_ids}
 
     def instance(self, instance_id: str) -> InstanceRecord | None: ...
 

@@ -246,3 +246,11 @@ def instance_worker(
     if ready:
         return None if inst.ready_at is not None else replace(inst, ready_at=at)
     return None if inst.lost_at is not None else replace(inst, lost_at=at, reason=reason)
+
+
+def reclaim_instance(inst: InstanceRecord, at: float, reason: str) -> InstanceRecord | None:
+    """Its provider announced it reclaims it: `reclaimed_at` set once, with the reason
+    (None: recorded before, or the instance has ended)."""
+    if inst.reclaimed_at is not None or inst.status in ("terminated", "failed"):
+        return None
+    return replace(inst, reclaimed_at=at, reason=reason)

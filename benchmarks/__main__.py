@@ -9,6 +9,7 @@ from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
 from benchmarks import (
     daemon_scale,
+    dashboard,
     faults,
     inputs,
     limits,
@@ -27,9 +28,13 @@ BENCHMARKS = {
     "limits": limits.main,
     "inputs": inputs.main,
     "faults": faults.main,
+    "dashboard": dashboard.main,
 }
 #: Run only when named: minutes of Docker containers and injected faults.
 ON_REQUEST = {"faults"}
+
+#: Commands run only when named (they write files, or need a browser).
+COMMANDS = {"screenshots": dashboard.screenshots}
 
 
 def main() -> None:
@@ -37,11 +42,14 @@ def main() -> None:
     args = sys.argv[1:]
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
-        print("available:", ", ".join(BENCHMARKS))
+        print("available:", ", ".join([*BENCHMARKS, *COMMANDS]))
         return
     try:
         if args and args[0] in BENCHMARKS:
             BENCHMARKS[args[0]](args[1:])
+            return
+        if args and args[0] in COMMANDS:
+            COMMANDS[args[0]](args[1:])
             return
         for name, run in BENCHMARKS.items():
             if name in ON_REQUEST:

@@ -119,6 +119,20 @@ def _lognormal(rng: random.Random) -> tuple[float, float, float]:
     return gpu, round(cpu, 3), round(max(ram, 0.1), 3)
 
 
+def _bimodal(rng: random.Random) -> tuple[float, float, float]:
+    if rng.random() < 0.3:  # GPU tasks of any count 1–8, not only powers of two
+        gpu = rng.randint(1, 8)
+        return (
+            gpu,
+            round(min(32.0, gpu * rng.uniform(0.5, 4)), 3),
+            round(min(488.0, gpu * rng.uniform(4, 61)), 3),
+        )
+    # a mode of small tasks and one of large ones, at either of two memory ratios
+    cpu = rng.uniform(0.25, 2) if rng.random() < 0.6 else rng.uniform(12, 64)
+    per_cpu = rng.choice((2.0, 16.0)) * rng.uniform(0.75, 1.25)
+    return 0, round(cpu, 3), round(min(1500.0, cpu * per_cpu), 3)
+
+
 #: Held-out distributions the packer was not tuned on, drawn with seeds fixed per run:
 #: `uniform-gpu` GPUs 0/1/2/4/8, CPU uniform 0.5–32, RAM uniform 1–200 GB; `ram-heavy`
 #: 0.5–8 CPU at 16–64 GB per CPU; `power-law` CPU Pareto(1.5) × 0.5 (capped at 48) at
@@ -126,12 +140,16 @@ def _lognormal(rng: random.Random) -> tuple[float, float, float]:
 #: of 0.05–0.5 CPU and 0.1–2 GB, 2% huge: 200–480 GB with 32–64 CPUs, or 4 or 8 GPUs
 #: with 16–32; `lognormal` CPU log-normal (median 2, capped at 64) at a log-normal
 #: 4 GB per CPU (median), a tenth with 1, 2 or 4 GPUs — written after the packer's
-#: and the bounds' work was done, for evaluation only.
+#: and the bounds' work was done, for evaluation only; `bimodal`, written after the
+#: packer's fill of paid room, for evaluation only: 30% with 1–8 GPUs (any count) at
+#: 0.5–4 CPU and 4–61 GB per GPU, the rest CPU-only, 60% small (0.25–2 CPU) and 40%
+#: large (12–64 CPU), at about 2 or about 16 GB per CPU.
 HELD_OUT = {
     "uniform-gpu": _uniform_gpu,
     "ram-heavy": _ram_heavy,
     "power-law": _power_law,
     "tiny-and-huge": _tiny_and_huge,
     "lognormal": _lognormal,
+    "bimodal": _bimodal,
 }
 SHAPES_ALL = {**SHAPES, **HELD_OUT}

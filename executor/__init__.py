@@ -15,7 +15,8 @@ grants (presigned URLs) refused once an attempt is given up (fencing).
   renewal, heartbeats, the command stream, composition), `attempts` (each
   attempt from start to its final state, adoption after a restart, fencing),
   `artifacts` (image, checkpoint, log, through grants), `runtime` (Docker),
-  `storage` (the one key layout; S3 or a directory for the daemon, `download`
+  `interruption` (spot interruption notices and rebalance recommendations, polled
+  from IMDSv2), `storage` (the one key layout; S3 or a directory for the daemon, `download`
   and `upload` with a grant for the worker), `packing` (the one archive
   format: contexts and checkpoints), `enrollment` (proofs), `security` (TLS,
   certificates, tokens), `images` (a base image with no registry).

@@ -26,6 +26,14 @@ part a module:
   them (kept on local disk when they cannot be uploaded), it runs the shutdown
   command (`shutdown -h now` on EC2; by default elsewhere it ends its
   containers and itself). Nothing bills for long without a daemon to use it.
+- **Heeds the provider's notices** (`interruption`): with `notice_endpoint` (IMDS on
+  EC2; the local cloud's stand-in) it polls for a spot interruption notice and a
+  rebalance recommendation every `notice_interval_s`. On an interruption notice it
+  checkpoints and stops its tasks at once, within the two-minute window (the path of
+  `close(stop_tasks=True)`; checkpoints taken while the job ran are uploaded already),
+  accepts no new start, and heart-beats the notice with the attempts' ends — which
+  are the infrastructure's doing, never the job's. A rebalance recommendation is only
+  reported: the daemon decides.
 - **Goes down gracefully**: `close(stop_tasks=True)` (`--stop-tasks`, for
   `down`) checkpoints and stops its tasks first, bounded by their grace; a
   daemon that released the instance (scale-in, drain, down) is a normal end,
@@ -60,6 +68,7 @@ from autoscaler.resources import Resources
 from executor.artifacts import CHECKPOINT, Artifacts, Fenced
 from executor.attempts import AttemptRunner, Rejected
 from executor.enrollment import IMDS_ENDPOINT, imds_identity, read_secret_file
+from executor.interruption import DEFAULT_POLL_S, INSTANCE_ACTION, Notice, NoticeWatcher
 from executor.messages import ENDED_KEY, LOST, RELEASED, BadMessage, launch_from_pb
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
@@ -146,6 +155,10 @@ class AgentConfig:
     # What stops the instance: `shutdown -h now` on EC2; empty: end the agent and its
     # containers (the local cloud's instance is nothing more).
     shutdown_command: tuple[str, ...] = ()
+    # Where to poll for spot interruption notices (IMDS: EC2's, or the local cloud's
+    # stand-in); empty: not polled (an on-demand instance gets none).
+    notice_endpoint: str = ""
+    notice_interval_s: float = DEFAULT_POLL_S
 
 
 class AgentError(RuntimeError):
@@ -253,6 +266,14 @@ class Agent:
         self._registry: pb_grpc.RegistryStub | None = None
         self._stream: Any = None
         self._threads: list[threading.Thread] = []
+        self.notices: list[Notice] = []  # what the provider announced, heart-beaten until the end
+        self.watcher = (
+            NoticeWatcher(
+                config.notice_endpoint, self._noticed, interval_s=config.notice_interval_s
+            )
+            if config.notice_endpoint
+            else None
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -265,10 +286,29 @@ class Agent:
             raise AgentError("no proof of the instance: an enrollment secret or IMDS")
         self._last_contact = self._clock()
         self.attempts.adopt()
-        for target, name in ((self._heartbeat_loop, "heartbeat"), (self._command_loop, "commands")):
+        loops: list[tuple[Callable[[], None], str]] = [
+            (self._heartbeat_loop, "heartbeat"),
+            (self._command_loop, "commands"),
+        ]
+        if self.watcher is not None:
+            watcher = self.watcher
+            loops.append((lambda: watcher.run(self._closing), "notices"))
+        for target, name in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _noticed(self, notice: Notice) -> None:
+        """A notice from the provider: reported at once; on an interruption notice the tasks
+        are checkpointed and stopped first thing (in a thread of its own: polling goes on)."""
+        with self._lock:
+            self.notices.append(notice)
+        self._changed.set()
+        if notice.kind == INSTANCE_ACTION:
+            thread = threading.Thread(
+                target=self._stop_tasks, args=(notice.describe(),), name="reclaim", daemon=True
+            )
+            thread.start()
 
     def close(self, grace_s: float = 1.0, *, stop_tasks: bool = False) -> None:
         """Stop heart-beating; containers keep running (the next agent of the instance adopts
@@ -298,6 +338,17 @@ class Agent:
         bound = config.checkpoint_wait_s + config.stop_grace_s + config.upload_patience_s + 5
         deadline = time.monotonic() + bound
         while time.monotonic() < deadline and not all(a.terminal for a in asked):
+            if not self._reachable and all(a.exited.is_set() for a in asked):
+                # Every container has stopped and no daemon can grant an upload (`down`
+                # with the daemon stopped): waiting would only spend the grace. Closing
+                # makes the final uploads give up: each checkpoint is kept on this disk,
+                # beside its step (`KEPT_FILE`), for `down` to upload.
+                log.info("no daemon to grant uploads: the checkpoints stay on this disk")
+                self._closing.set()
+                settle = time.monotonic() + 10.0
+                while time.monotonic() < settle and not all(a.terminal for a in asked):
+                    time.sleep(0.05)
+                return
             time.sleep(0.1)
         beats = self.beats
         self._changed.set()  # tell the daemon how they ended, if it can hear
@@ -500,6 +551,10 @@ class Agent:
                 agent_version=self.version,
                 gpu_devices=self.config.gpu_devices,
                 tasks=self.statuses(),
+                notices=[
+                    pb.InterruptionNotice(kind=n.kind, action=n.action, time=n.time)
+                    for n in self._notices()
+                ],
             ),
             timeout=self.config.rpc_timeout_s,
             wait_for_ready=True,
@@ -514,6 +569,10 @@ class Agent:
         self.attempts.abandon(response.stop, "the daemon gave this attempt up")
         self._interval = response.heartbeat_interval_s or self._interval
         self._daemon_timeout_s = response.heartbeat_timeout_s or self._daemon_timeout_s
+
+    def _notices(self) -> list[Notice]:
+        with self._lock:
+            return list(self.notices)
 
     def _enrollment_failed(self, exc: BaseException) -> None:
         if isinstance(exc, grpc.RpcError):

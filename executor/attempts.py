@@ -93,6 +93,9 @@ REPORT_SOCKET = f"{REPORT_MOUNT}/report.sock"
 LAUNCH_FILE = "launch.pb"
 RESTORED_FILE = "restored.json"
 UPLOADED_FILE = "uploaded.json"  # the latest checkpoint uploaded while it ran
+#: Beside a checkpoint kept on local disk (not uploaded): its step, for whoever uploads
+#: it later (`autoscaler down` on the local cloud, which has the storage's credentials).
+KEPT_FILE = "kept.json"
 #: Where the copy of a completed checkpoint waits for (or retries) its upload.
 SNAPSHOT_DIR = "snapshot"
 
@@ -528,7 +531,7 @@ class AttemptRunner:
         return ""
 
     def _directory(self, task_id: str, number: int) -> Path:
-        return self.config.work_dir / "attempts" / f"{_slug(task_id)}.{number}"
+        return attempt_directory(self.config.work_dir, task_id, number)
 
     def _run(self, attempt: Attempt) -> None:
         """One attempt, start to end: image, restore, run, wait, finish."""
@@ -805,6 +808,8 @@ class AttemptRunner:
                     # The agent goes down with the daemon out of reach: the checkpoint stays
                     # where it is, on this instance's disk.
                     attempt.kept = True
+                    with contextlib.suppress(OSError):
+                        _write_json(attempt.directory / KEPT_FILE, {"step": int(step)})
                     reason = (
                         f"{reason or state}; its last checkpoint is kept on this instance "
                         f"in {attempt.checkpoint_dir} (not uploaded: {exc})"
@@ -1059,6 +1064,45 @@ def _load_uploaded(attempt: Attempt) -> None:
     if isinstance(step, int) and attempt.snapshot_dir.is_dir():
         attempt.pending_step = step
         attempt.pending = tuple(tuple(entry) for entry in document.get("pending") or ())
+
+
+def attempt_directory(work_dir: Path, task_id: str, attempt: int) -> Path:
+    """Where an agent with `work_dir` keeps an attempt: its launch, checkpoint directory
+    and report socket (what `autoscaler down` reaches when the agent is gone)."""
+    return work_dir / "attempts" / f"{_slug(task_id)}.{attempt}"
+
+
+def ask_to_checkpoint(directories: Iterable[Path], deadline: float, timeout_s: float = 2.0) -> None:
+    """Do what a gone agent would: ask each job (over its report socket, in its attempt
+    directory) to checkpoint and stop, and wait until each has saved or `deadline`
+    (monotonic) passes. The step of each saved checkpoint is written beside it
+    (`KEPT_FILE`), for whoever uploads it; checkpoints a job completed before are marked
+    collected (the newest is what matters), so it may write the one asked for."""
+    waiting = {}
+    for directory in directories:
+        socket = str(directory / "report" / "report.sock")
+        try:
+            reporter.ask(socket, {"op": "checkpoint"}, timeout_s)
+        except (OSError, ValueError):
+            continue  # no reporter listening: nothing to ask
+        waiting[directory] = socket
+    while waiting and time.monotonic() < deadline:
+        for directory, socket in list(waiting.items()):
+            try:
+                answer = reporter.ask(socket, {"op": "status"}, timeout_s)
+            except (OSError, ValueError):
+                del waiting[directory]  # exited (its final.json says how far it got)
+                continue
+            step, seq = answer.get("checkpoint_step"), answer.get("checkpoint_seq")
+            if isinstance(step, int | float) and not isinstance(step, bool) and step >= 0:
+                with contextlib.suppress(OSError):
+                    _write_json(directory / KEPT_FILE, {"step": int(step)})
+            if answer.get("checkpoint_done"):
+                del waiting[directory]
+            elif isinstance(seq, int) and seq > int(answer.get("checkpoint_collected") or 0):
+                with contextlib.suppress(OSError, ValueError):
+                    reporter.ask(socket, {"op": "collected", "seq": seq}, timeout_s)
+        time.sleep(0.1)
 
 
 def _slug(task_id: str) -> str:

@@ -3,6 +3,7 @@
     autoscaler-worker --daemon HOST:PORT --ca FILE (--imds [URL] | --enrollment-secret FILE)
         [--instance-id ID] [--docker URL] [--work-dir DIR] [--capacity GPU,CPU,RAM_GB]
         [--stop-tasks] [--orphan-timeout S] [--orphan-max S] [--shutdown-command CMD]
+        [--imds-url URL] [--notice-poll S]
 
 The instance id is ours (the launch token), from `--instance-id` or
 `AUTOSCALER_INSTANCE_ID`, which the launcher writes (EC2 user data, or the
@@ -15,6 +16,10 @@ or SIGINT; its containers keep running and the next agent of the instance
 adopts them — or, with `--stop-tasks` (what `down` and an instance's shutdown
 want), are checkpointed and stopped first. Without a daemon for too long it
 stops its instance (`--orphan-timeout`, `--orphan-max`, `--shutdown-command`).
+It polls the metadata service for spot interruption notices (`--imds`, or the
+local cloud's stand-in at `--imds-url`; every `--notice-poll` seconds): on one
+it checkpoints and stops its tasks within the two-minute window and tells the
+daemon.
 """
 
 from __future__ import annotations
@@ -207,6 +212,21 @@ def add_arguments(worker: argparse.ArgumentParser) -> None:
         help="a job its agent has not polled this long checkpoints and stops itself "
         "(default: twice the daemon's heartbeat timeout; 0: never)",
     )
+    worker.add_argument(
+        "--imds-url",
+        default=None,
+        metavar="URL",
+        help="poll this instance metadata service for spot interruption notices and "
+        "rebalance recommendations (default: the --imds endpoint; none with "
+        "--enrollment-secret unless given: the local cloud passes its stand-in's)",
+    )
+    worker.add_argument(
+        "--notice-poll",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often to ask for a notice (default: 5, as AWS recommends)",
+    )
     worker.set_defaults(func=cmd_worker)
 
 
@@ -300,6 +320,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any]:
         orphan_timeout_s=args.orphan_timeout,
         orphan_max_s=args.orphan_max,
         shutdown_command=_shutdown_command(args),
+        notice_endpoint=args.imds_url or args.imds or "",
+        notice_interval_s=args.notice_poll,
     )
     return config, runtime
 

@@ -59,6 +59,7 @@ import grpc
 from autoscaler.execution import (
     TERMINAL_TASK_STATES,
     ExecutorReport,
+    InstanceNotice,
     TaskLaunch,
     TaskReport,
     TaskState,
@@ -74,7 +75,7 @@ from executor.messages import (
 )
 from executor.protos import worker_pb2 as pb
 from executor.protos import worker_pb2_grpc as pb_grpc
-from executor.security import Authority, PeerRefused, instance_of, instance_uri
+from executor.security import Authority, PeerRefused, WorkerTrust, instance_uri
 from executor.storage import (
     Storage,
     StorageError,
@@ -219,6 +220,7 @@ class _Worker:
     # launch of a start, whose grants are made as it is sent).
     outbox: list[tuple[int, pb.Command, TaskLaunch | None]] = field(default_factory=list)
     streams: int = 0  # command streams open now
+    notices: tuple[InstanceNotice, ...] = ()  # what its provider announced (spot)
     # Wakes this worker's command streams only (one condition per worker, on the
     # executor's lock: a start for one worker does not wake a hundred streams).
     wakeup: threading.Condition | None = None
@@ -267,6 +269,7 @@ class GrpcExecutor:
         grant_expiry_s: float = GRANT_EXPIRY_S,
         enroll_burst: int = ENROLL_BURST,
         enroll_every_s: float = ENROLL_EVERY_S,
+        trust: Callable[[], WorkerTrust] | None = None,
     ) -> None:
         if not heartbeat_timeout_s > heartbeat_interval_s > 0:
             raise ValueError(
@@ -274,6 +277,9 @@ class GrpcExecutor:
                 f"got {heartbeat_timeout_s} s and {heartbeat_interval_s} s"
             )
         self.worker_ca = worker_ca
+        # Which worker CAs are accepted and which signs, read at every use: a rotation
+        # (`WorkerTrust`) takes effect without a restart. None: `worker_ca` alone.
+        self._trust = trust or (lambda: WorkerTrust(worker_ca))
         self.storage = storage
         self.cluster = cluster
         self.registry_address = registry_address
@@ -294,6 +300,9 @@ class GrpcExecutor:
         self._released: dict[str, None] = {}  # instances given up (oldest first, bounded)
         self._sequence = 0
         self._closed = False
+        # Called (outside the lock) with an instance whose worker reports a new notice from
+        # its provider: the daemon runs a round at once rather than at the next period.
+        self.on_notice: Callable[[str, InstanceNotice], None] | None = None
 
     # -- the Executor contract -------------------------------------------------------------
 
@@ -405,6 +414,7 @@ class GrpcExecutor:
                 tasks,
                 frozenset(w.instance_id for w in self._workers.values() if w.lost is None),
                 {w.instance_id: w.lost for w in self._workers.values() if w.lost is not None},
+                {w.instance_id: w.notices for w in self._workers.values() if w.notices},
             )
 
     def _expected(self, task_id: str, request: _Request) -> TaskReport:
@@ -564,7 +574,7 @@ class GrpcExecutor:
 
     def _certificate(self, instance_id: str, csr_pem: bytes) -> bytes:
         try:
-            return self.worker_ca.sign_client(
+            return self._trust().current.sign_client(
                 csr_pem, instance_uri(self.cluster, instance_id), self.certificate_lifetime_s
             )
         except ValueError as exc:
@@ -584,7 +594,7 @@ class GrpcExecutor:
                 "a worker certificate is required (enroll, then call the worker port)",
             )
         try:
-            return instance_of(pems[0], self.worker_ca.cert_pem, self.cluster, time.time())
+            return self._trust().instance_of(pems[0], self.cluster, time.time())
         except PeerRefused as exc:
             raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
@@ -611,6 +621,11 @@ class GrpcExecutor:
                 memory_gb=request.capacity.memory_gb,
             )
             worker.agent_version = request.agent_version
+            notices = tuple(
+                InstanceNotice(n.kind, n.action, n.time) for n in request.notices if n.kind
+            )
+            new_notices = [n for n in notices if n not in worker.notices]
+            worker.notices = tuple(dict.fromkeys((*worker.notices, *notices)))
             before = {key: status.checkpoint for key, status in worker.tasks.items()}
             others = self._absorb(worker, request.tasks, placements)
             ended = {(s.task_id, s.attempt) for s in request.tasks if s.state in _TERMINAL_PB}
@@ -631,6 +646,10 @@ class GrpcExecutor:
                 heartbeat_timeout_s=self.heartbeat_timeout_s,
             )
         self._prune(newer)
+        for notice in new_notices:
+            log.warning("instance %s: %s", instance_id, notice.describe())
+            if self.on_notice is not None:
+                self.on_notice(instance_id, notice)
         return response
 
     def _prune(self, newer: Iterable[tuple[str, str, int, str]]) -> None:

@@ -465,3 +465,67 @@ def _refusing(
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+# -- rotating the worker CA ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTrust:
+    """Which worker CAs the daemon accepts, and which one signs.
+
+    A rotation (`autoscaler ca rotate --workers`) makes a new worker CA `current` — every
+    certificate issued from then on, renewals included, comes from it — and keeps the
+    old one's certificate as `previous`, still accepted until `previous_until` (epoch
+    seconds). Workers renew at half their certificate's lifetime, at heartbeat, so an
+    overlap of at least one lifetime lets every live worker move to the new CA before
+    the old is dropped: none is cut off (the overlap of Kubernetes' CA rotation, with
+    both CAs in the trust bundle).
+    """
+
+    current: Authority
+    previous: bytes | None = None  # the old worker CA's certificate (PEM)
+    previous_until: float | None = None
+
+    def trusted(self, now: float) -> list[bytes]:
+        """The worker CA certificates accepted at `now`, the current one first."""
+        accepted = [self.current.cert_pem]
+        if self.previous is not None and (self.previous_until or 0.0) > now:
+            accepted.append(self.previous)
+        return accepted
+
+    def bundle(self, now: float) -> bytes:
+        """`trusted(now)` as one PEM bundle, for the TLS layer."""
+        return b"".join(pem if pem.endswith(b"\n") else pem + b"\n" for pem in self.trusted(now))
+
+    def instance_of(self, cert_pem: bytes, cluster: str, now: float) -> str:
+        """`instance_of` against each CA accepted at `now`; PeerRefused when none issued it."""
+        accepted = self.trusted(now)
+        issuer = next((ca for ca in accepted if issued_by(cert_pem, ca)), accepted[0])
+        return instance_of(cert_pem, issuer, cluster, now)
+
+
+def rotating_server_credentials(
+    cert_pem: bytes, key_pem: bytes, client_cas: Callable[[], bytes]
+) -> grpc.ServerCredentials:
+    """Mutual TLS whose accepted client CAs are `client_cas()` at each handshake (the
+    workers' port during a worker CA rotation: the new and the old CA, then the new alone),
+    without restarting the server. Connections already made keep going; every call is
+    checked again against the same CAs (`WorkerTrust.instance_of`)."""
+    last: list[bytes] = [client_cas()]
+
+    def configuration(bundle: bytes) -> Any:
+        return grpc.ssl_server_certificate_configuration(
+            [(key_pem, cert_pem)], root_certificates=bundle
+        )
+
+    def fetch() -> Any:
+        bundle = client_cas()
+        if bundle == last[0]:
+            return None  # unchanged: gRPC keeps the configuration it has
+        last[0] = bundle
+        return configuration(bundle)
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(last[0]), fetch, require_client_authentication=True
+    )

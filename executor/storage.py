@@ -219,6 +219,18 @@ def is_checkpoint_of(storage: Storage, ref: str, job_id: str, task_id: str, atte
     return name == f"{CHECKPOINT}{step}{ARCHIVE}" and step.isdigit() and len(step) == 12
 
 
+def checkpoint_step(ref: str | None) -> int | None:
+    """The job's step a checkpoint reference was taken at (its versioned name), or None
+    when `ref` names no checkpoint version."""
+    if not ref:
+        return None
+    name = ref.rstrip("/").rsplit("/", 1)[-1]
+    step = name.removeprefix(CHECKPOINT).removesuffix(ARCHIVE)
+    if name != f"{CHECKPOINT}{step}{ARCHIVE}" or not step.isdigit():
+        return None
+    return int(step)
+
+
 #: Checkpoint versions of an attempt kept when a newer one is reported: the newest, and one
 #: before it (should the newest prove unreadable).
 KEEP_CHECKPOINTS = 2

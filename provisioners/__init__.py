@@ -1,5 +1,7 @@
 """The `Cloud` bindings: `ec2` (boto3) and `local` (worker agents on this host, whose
-containers it finds by the executor's labels); the instance `catalog` and its prices;
+containers it finds by the executor's labels, and whose spot reclaims `local_reclaims`
+emulates); the instance `catalog` and its prices (`spot_prices`: spot prices from
+`DescribeSpotPriceHistory`, cached and dated);
 `bootstrap` (a worker's EC2 user data); `config` (the `[ec2]` and `[guardrails]` tables);
 `documents` (how every file is read: strict msgspec schemas, bounded reads, one-line
 errors — the application reads users' files by the same rules).

@@ -72,6 +72,8 @@ PLACEHOLDERS: tuple[str, ...] = (
     "REPORT_URL",
     "ACCELERATOR",
     "THROUGHPUT_WINDOW",
+    "ORPHAN_TIMEOUT",
+    "ORPHAN_MAX",
 )
 
 #: How long a presigned wheelhouse URL stays valid: the instance fetches it within minutes.
@@ -158,6 +160,9 @@ class WorkerBootstrap:
     template: Path = DEFAULT_TEMPLATE
     throughput_window_s: float = ROUND_INTERVAL_S
     reports: BootReports | None = field(default=None, repr=False)
+    # The agent's spend brake (`autoscaler-worker --orphan-timeout/--orphan-max`, 0: never).
+    orphan_timeout_s: float = 1800.0
+    orphan_max_s: float = 7200.0
 
     def __post_init__(self) -> None:
         _check("daemon_address", self.daemon_address, _HOST_PORT, "host:port")
@@ -172,6 +177,11 @@ class WorkerBootstrap:
         window = self.throughput_window_s
         if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window < inf:
             raise _invalid("throughput_window_s", window, "a positive number of seconds")
+        for name in ("orphan_timeout_s", "orphan_max_s"):
+            value = getattr(self, name)
+            number_ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number_ok or not 0 <= value < inf:
+                raise _invalid(name, value, "0 or a positive number of seconds")
         if not isinstance(self.wheelhouse_url, str) and not callable(self.wheelhouse_url):
             raise _invalid(
                 "wheelhouse_url", self.wheelhouse_url, "a URL or a function returning one"
@@ -217,6 +227,8 @@ class WorkerBootstrap:
             "REPORT_URL": self.reports.put_url(instance_id) if self.reports else "",
             "ACCELERATOR": accelerator or "",
             "THROUGHPUT_WINDOW": f"{self.throughput_window_s:g}",
+            "ORPHAN_TIMEOUT": f"{self.orphan_timeout_s:g}",
+            "ORPHAN_MAX": f"{self.orphan_max_s:g}",
         }
         text = fill_template(self.template_text(), values)
         size = len(text.encode("utf-8"))

@@ -24,6 +24,14 @@ How it keeps money safe:
   region-wide account quotas: the launch stops at once with `QuotaExceeded`
   (naming the quota and its Service Quotas page), and every type of the
   family is reported unavailable in every zone for half an hour.
+- **Offerings.** A launch names a catalog offering (`autoscaler.catalog.
+  offering_name`): its EC2 type, market and zone. A spot offering launches
+  with `InstanceMarketOptions` (one-time, terminated on interruption) in its
+  zone, through the subnet configured there; spot is allowed for the types and
+  families `[ec2] spot` lists (the generated policy grants it for them only).
+  The price paid is the one recorded with the request (the spot price of the
+  catalog, refreshed from `DescribeSpotPriceHistory` by `provisioners.
+  spot_prices`).
 - **Guardrails** (instance cap, hourly budget) are the round's: `decide`
   checks every launch against the state before asking for it. This binding
   checks only the region, when it is built, and refuses types its `[ec2]`
@@ -60,12 +68,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import SPOT, Catalog
 from autoscaler.cloud import (
     UNAVAILABLE_COOLDOWN_S,
     AvailabilityCache,
@@ -77,6 +86,7 @@ from autoscaler.cloud import (
     InsufficientCapacity,
     LaunchRequest,
     UnavailableOffering,
+    offering_parts,
 )
 from autoscaler.errors import InputError
 from provisioners.ami import Image, ImageResolver
@@ -313,6 +323,7 @@ class EC2Cloud:
         self._uncertain.pop(instance_id, None)
 
     def _launch(self, request: LaunchRequest) -> CloudInstance:
+        request = self._resolved(request)
         existing = self.find_by_token(request.instance_id)
         if existing is not None:
             log.info(
@@ -370,6 +381,25 @@ class EC2Cloud:
                 continue
             return launched
         raise InsufficientCapacity(request.instance_type, zones, "; ".join(failures))
+
+    def _resolved(self, request: LaunchRequest) -> LaunchRequest:
+        """The request for an offering (`TYPE:spot@ZONE`) as EC2 launches it: the EC2 type,
+        spot, in the offering's zone; a bare type is asked for as it is."""
+        try:
+            ec2_type, market, zone = offering_parts(request.instance_type)
+        except ValueError as exc:
+            raise CloudRequestError(str(exc)) from None
+        spot = request.spot or market == SPOT
+        if market == SPOT and not self.config.spot_for(ec2_type):
+            raise CloudRequestError(
+                f"{request.instance_type}: spot is not allowed for {ec2_type} ([ec2] spot "
+                f"lists {', '.join(self.config.spot) or 'nothing'}; the cluster's policy "
+                "grants spot launches only for those): add its type or family"
+            )
+        zones = (zone,) if zone is not None else request.zones
+        if (ec2_type, zones, spot) == (request.instance_type, request.zones, request.spot):
+            return request
+        return replace(request, instance_type=ec2_type, zones=zones, spot=spot)
 
     def find_by_token(self, instance_id: str) -> CloudInstance | None:
         """The not-yet-terminated instance this cluster launched with this token, if any."""

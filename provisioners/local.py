@@ -18,6 +18,12 @@ launch writes a one-time secret, mode 0600, into that agent's own work
 directory, and keeps only its SHA-256 in the instance's record; the daemon
 accepts it once. On one host the host's user is the trust boundary: the secret
 keeps agents (and anything their jobs run) from passing for each other.
+
+Spot reclaims (`provisioners.local_reclaims`): with a `ReclaimPlan` (a rate or an
+availability trace per spot offering), each spot instance gets its reclaim time at
+launch; from then its agent, polling the cloud's metadata stand-in (`--imds-url`),
+finds EC2's interruption notice, and once the notice window is over (120 s, or
+shorter in tests) the cloud terminates the instance. `reclaim()` injects one now.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +49,17 @@ from autoscaler.cloud import (
     AvailabilityCache,
     CloudInstance,
     CloudRequestError,
+    InsufficientCapacity,
     LaunchRequest,
     UnavailableOffering,
 )
+from executor.attempts import KEPT_FILE, LAUNCH_FILE, ask_to_checkpoint, attempt_directory
 from executor.client import Launch
 from executor.enrollment import EnrollmentRefused, check_secret, new_secret, secret_digest
 from executor.protos import worker_pb2 as pb
-from executor.runtime import LABEL_INSTANCE
+from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.security import write_secret
+from provisioners.local_reclaims import NOTICE_WINDOW_S, NoticeServer, ReclaimPlan, notice_time
 
 #: The agent's one-time enrollment secret, in its own work directory.
 SECRET_FILE = "enrollment-secret"
@@ -73,9 +83,17 @@ class LocalCloud:
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
         throughput_window_s: float | None = None,
+        stop_tasks: bool = True,
+        orphan_timeout_s: float | None = None,
+        orphan_max_s: float | None = None,
+        stop_grace_s: float = 10.0,
+        reclaims: ReclaimPlan | None = None,
+        notice_window_s: float = NOTICE_WINDOW_S,
+        notice_poll_s: float = 5.0,
     ) -> None:
         self._catalog = catalog
-        self.root = root
+        # Absolute: agents are found by their work directory in their command line.
+        self.root = root.absolute()
         self.daemon_address = daemon_address
         self.ca_path = ca_path
         self.docker_url = docker_url or os.environ.get("DOCKER_HOST")
@@ -84,7 +102,18 @@ class LocalCloud:
         self.python = python
         self.extra_env = extra_env or {}
         self.throughput_window_s = throughput_window_s
+        # What each agent is started with: checkpoint and stop its tasks on SIGTERM (an
+        # instance told to stop), and its spend brake (None: the agent's own default).
+        self.stop_tasks = stop_tasks
+        self.orphan_timeout_s = orphan_timeout_s
+        self.orphan_max_s = orphan_max_s
+        # How long `terminate` waits for an agent after SIGTERM before SIGKILL.
+        self.stop_grace_s = stop_grace_s
         self.availability = AvailabilityCache()
+        self.reclaims = reclaims or ReclaimPlan()
+        self.notice_window_s = notice_window_s
+        self.notice_poll_s = notice_poll_s
+        self._notices: NoticeServer | None = None
         self._lock = threading.RLock()
         self._base_ready = False
         (root / "instances").mkdir(parents=True, exist_ok=True)
@@ -105,17 +134,26 @@ class LocalCloud:
             if existing is not None and existing["state"] != "terminated":
                 return self._view(existing)
             itype = self._catalog[request.instance_type]
+            now = self.clock()
+            if itype.is_spot and not self.reclaims.has_capacity(itype.name, now):
+                self.availability.mark(itype.name, None, now, "no spot capacity (its trace)")
+                raise InsufficientCapacity(itype.name, ("local",), "no spot capacity now")
             delays = itype.launch_delays if self.emulate_delays else None
-            record = {
+            running_at = self.clock() + (delays.acquisition_s if delays else 0.0)
+            record: dict[str, Any] = {
                 "token": request.instance_id,
                 "cloud_id": f"local-{secrets.token_hex(6)}",
                 "type": itype.name,
                 "launched_at": self.clock(),
-                "running_at": self.clock() + (delays.acquisition_s if delays else 0.0),
+                "running_at": running_at,
                 "setup_s": delays.setup_s if delays else 0.0,
                 "state": "pending",
                 "pid": None,
             }
+            if itype.is_spot:
+                record["reclaim_at"] = self.reclaims.reclaim_at(
+                    itype.name, request.instance_id, running_at
+                )
             secret = new_secret()
             record["enrollment_sha256"] = secret_digest(secret)
             record["enrolled"] = False
@@ -127,16 +165,33 @@ class LocalCloud:
             self._write(record)
             return self._view(record)
 
-    def terminate(self, instance_ids: Sequence[str]) -> None:
-        """Stop these agents and remove their containers; unknown ids are not an error."""
+    def terminate(
+        self,
+        instance_ids: Sequence[str],
+        *,
+        grace_s: float | None = None,
+        waiting: Callable[[int, float], None] | None = None,
+        remove_containers: bool = True,
+    ) -> None:
+        """Stop these agents and remove their containers; unknown ids are not an error.
+
+        Every agent gets SIGTERM at once (started with `--stop-tasks`, each checkpoints and
+        stops its tasks: an instance told to stop does so first), then SIGKILL when still
+        alive after `grace_s` (default `stop_grace_s`; 0: at once). `waiting(alive, waited_s)`
+        hears, about every second, how many agents are still stopping. Without
+        `remove_containers`, containers an agent left are for `sweep` (`down`: it asks
+        their jobs to checkpoint first)."""
         with self._lock:
             wanted = set(instance_ids)
-            for record in self._records():
-                if record["cloud_id"] in wanted and record["state"] != "terminated":
-                    self._stop_agent(record)
-                    record["state"] = "terminated"
-                    record["terminated_at"] = self.clock()
-                    self._write(record)
+            records = [
+                r for r in self._records() if r["cloud_id"] in wanted and r["state"] != "terminated"
+            ]
+            grace = self.stop_grace_s if grace_s is None else grace_s
+            self._stop_agents(records, grace, waiting, remove_containers)
+            for record in records:
+                record["state"] = "terminated"
+                record["terminated_at"] = self.clock()
+                self._write(record)
 
     def list(self) -> list[CloudInstance]:
         """Instances not terminated. An agent that died on its own is a terminated instance."""
@@ -150,11 +205,55 @@ class LocalCloud:
                     record["terminated_at"] = self.clock()
                     self._write(record)
                     continue
+                reclaim_at = record.get("reclaim_at")
+                if reclaim_at is not None and self.clock() >= reclaim_at + self.notice_window_s:
+                    log.warning("reclaiming spot instance %s (%s)", record["token"], record["type"])
+                    self._stop_agents([record], self.stop_grace_s)
+                    record["state"] = "terminated"
+                    record["terminated_at"] = self.clock()
+                    record["reclaimed"] = True
+                    self._write(record)
+                    continue
                 out.append(self._view(record))
             return sorted(out, key=lambda i: i.cloud_id)
 
     def unavailable(self) -> builtins.list[UnavailableOffering]:
         return self.availability.offerings(self.clock())
+
+    # -- spot reclaims -----------------------------------------------------------------------
+
+    def reclaim(self, instance_id: str, at: float | None = None) -> None:
+        """Reclaim the instance of this launch token (a spot instance, or any: for tests and
+        demonstrations) at `at` (now by default): its agent finds the notice at its next
+        poll, and the cloud terminates it once the notice window is over."""
+        with self._lock:
+            record = self._read(instance_id)
+            if record is None or record["state"] == "terminated":
+                raise CloudRequestError(f"the local cloud runs no instance {instance_id}")
+            record["reclaim_at"] = self.clock() if at is None else at
+            self._write(record)
+
+    def notice_of(self, instance_id: str) -> dict[str, str] | None:
+        """The spot interruption notice the instance's metadata serves now (None: none)."""
+        record = self._read(instance_id)
+        reclaim_at = record.get("reclaim_at") if record is not None else None
+        if reclaim_at is None or self.clock() < reclaim_at:
+            return None
+        return {"action": "terminate", "time": notice_time(reclaim_at + self.notice_window_s)}
+
+    def notice_url(self, instance_id: str) -> str:
+        """Where this instance's agent polls for notices (the stand-in starts at first use)."""
+        with self._lock:
+            if self._notices is None:
+                self._notices = NoticeServer(self.notice_of)
+            return self._notices.url_of(instance_id)
+
+    def close(self) -> None:
+        """Stop the metadata stand-in (the agents keep running, as instances would)."""
+        with self._lock:
+            notices, self._notices = self._notices, None
+        if notices is not None:
+            notices.close()
 
     # -- enrollment --------------------------------------------------------------------------
 
@@ -179,6 +278,92 @@ class LocalCloud:
         records = [r for r in self._records() if r["state"] != "terminated"]
         self.terminate([r["cloud_id"] for r in records])
         return [r["token"] for r in records]
+
+    def leftovers(self) -> Leftovers:
+        """What of this cluster still runs on this host, whatever its records say: agent
+        processes (found by their work directory under this cloud's root, so one whose
+        record is lost or says terminated is found too) and containers labelled with any
+        instance this cloud ever launched, its directories under this root (an agent killed
+        with SIGKILL leaves them; another cluster of the same name on this host is not ours)."""
+        tokens = {r["token"] for r in self._records()}
+        marker = str(self.root / "instances") + "/"
+        agents = sorted(
+            pid for pid, cmdline in _processes() if marker in cmdline and "executor" in cmdline
+        )
+        containers: builtins.list[tuple[str, str]] = []
+        client = self._docker()
+        if client is not None:
+            try:
+                for container in client.containers.list(
+                    all=True, filters={"label": LABEL_INSTANCE}
+                ):
+                    token = container.labels.get(LABEL_INSTANCE, "")
+                    # Ours: one of our instances, and its directories under our root (an
+                    # instance of another cluster of the same name on this host is not).
+                    mounts = container.attrs.get("Mounts") or ()
+                    if token in tokens and any(
+                        str(m.get("Source", "")).startswith(marker) for m in mounts
+                    ):
+                        containers.append((container.id, token))
+            finally:
+                client.close()
+        return Leftovers(tuple(agents), tuple(sorted(containers)))
+
+    def sweep(self, grace_s: float = 0.0) -> Leftovers:
+        """Remove what `leftovers` finds: agents get SIGTERM, then SIGKILL after `grace_s`;
+        a container whose agent is gone has its job asked to checkpoint over its report
+        socket, as the agent would (`ask_to_checkpoint`: the checkpoint and its step stay in
+        its directory for `down` to upload), then is stopped and removed. Returns what
+        it found. Processes are matched by their command line, so a reused pid is safe."""
+        found = self.leftovers()
+        for pid in found.agents:
+            _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while any(_alive(p) for p in found.agents) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in found.agents:
+            if _alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+        client = self._docker()
+        if client is not None and found.containers:
+            import docker
+
+            try:
+                if grace_s > 0:
+                    # Their agents are gone: ask the jobs to checkpoint as an agent would.
+                    ask_to_checkpoint(
+                        [self._attempt_dir(client, c, t) for c, t in found.containers],
+                        time.monotonic() + grace_s,
+                    )
+                for container_id, _token in found.containers:
+                    try:
+                        container = client.containers.get(container_id)
+                        if grace_s > 0 and container.status == "running":
+                            container.stop(timeout=min(10, max(1, int(grace_s))))
+                        container.remove(force=True)
+                    except docker.errors.APIError as exc:
+                        if exc.status_code not in (404, 409):
+                            raise
+            finally:
+                client.close()
+        return found
+
+    def kept_checkpoints(self) -> builtins.list[KeptCheckpoint]:
+        """Checkpoints agents of this cloud left on this host's disk, not uploaded (the
+        daemon could not be reached to grant the upload: `down` with the daemon stopped,
+        or the spend brake): every attempt directory with a saved launch, a checkpoint
+        directory that is not empty, and the step it was taken at (`kept.json`, which
+        the agent writes when it keeps one, else the reporter's `final.json`)."""
+        out = []
+        for directory in sorted(self.root.glob("instances/*/work/attempts/*")):
+            kept = _kept_step(directory)
+            checkpoint = directory / "checkpoint"
+            if kept is None or not (directory / LAUNCH_FILE).is_file():
+                continue
+            if not checkpoint.is_dir() or not any(checkpoint.iterdir()):
+                continue
+            out.append(KeptCheckpoint(directory, directory / LAUNCH_FILE, checkpoint, kept))
+        return out
 
     # -- agents ------------------------------------------------------------------------------
 
@@ -233,6 +418,19 @@ class LocalCloud:
             command += ["--docker", self.docker_url]
         if self.throughput_window_s:
             command += ["--throughput-window", f"{self.throughput_window_s:g}"]
+        if self.stop_tasks:
+            command += ["--stop-tasks"]
+        if self.orphan_timeout_s is not None:
+            command += ["--orphan-timeout", f"{self.orphan_timeout_s:g}"]
+        if self.orphan_max_s is not None:
+            command += ["--orphan-max", f"{self.orphan_max_s:g}"]
+        if itype.is_spot or self.reclaims:
+            command += [
+                "--imds-url",
+                self.notice_url(record["token"]),
+                "--notice-poll",
+                f"{self.notice_poll_s:g}",
+            ]
         wait = max(0.0, record["running_at"] - self.clock()) + record["setup_s"]
         if wait > 0:
             # Emulated acquisition and setup: the agent registers when EC2's would.
@@ -250,29 +448,63 @@ class LocalCloud:
         log.close()
         return process.pid
 
-    def _stop_agent(self, record: dict[str, Any], grace_s: float = 10.0) -> None:
-        pid = record.get("pid")
-        if pid and _alive(pid, record["token"]):
+    def _stop_agents(
+        self,
+        records: Sequence[dict[str, Any]],
+        grace_s: float,
+        waiting: Callable[[int, float], None] | None = None,
+        remove_containers: bool = True,
+    ) -> None:
+        """SIGTERM every agent at once, SIGKILL those alive after `grace_s`; then remove
+        their containers (unless told not to)."""
+        pids = [r["pid"] for r in records if r.get("pid") and _alive(r["pid"], r["token"])]
+        for pid in pids:
             _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            # As systemd does: a stopped (SIGSTOP) agent handles its SIGTERM only once
+            # continued, and would otherwise sit out the grace to be killed unsaved.
+            _signal_group(pid, signal.SIGCONT)
+        began = time.monotonic()
+        told = began
+        while (alive := sum(_alive(p) for p in pids)) and time.monotonic() < began + grace_s:
+            if waiting is not None and time.monotonic() - told >= 1.0:
+                told = time.monotonic()
+                waiting(alive, told - began)
+            time.sleep(0.05)
+        for pid in pids:
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)
-        self._remove_containers(record["token"])
+        for record in records if remove_containers else ():
+            self._remove_containers(record["token"])
 
-    def _remove_containers(self, token: str) -> None:
-        """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
+    def _attempt_dir(self, client: Any, container_id: str, token: str) -> Path:
+        """The attempt directory of a container of ours (from its labels)."""
+        labels = client.containers.get(container_id).labels
+        return attempt_directory(
+            self._dir(token) / "work",
+            labels.get(LABEL_TASK, ""),
+            int(labels.get(LABEL_ATTEMPT, "0") or 0),
+        )
+
+    def _docker(self) -> Any:
+        """A client of the engine, or None when there is none (no container ever ran)."""
         try:
             import docker
 
-            client = (
+            return (
                 docker.DockerClient(base_url=self.docker_url)
                 if self.docker_url
                 else (docker.from_env())
             )
         except Exception:
+            return None
+
+    def _remove_containers(self, token: str) -> None:
+        """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
+        client = self._docker()
+        if client is None:
             return  # no engine: the agent never ran a container
+        import docker
+
         try:
             for container in client.containers.list(
                 all=True, filters={"label": f"{LABEL_INSTANCE}={token}"}
@@ -322,7 +554,58 @@ class LocalCloud:
             "local",
             record["token"],
             record["launched_at"],
+            spot=record["type"] in self._catalog and self._catalog[record["type"]].is_spot,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Leftovers:
+    """What of a local cluster runs on this host: agent process ids, and containers
+    (id, the instance token of its label)."""
+
+    agents: tuple[int, ...] = ()
+    containers: tuple[tuple[str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.agents or self.containers)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCheckpoint:
+    """A checkpoint an agent kept on this host's disk: its attempt directory, the saved
+    launch (`launch.pb`, the worker protocol's `StartTask`), the checkpoint directory
+    and the job's step when it was taken."""
+
+    directory: Path
+    launch: Path
+    checkpoint: Path
+    step: int
+
+
+def _kept_step(directory: Path) -> int | None:
+    """The step of the checkpoint kept in an attempt directory, or None if none is kept."""
+    for name, key in ((KEPT_FILE, "step"), ("report/final.json", "checkpoint_step")):
+        try:
+            document = json.loads((directory / name).read_text())
+        except (OSError, ValueError):
+            continue
+        step = document.get(key) if isinstance(document, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool) and step >= 0:
+            return int(step)
+    return None
+
+
+def _processes() -> builtins.list[tuple[int, str]]:
+    """(pid, command line) of every process this user can see (none without /proc)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline:
+            out.append((int(entry.name), cmdline.replace(b"\0", b" ").decode("utf-8", "replace")))
+    return out
 
 
 def _alive(pid: int, token: str | None = None) -> bool:

@@ -8,7 +8,8 @@ grant names what this cluster uses and nothing more:
   actions have no resource-level permissions) in the cluster's region only;
   launches only instances and volumes tagged with the cluster id, only from the
   configured images, subnets and security groups (and key pair, and as spot
-  where spot is configured); tags only while launching; terminates and reads
+  where spot is configured, reading the region's spot prices then); tags only
+  while launching; terminates and reads
   the console output of only the instances tagged with its cluster id; passes
   only the workers' role (when there is one) and only to EC2; reads and writes
   objects under the cluster's prefix of its bucket, lists only that prefix
@@ -144,6 +145,16 @@ def daemon_policy(
         launch_with.append(f"{ec2_arn}:*:key-pair/{ec2.key_name}")
     if ec2.spot:
         launch_with.append(f"{ec2_arn}:*:spot-instances-request/*")
+    if ec2.spot:
+        statements.append(
+            {
+                "Sid": "ReadSpotPricesInTheRegion",
+                "Effect": "Allow",
+                "Action": "ec2:DescribeSpotPriceHistory",
+                "Resource": "*",
+                "Condition": in_region,
+            }
+        )
     statements.append(
         {
             "Sid": "LaunchFromTheConfiguredImagesSubnetsAndSecurityGroups",

@@ -1,4 +1,4 @@
-"""`SqlAccounts`: the API's users and its audit log, in the state database.
+"""`SqlAccounts`: the API's users, its audit log and teams' limits, in the state database.
 
 Rows only: what a token is and how it is checked (scrypt, the overlap of a
 rotation, roles) is the application's (`app.users`). Kept apart from the
@@ -8,19 +8,23 @@ database, so the daemon's API, `autoscaler user` and `autoscaler audit` share it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Engine, Row, Table, insert, select, update
+from sqlalchemy import Engine, Row, Table, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from autoscaler.store import StoreError
 from state.database import read_transaction, write_transaction
-from state.schema import AuditEntry, User
+from state.schema import AuditEntry, TeamSetting, User
 
 USERS = cast(Table, User.__table__)
 AUDIT = cast(Table, AuditEntry.__table__)
+TEAMS = cast(Table, TeamSetting.__table__)
+
+#: The limits `team set` may override, as the config's `[teams.NAME]` keys name them.
+TEAM_KEYS = ("weight", "max_hourly_spend", "max_share", "daily_budget", "priority", "max_priority")
 
 
 class DuplicateUser(StoreError):
@@ -41,6 +45,17 @@ class UserRecord:
     previous_until: float | None = None
     rotated_at: float | None = None
     revoked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TeamRecord:
+    """A team's limits set through the API: `limits` holds only the keys set (each
+    overrides the config's), by `TEAM_KEYS` name."""
+
+    name: str
+    limits: Mapping[str, float | int]
+    updated_at: float
+    updated_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +141,43 @@ class SqlAccounts:
             )
         return bool(done.rowcount)
 
+    # -- teams ----------------------------------------------------------------------------------
+
+    def set_team(
+        self, name: str, limits: Mapping[str, float | int], at: float, by: str = ""
+    ) -> TeamRecord:
+        """Set some of a team's limits (`TEAM_KEYS`), keeping those not given; returns
+        what the team's row holds after."""
+        unknown = set(limits) - set(TEAM_KEYS)
+        if unknown:
+            raise ValueError(f"not a team limit: {', '.join(sorted(unknown))}")
+        with write_transaction(self.engine) as conn:
+            row = conn.execute(select(TEAMS).where(TEAMS.c.name == name).with_for_update()).first()
+            values = {**limits, "updated_at": at, "updated_by": by}
+            if row is None:
+                conn.execute(insert(TEAMS).values(name=name, **values))
+            else:
+                conn.execute(update(TEAMS).where(TEAMS.c.name == name).values(**values))
+            after = conn.execute(select(TEAMS).where(TEAMS.c.name == name)).one()
+        return _team(after)
+
+    def teams(self) -> list[TeamRecord]:
+        """Every team set through the API, by name."""
+        with read_transaction(self.engine) as conn:
+            rows = conn.execute(select(TEAMS).order_by(TEAMS.c.name)).all()
+        return [_team(r) for r in rows]
+
     # -- the audit log ------------------------------------------------------------------------
 
     def record(self, entry: AuditRecord) -> None:
         with write_transaction(self.engine) as conn:
             conn.execute(insert(AUDIT).values(**_audit_row(entry)))
+
+    def prune_audit(self, before: float) -> int:
+        """Delete the audit entries recorded before `before` (`[audit] keep_days`); how many."""
+        with write_transaction(self.engine) as conn:
+            done = conn.execute(delete(AUDIT).where(AUDIT.c.at < before))
+        return int(done.rowcount or 0)
 
     def audit(
         self, *, user: str | None = None, since: float | None = None, limit: int = 0
@@ -161,6 +208,11 @@ def _user(row: Row[Any]) -> UserRecord:
     return UserRecord(**{f: getattr(row, f) for f in _USER_FIELDS})
 
 
+def _team(row: Row[Any]) -> TeamRecord:
+    limits = {k: getattr(row, k) for k in TEAM_KEYS if getattr(row, k) is not None}
+    return TeamRecord(row.name, limits, row.updated_at, row.updated_by)
+
+
 def _audit_row(entry: AuditRecord) -> dict[str, Any]:
     return {f: getattr(entry, f) for f in _AUDIT_FIELDS}
 
@@ -169,4 +221,11 @@ def _audit(row: Row[Any]) -> AuditRecord:
     return AuditRecord(**{f: getattr(row, f) for f in _AUDIT_FIELDS})
 
 
-__all__: Sequence[str] = ("AuditRecord", "DuplicateUser", "SqlAccounts", "UserRecord")
+__all__: Sequence[str] = (
+    "TEAM_KEYS",
+    "AuditRecord",
+    "DuplicateUser",
+    "SqlAccounts",
+    "TeamRecord",
+    "UserRecord",
+)

@@ -18,6 +18,8 @@ from autoscaler.store import (
     DuplicateJob,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
+    InterruptionRecord,
     JobRecord,
     JobStatus,
     Placement,
@@ -56,6 +58,7 @@ class InMemoryStore(Store):
         self._placements: list[Placement] = []
         self._placed: dict[str, int] = {}  # task -> index of its open placement
         self._delays = MeasuredDelays()
+        self._interruptions: list[InterruptionRecord] = []
 
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
@@ -174,6 +177,36 @@ class InMemoryStore(Store):
                 return False
             self._instances[instance_id] = seen
             return True
+
+    def instance_notice(
+        self, instance_id: str, kind: InterruptionKind, at: float, reason: str = ""
+    ) -> bool:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            if inst is None:
+                raise UnknownEntity(f"no instance {instance_id!r}")
+            if any(r.instance_id == instance_id and r.kind == kind for r in self._interruptions):
+                return False
+            if kind == "reclaim":
+                seen = transitions.reclaim_instance(inst, at, reason)
+                if seen is not None:
+                    self._instances[instance_id] = seen
+            record = InterruptionRecord(inst.instance_type, instance_id, at, kind, reason)
+            self._interruptions.append(record)
+            return True
+
+    def interruption_counts(self, since: float) -> dict[str, int]:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for r in self._interruptions:
+                if r.kind == "reclaim" and r.at >= since:
+                    counts[r.offering] = counts.get(r.offering, 0) + 1
+            return counts
+
+    def interruptions(self, since: float | None = None) -> list[InterruptionRecord]:
+        with self._lock:
+            kept = [r for r in self._interruptions if since is None or r.at >= since]
+            return sorted(kept, key=lambda r: r.at)
 
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
         with self._lock:

@@ -27,6 +27,10 @@ One table per fact, in the problem's words:
   a token itself.
 - `audit`: every API call — who, which method, on what, when, and its outcome
   (never a token, a job's env values or any other request body).
+- `notify_events`, `notify_deliveries`, `notify_marks`: the notification outbox —
+  each event written in the transaction of the change it reports (a job's end) or
+  with the mark it moves (a budget level, the offerings held, the leader), then one
+  delivery per subscribed webhook with its attempts, next try and outcome.
 
 Times are seconds as floats (epoch in production, virtual in replay), stored as
 double precision so they round-trip exactly. Statuses are strings checked against
@@ -51,6 +55,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -88,6 +93,7 @@ INSTANCE_STATUSES = (
 ACTION_KINDS = ("launch", "terminate", "start", "migrate", "stop", "adopt", "report")
 ACTION_OUTCOMES = ("planned", "done", "refused", "failed", "skipped")
 USER_ROLES = ("admin", "submit", "read")
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
 
 
 def one_of(column: str, values: tuple[str, ...]) -> str:
@@ -217,6 +223,8 @@ class Instance(Base):
     ready_at: Mapped[float | None] = mapped_column(Double)  # its worker registered
     lost_at: Mapped[float | None] = mapped_column(Double)  # its worker fell silent
     reason: Mapped[str] = mapped_column(Text, server_default="")  # of its current status
+    # Its provider announced it reclaims it (a spot interruption notice, 0009).
+    reclaimed_at: Mapped[float | None] = mapped_column(Double)
 
 
 class InstanceTransition(Base):
@@ -331,6 +339,26 @@ class Placement(Base):
     end: Mapped[float | None] = mapped_column(Double)
 
 
+class Interruption(Base):
+    """One notice a provider gave about an instance — reclaimed, or a rebalance
+    recommendation — with the offering it was bought as: the cluster's own interruption
+    history, from which an observed rate per offering is drawn (0009)."""
+
+    __tablename__ = "interruptions"
+    __table_args__ = (
+        CheckConstraint(one_of("kind", ("reclaim", "rebalance")), name="kind"),
+        Index(None, "offering", "at"),
+        Index(None, "instance_id", "kind", unique=True),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    offering: Mapped[str] = mapped_column(String)
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"))
+    at: Mapped[float] = mapped_column(Double)
+    kind: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+
+
 class PhaseDelay(Base):
     """The measured mean duration of one attempt phase on one instance type (Eva §4.5)."""
 
@@ -380,3 +408,70 @@ class AuditEntry(Base):
     outcome: Mapped[str] = mapped_column(String(32))  # "ok" or the gRPC status refused with
     detail: Mapped[str] = mapped_column(Text, server_default="")
     peer: Mapped[str] = mapped_column(String, server_default="")
+
+
+class TeamSetting(Base):
+    """A team's limits as `autoscaler team set` left them: each column set overrides the
+    same key of the config's `[teams.NAME]`; NULL leaves the config's value
+    (`app.teams`). Read by the daemon before each round."""
+
+    __tablename__ = "team_settings"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    weight: Mapped[float | None] = mapped_column(Double)
+    max_hourly_spend: Mapped[float | None] = mapped_column(Double)
+    max_share: Mapped[float | None] = mapped_column(Double)
+    daily_budget: Mapped[float | None] = mapped_column(Double)
+    priority: Mapped[int | None] = mapped_column(Integer)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Double)
+    updated_by: Mapped[str] = mapped_column(String, server_default="")
+
+
+class NotifyEvent(Base):
+    """An event to notify about, in the outbox: `key` names the fact it reports, once
+    (the receivers' idempotency key); `dispatched` once its deliveries are made."""
+
+    __tablename__ = "notify_events"
+    __table_args__ = (Index(None, "dispatched"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String, unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    at: Mapped[float] = mapped_column(Double)
+    payload: Mapped[Any] = mapped_column(JsonText)  # never a secret nor a job's env values
+    dispatched: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class NotifyDelivery(Base):
+    """One event sent to one webhook: attempts, when the next is due, and how it ended.
+
+    `sink` is the webhook's name in `[[notify]]`, never its URL (a Slack or Teams
+    webhook URL is itself a secret)."""
+
+    __tablename__ = "notify_deliveries"
+    __table_args__ = (
+        CheckConstraint(one_of("status", DELIVERY_STATUSES), name="status"),
+        UniqueConstraint("event_id", "sink"),
+        Index(None, "status", "next_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(ForeignKey("notify_events.id"))
+    sink: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_at: Mapped[float | None] = mapped_column(Double)
+    last_error: Mapped[str] = mapped_column(Text, server_default="")
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class NotifyMark(Base):
+    """What the notifier last saw of a level it reports crossings of (a budget's share,
+    the offerings held, the leader): a crossing is an event once, across restarts."""
+
+    __tablename__ = "notify_marks"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    value: Mapped[Any] = mapped_column(JsonText)
+    at: Mapped[float] = mapped_column(Double)

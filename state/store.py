@@ -16,6 +16,8 @@ processes (the daemon's round, a submission API, the CLI) can use it at once:
   which leave the job alone; a cancellation still in flight makes them wait for
   it. Instance transitions lock the instance's row the same way, so two
   processes cannot both move it from the same status.
+- **A job's end is news**: the transaction that ends a job (completed, failed,
+  cancelled) also writes its event to the notification outbox (`state.outbox`).
 - **Snapshots are consistent**: `snapshot()` reads every table in one read
   transaction (REPEATABLE READ on PostgreSQL; on SQLite in WAL mode a read
   transaction sees the database as of its first read), without blocking writers.
@@ -57,6 +59,8 @@ from autoscaler.store import (
     DuplicateJob,
     InstanceChange,
     InstanceRecord,
+    InterruptionKind,
+    InterruptionRecord,
     JobRecord,
     JobStatus,
     RoundIntents,
@@ -74,9 +78,11 @@ from autoscaler.throughput import DEFAULT_THROUGHPUT, Colocated, ThroughputEntry
 from autoscaler.view import MeasuredDelay, MeasuredDelays, PhaseSample
 from state.database import create_state_engine, read_transaction, write_transaction
 from state.migrate import check_schema
+from state.outbox import insert_events, job_event
 from state.schema import (
     Instance,
     InstanceTransition,
+    Interruption,
     Job,
     PhaseDelay,
     Placement,
@@ -101,6 +107,7 @@ ACTIONS = cast(Table, RoundAction.__table__)
 LEDGER = cast(Table, UptimeInterval.__table__)
 PLACEMENTS = cast(Table, Placement.__table__)
 DELAYS = cast(Table, PhaseDelay.__table__)
+INTERRUPTIONS = cast(Table, Interruption.__table__)
 
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
@@ -113,6 +120,7 @@ INSTANCE_COLUMNS = (
     "ready_at",
     "lost_at",
     "reason",
+    "reclaimed_at",
 )
 LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
 #: table -> (its key, the columns transitions change).
@@ -252,6 +260,8 @@ class SqlStore(Store):
             _write(conn, JOBS, [end.job])
             _write(conn, TASKS, end.tasks)
             self._close_placements(conn, end.leaves, at)
+            # The notification of its end, in the same transaction (`state.outbox`).
+            insert_events(conn, [job_event(end.job)])
             return True
 
     def _locked_job(self, conn: Connection, job_id: str) -> JobRecord | None:
@@ -526,6 +536,56 @@ class SqlStore(Store):
             _write(conn, INSTANCES, [seen])
             return True
 
+    def instance_notice(
+        self, instance_id: str, kind: InterruptionKind, at: float, reason: str = ""
+    ) -> bool:
+        with write_transaction(self._engine) as conn:
+            row = conn.execute(
+                select(INSTANCES).where(INSTANCES.c.instance_id == instance_id).with_for_update()
+            ).first()
+            if row is None:
+                raise UnknownEntity(f"no instance {instance_id!r}")
+            known = conn.execute(
+                select(INTERRUPTIONS.c.id).where(
+                    INTERRUPTIONS.c.instance_id == instance_id, INTERRUPTIONS.c.kind == kind
+                )
+            ).first()
+            if known is not None:
+                return False
+            if kind == "reclaim":
+                seen = transitions.reclaim_instance(_instance(row, ()), at, reason)
+                if seen is not None:
+                    _write(conn, INSTANCES, [seen])
+            conn.execute(
+                insert(INTERRUPTIONS).values(
+                    offering=row.instance_type,
+                    instance_id=instance_id,
+                    at=at,
+                    kind=kind,
+                    reason=reason,
+                )
+            )
+            return True
+
+    def interruption_counts(self, since: float) -> dict[str, int]:
+        with read_transaction(self._engine) as conn:
+            rows = conn.execute(
+                select(INTERRUPTIONS.c.offering, func.count())
+                .where(INTERRUPTIONS.c.kind == "reclaim", INTERRUPTIONS.c.at >= since)
+                .group_by(INTERRUPTIONS.c.offering)
+            )
+            return {offering: int(count) for offering, count in rows}
+
+    def interruptions(self, since: float | None = None) -> list[InterruptionRecord]:
+        with read_transaction(self._engine) as conn:
+            query = select(INTERRUPTIONS).order_by(INTERRUPTIONS.c.at, INTERRUPTIONS.c.id)
+            if since is not None:
+                query = query.where(INTERRUPTIONS.c.at >= since)
+            return [
+                InterruptionRecord(r.offering, r.instance_id, r.at, r.kind, r.reason)
+                for r in conn.execute(query)
+            ]
+
     # -- learning ---------------------------------------------------------
     def record_throughput(
         self,
@@ -720,6 +780,17 @@ class SqlStore(Store):
     def tasks_of(self, job_id: str) -> list[TaskRecord]:
         with read_transaction(self._engine) as conn:
             return self._tasks(conn, JOBS.c.job_id == job_id)
+
+    def tasks_of_jobs(self, job_ids: Iterable[str]) -> dict[str, list[TaskRecord]]:
+        ids = list(dict.fromkeys(job_ids))
+        found: dict[str, list[TaskRecord]] = {job_id: [] for job_id in ids}
+        with read_transaction(self._engine) as conn:
+            # In chunks: SQLite's default bound on a statement's parameters is 999 in
+            # older builds.
+            for at in range(0, len(ids), 500):
+                for task in self._tasks(conn, JOBS.c.job_id.in_(ids[at : at + 500])):
+                    found[task.job_id].append(task)
+        return found
 
     def instance(self, instance_id: str) -> InstanceRecord | None:
         with read_transaction(self._engine) as conn:
@@ -918,6 +989,7 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.lost_at,
         row.reason,
         row.private_address,
+        row.reclaimed_at,
     )
 
 

@@ -4,7 +4,9 @@ AWS signs each instance's identity document with a key per region; tests cannot,
 `IdentitySigner` plays AWS with a key and self-signed certificate of its own, written
 where the daemon's `[ec2] identity_certificates` (or `InstanceIdentityVerifier.
 from_directory`) reads them. `ImdsServer` serves one instance's document over
-IMDSv2 (a PUT for a session token, then GETs carrying it), as the agent reads it.
+IMDSv2 (a PUT for a session token, then GETs carrying it), as the agent reads it,
+and the spot notices a test publishes (`notify_reclaim`, `recommend_rebalance`):
+404 until then, as on EC2.
 """
 
 from __future__ import annotations
@@ -78,14 +80,20 @@ class IdentitySigner:
         return base64.encodebytes(der).decode()
 
 
+INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+
+
 class ImdsServer:
     """IMDSv2 for one instance on 127.0.0.1: `/latest/api/token` (PUT), then the identity
-    document and its `/rsa2048` signature for requests carrying the token."""
+    document and its `/rsa2048` signature, and the spot notices published so far, for
+    requests carrying the token."""
 
-    def __init__(self, document: bytes, rsa2048: str) -> None:
+    def __init__(self, document: bytes = b"{}", rsa2048: str = "") -> None:
         self.document, self.rsa2048 = document, rsa2048
         self.token = secrets.token_urlsafe(16)
         self.requests: list[str] = []
+        self.notices: dict[str, bytes] = {}  # path -> body, once published
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,6 +113,7 @@ class ImdsServer:
                 answers = {
                     "/latest/dynamic/instance-identity/document": owner.document,
                     "/latest/dynamic/instance-identity/rsa2048": owner.rsa2048.encode(),
+                    **owner.notices,
                 }
                 body = answers.get(self.path)
                 self._answer(200 if body is not None else 404, body or b"")
@@ -122,6 +131,19 @@ class ImdsServer:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    def notify_reclaim(self, time: str, action: str = "terminate") -> None:
+        """Publish EC2's two-minute warning: the instance is reclaimed at `time`."""
+        body = json.dumps({"action": action, "time": time}).encode()
+        self.notices[INSTANCE_ACTION_PATH] = body
+
+    def recommend_rebalance(self, time: str) -> None:
+        """Publish a rebalance recommendation made at `time`."""
+        self.notices[REBALANCE_PATH] = json.dumps({"noticeTime": time}).encode()
+
+    def expire_token(self) -> None:
+        """The session token expires: requests carrying it are refused (401)."""
+        self.token = secrets.token_urlsafe(16)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -63,6 +63,17 @@ def test_duplicate_job_is_rejected_and_the_first_is_kept(store):
     assert len(store.tasks_of("j1")) == 1
 
 
+def test_tasks_of_many_jobs_are_each_jobs_tasks(store):
+    for n, job_id in enumerate(("j1", "j2", "j3")):
+        submit(store, job_id, n_tasks=n + 1)
+    store.update_tasks([TaskUpdate("j2/1", progress=7.0)], 1.0)
+    many = store.tasks_of_jobs(["j3", "j2", "nope"])
+    assert list(many) == ["j3", "j2", "nope"] and many["nope"] == []
+    for job_id in ("j2", "j3"):
+        assert many[job_id] == store.tasks_of(job_id)
+    assert many["j2"][1].progress == 7.0
+
+
 def test_job_lifecycle_sets_times_once(store):
     submit(store, "j1")
     assert store.job_started("j1", 10.0)
@@ -582,3 +593,40 @@ def test_a_task_moved_twice_in_one_batch_leaves_each_placement_closed(store):
         ("i-2", 5.0, 5.0),
     ]
     assert store.tasks_of("j1")[0].instance_id is None
+
+
+def test_a_reclaim_marks_the_instance_and_joins_the_interruption_history_once(store):
+    request(store, "i-1", "c7i.large:spot@us-east-1a", 0.03, at=0.0)
+    request(store, "i-2", "c7i.large:spot@us-east-1a", 0.03, at=0.0)
+    request(store, "i-3", "m7i.large:spot", 0.04, at=0.0)
+    assert store.instance_notice("i-1", "reclaim", 100.0, "spot interruption notice")
+    assert not store.instance_notice("i-1", "reclaim", 105.0, "again")  # once per instance
+    assert store.instance_notice("i-2", "rebalance", 150.0, "rebalance recommendation")
+    assert store.instance_notice("i-2", "reclaim", 200.0, "spot interruption notice")
+    assert store.instance_notice("i-3", "reclaim", 300.0, "spot interruption notice")
+    inst = store.instance("i-1")
+    assert (inst.reclaimed_at, inst.reason) == (100.0, "spot interruption notice")
+    assert store.instance("i-2").reclaimed_at == 200.0  # the rebalance did not mark it
+    # Reclaims per offering: the history the observed rates come from.
+    assert store.interruption_counts(0.0) == {
+        "c7i.large:spot@us-east-1a": 2,
+        "m7i.large:spot": 1,
+    }
+    assert store.interruption_counts(150.0) == {
+        "c7i.large:spot@us-east-1a": 1,
+        "m7i.large:spot": 1,
+    }
+    history = store.interruptions()
+    assert [(r.instance_id, r.kind, r.at) for r in history] == [
+        ("i-1", "reclaim", 100.0),
+        ("i-2", "rebalance", 150.0),
+        ("i-2", "reclaim", 200.0),
+        ("i-3", "reclaim", 300.0),
+    ]
+    assert history[0].offering == "c7i.large:spot@us-east-1a"
+    assert [r.instance_id for r in store.interruptions(since=250.0)] == ["i-3"]
+    # The snapshot carries the mark to the round.
+    marked = {i.instance_id: i.reclaimed_at for i in store.snapshot().instances}
+    assert marked == {"i-1": 100.0, "i-2": 200.0, "i-3": 300.0}
+    with pytest.raises(UnknownEntity):
+        store.instance_notice("nope", "reclaim", 1.0)

@@ -164,3 +164,20 @@ def test_grouped_bound_is_below_the_optimum(seed):
         grouped = grouped_configuration_bound(catalog, classes, max_classes=max_classes)
         assert grouped.lower_bound <= mip.lower_bound * (1 + 1e-6) + 1e-9
         assert grouped.lower_bound > 0
+
+
+def test_grouped_bound_keeps_each_task_s_rest_on_its_own_instance():
+    # Six 8-GPU tasks (3–4 CPUs) and six 1-GPU tasks of 17–20 CPUs on an 8-GPU,
+    # 32-CPU type: no two share an instance (9 GPUs, or 34+ CPUs), so any
+    # configuration costs 12. Two classes force a grid of 8 CPUs: each 1-GPU task
+    # rounds down to 16, two per instance, their 1–4 CPUs of rest left over. If
+    # that rest may sit in any leftover room, the 8-GPU tasks' spare CPUs take it
+    # and the bound is 6 + 3 = 9; a task's rest sits where the task does, so an
+    # instance holds no more rest than its own tasks bring.
+    rng = random.Random(5)
+    catalog = Catalog([itype("p", 8, 32, 488, 1.0), itype("c", 0, 96, 384, 0.35)])
+    classes = [LPClass(((8, 3 + rng.random(), 10.0), None), 1) for _ in range(6)]
+    classes += [LPClass(((1, 17 + 3 * rng.random(), 10.0), None), 1) for _ in range(6)]
+    grouped = grouped_configuration_bound(catalog, classes, max_classes=2)
+    assert grouped.lower_bound > 10.0
+    assert grouped.lower_bound <= 12.0 + 1e-9

@@ -83,3 +83,34 @@ def test_rule4_a_jobs_priority_defaults_to_its_teams_and_is_held_to_its_bound() 
     assert policy.priority("a", 4) == 4  # an override within the bound
     assert policy.priority("a", 50) == 5  # held to the bound
     assert policy.priority("b", None) == 0 and policy.priority("b", 50) == 50  # no bound
+
+
+def test_rule0_a_team_over_its_daily_budget_waits_and_the_others_share_the_budget() -> None:
+    # B = $6/h, weights 1:1. Team ml spent $20.00 today of its $20 budget: it claims
+    # nothing, so team cv (demand $8/h) gets the whole $6/h instead of $3/h.
+    policy = TeamPolicy({"ml": TeamLimits(daily_budget=20.0), "cv": TeamLimits()})
+    claims = [*_jobs("ml", 4, 1.0), *_jobs("cv", 8, 1.0)]
+    admission = admit(claims, policy, 6.0, {"ml": 20.0, "cv": 50.0})
+    assert admission.admitted == {f"cv{i}" for i in range(6)}
+    assert admission.shares == {"cv": 6.0, "ml": 0.0}
+    assert admission.demands == {"ml": 4.0, "cv": 8.0}
+    assert admission.over_daily_budget == {"ml": (20.0, 20.0)}
+    assert admission.waiting["ml0"] == (
+        "waiting: team ml reached its daily budget ($20.00 of $20.00 spent since "
+        "00:00 UTC); it resumes at the next UTC day"
+    )
+
+
+def test_rule0_below_the_daily_budget_nothing_changes() -> None:
+    policy = TeamPolicy({"ml": TeamLimits(daily_budget=20.0), "cv": TeamLimits()})
+    claims = [*_jobs("ml", 4, 1.0), *_jobs("cv", 8, 1.0)]
+    assert admit(claims, policy, 6.0, {"ml": 19.99}) == admit(claims, policy, 6.0)
+
+
+def test_a_waiting_job_says_its_teams_share_of_the_budget() -> None:
+    # B = $6/h, ml weight 2 of 3: its share is $4/h, four $1/h jobs in use; the fifth waits.
+    policy = TeamPolicy({"ml": TeamLimits(weight=2.0), "cv": TeamLimits()})
+    admission = admit([*_jobs("ml", 5, 1.0), *_jobs("cv", 5, 1.0)], policy, 6.0)
+    assert admission.waiting["ml4"] == (
+        "waiting: team ml at its share $4.00/h of $6.00/h ($4.00/h in use; this job needs $1.00/h)"
+    )

@@ -232,3 +232,29 @@ def test_between_the_thresholds_the_planner_keeps_the_better_of_both_paths() -> 
         fluid = EvaPlanner(fluid_min_classes=0).plan(view).hourly_cost
         assert classes != pytest.approx(fluid), "the two paths differ here"
         assert both == pytest.approx(min(classes, fluid))
+
+
+@pytest.mark.parametrize(
+    ("filler", "count"),
+    [((0.0, 14.0, 50.0), 20), ((0.0, 0.1, 0.4), 2000)],
+    ids=["one-by-one", "tiny-runs"],
+)
+def test_cpu_tasks_fill_the_room_gpu_instances_leave(filler: tuple, count: int) -> None:
+    # Ten 8-GPU tasks with 4 CPUs each hold a p3.16xlarge (8 GPU, 32 CPU) alone;
+    # ten 1-GPU tasks with 28 CPUs each too (two do not fit one). That is 20
+    # p3.16xlarge, paid whatever they hold, with 10 × 28 CPUs left on the 8-GPU
+    # ones: room for all of the CPU-only tasks (280 or 200 CPUs). The fluid LP
+    # counts the 8-GPU tasks' spare CPUs as usable by the 1-GPU ones and deals
+    # the CPU-only tasks to c7i; packed as dealt that cost $506–515/h.
+    catalog, _ = pai_catalog_and_jobs()
+    families = sorted(catalog.families)
+    rows = [(8.0, 4.0, 50.0)] * 10 + [(1.0, 28.0, 50.0)] * 10 + [filler] * count
+    demand = np.repeat(np.array(rows)[:, None, :], len(families), axis=1)
+    family_of_type = np.array([families.index(t.family) for t in catalog.types])
+    packing = fluid_pack(catalog, demand, family_of_type)
+    cost, _ = _costs(catalog, packing)
+    assert cost == pytest.approx(20 * catalog["p3.16xlarge"].hourly_cost)
+    assert sorted(i for _, members in packing.instances for i in members) == list(range(len(rows)))
+    for k, members in packing.instances:
+        used = demand[members, family_of_type[k], :].sum(axis=0)
+        assert np.all(used <= np.array(catalog.types[k].capacity.as_tuple()) + 1e-6)

@@ -22,6 +22,7 @@ from typing import Any
 
 from app.cli_io import add_json, note, print_json, progress
 from app.config import ClusterConfig, load_cluster_config
+from app.down import DEFAULT_GRACE_S
 from app.table import format_table, money, shorten
 from app.validation import (
     PLOT_FORMATS,
@@ -85,18 +86,64 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("job_file", type=Path, nargs="+", metavar="JOB")
     submit.add_argument("--wait", action="store_true", help="wait until the job(s) finish")
+    submit.add_argument(
+        "--quote",
+        action="store_true",
+        help="submit nothing: print what each job would cost at the cluster's current packing, "
+        "beside its price with no packing and its share of the LP lower bound",
+    )
+    submit.add_argument(
+        "--duration",
+        type=number_arg(0.0, 10 * 365 * 86400.0, low_open=True),
+        default=0.0,
+        metavar="SECONDS",
+        help="with --quote: how long the job runs, for its total cost",
+    )
+    submit.add_argument(
+        "--iterations",
+        type=number_arg(0.0, 1e18, low_open=True),
+        default=0.0,
+        metavar="N",
+        help="with --quote: how many iterations it runs (at --throughput, else the job's "
+        "full_throughput), for its total cost",
+    )
+    submit.add_argument(
+        "--throughput",
+        type=number_arg(0.0, 1e12, low_open=True),
+        default=0.0,
+        metavar="PER_S",
+        help="with --quote: its iterations per second alone",
+    )
     add_json(submit)
     _config(submit)
     submit.set_defaults(func=cmd_submit)
 
     down = sub.add_parser(
         "down",
-        help="terminate every instance of the cluster (stop the daemon first)",
-        description="Terminate every instance the cloud lists for this cluster — with the "
-        "local provider, stop every worker agent and remove its containers — and record it. "
-        "Jobs stay queued: the next `autoscaler daemon` places them again.",
+        help="checkpoint every task, then terminate every instance of the cluster "
+        "(stop the daemon first)",
+        description="Ask every running task to checkpoint and stop (bounded by --grace), "
+        "upload what they saved, remove whatever of the cluster is left (agents and "
+        "containers on this host, found by their marks even when their records or the "
+        "daemon are gone; on EC2 every instance tagged with the cluster), terminate every "
+        "instance, and record it. Jobs stay queued: the next `autoscaler daemon` names "
+        "them (its `resuming` event) and resumes each task from its newest checkpoint; "
+        "`cancel` gives a job up.",
     )
     down.add_argument("--yes", action="store_true", help="do it (without it: only list)")
+    down.add_argument(
+        "--grace",
+        type=_grace,
+        default=DEFAULT_GRACE_S,
+        metavar="SECONDS",
+        help=f"how long tasks may take to checkpoint and stop (default: {DEFAULT_GRACE_S:g})",
+    )
+    down.add_argument(
+        "--now",
+        action="store_true",
+        help="skip the grace: stop everything at once (tasks resume from their last "
+        "checkpoint uploaded while they ran)",
+    )
     add_json(down)
     _config(down)
     down.set_defaults(func=cmd_down)
@@ -341,26 +388,36 @@ def _private_log_files() -> None:
             continue
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 3600 seconds, got {text!r}")
+    return value
+
+
 def cmd_down(args: argparse.Namespace) -> int:
-    from app.wiring import bring_down, build_cloud, open_state
+    from app.down import describe, graceful_down
+    from app.wiring import build_cloud, open_state
 
     config = load_cluster_config(args.config)
     cloud = build_cloud(config)
     listed = cloud.list()
     if not args.yes:
+        found = cloud.leftovers() if hasattr(cloud, "leftovers") else None
+        known = {i.instance_id for i in listed}
+        containers = [c for c, token in found.containers if token not in known] if found else []
         if args.json:
             print_json(
                 {
                     "terminated": [],
-                    "would_terminate": [
-                        {
-                            "instance": inst.instance_id,
-                            "cloud_id": inst.cloud_id,
-                            "type": inst.instance_type,
-                            "state": inst.state,
-                        }
-                        for inst in listed
-                    ],
+                    "would_terminate": [describe(i) for i in listed],
+                    "leftovers": {
+                        "agents": list(found.agents) if found else [],
+                        "containers": containers,
+                    },
                 }
             )
             return 0
@@ -369,10 +426,14 @@ def cmd_down(args: argparse.Namespace) -> int:
                 f"would terminate {inst.instance_id or '?'} ({inst.cloud_id}, "
                 f"{inst.instance_type}, {inst.state})"
             )
+        if containers:
+            print(f"would remove {len(containers)} leftover container(s) of ended instances")
         print(f"{len(listed)} instance(s); run again with --yes to terminate them")
         return 0
     from app.leader import LeaderLock
+    from executor.storage import open_storage
 
+    grace = 0.0 if args.now else args.grace
     store = open_state(config)
     # Holding the daemon's lock: no daemon relaunches what this terminates.
     leader = LeaderLock(store.engine, config.cluster.name)
@@ -384,16 +445,76 @@ def cmd_down(args: argparse.Namespace) -> int:
                 source=str(config.path),
             )
         try:
-            gone = bring_down(store, cloud, time.time)
+            if grace and listed:
+                progress(
+                    f"asking the tasks on {len(listed)} instance(s) to checkpoint and stop "
+                    f"(at most {grace:g} s; --now skips this)"
+                )
+            report = graceful_down(
+                store,
+                cloud,
+                open_storage(config.storage.url),
+                time.time,
+                grace_s=grace,
+                waiting=lambda alive, waited: progress(
+                    f"  {alive} agent(s) still checkpointing their tasks ({waited:.0f} s of "
+                    f"{grace:g} s)"
+                ),
+            )
         finally:
             leader.release()
     finally:
         store.close()
     if args.json:
-        print_json({"terminated": gone, "would_terminate": []})
+        print_json({**report.to_json(), "would_terminate": []})
         return 0
-    print(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    print(render_down(report))
     return 0
+
+
+def render_down(report: Any) -> str:
+    """What `down` stopped: the tasks with the checkpoint each resumes from, the
+    instances, and leftovers found beyond the records."""
+    lines = []
+    if report.tasks:
+        rows = [
+            (
+                t.job_id,
+                t.task_id,
+                t.instance_id,
+                t.attempt,
+                "start" if t.checkpoint_step is None else t.checkpoint_step,
+                t.saved,
+            )
+            for t in report.tasks
+        ]
+        lines.append(
+            format_table(
+                ["job", "task", "instance", "attempt", "resumes from step", "checkpoint saved"],
+                rows,
+                right=[False, False, False, True, True, False],
+            )
+        )
+        lines.append("")
+    gone = [i["instance"] for i in report.instances]
+    lines.append(f"terminated {len(gone)} instance(s)" + (f": {', '.join(gone)}" if gone else ""))
+    if report.leftover_agents or report.leftover_containers:
+        lines.append(
+            f"removed leftovers: {len(report.leftover_agents)} agent process(es), "
+            f"{len(report.leftover_containers)} container(s)"
+        )
+    if report.unuploaded:
+        lines.append(
+            f"{len(report.unuploaded)} checkpoint(s) kept on disk could not be uploaded "
+            "(run `down --yes` again): " + ", ".join(report.unuploaded)
+        )
+    if report.tasks:
+        jobs = sorted({t.job_id for t in report.tasks})
+        lines.append(
+            f"{len(jobs)} job(s) stay queued and resume at the next `autoscaler daemon`: "
+            + shorten(jobs)
+        )
+    return "\n".join(lines)
 
 
 # -- talking to the daemon ----------------------------------------------------------------------
@@ -430,6 +551,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from autoscaler.jobs import validate_against_catalog, without_missing_families
     from provisioners.catalog import catalog_from_document
 
+    if (args.duration or args.iterations or args.throughput) and not args.quote:
+        raise InputError("--duration, --iterations and --throughput go with --quote")
     # The files first: a mistake in one needs no daemon to be reported.
     submissions = [load_job_file(path, None) for path in args.job_file]
     config = load_cluster_config(args.config)
@@ -441,6 +564,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 progress(f"{path}: {note}")
             submissions[index] = submission = dataclasses.replace(submission, job=job)
             validate_against_catalog((submission.job,), catalog, source=str(path))
+        if args.quote:
+            return _quote(client, [s.job for s in submissions], args)
         limit = int(config.limits.max_context_mb * 2**20)
         packed: dict[Path, tuple[Path, str]] = {}
         with tempfile.TemporaryDirectory(prefix="autoscaler-contexts-") as scratch:
@@ -465,6 +590,73 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return _wait(client, ids)
+
+
+def _quote(client: Any, jobs: Sequence[Any], args: argparse.Namespace) -> int:
+    """`submit --quote`: each job's cost at the current packing, nothing submitted."""
+    quotes = [
+        client.quote(
+            job,
+            duration_s=args.duration,
+            iterations=args.iterations,
+            throughput=args.throughput,
+        )
+        for job in jobs
+    ]
+    if args.json:
+        print_json({"quotes": quotes})
+    else:
+        print(render_quotes(quotes))
+    return 0
+
+
+def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
+    """The quotes as a table: $/h packed, with no packing, the LP bound's share, totals."""
+
+    def cell(value: float | None, unit: str = "") -> str:
+        return "-" if value is None else money(value) + unit
+
+    rows = [
+        (
+            q["job"],
+            q["tasks"],
+            cell(q["hourly_cost_packed"], "/h"),
+            cell(q["hourly_cost_no_packing"], "/h"),
+            cell(q["hourly_lower_bound_share"], "/h"),
+            "-" if q["hours"] is None else f"{q['hours']:.2f} h",
+            cell(q["total_packed"]),
+            cell(q["total_no_packing"]),
+        )
+        for q in quotes
+    ]
+    lines = [
+        format_table(
+            [
+                "job",
+                "tasks",
+                "packed",
+                "no packing",
+                "LP bound share",
+                "for",
+                "total",
+                "no packing",
+            ],
+            rows,
+            [False, True, True, True, True, True, True, True],
+        )
+    ]
+    for q in quotes:
+        if q.get("waiting"):
+            lines.append(f"{q['job']}: {q['waiting']}")
+        for task, why in q.get("infeasible", {}).items():
+            lines.append(f"{task}: cannot be placed: {why}")
+        if q["hourly_cost_packed"] is None and not q.get("infeasible") and not q.get("waiting"):
+            lines.append(f"{q['job']}: not placed by the current plan")
+    lines.append(
+        "packed: its part of the instances it would share (dominant share), next round's "
+        "plan; no packing: each task alone on its cheapest type"
+    )
+    return "\n".join(lines)
 
 
 def _pack(directory: Path, out: Path, limit: int) -> str:
@@ -537,7 +729,20 @@ def cmd_job(args: argparse.Namespace) -> int:
         f"{detail['job']} ({detail['name']}, {detail['owner']}): {detail['status']}"
         + (f" — {detail['reason']}" if detail["reason"] else "")
     )
-    print(f"cost so far {money(detail['cost'])}; submitted {_when(detail['submitted_at'])}")
+    cap = detail.get("max_cost")
+    print(
+        f"cost so far {money(detail['cost'])}"
+        + (f" of max_cost {money(cap)}" if cap is not None else "")
+        + f"; submitted {_when(detail['submitted_at'])}"
+    )
+    if detail.get("waiting"):
+        print(detail["waiting"])
+    if detail.get("spot_share") or detail.get("interruptions"):
+        print(
+            f"on spot {detail['spot_share']:.0%} of its task-time; "
+            f"{detail['interruptions']} interruption(s), "
+            f"work lost {_duration(detail['work_lost_s'])}"
+        )
     rows = [
         (
             t["task"].split("/", 1)[1],
@@ -776,6 +981,15 @@ def render_status(status: dict[str, Any]) -> str:
         for i in status["instances"]
     ]
     out = [f"{len(rows)} instance(s), {money(status['hourly_cost'])}/h now"]
+    spot = status.get("spot") or {}
+    if spot.get("instances") or spot.get("interruptions_last_day"):
+        line = (
+            f"spot: {spot['instances']} instance(s), {money(spot['hourly_cost'])}/h; "
+            f"{spot['interruptions_last_day']} interruption(s) in the last day"
+        )
+        if spot.get("reclaimed_now"):
+            line += f"; being reclaimed: {', '.join(spot['reclaimed_now'])}"
+        out.append(line)
     if rows:
         out += [
             "",
@@ -908,6 +1122,18 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
         f"  − idle spend           {money(parts['idle'])}",
         f"  = saved                {money(report['savings'])}",
     ]
+    spot = report.get("spot") or {}
+    if spot.get("spot_instance_hours") or spot.get("interruptions"):
+        by_offering = ", ".join(f"{n} {o}" for o, n in spot["interruptions_by_offering"].items())
+        out += [
+            "",
+            f"Spot share               {spot['spot_share']:.1%} of instance-hours "
+            f"({money(spot['spot_spend'])})",
+            f"Saved against on-demand  {money(spot['savings_vs_on_demand'])}",
+            f"Interruptions            {spot['interruptions']}"
+            + (f" ({by_offering})" if by_offering else ""),
+            f"Work lost                {spot['work_lost_task_hours']:.3g} task-hours",
+        ]
     if report.get("what_if"):
         from app.what_if import what_if_line
 

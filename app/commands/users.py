@@ -1,4 +1,5 @@
-"""The user commands: `user add/list/rotate/revoke` and `audit` (admin only, via the daemon).
+"""The user commands: `user add/list/rotate/revoke`, `team set/list` and `audit` (admin
+only, via the daemon).
 
 A new or rotated token is shown once (or written to `--token-file`, mode 0600)
 and never stored: the daemon keeps its scrypt hash (`app.users`). A teammate
@@ -19,6 +20,7 @@ from app.table import format_table
 from app.users import ROLES, ROTATION_OVERLAP_S
 from app.validation import number_arg, parse_since
 from autoscaler.errors import InputError
+from state.accounts import TEAM_KEYS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +69,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(revoke)
     _config(revoke)
     revoke.set_defaults(func=cmd_user_revoke)
+
+    team = sub.add_parser(
+        "team",
+        help="teams' limits: weight, $/h, share, daily budget, priorities (admin)",
+        description="What `team set` sets overrides the config's [teams.NAME] key by key "
+        "(the rest keep the config's value, else the default) and takes effect at the "
+        "daemon's next round. Every call is audited.",
+    )
+    team_actions = team.add_subparsers(dest="action", required=True, metavar="ACTION")
+    team_set = team_actions.add_parser("set", help="set some of a team's limits")
+    team_set.add_argument("name", metavar="NAME")
+    team_set.add_argument("--weight", type=number_arg(0.0, 1e6, low_open=True))
+    team_set.add_argument(
+        "--max-hourly-spend", type=number_arg(0.0, 1e7), metavar="DOLLARS_PER_HOUR"
+    )
+    team_set.add_argument(
+        "--max-share",
+        type=number_arg(0.0, 1.0, low_open=True),
+        metavar="FRACTION",
+        help="of [guardrails] max_hourly_spend",
+    )
+    team_set.add_argument(
+        "--daily-budget",
+        type=number_arg(0.0, 2.4e8),
+        metavar="DOLLARS",
+        help="per UTC day: reached, the team's jobs wait (checkpointed) until the next day",
+    )
+    team_set.add_argument(
+        "--priority", type=number_arg(-1000, 1000, integer=True), help="of jobs that state none"
+    )
+    team_set.add_argument(
+        "--max-priority",
+        type=number_arg(-1000, 1000, integer=True),
+        help="the most a job of the team may ask for",
+    )
+    add_json(team_set)
+    _config(team_set)
+    team_set.set_defaults(func=cmd_team_set)
+    team_list = team_actions.add_parser("list", help="every team's limits in effect")
+    add_json(team_list)
+    _config(team_list)
+    team_list.set_defaults(func=cmd_team_list)
 
     audit = sub.add_parser(
         "audit",
@@ -176,6 +220,65 @@ def cmd_user_list(args: argparse.Namespace) -> int:
     ]
     print(format_table(["user", "role", "team", "added", "token"], rows, [False] * 5))
     return 0
+
+
+def cmd_team_set(args: argparse.Namespace) -> int:
+    limits = {
+        key: int(value) if key in ("priority", "max_priority") else value
+        for key in TEAM_KEYS
+        if (value := getattr(args, key)) is not None
+    }
+    if not limits:
+        raise InputError(
+            "give at least one limit: " + ", ".join(f"--{k.replace('_', '-')}" for k in TEAM_KEYS)
+        )
+    with _client(args) as client:
+        document = client.set_team(args.name, **limits)
+    if args.json:
+        print_json(document)
+        return 0
+    print(_team_rows([document]))
+    print("in effect from the daemon's next round")
+    return 0
+
+
+def cmd_team_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        document = client.teams()
+    if args.json:
+        print_json(document)
+        return 0
+    if not document["teams"]:
+        print("no teams: add [teams.NAME] to the config, or `autoscaler team set NAME …`")
+        return 0
+    print(_team_rows(document["teams"]))
+    print(f"precedence: {document['precedence']}; * set by `team set`")
+    return 0
+
+
+def _team_rows(teams: list[dict[str, Any]]) -> str:
+    def cell(team: dict[str, Any], key: str, unit: str | None = None) -> str:
+        value = team[key]
+        text = "-" if value is None else f"{value:g}" if unit is None else f"${value:,.2f}{unit}"
+        return text + ("*" if key in team["set"] else "")
+
+    rows = [
+        (
+            t["team"],
+            cell(t, "weight"),
+            cell(t, "max_hourly_spend", "/h"),
+            cell(t, "max_share"),
+            cell(t, "daily_budget", ""),
+            cell(t, "priority"),
+            cell(t, "max_priority"),
+        )
+        for t in teams
+    ]
+    return format_table(
+        ["team", "weight", "max $/h", "max share", "daily budget", "priority", "max priority"],
+        rows,
+        [False] + [True] * 6,
+    )
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

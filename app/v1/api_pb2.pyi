@@ -157,6 +157,40 @@ class AuditRequest(_message.Message):
     limit: int
     def __init__(self, user: _Optional[str] = ..., since: _Optional[float] = ..., limit: _Optional[int] = ...) -> None: ...
 
+class TeamRequest(_message.Message):
+    __slots__ = ("name", "weight", "max_hourly_spend", "max_share", "daily_budget", "priority", "max_priority")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_HOURLY_SPEND_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHARE_FIELD_NUMBER: _ClassVar[int]
+    DAILY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight: float
+    max_hourly_spend: float
+    max_share: float
+    daily_budget: float
+    priority: int
+    max_priority: int
+    def __init__(self, name: _Optional[str] = ..., weight: _Optional[float] = ..., max_hourly_spend: _Optional[float] = ..., max_share: _Optional[float] = ..., daily_budget: _Optional[float] = ..., priority: _Optional[int] = ..., max_priority: _Optional[int] = ...) -> None: ...
+
+class ListTeamsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class QuoteJobRequest(_message.Message):
+    __slots__ = ("spec_json", "duration_s", "iterations", "throughput")
+    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    spec_json: str
+    duration_s: float
+    iterations: float
+    throughput: float
+    def __init__(self, spec_json: _Optional[str] = ..., duration_s: _Optional[float] = ..., iterations: _Optional[float] = ..., throughput: _Optional[float] = ...) -> None: ...
+
 class Document(_message.Message):
     __slots__ = ("json",)
     JSON_FIELD_NUMBER: _ClassVar[int]

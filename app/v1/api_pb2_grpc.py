@@ -114,6 +114,21 @@ class SubmissionStub:
                 request_serializer=app_dot_v1_dot_api__pb2.AuditRequest.SerializeToString,
                 response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
                 _registered_method=True)
+        self.SetTeam = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/SetTeam',
+                request_serializer=app_dot_v1_dot_api__pb2.TeamRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.ListTeams = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/ListTeams',
+                request_serializer=app_dot_v1_dot_api__pb2.ListTeamsRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
+        self.QuoteJob = channel.unary_unary(
+                '/autoscaler.api.v1.Submission/QuoteJob',
+                request_serializer=app_dot_v1_dot_api__pb2.QuoteJobRequest.SerializeToString,
+                response_deserializer=app_dot_v1_dot_api__pb2.Document.FromString,
+                _registered_method=True)
 
 
 class SubmissionServicer:
@@ -221,6 +236,27 @@ class SubmissionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTeam(self, request, context):
+        """Teams' limits (admin only): what SetTeam sets overrides the config's [teams.NAME]
+        key by key, from the next round on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTeams(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuoteJob(self, request, context):
+        """What a job would cost at the cluster's current packing, without submitting it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubmissionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -302,6 +338,21 @@ def add_SubmissionServicer_to_server(servicer, server):
             'Audit': grpc.unary_unary_rpc_method_handler(
                     servicer.Audit,
                     request_deserializer=app_dot_v1_dot_api__pb2.AuditRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'SetTeam': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTeam,
+                    request_deserializer=app_dot_v1_dot_api__pb2.TeamRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'ListTeams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTeams,
+                    request_deserializer=app_dot_v1_dot_api__pb2.ListTeamsRequest.FromString,
+                    response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
+            ),
+            'QuoteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuoteJob,
+                    request_deserializer=app_dot_v1_dot_api__pb2.QuoteJobRequest.FromString,
                     response_serializer=app_dot_v1_dot_api__pb2.Document.SerializeToString,
             ),
     }
@@ -736,6 +787,87 @@ class Submission:
             target,
             '/autoscaler.api.v1.Submission/Audit',
             app_dot_v1_dot_api__pb2.AuditRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTeam(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/SetTeam',
+            app_dot_v1_dot_api__pb2.TeamRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTeams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/ListTeams',
+            app_dot_v1_dot_api__pb2.ListTeamsRequest.SerializeToString,
+            app_dot_v1_dot_api__pb2.Document.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuoteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/autoscaler.api.v1.Submission/QuoteJob',
+            app_dot_v1_dot_api__pb2.QuoteJobRequest.SerializeToString,
             app_dot_v1_dot_api__pb2.Document.FromString,
             options,
             channel_credentials,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65xecutor/protos/worker.proto\x12\x14\x61utoscaler.worker.v2\"9\n\x08\x43\x61pacity\x12\x0c\n\x04gpus\x18\x01 \x01(\x01\x12\x0c\n\x04\x63pus\x18\x02 \x01(\x01\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\".\n\nAttemptRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\xba\x03\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.autoscaler.worker.v2.TaskState\x12\x12\n\niterations\x18\x05 \x01(\x01\x12\x17\n\nthroughput\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08window_s\x18\x07 \x01(\x01\x12\x12\n\ncheckpoint\x18\x08 \x01(\t\x12\x16\n\texit_code\x18\t \x01(\x05H\x01\x88\x01\x01\x12\x0e\n\x06reason\x18\n \x01(\t\x12<\n\x06phases\x18\x0b \x03(\x0b\x32,.autoscaler.worker.v2.TaskStatus.PhasesEntry\x12\x10\n\x08log_tail\x18\x0c \x03(\t\x12\x33\n\x07\x66\x61ilure\x18\r \x01(\x0e\x32\".autoscaler.worker.v2.FailureClass\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_throughputB\x0c\n\n_exit_code\"?\n\x0b\x45\x63\x32Identity\x12\x10\n\x08\x64ocument\x18\x01 \x01(\x0c\x12\r\n\x05pkcs7\x18\x02 \x01(\t\x12\x0f\n\x07rsa2048\x18\x03 \x01(\t\"\xb8\x01\n\rEnrollRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x30\n\x03\x65\x63\x32\x18\x02 \x01(\x0b\x32!.autoscaler.worker.v2.Ec2IdentityH\x00\x12\x16\n\x0clocal_secret\x18\x03 \x01(\tH\x00\x12\x0f\n\x07\x63sr_pem\x18\x04 \x01(\x0c\x12.\n\x04held\x18\x05 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRefB\x07\n\x05proof\"\xae\x01\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x18\n\x10registry_address\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12.\n\x04stop\x18\x04 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"(\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\"\xa1\x01\n\x10HeartbeatRequest\x12\x30\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32\x1e.autoscaler.worker.v2.Capacity\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x13\n\x0bgpu_devices\x18\x03 \x01(\x05\x12/\n\x05tasks\x18\x04 \x03(\x0b\x32 .autoscaler.worker.v2.TaskStatus\"\xb6\x01\n\x11HeartbeatResponse\x12\x36\n\x0c\x61\x63knowledged\x18\x01 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12.\n\x04stop\x18\x02 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"\x11\n\x0f\x43ommandsRequest\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xf8\x01\n\x07TaskRun\x12\x15\n\rbuild_context\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12)\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1c.autoscaler.worker.v2.EnvVar\x12\x18\n\x0bshm_size_gb\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07network\x18\x06 \x01(\x08\x12\x1f\n\x12\x63heckpoint_every_s\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10\x66\x61tal_exit_codes\x18\x08 \x03(\x05\x42\x0e\n\x0c_shm_size_gbB\x15\n\x13_checkpoint_every_s\"a\n\x06Limits\x12\x0c\n\x04\x63pus\x18\x01 \x01(\x01\x12\x11\n\tmemory_gb\x18\x02 \x01(\x01\x12\x0c\n\x04gpus\x18\x03 \x03(\x05\x12\x18\n\x0bshm_size_gb\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_shm_size_gb\"\x85\x02\n\tStartTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\x10\n\x08workload\x18\x05 \x01(\t\x12*\n\x03run\x18\x06 \x01(\x0b\x32\x1d.autoscaler.worker.v2.TaskRun\x12,\n\x06limits\x18\x07 \x01(\x0b\x32\x1c.autoscaler.worker.v2.Limits\x12\x12\n\ncheckpoint\x18\x08 \x01(\t\x12\x19\n\x11\x62uild_context_url\x18\t \x01(\t\x12\x16\n\x0e\x63heckpoint_url\x18\n \x01(\t\",\n\x08StopTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"v\n\x07\x43ommand\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.autoscaler.worker.v2.StartTaskH\x00\x12.\n\x04stop\x18\x02 \x01(\x0b\x32\x1e.autoscaler.worker.v2.StopTaskH\x00\x42\t\n\x07\x63ommand\"t\n\x12GrantUploadRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12.\n\x04kind\x18\x03 \x01(\x0e\x32 .autoscaler.worker.v2.ObjectKind\x12\x0c\n\x04step\x18\x04 \x01(\x03\"5\n\x05Grant\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x12\n\nexpires_at\x18\x03 \x01(\x01*\x8d\x01\n\x0c\x46\x61ilureClass\x12\x1d\n\x19\x46\x41ILURE_CLASS_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x46\x41ILURE_CLASS_DETERMINISTIC\x10\x01\x12\x1b\n\x17\x46\x41ILURE_CLASS_TRANSIENT\x10\x02\x12 \n\x1c\x46\x41ILURE_CLASS_INFRASTRUCTURE\x10\x03*\xbf\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x1c\n\x18TASK_STATE_CHECKPOINTING\x10\x03\x12\x16\n\x12TASK_STATE_STOPPED\x10\x04\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*Z\n\nObjectKind\x12\x1b\n\x17OBJECT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16OBJECT_KIND_CHECKPOINT\x10\x01\x12\x13\n\x0fOBJECT_KIND_LOG\x10\x02\x32\x61\n\nEnrollment\x12S\n\x06\x45nroll\x12#.autoscaler.worker.v2.EnrollRequest\x1a$.autoscaler.worker.v2.EnrollResponse2\xe4\x02\n\x08Registry\x12P\n\x05Renew\x12\".autoscaler.worker.v2.RenewRequest\x1a#.autoscaler.worker.v2.RenewResponse\x12\\\n\tHeartbeat\x12&.autoscaler.worker.v2.HeartbeatRequest\x1a\'.autoscaler.worker.v2.HeartbeatResponse\x12R\n\x08\x43ommands\x12%.autoscaler.worker.v2.CommandsRequest\x1a\x1d.autoscaler.worker.v2.Command0\x01\x12T\n\x0bGrantUpload\x12(.autoscaler.worker.v2.GrantUploadRequest\x1a\x1b.autoscaler.worker.v2.Grantb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x65xecutor/protos/worker.proto\x12\x14\x61utoscaler.worker.v2\"9\n\x08\x43\x61pacity\x12\x0c\n\x04gpus\x18\x01 \x01(\x01\x12\x0c\n\x04\x63pus\x18\x02 \x01(\x01\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\".\n\nAttemptRef\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\xba\x03\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12.\n\x05state\x18\x04 \x01(\x0e\x32\x1f.autoscaler.worker.v2.TaskState\x12\x12\n\niterations\x18\x05 \x01(\x01\x12\x17\n\nthroughput\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x08window_s\x18\x07 \x01(\x01\x12\x12\n\ncheckpoint\x18\x08 \x01(\t\x12\x16\n\texit_code\x18\t \x01(\x05H\x01\x88\x01\x01\x12\x0e\n\x06reason\x18\n \x01(\t\x12<\n\x06phases\x18\x0b \x03(\x0b\x32,.autoscaler.worker.v2.TaskStatus.PhasesEntry\x12\x10\n\x08log_tail\x18\x0c \x03(\t\x12\x33\n\x07\x66\x61ilure\x18\r \x01(\x0e\x32\".autoscaler.worker.v2.FailureClass\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_throughputB\x0c\n\n_exit_code\"?\n\x0b\x45\x63\x32Identity\x12\x10\n\x08\x64ocument\x18\x01 \x01(\x0c\x12\r\n\x05pkcs7\x18\x02 \x01(\t\x12\x0f\n\x07rsa2048\x18\x03 \x01(\t\"\xb8\x01\n\rEnrollRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x30\n\x03\x65\x63\x32\x18\x02 \x01(\x0b\x32!.autoscaler.worker.v2.Ec2IdentityH\x00\x12\x16\n\x0clocal_secret\x18\x03 \x01(\tH\x00\x12\x0f\n\x07\x63sr_pem\x18\x04 \x01(\x0c\x12.\n\x04held\x18\x05 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRefB\x07\n\x05proof\"\xae\x01\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x18\n\x10registry_address\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12.\n\x04stop\x18\x04 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"(\n\rRenewResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\"\xdc\x01\n\x10HeartbeatRequest\x12\x30\n\x08\x63\x61pacity\x18\x01 \x01(\x0b\x32\x1e.autoscaler.worker.v2.Capacity\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x13\n\x0bgpu_devices\x18\x03 \x01(\x05\x12/\n\x05tasks\x18\x04 \x03(\x0b\x32 .autoscaler.worker.v2.TaskStatus\x12\x39\n\x07notices\x18\x05 \x03(\x0b\x32(.autoscaler.worker.v2.InterruptionNotice\"@\n\x12InterruptionNotice\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04time\x18\x03 \x01(\t\"\xb6\x01\n\x11HeartbeatResponse\x12\x36\n\x0c\x61\x63knowledged\x18\x01 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12.\n\x04stop\x18\x02 \x03(\x0b\x32 .autoscaler.worker.v2.AttemptRef\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x04 \x01(\x01\"\x11\n\x0f\x43ommandsRequest\"%\n\x06\x45nvVar\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\xf8\x01\n\x07TaskRun\x12\x15\n\rbuild_context\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12)\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1c.autoscaler.worker.v2.EnvVar\x12\x18\n\x0bshm_size_gb\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07network\x18\x06 \x01(\x08\x12\x1f\n\x12\x63heckpoint_every_s\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10\x66\x61tal_exit_codes\x18\x08 \x03(\x05\x42\x0e\n\x0c_shm_size_gbB\x15\n\x13_checkpoint_every_s\"a\n\x06Limits\x12\x0c\n\x04\x63pus\x18\x01 \x01(\x01\x12\x11\n\tmemory_gb\x18\x02 \x01(\x01\x12\x0c\n\x04gpus\x18\x03 \x03(\x05\x12\x18\n\x0bshm_size_gb\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_shm_size_gb\"\x85\x02\n\tStartTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\x10\n\x08workload\x18\x05 \x01(\t\x12*\n\x03run\x18\x06 \x01(\x0b\x32\x1d.autoscaler.worker.v2.TaskRun\x12,\n\x06limits\x18\x07 \x01(\x0b\x32\x1c.autoscaler.worker.v2.Limits\x12\x12\n\ncheckpoint\x18\x08 \x01(\t\x12\x19\n\x11\x62uild_context_url\x18\t \x01(\t\x12\x16\n\x0e\x63heckpoint_url\x18\n \x01(\t\",\n\x08StopTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"v\n\x07\x43ommand\x12\x30\n\x05start\x18\x01 \x01(\x0b\x32\x1f.autoscaler.worker.v2.StartTaskH\x00\x12.\n\x04stop\x18\x02 \x01(\x0b\x32\x1e.autoscaler.worker.v2.StopTaskH\x00\x42\t\n\x07\x63ommand\"t\n\x12GrantUploadRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12.\n\x04kind\x18\x03 \x01(\x0e\x32 .autoscaler.worker.v2.ObjectKind\x12\x0c\n\x04step\x18\x04 \x01(\x03\"5\n\x05Grant\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x12\n\nexpires_at\x18\x03 \x01(\x01*\x8d\x01\n\x0c\x46\x61ilureClass\x12\x1d\n\x19\x46\x41ILURE_CLASS_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x46\x41ILURE_CLASS_DETERMINISTIC\x10\x01\x12\x1b\n\x17\x46\x41ILURE_CLASS_TRANSIENT\x10\x02\x12 \n\x1c\x46\x41ILURE_CLASS_INFRASTRUCTURE\x10\x03*\xbf\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x1c\n\x18TASK_STATE_CHECKPOINTING\x10\x03\x12\x16\n\x12TASK_STATE_STOPPED\x10\x04\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*Z\n\nObjectKind\x12\x1b\n\x17OBJECT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16OBJECT_KIND_CHECKPOINT\x10\x01\x12\x13\n\x0fOBJECT_KIND_LOG\x10\x02\x32\x61\n\nEnrollment\x12S\n\x06\x45nroll\x12#.autoscaler.worker.v2.EnrollRequest\x1a$.autoscaler.worker.v2.EnrollResponse2\xe4\x02\n\x08Registry\x12P\n\x05Renew\x12\".autoscaler.worker.v2.RenewRequest\x1a#.autoscaler.worker.v2.RenewResponse\x12\\\n\tHeartbeat\x12&.autoscaler.worker.v2.HeartbeatRequest\x1a\'.autoscaler.worker.v2.HeartbeatResponse\x12R\n\x08\x43ommands\x12%.autoscaler.worker.v2.CommandsRequest\x1a\x1d.autoscaler.worker.v2.Command0\x01\x12T\n\x0bGrantUpload\x12(.autoscaler.worker.v2.GrantUploadRequest\x1a\x1b.autoscaler.worker.v2.Grantb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASKSTATUS_PHASESENTRY']._loaded_options = None
   _globals['_TASKSTATUS_PHASESENTRY']._serialized_options = b'8\001'
-  _globals['_FAILURECLASS']._serialized_start=2471
-  _globals['_FAILURECLASS']._serialized_end=2612
-  _globals['_TASKSTATE']._serialized_start=2615
-  _globals['_TASKSTATE']._serialized_end=2806
-  _globals['_OBJECTKIND']._serialized_start=2808
-  _globals['_OBJECTKIND']._serialized_end=2898
+  _globals['_FAILURECLASS']._serialized_start=2596
+  _globals['_FAILURECLASS']._serialized_end=2737
+  _globals['_TASKSTATE']._serialized_start=2740
+  _globals['_TASKSTATE']._serialized_end=2931
+  _globals['_OBJECTKIND']._serialized_start=2933
+  _globals['_OBJECTKIND']._serialized_end=3023
   _globals['_CAPACITY']._serialized_start=54
   _globals['_CAPACITY']._serialized_end=111
   _globals['_ATTEMPTREF']._serialized_start=113
@@ -58,29 +58,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWRESPONSE']._serialized_start=1068
   _globals['_RENEWRESPONSE']._serialized_end=1108
   _globals['_HEARTBEATREQUEST']._serialized_start=1111
-  _globals['_HEARTBEATREQUEST']._serialized_end=1272
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1275
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1457
-  _globals['_COMMANDSREQUEST']._serialized_start=1459
-  _globals['_COMMANDSREQUEST']._serialized_end=1476
-  _globals['_ENVVAR']._serialized_start=1478
-  _globals['_ENVVAR']._serialized_end=1515
-  _globals['_TASKRUN']._serialized_start=1518
-  _globals['_TASKRUN']._serialized_end=1766
-  _globals['_LIMITS']._serialized_start=1768
-  _globals['_LIMITS']._serialized_end=1865
-  _globals['_STARTTASK']._serialized_start=1868
-  _globals['_STARTTASK']._serialized_end=2129
-  _globals['_STOPTASK']._serialized_start=2131
-  _globals['_STOPTASK']._serialized_end=2175
-  _globals['_COMMAND']._serialized_start=2177
-  _globals['_COMMAND']._serialized_end=2295
-  _globals['_GRANTUPLOADREQUEST']._serialized_start=2297
-  _globals['_GRANTUPLOADREQUEST']._serialized_end=2413
-  _globals['_GRANT']._serialized_start=2415
-  _globals['_GRANT']._serialized_end=2468
-  _globals['_ENROLLMENT']._serialized_start=2900
-  _globals['_ENROLLMENT']._serialized_end=2997
-  _globals['_REGISTRY']._serialized_start=3000
-  _globals['_REGISTRY']._serialized_end=3356
+  _globals['_HEARTBEATREQUEST']._serialized_end=1331
+  _globals['_INTERRUPTIONNOTICE']._serialized_start=1333
+  _globals['_INTERRUPTIONNOTICE']._serialized_end=1397
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1400
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1582
+  _globals['_COMMANDSREQUEST']._serialized_start=1584
+  _globals['_COMMANDSREQUEST']._serialized_end=1601
+  _globals['_ENVVAR']._serialized_start=1603
+  _globals['_ENVVAR']._serialized_end=1640
+  _globals['_TASKRUN']._serialized_start=1643
+  _globals['_TASKRUN']._serialized_end=1891
+  _globals['_LIMITS']._serialized_start=1893
+  _globals['_LIMITS']._serialized_end=1990
+  _globals['_STARTTASK']._serialized_start=1993
+  _globals['_STARTTASK']._serialized_end=2254
+  _globals['_STOPTASK']._serialized_start=2256
+  _globals['_STOPTASK']._serialized_end=2300
+  _globals['_COMMAND']._serialized_start=2302
+  _globals['_COMMAND']._serialized_end=2420
+  _globals['_GRANTUPLOADREQUEST']._serialized_start=2422
+  _globals['_GRANTUPLOADREQUEST']._serialized_end=2538
+  _globals['_GRANT']._serialized_start=2540
+  _globals['_GRANT']._serialized_end=2593
+  _globals['_ENROLLMENT']._serialized_start=3025
+  _globals['_ENROLLMENT']._serialized_end=3122
+  _globals['_REGISTRY']._serialized_start=3125
+  _globals['_REGISTRY']._serialized_end=3481
 # @@protoc_insertion_point(module_scope)

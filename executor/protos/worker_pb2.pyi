@@ -150,16 +150,28 @@ class RenewResponse(_message.Message):
     def __init__(self, certificate_pem: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("capacity", "agent_version", "gpu_devices", "tasks")
+    __slots__ = ("capacity", "agent_version", "gpu_devices", "tasks", "notices")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPU_DEVICES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     capacity: Capacity
     agent_version: str
     gpu_devices: int
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., agent_version: _Optional[str] = ..., gpu_devices: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
+    notices: _containers.RepeatedCompositeFieldContainer[InterruptionNotice]
+    def __init__(self, capacity: _Optional[_Union[Capacity, _Mapping]] = ..., agent_version: _Optional[str] = ..., gpu_devices: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., notices: _Optional[_Iterable[_Union[InterruptionNotice, _Mapping]]] = ...) -> None: ...
+
+class InterruptionNotice(_message.Message):
+    __slots__ = ("kind", "action", "time")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    action: str
+    time: str
+    def __init__(self, kind: _Optional[str] = ..., action: _Optional[str] = ..., time: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("acknowledged", "stop", "heartbeat_interval_s", "heartbeat_timeout_s")

@@ -46,6 +46,8 @@ WHEELHOUSE_SHA256={{WHEELHOUSE_SHA256}}
 REPORT_URL={{REPORT_URL}}
 ACCELERATOR={{ACCELERATOR}}
 THROUGHPUT_WINDOW={{THROUGHPUT_WINDOW}}
+ORPHAN_TIMEOUT={{ORPHAN_TIMEOUT}}
+ORPHAN_MAX={{ORPHAN_MAX}}
 
 # Tests run the script against a scratch directory; on an instance this is empty.
 ROOT=${AUTOSCALER_BOOTSTRAP_ROOT:-}
@@ -191,7 +193,10 @@ Group=${WORKER_USER}
 SupplementaryGroups=docker
 EnvironmentFile=${CONFIG_DIR}/env
 WorkingDirectory=${STATE_DIR}
-ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --imds --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --throughput-window ${THROUGHPUT_WINDOW}
+ExecStart=${VENV}/bin/autoscaler-worker --daemon \${AUTOSCALER_DAEMON} --ca ${CONFIG_DIR}/ca.pem --imds --instance-id \${AUTOSCALER_INSTANCE_ID} --work-dir ${STATE_DIR} --stop-tasks --orphan-timeout ${ORPHAN_TIMEOUT} --orphan-max ${ORPHAN_MAX} --throughput-window ${THROUGHPUT_WINDOW}
+# On SIGTERM (the instance shutting down: scale-in, drain, down) the agent checkpoints
+# and stops its tasks first: their checkpoint wait, grace and upload take up to ~2 min.
+TimeoutStopSec=180
 Restart=always
 RestartSec=5
 NoNewPrivileges=true

@@ -110,7 +110,12 @@ def api(cluster_dir: Path) -> Iterator[Api]:
     catalog = load_catalog(bundled("ec2_config.json"))
     clock = [time.time()]
     service = SubmissionService(
-        store, storage, lambda: catalog, now=lambda: clock[0], max_context_bytes=2 * 2**20
+        store,
+        storage,
+        lambda: catalog,
+        now=lambda: clock[0],
+        max_context_bytes=2 * 2**20,
+        teams=config.teams,  # as the daemon serves it
     )
     credentials = daemon_security(config)
     first_admin(config, store, clock[0])

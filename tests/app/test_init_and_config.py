@@ -135,6 +135,18 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
             ("heartbeat_s = 10 ", "heartbeat_s = 4 "),
             "[timeouts]: field 'heartbeat_s' = 4: must be longer than heartbeat_interval_s",
         ),
+        (
+            ("retry_backoff_max_s = 300 ", "retry_backoff_max_s = 5 "),
+            "[timeouts]: field 'retry_backoff_max_s' = 5: must be at least retry_backoff_s",
+        ),
+        (
+            ("worker_orphan_max_s = 7200 ", "worker_orphan_max_s = -1 "),
+            "[timeouts]: field 'worker_orphan_max_s' = -1",
+        ),
+        (
+            ("retry_backoff_s = 10 ", "retry_backoff_s = 10\nretry_backof_s = 3"),
+            "[timeouts]: field 'retry_backof_s': unknown field",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_table_field_and_value(tmp_path, edit, message):
@@ -232,3 +244,62 @@ def test_a_bad_team_table_names_its_field(tmp_path, table, message):
     path.write_text(path.read_text() + f"\n[teams.t]\n{table}\n")
     with pytest.raises(InputError, match=message):
         load_cluster_config(path)
+
+
+def test_the_transient_back_off_and_the_workers_spend_brake_are_set_in_timeouts(tmp_path):
+    from provisioners.local import LocalCloud
+
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    defaults = load_cluster_config(path)
+    assert defaults.control_options().backoff.delay_s(1) == 10.0
+    assert defaults.control_options().backoff.delay_s(9) == 300.0
+    text = path.read_text()
+    for old, new in (
+        ("retry_backoff_s = 10 ", "retry_backoff_s = 2 "),
+        ("retry_backoff_max_s = 300 ", "retry_backoff_max_s = 60 "),
+        ("worker_orphan_timeout_s = 1800 ", "worker_orphan_timeout_s = 600 "),
+        ("worker_orphan_max_s = 7200 ", "worker_orphan_max_s = 0 "),
+    ):
+        assert old in text
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    config = load_cluster_config(path)
+    backoff = config.control_options().backoff
+    assert [backoff.delay_s(n) for n in (1, 2, 3, 6, 7)] == [2.0, 4.0, 8.0, 60.0, 60.0]
+    # The local cloud starts its agents with the brake the file sets (0: never).
+    from app.wiring import local_cloud
+
+    cloud = local_cloud(config)
+    assert isinstance(cloud, LocalCloud)
+    assert (cloud.stop_tasks, cloud.orphan_timeout_s, cloud.orphan_max_s) == (True, 600.0, 0.0)
+
+
+def test_the_dashboard_is_on_for_a_local_cluster_and_off_unless_enabled_otherwise(tmp_path):
+    main(["init", "--dir", str(tmp_path / "local"), "--local", "--name", "laptop"])
+    local = load_cluster_config(tmp_path / "local" / "autoscaler.toml")
+    assert local.dashboard.enabled
+    assert local.dashboard.listen not in (local.api.listen, local.metrics.listen)
+    main(["init", "--dir", str(tmp_path / "ec2"), "--name", "prod"])
+    assert not load_cluster_config(tmp_path / "ec2" / "autoscaler.toml").dashboard.enabled
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[cluster]\nname = "c1"\n')
+    assert not load_cluster_config(bare).dashboard.enabled  # no [dashboard]: off
+
+
+def test_the_dashboard_may_not_take_the_apis_port(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    api = load_cluster_config(path).api.listen
+    text = path.read_text()
+    dashboard = load_cluster_config(path).dashboard.listen
+    path.write_text(text.replace(f'listen = "{dashboard}"', f'listen = "{api}"'))
+    with pytest.raises(InputError) as bad:
+        load_cluster_config(path)
+    assert "[dashboard]: field 'listen'" in str(bad.value) and "own port" in str(bad.value)
+    path.write_text(
+        text.replace("enabled = true", "enabled = false").replace(
+            f'listen = "{dashboard}"', f'listen = "{api}"'
+        )
+    )
+    assert not load_cluster_config(path).dashboard.enabled  # off: its address is not used

@@ -56,6 +56,8 @@ from executor.security import (
     DAEMON_NAME,
     Authority,
     TokenAuth,
+    WorkerTrust,
+    rotating_server_credentials,
     server_credentials,
     server_options,
     write_secret,
@@ -190,6 +192,9 @@ class Daemon:
     secrets: OneTimeSecrets = field(default_factory=OneTimeSecrets)
     verifier: Any = None  # how workers prove their instance (default: `secrets`)
     certificate_lifetime_s: float = 3600.0
+    # The worker CAs accepted and the one signing, read at each use (a rotation); None:
+    # `worker_ca` alone, as a daemon that never rotated.
+    trust: Callable[[], WorkerTrust] | None = None
     enroll_burst: int = 5
     heartbeat_timeout_s: float = 45.0
     heartbeat_interval_s: float = 0.3
@@ -218,6 +223,7 @@ class Daemon:
             heartbeat_interval_s=self.heartbeat_interval_s,
             certificate_lifetime_s=self.certificate_lifetime_s,
             enroll_burst=self.enroll_burst,
+            trust=self.trust,
         )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=64),
@@ -228,7 +234,11 @@ class Daemon:
         cert, key = self.server_cert
         bound = self.server.add_secure_port(self.address, server_credentials(cert, key))
         assert bound == self.port
-        mtls = server_credentials(cert, key, client_ca=self.worker_ca.cert_pem)
+        if self.trust is None:
+            mtls = server_credentials(cert, key, client_ca=self.worker_ca.cert_pem)
+        else:
+            trust = self.trust
+            mtls = rotating_server_credentials(cert, key, lambda: trust().bundle(time.time()))
         assert self.server.add_secure_port(self.worker_address, mtls) == self.worker_port
         self.server.start()
 

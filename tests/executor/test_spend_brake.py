@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from executor.attempts import KEPT_FILE, LAUNCH_FILE
 from executor.simulated import SimulatedRuntime
 from tests.executor.conftest import PATIENCE_S, ManualClock, job_context, launch, wait_for
 
@@ -125,3 +126,29 @@ def test_an_agent_with_tasks_waits_longer_then_checkpoints_them_and_keeps_them_o
     assert "kept on this instance" in attempt.reason
     saved = json.loads((Path(attempt.checkpoint_dir) / "state.json").read_text())
     assert saved["step"] > 3
+    # Its step is written beside it, for whoever uploads it later (`down`).
+    assert json.loads((attempt.directory / KEPT_FILE).read_text()) == {"step": saved["step"]}
+
+
+def test_stopping_its_tasks_with_no_daemon_the_agent_keeps_their_checkpoints_without_waiting(
+    daemon, tmp_path
+):
+    """`down` with the daemon stopped: SIGTERM (`--stop-tasks`) checkpoints each task; no
+    upload can be granted, so once the containers have stopped the agent keeps each
+    checkpoint on disk beside its step at once, rather than spend its upload patience."""
+    context = job_context(daemon.storage, tmp_path)
+    agent = daemon.agent("inst-1", poll_interval_s=0.05, rpc_timeout_s=1, upload_patience_s=60)
+    task = "down/t0"
+    daemon.executor.start(launch(task, 1, "inst-1", context, env={"STEP_S": "0.01"}))
+    daemon.until(lambda r: r.tasks.get(task) is not None and r.tasks[task].progress > 3, "runs")
+    (attempt,) = agent.attempts.live()
+    _cut_off(daemon, agent)
+
+    began = time.monotonic()
+    agent.close(stop_tasks=True)
+    assert time.monotonic() - began < agent.config.upload_patience_s
+    assert attempt.terminal and attempt.state == "stopped" and attempt.kept, attempt.reason
+    saved = json.loads((attempt.checkpoint_dir / "state.json").read_text())
+    assert saved["step"] > 3
+    assert json.loads((attempt.directory / KEPT_FILE).read_text()) == {"step": saved["step"]}
+    assert (attempt.directory / LAUNCH_FILE).is_file()  # whose checkpoint it is

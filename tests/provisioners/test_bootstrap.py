@@ -118,7 +118,8 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         {name: "x" for name in ("DAEMON_ADDRESS", "CLUSTER_ID", "REGION")}
         | {name: "x" for name in ("INSTANCE_ID", "WHEELHOUSE_URL", "WHEELHOUSE_SHA256")}
         | {"REPORT_URL": ""}
-        | {"ACCELERATOR": "", "THROUGHPUT_WINDOW": "300", "CA_PEM": hostile},
+        | {"ACCELERATOR": "", "THROUGHPUT_WINDOW": "300", "CA_PEM": hostile}
+        | {"ORPHAN_TIMEOUT": "1800", "ORPHAN_MAX": "7200"},
     )
     ran = subprocess.run([bash, "-c", rendered], capture_output=True, text=True, cwd=tmp_path)
     assert ran.stdout == hostile
@@ -137,6 +138,9 @@ def test_values_are_shell_quoted_and_cannot_inject_commands(tmp_path):
         ({"throughput_window_s": 0}, "throughput_window_s"),
         ({"throughput_window_s": float("inf")}, "throughput_window_s"),
         ({"throughput_window_s": "60"}, "throughput_window_s"),
+        ({"orphan_timeout_s": -1}, "orphan_timeout_s"),
+        ({"orphan_max_s": float("nan")}, "orphan_max_s"),
+        ({"orphan_max_s": True}, "orphan_max_s"),
     ],
 )
 def test_a_bad_bootstrap_value_is_one_line_naming_the_field(changes, field):
@@ -439,6 +443,23 @@ def test_the_worker_reports_throughput_over_the_window_its_user_data_names(tmp_p
     unit = (result.root / "etc/systemd/system/autoscaler-worker.service").read_text()
     [command] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert command.endswith(" --throughput-window 60")
+
+
+@needs_bash
+def test_the_worker_checkpoints_its_tasks_when_stopped_and_brakes_as_the_cluster_says(tmp_path):
+    # Scale-in, drain and `down` terminate the instance: its shutdown stops the agent with
+    # SIGTERM, which (--stop-tasks) checkpoints the tasks first, within systemd's stop timeout.
+    bootstrap = worker_bootstrap(orphan_timeout_s=600, orphan_max_s=0)
+    result = boot(tmp_path, "al2023", bootstrap=bootstrap)
+    assert result.status == 0, result.output
+    unit = (result.root / "etc/systemd/system/autoscaler-worker.service").read_text()
+    [command] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    flags = command.split()
+    assert "--stop-tasks" in flags
+    assert flags[flags.index("--orphan-timeout") + 1] == "600"
+    assert flags[flags.index("--orphan-max") + 1] == "0"
+    [stop] = [line for line in unit.splitlines() if line.startswith("TimeoutStopSec=")]
+    assert int(stop.split("=")[1]) >= 10 + 30 + 60  # checkpoint wait, grace, upload patience
 
 
 @needs_bash

@@ -22,6 +22,7 @@ from provisioners.bootstrap import BootReports, object_presigner, publish_wheelh
 from provisioners.catalog import fetch_price_table
 from provisioners.config import EC2Config
 from provisioners.policy import FILES, daemon_policy, render, s3_lifecycle, worker_policy
+from provisioners.spot_prices import fetch_spot_prices
 from state.memory import InMemoryStore
 from tests.aws_audit import Audit
 from tests.aws_iam import Policy, Request
@@ -176,6 +177,7 @@ def test_the_lifecycle_rule_expires_jobs_objects_and_boot_reports_under_the_pref
 AUDITED_SIDS = (
     "DescribeTypesInstancesImagesAndSubnetsInTheRegion",
     "LaunchOnlyInstancesAndVolumesTaggedForThisCluster",
+    "ReadSpotPricesInTheRegion",
     "LaunchFromTheConfiguredImagesSubnetsAndSecurityGroups",
     "LaunchTheImagesTheAccountsOwnParametersName",
     "ResolveTheConfiguredImageParameters",
@@ -249,6 +251,10 @@ def run_the_daemons_calls(
         cloud.list()
         assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")
         cloud.terminate([launched.cloud_id])
+        # A spot offering in one zone, priced from the region's spot price history.
+        fetch_spot_prices(AwsCaller(ec2), REGION, ["c7i.large"], clock())
+        spot = cloud.launch(LaunchRequest(f"c7i.large:spot@{REGION}a", "tok-3"))
+        cloud.terminate([spot.cloud_id])
         dry = make_cloud(replace(config, dry_run=True), ec2, clock, sleeps, ssm=ssm)
         dry.launch(LaunchRequest("r7i.large", "tok-2"))
         context = tmp_path / "context"

@@ -85,6 +85,29 @@ def test_an_instance_that_is_really_gone_is_ended_after_the_grace_period(
     assert record.reason == f"the cloud no longer lists it (last confirmed {GRACE_S:.0f} s ago)"
 
 
+def test_an_instance_whose_worker_was_lost_is_ended_once_unlisted_without_the_grace(
+    config, ec2, clock, sleeps
+):
+    # Its worker registered, then fell silent past the heartbeat timeout: the instance was
+    # listed long ago, so the listing's lag cannot explain its absence. Waiting out the
+    # grace would only keep its tasks from starting elsewhere.
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    store = InMemoryStore()
+    cloud_id = launched_and_recorded(cloud, store, clock, "inst-1")
+    clock.advance(5)
+    store.instance_worker("inst-1", clock(), ready=True)
+    ec2.terminate_instances(InstanceIds=[cloud_id])  # behind the daemon's back
+    clock.advance(1)
+    loop_over(cloud, store, clock).progress()
+    assert store.instance("inst-1").status != "terminated"  # its worker may still answer
+
+    clock.advance(10)
+    store.instance_worker("inst-1", clock(), ready=False, reason="no heartbeat for 10 s")
+    loop_over(cloud, store, clock).progress()
+    assert store.instance("inst-1").status == "terminated"
+    assert clock() - store.instance("inst-1").requested_at < GRACE_S
+
+
 class ReachableWorkers(NullExecutor):
     def __init__(self, *instances: str) -> None:
         super().__init__()

@@ -82,8 +82,79 @@ def test_a_launch_starts_one_agent_advertising_the_types_capacity(tmp_path, fake
         assert "--daemon 127.0.0.1:7443" in args
         secret = tmp_path / "cloud" / "instances" / "tok-1" / "work" / SECRET_FILE
         assert f"--enrollment-secret {secret}" in args
+        # Told to stop, it checkpoints its tasks first; without a daemon it stops itself.
+        assert "--stop-tasks" in args.split()
+        assert "--orphan-timeout" not in args  # the agent's own default unless configured
     finally:
         cloud.terminate_all()
+
+
+def test_agents_get_the_spend_brake_the_cluster_configures(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent, orphan_timeout_s=600.0, orphan_max_s=0.0)
+    try:
+        cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+        argv = tmp_path / "cloud" / "instances" / "tok-1" / "work" / "argv"
+        wait_for(lambda: argv.exists() and argv.read_text())
+        args = argv.read_text()
+        assert "--orphan-timeout 600 " in args and "--orphan-max 0" in args
+    finally:
+        cloud.terminate_all()
+
+
+def test_leftover_agents_are_found_by_their_work_directory_whatever_their_record_says(
+    tmp_path, fake_agent
+):
+    cloud = make(tmp_path, fake_agent)
+    other = make(tmp_path / "elsewhere", fake_agent)  # another cluster's cloud on this host
+    try:
+        cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+        cloud.launch(LaunchRequest("c7i.large", "tok-2"))
+        other.launch(LaunchRequest("c7i.large", "tok-1"))
+        pids = {t: cloud._read(t)["pid"] for t in ("tok-1", "tok-2")}
+        # tok-2's record is wrong (says terminated while its agent runs): still found.
+        record = cloud._read("tok-2")
+        record["state"] = "terminated"
+        cloud._write(record)
+        assert [i.instance_id for i in cloud.list()] == ["tok-1"]
+        wait_for(lambda: set(cloud.leftovers().agents) >= set(pids.values()))
+        found = cloud.leftovers()
+        assert other._read("tok-1")["pid"] not in found.agents  # not this cluster's
+        swept = cloud.sweep(grace_s=5.0)
+        assert set(swept.agents) == set(found.agents)
+        assert not any(_alive(pid) for pid in pids.values())
+        assert not cloud.leftovers()
+        assert [i.instance_id for i in other.list()] == ["tok-1"]  # left alone
+    finally:
+        cloud.terminate_all()
+        other.terminate_all()
+
+
+def test_terminate_signals_every_agent_at_once_and_kills_those_that_outlive_the_grace(
+    tmp_path,
+):
+    # An agent that ignores SIGTERM (as one stopping its tasks for longer than the grace).
+    script = tmp_path / "stubborn-python"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "pathlib.Path(sys.argv[sys.argv.index('--work-dir') + 1], 'ready').touch()\n"
+        "time.sleep(600)\n"
+    )
+    script.chmod(0o755)
+    cloud = make(tmp_path, str(script))
+    launched = [cloud.launch(LaunchRequest("c7i.large", f"tok-{n}")) for n in (1, 2, 3)]
+    pids = [cloud._read(f"tok-{n}")["pid"] for n in (1, 2, 3)]
+    for n in (1, 2, 3):  # each ignores SIGTERM by now
+        wait_for((tmp_path / "cloud" / "instances" / f"tok-{n}" / "work" / "ready").exists)
+    heard: list[tuple[int, float]] = []
+    began = time.monotonic()
+    cloud.terminate([i.cloud_id for i in launched], grace_s=1.5, waiting=lambda *a: heard.append(a))
+    took = time.monotonic() - began
+    assert not any(_alive(pid) for pid in pids)
+    assert took < 3 * 1.5  # one grace for all of them, not one each
+    assert heard and heard[0][0] == 3  # told how many were still stopping
+    assert cloud.list() == []
 
 
 def test_each_agent_gets_a_one_time_secret_only_it_can_read(tmp_path, fake_agent):

@@ -170,3 +170,69 @@ def test_a_published_wheelhouse_is_fetched_by_its_presigned_url_and_matches_its_
     assert hashlib.sha256(body).hexdigest() == sha256 == pack(house)[1]
     with pytest.raises(urllib.error.HTTPError):  # the URL is the credential: no signature, nothing
         urllib.request.urlopen(presigned.split("?", 1)[0], timeout=10)
+
+
+def test_down_terminates_every_instance_tagged_with_the_cluster_known_or_not(
+    moto_server, tmp_path: Path
+):
+    from app.down import graceful_down
+
+    url, _server = moto_server
+    raw = boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    ami = register_worker_image(raw)
+    subnets = [s["SubnetId"] for s in raw.describe_subnets()["Subnets"]]
+    group = raw.create_security_group(GroupName="workers", Description="workers")["GroupId"]
+    iam = boto3.client("iam", region_name=REGION, endpoint_url=url)
+    iam.create_instance_profile(InstanceProfileName="autoscaler-worker")
+    config_path = tmp_path / "autoscaler.toml"
+    config_path.write_text(
+        f'[ec2]\ncluster_id = "e2e"\nzones = ["{REGION}b"]\ncache_dir = "{tmp_path / "cache"}"\n'
+        f'subnet_ids = {json.dumps(subnets)}\nsecurity_group_ids = ["{group}"]\n'
+        'iam_instance_profile = "autoscaler-worker"\nfamilies = ["c7i", "r7i"]\n'
+        "dry_run = false\n"
+        f'[ec2.ami]\nx86_64 = "{ami}"\n'
+        "[guardrails]\nmax_instances = 3\nmax_hourly_spend = 5.0\n"
+    )
+    clock = Clock()
+    cloud = EC2Cloud.from_config(
+        load_provisioner_config(config_path), endpoint_url=url, clock=clock
+    )
+    launched = cloud.launch(LaunchRequest("r7i.large", "e2e-1"))  # known to the state
+
+    def tagged(cluster: str) -> str:
+        return raw.run_instances(
+            ImageId=ami,
+            InstanceType="c7i.large",
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": TAG_CLUSTER, "Value": cluster}]}
+            ],
+        )["Instances"][0]["InstanceId"]
+
+    unknown = tagged("e2e")  # ours, but the state never heard of it (a crash, a lost record)
+    stopped = tagged("e2e")  # ours, and stopped (its disk still bills)
+    raw.stop_instances(InstanceIds=[stopped])
+    neighbour = tagged("other")  # another cluster's: never touched
+    store = InMemoryStore()
+    known_to(store, launched, clock())
+
+    report = graceful_down(store, cloud, None, clock)
+
+    assert sorted(i["cloud_id"] for i in report.instances) == sorted(
+        [launched.cloud_id, unknown, stopped]
+    )
+    states = {
+        i["InstanceId"]: i["State"]["Name"]
+        for r in raw.describe_instances()["Reservations"]
+        for i in r["Instances"]
+    }
+    for ours in (launched.cloud_id, unknown, stopped):
+        assert states[ours] in ("shutting-down", "terminated"), (ours, states[ours])
+    assert states[neighbour] == "running"
+    assert cloud.list() == [] or all(
+        i.state in ("shutting-down", "terminated") for i in cloud.list()
+    )
+    # The state records the instance it knew as ending, billed until EC2 said so.
+    [record] = store.instances(include_finished=True)
+    assert record.status in ("terminating", "terminated")

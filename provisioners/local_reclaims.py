@@ -1,0 +1,232 @@
+"""Spot reclaims on the local cloud: when a spot instance is taken back, and the notice of it.
+
+So the whole interruption path — the notice, the agent checkpointing and stopping
+its tasks, the daemon planning them elsewhere, the instance going away — runs on
+one machine without an AWS account. Two ways to say when capacity goes:
+
+- **a rate per offering** (reclaims per instance-hour): each spot instance's reclaim
+  time is drawn at its launch from an exponential distribution, from a generator
+  seeded with the cluster's seed and the instance's launch token, so a run is
+  repeatable and no draw depends on the order of launches;
+- **an availability trace per offering**, in the format "Can't Be Late" (NSDI '24)
+  publishes its AWS spot traces in: `{"metadata": {"gap_seconds": 600}, "data":
+  [0, 1, ...]}`, one sample per interval from the local cloud's epoch, **1 = no spot
+  capacity**; a trace shorter than the run repeats. A launch into an interval of 1
+  finds no capacity; a running instance is reclaimed at the start of the next one.
+
+`NoticeServer` is the instance metadata service's stand-in: each instance's agent
+polls `<url>/i/<launch token>/latest/meta-data/spot/instance-action` (IMDSv2: a PUT
+for a session token first), which answers 404 until its reclaim, then EC2's
+notice, `{"action": "terminate", "time": <reclaim + window>}`; the local cloud
+terminates the instance when the window is over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from autoscaler.errors import InputError
+
+#: EC2's warning before a spot instance is reclaimed.
+NOTICE_WINDOW_S = 120.0
+#: Samples in an availability trace at most (a year of 10-minute samples is ~53k).
+MAX_TRACE_SAMPLES = 10_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityTrace:
+    """Spot capacity of one offering over time: `data[i]` is 1 when there was none in
+    [i·gap_s, (i+1)·gap_s) from the epoch; the trace repeats past its end."""
+
+    gap_s: float
+    data: tuple[int, ...]
+
+    @classmethod
+    def from_document(cls, document: Any, source: str = "trace") -> AvailabilityTrace:
+        """Read Can't Be Late's format, refusing anything else with where it is wrong."""
+        if not isinstance(document, dict) or set(document) - {"metadata", "data"}:
+            raise InputError(
+                'must be {"metadata": {"gap_seconds": ...}, "data": [...]}', source=source
+            )
+        metadata = document.get("metadata")
+        gap = metadata.get("gap_seconds") if isinstance(metadata, dict) else None
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < math.inf:
+            raise InputError(
+                "must be a positive number of seconds",
+                source=source,
+                field="metadata.gap_seconds",
+                value=gap,
+                has_value=True,
+            )
+        data = document.get("data")
+        if not isinstance(data, list) or not data or len(data) > MAX_TRACE_SAMPLES:
+            raise InputError(
+                f"must be a list of 1 to {MAX_TRACE_SAMPLES} samples", source=source, field="data"
+            )
+        for i, sample in enumerate(data):
+            if isinstance(sample, bool) or sample not in (0, 1):
+                raise InputError(
+                    "must be 0 (capacity) or 1 (no spot capacity)",
+                    source=source,
+                    field=f"data[{i}]",
+                    value=sample,
+                    has_value=True,
+                )
+        return cls(float(gap), tuple(int(s) for s in data))
+
+    @classmethod
+    def load(cls, path: Path) -> AvailabilityTrace:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(
+                f"cannot read the availability trace: {exc}", source=str(path)
+            ) from None
+        return cls.from_document(document, str(path))
+
+    def available(self, t: float) -> bool:
+        """Whether there is spot capacity `t` seconds after the epoch."""
+        return self.data[int(max(t, 0.0) // self.gap_s) % len(self.data)] == 0
+
+    def next_unavailable(self, t: float) -> float | None:
+        """The start of the first interval without capacity after `t` (None: never)."""
+        if 1 not in self.data:
+            return None
+        index = int(max(t, 0.0) // self.gap_s) + 1
+        for step in range(len(self.data)):
+            if self.data[(index + step) % len(self.data)] == 1:
+                return (index + step) * self.gap_s
+        return None
+
+
+class ReclaimPlan:
+    """When the local cloud reclaims each spot instance, by offering (its catalog name)."""
+
+    def __init__(
+        self,
+        rates_per_hour: Mapping[str, float] | None = None,
+        traces: Mapping[str, AvailabilityTrace] | None = None,
+        *,
+        seed: int = 0,
+        epoch_s: float = 0.0,
+    ) -> None:
+        self.rates_per_hour = dict(rates_per_hour or {})
+        self.traces = dict(traces or {})
+        for offering, rate in self.rates_per_hour.items():
+            if not 0 <= rate < math.inf:
+                raise InputError(
+                    "must be 0 or more reclaims per instance-hour",
+                    field=f"reclaim_rates.{offering}",
+                    value=rate,
+                    has_value=True,
+                )
+        self.seed = seed
+        self.epoch_s = epoch_s
+
+    def __bool__(self) -> bool:
+        return bool(self.rates_per_hour or self.traces)
+
+    def has_capacity(self, offering: str, now_s: float) -> bool:
+        trace = self.traces.get(offering)
+        return trace is None or trace.available(now_s - self.epoch_s)
+
+    def reclaim_at(self, offering: str, token: str, running_at_s: float) -> float | None:
+        """When an instance of `offering` launched with `token`, running from
+        `running_at_s`, is reclaimed (None: never, by this plan)."""
+        trace = self.traces.get(offering)
+        if trace is not None:
+            after = trace.next_unavailable(running_at_s - self.epoch_s)
+            return None if after is None else self.epoch_s + after
+        rate = self.rates_per_hour.get(offering, 0.0)
+        if rate <= 0:
+            return None
+        draw = random.Random(f"{self.seed}:{offering}:{token}").expovariate(rate / 3600.0)
+        return running_at_s + draw
+
+
+def notice_time(at_s: float) -> str:
+    """A time as IMDS writes it: ISO 8601, UTC, to the second, with a Z."""
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NoticeServer:
+    """The instance metadata service's stand-in for the local cloud's instances, on
+    127.0.0.1: IMDSv2 sessions, and for each instance (`/i/<token>`) the spot
+    instance-action notice `notices(token)` gives (None: 404, no notice)."""
+
+    def __init__(self, notices: Callable[[str], Mapping[str, Any] | None]) -> None:
+        self.session = secrets.token_urlsafe(16)
+        self.requests = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:
+                token, path = _split(self.path)
+                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                if token is None or path != "/latest/api/token" or not ttl:
+                    self._answer(400, b"")
+                    return
+                self._answer(200, owner.session.encode())
+
+            def do_GET(self) -> None:
+                owner.requests += 1
+                if self.headers.get("X-aws-ec2-metadata-token") != owner.session:
+                    self._answer(401, b"")
+                    return
+                token, path = _split(self.path)
+                body = None
+                if token is not None and path == "/latest/meta-data/spot/instance-action":
+                    notice = notices(token)
+                    body = json.dumps(notice).encode() if notice is not None else None
+                self._answer(200 if body is not None else 404, body or b"")
+
+            def _answer(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="local-imds", daemon=True
+        )
+        self._thread.start()
+
+    def url_of(self, token: str) -> str:
+        """The metadata endpoint one instance's agent polls."""
+        return f"{self.url}/i/{token}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _split(path: str) -> tuple[str | None, str]:
+    """(launch token, the IMDS path after it) of `/i/<token>/latest/...`."""
+    parts = path.split("/", 3)
+    if len(parts) < 4 or parts[1] != "i" or not parts[2]:
+        return None, path
+    return parts[2], "/" + parts[3]
+
+
+__all__ = [
+    "NOTICE_WINDOW_S",
+    "AvailabilityTrace",
+    "NoticeServer",
+    "ReclaimPlan",
+    "notice_time",
+]

@@ -1,0 +1,110 @@
+"""Spot in `status`, `job` and `cost-report`: the share of instance-hours on spot, the spot
+spend and what it saved against on-demand, interruptions and the work they cost — from
+the ledger, the placements and the interruption history alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.commands.cluster import render_cost_report, render_status
+from app.reports import cluster_status, cost_report, job_detail, spot_summary
+from autoscaler.catalog import SPOT, Catalog, InstanceType
+from autoscaler.resources import Resources
+from autoscaler.store import TaskUpdate
+from state.memory import InMemoryStore
+from tests.builders import job
+from tests.store_writes import request
+
+ON_DEMAND = InstanceType("c7i.large", "c7i", Resources(0, 1, 4), 0.09)
+SPOT_A = InstanceType(
+    "c7i.large:spot@us-east-1a",
+    "c7i",
+    Resources(0, 1, 4),
+    0.03,
+    market=SPOT,
+    zone="us-east-1a",
+    ec2_type="c7i.large",
+)
+CATALOG = Catalog([ON_DEMAND, SPOT_A])
+HOUR = 3600.0
+
+
+@pytest.fixture
+def store():
+    """One job: its task on a spot instance for 2 h until a reclaim notice, 60 s to leave,
+    then 1 h on an on-demand instance."""
+    store = InMemoryStore()
+    store.submit_job(job("a", (0, 1, 2)), owner="ana", at=0.0)
+    request(store, "s-1", SPOT_A.name, 0.03, 0.0)  # bought at the spot price
+    store.transition_instance("s-1", "running", 0.0, cloud_id="c-1")
+    store.update_tasks([TaskUpdate("a/0", status="running", instance_id="s-1", attempt=1)], 0.0)
+    store.instance_notice("s-1", "reclaim", 2 * HOUR, "spot interruption notice")
+    store.update_tasks([TaskUpdate("a/0", status="pending", instance_id=None)], 2 * HOUR + 60)
+    store.transition_instance("s-1", "terminated", 2 * HOUR + 60)
+    request(store, "d-1", ON_DEMAND.name, 0.09, 2 * HOUR + 60)
+    store.transition_instance("d-1", "running", 2 * HOUR + 60, cloud_id="c-2")
+    store.update_tasks(
+        [TaskUpdate("a/0", status="running", instance_id="d-1", attempt=2)], 2 * HOUR + 60
+    )
+    return store
+
+
+NOW = 3 * HOUR + 60
+
+
+def test_the_spot_summary_of_the_ledger(store):
+    summary = spot_summary(store, CATALOG, 0.0, NOW)
+    spot_hours = (2 * HOUR + 60) / HOUR
+    assert summary["spot_instance_hours"] == pytest.approx(spot_hours)
+    assert summary["spot_share"] == pytest.approx(spot_hours / (spot_hours + 1.0))
+    assert summary["spot_spend"] == pytest.approx(0.03 * spot_hours)
+    # Each spot hour at the on-demand price of its type, less what it was bought at.
+    assert summary["savings_vs_on_demand"] == pytest.approx((0.09 - 0.03) * spot_hours)
+    assert summary["interruptions"] == 1
+    assert summary["interruptions_by_offering"] == {SPOT_A.name: 1}
+    assert summary["work_lost_task_hours"] == pytest.approx(60 / HOUR, abs=1e-6)  # rounded
+    # A window after the reclaim sees no spot at all.
+    later = spot_summary(store, CATALOG, 2.5 * HOUR, NOW)
+    assert (later["spot_share"], later["interruptions"], later["work_lost_task_hours"]) == (
+        0.0,
+        0,
+        0.0,
+    )
+
+
+def test_cost_report_carries_the_spot_summary_and_prints_it(store):
+    report = cost_report(store, CATALOG, NOW)
+    assert report["spot"] == spot_summary(store, CATALOG, 0.0, NOW)
+    text = render_cost_report(report)
+    assert (
+        "Spot share" in text and "Interruptions            1 (1 c7i.large:spot@us-east-1a)" in text
+    )
+    assert "Saved against on-demand" in text
+
+
+def test_a_jobs_detail_counts_its_interruptions_and_spot_share(store):
+    detail = job_detail(store, "a", CATALOG, NOW)
+    assert detail["interruptions"] == 1
+    assert detail["work_lost_s"] == pytest.approx(60.0)
+    assert detail["spot_share"] == pytest.approx((2 * HOUR + 60) / NOW)
+    [task] = detail["task_list"]
+    assert (task["interruptions"], task["work_lost_s"]) == (1, 60.0)
+
+
+def test_status_shows_spot_instances_and_the_ones_being_reclaimed():
+    store = InMemoryStore()
+    request(store, "s-1", SPOT_A.name, 0.03, 0.0)
+    store.transition_instance("s-1", "running", 0.0, cloud_id="c-1")
+    request(store, "d-1", ON_DEMAND.name, 0.09, 0.0)
+    store.transition_instance("d-1", "running", 0.0, cloud_id="c-2")
+    store.instance_notice("s-1", "reclaim", 100.0, "spot interruption notice")
+    status = cluster_status(store, 200.0)
+    assert status["spot"] == {
+        "instances": 1,
+        "hourly_cost": 0.03,
+        "reclaimed_now": ["s-1"],
+        "interruptions_last_day": 1,
+    }
+    markets = {i["instance"]: (i["market"], i["reclaimed_at"]) for i in status["instances"]}
+    assert markets == {"s-1": ("spot", 100.0), "d-1": ("on-demand", None)}
+    assert "being reclaimed: s-1" in render_status(status)

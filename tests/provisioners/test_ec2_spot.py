@@ -1,0 +1,152 @@
+"""Spot offerings on EC2 (moto): launched with `InstanceMarketOptions` in their zone, only
+where `[ec2] spot` allows; spot prices from `DescribeSpotPriceHistory`, parsed, cached
+and dated. moto's prices are dummies: the tests check what is done with them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import replace
+
+import pytest
+
+from autoscaler.catalog import SPOT, offering_name
+from autoscaler.cloud import CloudRequestError, LaunchRequest, offering_parts
+from provisioners.aws import AwsCaller
+from provisioners.spot_prices import (
+    SpotPriceTable,
+    fetch_spot_prices,
+    load_spot_prices,
+    prices_from_history,
+    refreshed_spot_prices,
+    save_spot_prices,
+    spot_prices_path,
+)
+from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
+
+ZONE_B = f"{REGION}b"
+
+
+def test_offering_names_split_back_into_type_market_and_zone():
+    for ec2_type, market, zone in [
+        ("c7i.large", "on-demand", None),
+        ("c7i.large", SPOT, None),
+        ("c7i.large", SPOT, ZONE_B),
+        ("c7i.large", "on-demand", ZONE_B),
+    ]:
+        assert offering_parts(offering_name(ec2_type, market, zone)) == (ec2_type, market, zone)
+    with pytest.raises(ValueError, match="market"):
+        offering_parts("c7i.large:reserved")
+
+
+def test_a_spot_offering_launches_as_spot_in_its_zone_through_its_subnet(
+    config, ec2, network, clock, sleeps, faults
+):
+    faults.watch("RunInstances")
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+
+    launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT, ZONE_B), "tok-1"))
+
+    [params] = faults.calls["RunInstances"]
+    assert params["InstanceType"] == "c7i.large"
+    assert params["InstanceMarketOptions"] == {
+        "MarketType": "spot",
+        "SpotOptions": {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        },
+    }
+    assert zone_of(params) == ZONE_B
+    assert params["NetworkInterfaces"][0]["SubnetId"] == network.subnets[ZONE_B]
+    [raw] = live_instances(ec2)
+    assert raw["InstanceLifecycle"] == "spot" and raw["InstanceType"] == "c7i.large"
+    assert launched.spot and launched.zone == ZONE_B
+    # Asked again with the same token, the instance is found, not launched twice.
+    again = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT, ZONE_B), "tok-1"))
+    assert again.cloud_id == launched.cloud_id and len(faults.calls["RunInstances"]) == 1
+
+
+def test_an_on_demand_offering_in_a_zone_is_not_spot(config, ec2, clock, sleeps, faults):
+    faults.watch("RunInstances")
+    cloud = make_cloud(config, ec2, clock, sleeps)
+    launched = cloud.launch(LaunchRequest(offering_name("r7i.large", zone=ZONE_B), "tok-1"))
+    [params] = faults.calls["RunInstances"]
+    assert "InstanceMarketOptions" not in params and zone_of(params) == ZONE_B
+    assert not launched.spot
+
+
+def test_spot_for_a_type_the_config_does_not_allow_is_refused_before_any_call(
+    config, ec2, clock, sleeps, faults
+):
+    faults.watch("RunInstances")
+    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    with pytest.raises(CloudRequestError, match=r"spot is not allowed for r7i.large.*\[ec2\] spot"):
+        cloud.launch(LaunchRequest(offering_name("r7i.large", SPOT), "tok-1"))
+    assert faults.calls["RunInstances"] == []
+
+
+# -- spot prices ------------------------------------------------------------------------------
+
+
+def test_the_newest_price_of_each_type_and_zone_is_kept():
+    t0 = dt.datetime(2026, 11, 26, 10, tzinfo=dt.UTC)
+    entries = [
+        {"InstanceType": "c7i.large", "AvailabilityZone": "z1", "SpotPrice": "0.0300",
+         "Timestamp": t0, "ProductDescription": "Linux/UNIX"},
+        {"InstanceType": "c7i.large", "AvailabilityZone": "z1", "SpotPrice": "0.0350",
+         "Timestamp": t0 + dt.timedelta(hours=1), "ProductDescription": "Linux/UNIX"},
+        {"InstanceType": "c7i.large", "AvailabilityZone": "z2", "SpotPrice": "0.0280",
+         "Timestamp": t0, "ProductDescription": "Linux/UNIX"},
+        {"InstanceType": "c7i.large", "AvailabilityZone": "z2", "SpotPrice": "0.2000",
+         "Timestamp": t0 + dt.timedelta(hours=2), "ProductDescription": "Windows"},
+        {"InstanceType": "r7i.large", "AvailabilityZone": "z1", "SpotPrice": "0",
+         "Timestamp": t0, "ProductDescription": "Linux/UNIX"},
+    ]  # fmt: skip
+    assert prices_from_history(entries) == {"c7i.large": {"z1": 0.035, "z2": 0.028}}
+
+
+def test_describe_spot_price_history_is_read_for_the_wanted_types(ec2, faults):
+    faults.watch("DescribeSpotPriceHistory")
+    table = fetch_spot_prices(AwsCaller(ec2), REGION, ["c7i.large", "r7i.large"], 1.8e9)
+    [params] = faults.calls["DescribeSpotPriceHistory"]
+    assert sorted(params["InstanceTypes"]) == ["c7i.large", "r7i.large"]
+    assert params["ProductDescriptions"] == ["Linux/UNIX"]
+    assert table.region == REGION and table.retrieved_s == 1.8e9
+    assert set(table.prices) <= {"c7i.large", "r7i.large"} and table.prices
+    for zones in table.prices.values():
+        assert all(zone.startswith(REGION) and price > 0 for zone, price in zones.items())
+
+
+def test_the_table_is_cached_with_its_date_and_reused_until_stale(ec2, faults, tmp_path):
+    faults.watch("DescribeSpotPriceHistory")
+    caller = AwsCaller(ec2)
+    first, note = refreshed_spot_prices(tmp_path, REGION, caller, ["c7i.large"], 1.8e9)
+    assert note is None and first is not None
+    saved = json.loads(spot_prices_path(tmp_path, REGION).read_text())
+    assert saved["retrieved"].startswith("2027-01-15T08:00:00")  # dated to the second
+    assert saved["source"] == "EC2 DescribeSpotPriceHistory"
+
+    again, _ = refreshed_spot_prices(tmp_path, REGION, caller, ["c7i.large"], 1.8e9 + 600)
+    assert again == first and len(faults.calls["DescribeSpotPriceHistory"]) == 1
+    later, _ = refreshed_spot_prices(tmp_path, REGION, caller, ["c7i.large"], 1.8e9 + 7200)
+    assert len(faults.calls["DescribeSpotPriceHistory"]) == 2
+    assert later is not None and later.retrieved_s == 1.8e9 + 7200
+
+
+def test_a_failed_refresh_keeps_the_cached_prices_and_says_how_old(ec2, faults, tmp_path):
+    cached = SpotPriceTable(REGION, {"c7i.large": {f"{REGION}a": 0.031}}, 1.8e9)
+    save_spot_prices(cached, spot_prices_path(tmp_path, REGION))
+    faults.plan("DescribeSpotPriceHistory", ["UnauthorizedOperation"])
+    kept, note = refreshed_spot_prices(
+        tmp_path, REGION, AwsCaller(ec2), ["c7i.large"], 1.8e9 + 3 * 3600
+    )
+    assert kept == cached
+    assert note is not None and "3.0 h old" in note and "DescribeSpotPriceHistory" in note
+    assert kept.price("c7i.large") == 0.031 and kept.price("c7i.large", "elsewhere") is None
+
+
+def test_a_cached_table_reads_back_exactly(tmp_path):
+    table = SpotPriceTable(REGION, {"c7i.large": {"a": 0.0312, "b": 0.0299}}, 1.8e9 + 0.5)
+    path = spot_prices_path(tmp_path, REGION)
+    save_spot_prices(table, path)
+    assert load_spot_prices(path) == table
