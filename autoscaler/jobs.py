@@ -150,6 +150,14 @@ class JobSpec:
     # Its place in its team's queue when the budget binds (higher first; None: the team's
     # default), held within the team's bound (`autoscaler.fairshare`).
     priority: int | None = None
+    # Which markets its tasks may run on: "auto" (spot or on-demand, by effective price),
+    # "spot" or "on-demand" (`autoscaler.spot`).
+    capacity: str = "auto"
+    # Finish within this many seconds of submission (None: no deadline), or within this
+    # factor of its running time alone when that is known; as the slack runs out it is
+    # pinned to on-demand (`autoscaler.spot.pinned_on_demand`).
+    deadline_s: float | None = None
+    max_jct_factor: float | None = None
 
     @property
     def is_multi_task(self) -> bool:
