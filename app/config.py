@@ -1,8 +1,8 @@
 """The cluster configuration: one TOML file, written by `autoscaler init`, read by every command.
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
-`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]` and `[teams.NAME]`
-are read here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
+`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]` and
+`[spot]` are read here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by
 `app.state_config`. Relative paths are relative to the file. Every value is
 checked where it is read, and an unknown key is an error (a typo never falls
 back to a default silently).
@@ -27,6 +27,7 @@ from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
 from autoscaler.errors import InputError
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
+from autoscaler.spot import SpotPolicy
 from provisioners.config import (
     MAX_HOURLY_SPEND,
     ClusterId,
@@ -277,6 +278,39 @@ class TeamTable(Strict, frozen=True):
         )
 
 
+Band = Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"]
+
+
+class SpotTable(Strict, frozen=True):
+    """`[spot]`: spot offerings beside on-demand ones, priced by their interruption risk
+    (`autoscaler.spot`). `zones`: one offering per listed zone (AZ IDs, e.g. use1-az1;
+    empty: one regional offering per type); `bands`: the Spot Instance Advisor band of
+    a type where the bundled default does not fit (`provisioners/data/README.md`)."""
+
+    enabled: bool = False
+    zones: Annotated[
+        tuple[Annotated[str, text(min_length=1, max_length=64)], ...], msgspec.Meta(max_length=64)
+    ] = ()
+    bands: Annotated[
+        dict[Annotated[str, text(min_length=1, max_length=64)], Band], msgspec.Meta(max_length=1024)
+    ] = msgspec.field(default_factory=dict)
+    # The checkpoint interval reclaims are priced at, the slack a deadline job keeps,
+    # and how many reclaims move a job to on-demand for good (0: never).
+    checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
+    deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
+    max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 2
+
+    def policy(self) -> SpotPolicy | None:
+        """The planner's spot policy (None: spot disabled)."""
+        if not self.enabled:
+            return None
+        return SpotPolicy(
+            checkpoint_every_s=self.checkpoint_every_s,
+            deadline_margin_s=self.deadline_margin_s,
+            max_reclaims=self.max_reclaims or None,
+        )
+
+
 class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
@@ -293,6 +327,7 @@ class ClusterConfigFile(Strict, frozen=True):
     ec2: EC2Table = msgspec.field(default_factory=EC2Table)
     guardrails: GuardrailsTable = msgspec.field(default_factory=GuardrailsTable)
     teams: dict[Name, TeamTable] = msgspec.field(default_factory=dict)
+    spot: SpotTable = msgspec.field(default_factory=SpotTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -382,6 +417,7 @@ class ClusterConfig:
     state: StateConfig
     raw: Mapping[str, Any] = field(default_factory=dict)
     teams: Mapping[str, TeamTable] = field(default_factory=dict)
+    spot: SpotTable = field(default_factory=SpotTable)
 
     @property
     def api_address(self) -> str:
@@ -422,6 +458,7 @@ class ClusterConfig:
             teams=TeamPolicy({n: t.limits() for n, t in self.teams.items()})
             if self.teams
             else None,
+            spot=self.spot.policy(),
         )
 
     @property
@@ -500,6 +537,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         state=state_config_from(document.state, source=source, base_dir=base),
         raw=data,
         teams=document.teams,
+        spot=document.spot,
     )
 
 

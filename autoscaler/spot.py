@@ -124,8 +124,12 @@ class SpotPolicy:
     # workers) runs on on-demand from then on: whatever the rates said, its own history
     # says spot does not suit it, and every job then finishes (None: never).
     max_reclaims: int | None = 2
-    _catalogs: dict = field(default_factory=dict, compare=False, repr=False)
-    _jobs: dict = field(default_factory=dict, compare=False, repr=False)
+    _catalogs: dict[tuple[str, ...], tuple[Catalog, Catalog]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _jobs: dict[tuple[str, str, frozenset[str]], tuple[JobSpec, JobSpec]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def loss_hours(self, itype: InstanceType) -> float:
         restart = self.restart_s if self.restart_s is not None else restart_seconds(itype)

@@ -228,7 +228,11 @@ def replay(
             at = engine.now() + options.unlisted_grace_s + 1.0
             if at not in replans:
                 replans.add(at)
-                engine.at(at, lambda: None if over[0] else loop().schedule(), priority=ROUND)
+                engine.at(at, replan_now, priority=ROUND)
+
+        def replan_now() -> None:
+            if not over[0]:
+                loop().schedule()
 
         world.spot = SpotWorld(
             world,

@@ -665,6 +665,13 @@ def _spot_inputs(args: argparse.Namespace, catalog: Catalog) -> SpotInputs | Non
         raise InputError(f"no spot price snapshot is bundled for {region}")
     zones = None if args.spot_zones is None else [z for z in args.spot_zones.split(",") if z]
     with_spot = spot_offerings(catalog, snapshot, zones=zones)
+    if args.spot_rate is not None:  # the rate reclaims are drawn at is the one planned by
+        with_spot = spot_offerings(
+            catalog,
+            snapshot,
+            zones=zones,
+            observed={t.name: args.spot_rate for t in with_spot if t.is_spot},
+        )
     traces = {}
     for flag in args.spot_trace:
         key, path = parse_trace_flag(flag)
