@@ -1,11 +1,11 @@
 """The cluster configuration: one TOML file, written by `autoscaler init`, read by every command.
 
 Each table belongs to one part: `[cluster]`, `[cloud]`, `[api]`, `[metrics]`,
-`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]` and
-`[[notify]]` (webhooks, `app.notify`), `[audit]` and `[dashboard]` are read here; `[ec2]`
-and `[guardrails]` by `provisioners.config`; `[state]` by `app.state_config`. Relative
-paths are relative to the file. Every value is checked where it is read, and an unknown
-key is an error (a typo never falls back to a default silently).
+`[storage]`, `[secrets]`, `[planner]`, `[timeouts]`, `[limits]`, `[teams.NAME]`,
+`[[notify]]` (webhooks, `app.notify`), `[audit]`, `[dashboard]` and `[spot]` are read
+here; `[ec2]` and `[guardrails]` by `provisioners.config`; `[state]` by `app.state_config`.
+Relative paths are relative to the file. Every value is checked where it is read, and an
+unknown key is an error (a typo never falls back to a default silently).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from autoscaler.errors import InputError
 from autoscaler.failures import Backoff
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
+from autoscaler.spot import SpotPolicy
 from provisioners.config import (
     MAX_HOURLY_SPEND,
     ClusterId,
@@ -391,6 +392,39 @@ class NotifyTable(Strict, frozen=True):
         return f"{urlsplit(self.url).hostname}-{digest}"
 
 
+Band = Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"]
+
+
+class SpotTable(Strict, frozen=True):
+    """`[spot]`: spot offerings beside on-demand ones, priced by their interruption risk
+    (`autoscaler.spot`). `zones`: one offering per listed zone (AZ IDs, e.g. use1-az1;
+    empty: one regional offering per type); `bands`: the Spot Instance Advisor band of
+    a type where the bundled default does not fit (`provisioners/data/README.md`)."""
+
+    enabled: bool = False
+    zones: Annotated[
+        tuple[Annotated[str, text(min_length=1, max_length=64)], ...], msgspec.Meta(max_length=64)
+    ] = ()
+    bands: Annotated[
+        dict[Annotated[str, text(min_length=1, max_length=64)], Band], msgspec.Meta(max_length=1024)
+    ] = msgspec.field(default_factory=dict)
+    # The checkpoint interval reclaims are priced at, the slack a deadline job keeps,
+    # and how many reclaims move a job to on-demand for good (0: never).
+    checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
+    deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
+    max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 2
+
+    def policy(self) -> SpotPolicy | None:
+        """The planner's spot policy (None: spot disabled)."""
+        if not self.enabled:
+            return None
+        return SpotPolicy(
+            checkpoint_every_s=self.checkpoint_every_s,
+            deadline_margin_s=self.deadline_margin_s,
+            max_reclaims=self.max_reclaims or None,
+        )
+
+
 class ClusterConfigFile(Strict, frozen=True):
     """The cluster's TOML file, every table (`autoscaler init` writes it, commented)."""
 
@@ -410,6 +444,7 @@ class ClusterConfigFile(Strict, frozen=True):
     audit: AuditTable = msgspec.field(default_factory=AuditTable)
     notify: tuple[NotifyTable, ...] = ()
     dashboard: DashboardTable = msgspec.field(default_factory=DashboardTable)
+    spot: SpotTable = msgspec.field(default_factory=SpotTable)
 
     def check(self) -> None:
         # The cluster's name and region are said once, in [cluster]; [ec2] may not
@@ -517,6 +552,7 @@ class ClusterConfig:
     audit: AuditTable = field(default_factory=AuditTable)
     notify: tuple[NotifyTable, ...] = ()
     dashboard: DashboardTable = field(default_factory=DashboardTable)
+    spot: SpotTable = field(default_factory=SpotTable)
 
     @property
     def api_address(self) -> str:
@@ -558,6 +594,7 @@ class ClusterConfig:
             teams=TeamPolicy({n: t.limits() for n, t in self.teams.items()})
             if self.teams
             else None,
+            spot=self.spot.policy(),
         )
 
     @property
@@ -639,6 +676,7 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         audit=document.audit,
         notify=document.notify,
         dashboard=document.dashboard,
+        spot=document.spot,
     )
 
 

@@ -9,6 +9,9 @@ Our format (TOML):
     init_delay_s = 10               # optional: how long it takes to resume
     priority = 5                    # optional: queue place in its team (higher first)
     max_cost = 40.0                 # optional: dollars; reached: checkpointed and stopped
+    capacity = "auto"               # optional: "auto" (spot or on-demand), "spot", "on-demand"
+    deadline_s = 86400              # optional: finish within this long of submission
+    # max_jct_factor = 2            # or within this factor of its time alone (when known)
 
     [tasks.node0]
     context = "train"               # a directory holding a Dockerfile (relative to this file)
@@ -35,7 +38,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -167,8 +170,14 @@ class JobFile(Strict, frozen=True):
     max_cost: (
         Annotated[float, number(gt=0, le=MAX_JOB_COST, description="a number of US dollars")] | None
     ) = None
+    # Markets its tasks may run on, and when it must be done (`autoscaler.spot`).
+    capacity: Literal["auto", "spot", "on-demand"] = "auto"
+    deadline_s: Annotated[float, number(gt=0, le=365 * 86400.0)] | None = None
+    max_jct_factor: Annotated[float, number(ge=1.0, le=1e6)] | None = None
 
     def check(self) -> None:
+        if self.deadline_s is not None and self.max_jct_factor is not None:
+            raise FieldError("give deadline_s or max_jct_factor, not both", ("max_jct_factor",))
         # Task names the job's tasks run under: a key, or its replicas KEY-0, KEY-1, ...
         # Two that are equal but for case would share a checkpoint directory on a
         # case-insensitive file system, and one named like another's replica would
@@ -334,6 +343,9 @@ def _resolve(parsed: JobFile, base: Path, source: str) -> Submission:
         max_tasks_per_instance=parsed.max_tasks_per_instance,
         priority=parsed.priority,
         max_cost=parsed.max_cost,
+        capacity=parsed.capacity,
+        deadline_s=parsed.deadline_s,
+        max_jct_factor=parsed.max_jct_factor,
     )
     return Submission(job, contexts)
 

@@ -13,6 +13,7 @@ from simulator.replay import ReplayResult
 def comparison_table(results: Mapping[str, ReplayResult]) -> str:
     """One row per scheduler; costs and JCT also relative to no-packing."""
     base = results.get("no-packing")
+    with_spot = any(r.spot is not None for r in results.values())
     rows = []
     for name, r in results.items():
         norm_cost = f"{r.total_cost / base.total_cost:.3f}" if base and base.total_cost else "-"
@@ -34,8 +35,10 @@ def comparison_table(results: Mapping[str, ReplayResult]) -> str:
                 alloc,
                 share,
                 f"{r.planning_seconds * 1000:.1f}",
+                *(_spot_cells(r) if with_spot else []),
             ]
         )
+    spot_headers = ["spot h", "reclaims", "lost", "deadlines"] if with_spot else []
     return format_table(
         [
             "scheduler",
@@ -49,10 +52,23 @@ def comparison_table(results: Mapping[str, ReplayResult]) -> str:
             "alloc G/C/R",
             "full rounds",
             "plan ms",
+            *spot_headers,
         ],
         rows,
-        [False] + [True] * 10,
+        [False] + [True] * (10 + len(spot_headers)),
     )
+
+
+def _spot_cells(r: ReplayResult) -> list[str]:
+    """Spot columns: share of instance-hours on spot, reclaims, work lost as a share of
+    the jobs' task-hours, deadlines met of those given."""
+    if r.spot is None:
+        return ["-"] * 4
+    s = r.spot
+    deadlines = "-"
+    if s["jobs_with_deadline"]:
+        deadlines = f"{s['deadlines_met']}/{s['jobs_with_deadline']}"
+    return [f"{s['spot_share']:.0%}", str(s["interruptions"]), f"{s['lost_share']:.2%}", deadlines]
 
 
 def document(results: Mapping[str, ReplayResult], **context: Any) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from autoscaler.catalog import Catalog
+from autoscaler.catalog import TABLE1_LAUNCH_DELAYS, Catalog
 from autoscaler.cloud import (
     CloudInstance,
     Guardrails,
@@ -39,6 +39,7 @@ from autoscaler.cloud import (
 )
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import expected_duration_h
+from autoscaler.errors import InputError
 from autoscaler.execution import ResourceLimits, TaskLaunch
 from autoscaler.failures import Backoff, attempt_ended
 from autoscaler.fairshare import Admission, Claim, TeamPolicy, admit
@@ -47,6 +48,14 @@ from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources
 from autoscaler.spend import Spending
+from autoscaler.spot import (
+    SpotPolicy,
+    job_capacity,
+    job_deadline_s,
+    pinned_on_demand,
+    spread,
+    without_misfits,
+)
 from autoscaler.store import (
     ActionRecord,
     InstanceRecord,
@@ -58,6 +67,7 @@ from autoscaler.store import (
 )
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.view import ClusterView
+from autoscaler.work import Work, job_work
 
 #: Task statuses in which a task occupies an instance.
 ON_INSTANCE: frozenset[str] = frozenset({"starting", "running", "checkpointing"})
@@ -145,6 +155,9 @@ class ControlOptions:
     # Teams share a binding `guardrails.max_hourly_spend` by weight (`autoscaler.fairshare`);
     # None: no admission, every job is planned and the guardrails alone refuse launches.
     teams: TeamPolicy | None = None
+    # Spot offerings priced by their interruption risk, jobs' capacity and deadlines
+    # (`autoscaler.spot`); None: every offering is planned at its price, as it is.
+    spot: SpotPolicy | None = None
 
 
 # -- a round --------------------------------------------------------------------------------
@@ -380,10 +393,15 @@ def decide(
         for j in snapshot.jobs
     }
     unknown, learned = _solo_speeds(snapshot, jobs)
+    planning, plan_jobs, plan_current = usable, jobs, current
+    if options.spot is not None:
+        planning, plan_jobs, plan_current = _spot_view(
+            options.spot, snapshot, usable, jobs, current, progress, now
+        )
     view = ClusterView(
-        usable,
-        jobs,
-        current,
+        planning,
+        plan_jobs,
+        plan_current,
         snapshot.throughput,
         snapshot.history(now),
         now,
@@ -393,7 +411,11 @@ def decide(
     )
     alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
     plan = _plan(planner, view, alone)
-    drained = drained_off(plan.configuration, snapshot, usable)
+    drained = drained_off(plan.configuration, snapshot, planning)
+    if options.spot is not None:
+        drained = spread(
+            drained, planning, [i.instance_type for i in snapshot.instances], options.spot
+        )
     if drained is not plan.configuration:
         plan = dataclasses.replace(plan, configuration=drained)
     diff = _diff(
@@ -461,6 +483,97 @@ def _cost_numbers(over_cost: Mapping[str, str], stopped: Mapping[str, str]) -> d
             for job_id, why in sorted(over_cost.items())
         }
     }
+
+
+def _spot_view(
+    policy: SpotPolicy,
+    snapshot: StateSnapshot,
+    usable: Catalog,
+    jobs: tuple[JobSpec, ...],
+    current: Configuration,
+    progress: Mapping[str, float],
+    now: float,
+) -> tuple[Catalog, tuple[JobSpec, ...], Configuration]:
+    """What the planner sees with spot offerings (`autoscaler.spot`): the catalog at
+    effective prices, each job restricted to the capacity it may use this round (a
+    deadline job pinned to on-demand as its slack runs out), and the current
+    configuration without the tasks their instance no longer suits."""
+    planning = policy.planning_catalog(usable)
+    if planning is usable and not any(j.capacity != "auto" or _has_deadline(j) for j in jobs):
+        return usable, jobs, current  # no spot offering, nothing to restrict
+    families = planning.families
+    submitted = {j.job_id: j.submitted_at for j in snapshot.jobs}
+    restricted = []
+    for job in jobs:
+        reclaims = max(
+            snapshot.tasks[t.task_id].retries - snapshot.tasks[t.task_id].failures
+            for t in job.tasks
+        )
+        pinned = policy.max_reclaims is not None and reclaims >= policy.max_reclaims
+        solo = _solo_s(job)
+        deadline = job_deadline_s(job, solo)
+        if deadline is not None and not pinned:
+            work = _known_work(job)
+            remaining = None
+            if work is not None:
+                remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
+            pinned = pinned_on_demand(
+                now=now,
+                submitted_at=submitted.get(job.job_id, now),
+                deadline_s=deadline,
+                remaining_s=remaining,
+                restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
+                margin_s=policy.deadline_margin_s,
+            )
+        restricted.append(policy.restricted(job, job_capacity(job, pinned), families))
+    # A job no offering can take under its capacity (spot only, none offered now) waits.
+    fits: dict[Demands, bool] = {}
+    waiting: set[str] = set()
+    for job in restricted:
+        for task in job.tasks:
+            fit = fits.get(task.demands)
+            if fit is None:
+                fit = fits[task.demands] = any(task.fits_alone(t) for t in planning)
+            if not fit:
+                waiting.update(t.task_id for t in job.tasks)
+                break
+    plan_jobs = tuple(j for j in restricted if j.tasks[0].task_id not in waiting)
+    if waiting:
+        current = Configuration(
+            tuple(
+                Instance(i.instance_id, i.type, tuple(t for t in i.tasks if t not in waiting))
+                for i in current
+            )
+        )
+    plan_current = without_misfits(
+        Configuration(
+            tuple(
+                Instance(i.instance_id, planning[i.type.name], i.tasks)
+                if i.type.name in planning
+                else i
+                for i in current
+            )
+        ),
+        {j.job_id: j for j in plan_jobs},
+    )
+    return planning, plan_jobs, plan_current
+
+
+def _has_deadline(job: JobSpec) -> bool:
+    return job.deadline_s is not None or job.max_jct_factor is not None
+
+
+def _known_work(job: JobSpec) -> Work | None:
+    """The job's work when its spec says it (a trace's facts), else None."""
+    try:
+        return job_work(job)
+    except InputError:
+        return None
+
+
+def _solo_s(job: JobSpec) -> float | None:
+    work = _known_work(job)
+    return None if work is None else work.seconds
 
 
 def _admission(
@@ -943,7 +1056,11 @@ def _diff(
         token = f"{options.instance_prefix}{number}"
         live_types.append(inst.type.name)
         launched[inst.type.name] = launched.get(inst.type.name, 0) + 1
-        launches.append(Launch(token, inst.type.name, inst.type.hourly_cost, tasks, reason))
+        # the price paid: a spot offering is planned at its effective price (`autoscaler.spot`)
+        paid = inst.type.hourly_cost
+        if inst.type.name in catalog:
+            paid = catalog[inst.type.name].hourly_cost
+        launches.append(Launch(token, inst.type.name, paid, tasks, reason))
         for task_id in tasks:
             targets[task_id] = token
     moves: list[ActionRecord] = []

@@ -153,6 +153,14 @@ class JobSpec:
     # Dollars the job may be charged (its attributed spend, `autoscaler.spend`): reached,
     # it is checkpointed and stopped — an infrastructure stop, not a failure. None: no cap.
     max_cost: float | None = None
+    # Which markets its tasks may run on: "auto" (spot or on-demand, by effective price),
+    # "spot" or "on-demand" (`autoscaler.spot`).
+    capacity: str = "auto"
+    # Finish within this many seconds of submission (None: no deadline), or within this
+    # factor of its running time alone when that is known; as the slack runs out it is
+    # pinned to on-demand (`autoscaler.spot.pinned_on_demand`).
+    deadline_s: float | None = None
+    max_jct_factor: float | None = None
 
     @property
     def is_multi_task(self) -> bool:

@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from autoscaler.catalog import ANY_FAMILY, Catalog, InstanceType, LaunchDelays
+from autoscaler.catalog import ANY_FAMILY, SPOT, Catalog, InstanceType, LaunchDelays, offering_name
 from autoscaler.cloud import CloudError, CloudRequestError
 from autoscaler.errors import InputError
 from autoscaler.limits import MAX_CAPACITY, MAX_DELAY_S, MAX_HOURLY_COST
 from autoscaler.resources import Resources
+from autoscaler.spot import hourly_rate
 from provisioners.config import EC2Config, Region, family_of
 from provisioners.documents import (
     MIB,
@@ -897,3 +898,142 @@ def _read_document(path: Path, what: str) -> Any:
     return parse_json(
         decode_utf8(read_regular_file(path, what, CATALOG_LIMIT), what, source), source
     )
+
+
+# --- spot offerings ---------------------------------------------------------------------------
+
+_SPOT_FORMAT = "ec2-batch-autoscaler spot prices v1"
+#: The Spot Instance Advisor's frequency-of-interruption bands (share of a type's
+#: instances interrupted over a month), each taken at its midpoint (">20%": 25%).
+ADVISOR_BANDS: Mapping[str, float] = {
+    "<5%": 0.025,
+    "5-10%": 0.075,
+    "10-15%": 0.125,
+    "15-20%": 0.175,
+    ">20%": 0.25,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpotSnapshot:
+    """Spot prices per type and zone in one region, and the interruption band of each
+    type (the advisor's, else `default_band`), with where and when they came from."""
+
+    region: str
+    prices: Mapping[str, Mapping[str, float]]  # type -> zone -> USD/hour
+    retrieved: str
+    source: str
+    bands: Mapping[str, float] = field(default_factory=lambda: dict(ADVISOR_BANDS))
+    default_band: str = "5-10%"
+    type_bands: Mapping[str, str] = field(default_factory=dict)
+
+    def band_of(self, ec2_type: str, overrides: Mapping[str, str] | None = None) -> str:
+        if overrides and ec2_type in overrides:
+            return overrides[ec2_type]
+        return self.type_bands.get(ec2_type, self.default_band)
+
+    def monthly_fraction(self, ec2_type: str, overrides: Mapping[str, str] | None = None) -> float:
+        band = self.band_of(ec2_type, overrides)
+        if band not in self.bands:
+            raise InputError(
+                f"unknown interruption band {band!r} for {ec2_type}; "
+                f"choose from {', '.join(self.bands)}"
+            )
+        return self.bands[band]
+
+
+def bundled_spot_snapshot_path(region: str) -> Path:
+    return Path(str(resources.files("provisioners") / "data" / f"spot-{region}.json"))
+
+
+def load_spot_snapshot(path: Path) -> SpotSnapshot:
+    """Read and check a spot price snapshot (`provisioners/data/spot-<region>.json`)."""
+    source = str(path)
+    data = _read_document(path, "spot price snapshot")
+    if not isinstance(data, Mapping) or data.get("format") != _SPOT_FORMAT:
+        raise InputError(f"not a spot price snapshot (expected {_SPOT_FORMAT!r})", source=source)
+    try:
+        prices = {
+            str(t): {str(z): float(p) for z, p in zones.items()}
+            for t, zones in data["prices"].items()
+        }
+        interruption = data.get("interruption") or {}
+        bands = {str(k): float(v) for k, v in (interruption.get("bands") or ADVISOR_BANDS).items()}
+        default = str(interruption.get("default_band", "5-10%"))
+        types = {str(k): str(v) for k, v in (interruption.get("types") or {}).items()}
+    except (KeyError, AttributeError, TypeError, ValueError) as exc:
+        raise InputError(f"malformed spot price snapshot: {exc}", source=source) from exc
+    if any(not 0 < p <= MAX_HOURLY_COST for zones in prices.values() for p in zones.values()):
+        raise InputError("a spot price is not a positive USD/hour", source=source)
+    for band in (default, *types.values()):
+        if band not in bands:
+            raise InputError(f"unknown interruption band {band!r}", source=source)
+    return SpotSnapshot(
+        region=str(data.get("region", "")),
+        prices=prices,
+        retrieved=str(data.get("retrieved", "")),
+        source=str(data.get("source") or source),
+        bands=bands,
+        default_band=default,
+        type_bands=types,
+    )
+
+
+def bundled_spot_snapshot(region: str) -> SpotSnapshot | None:
+    """The snapshot bundled for `region` (None: none is)."""
+    path = bundled_spot_snapshot_path(region)
+    return load_spot_snapshot(path) if path.exists() else None
+
+
+def spot_offerings(
+    catalog: Catalog,
+    snapshot: SpotSnapshot,
+    *,
+    zones: Sequence[str] | None = None,
+    bands: Mapping[str, str] | None = None,
+    observed: Mapping[str, float] | None = None,
+) -> Catalog:
+    """The catalog with a spot offering beside each on-demand type the snapshot prices.
+
+    `zones` None: one regional offering per type (`TYPE:spot`) at the median of its
+    zones' prices (where EC2 places it is not ours to choose); else one per listed zone
+    the snapshot prices (`TYPE:spot@ZONE`; `["all"]`: every zone it prices). Each
+    offering's `interruption_per_hour` comes from its type's advisor band (`bands`
+    overrides per type, e.g. `[spot.bands]`) as a Poisson rate
+    (`autoscaler.spot.hourly_rate`), unless `observed` — interruptions per hour the
+    cluster measured, by offering name — gives one."""
+    observed = observed or {}
+    extra: list[InstanceType] = []
+    for t in catalog:
+        if t.is_spot or t.name not in snapshot.prices:
+            continue
+        by_zone = snapshot.prices[t.name]
+        if not by_zone:
+            continue
+        rate = hourly_rate(snapshot.monthly_fraction(t.name, bands))
+        if zones is None:
+            ordered = sorted(by_zone.values())
+            mid = len(ordered) // 2
+            price = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            picks: list[tuple[str | None, float]] = [(None, price)]
+        else:
+            wanted = (
+                sorted(by_zone) if list(zones) == ["all"] else [z for z in zones if z in by_zone]
+            )
+            picks = [(z, by_zone[z]) for z in wanted]
+        for zone, price in picks:
+            name = offering_name(t.name, SPOT, zone)
+            extra.append(
+                replace(
+                    t,
+                    name=name,
+                    hourly_cost=price,
+                    market=SPOT,
+                    zone=zone,
+                    ec2_type=t.name,
+                    interruption_per_hour=observed.get(name, rate),
+                )
+            )
+    if not extra:
+        return catalog
+    return Catalog((*catalog.types, *extra), catalog.region)

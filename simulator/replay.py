@@ -8,8 +8,8 @@ seconds from t = 0; arrivals wait for the next round, as in Eva.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoscaler.catalog import Catalog
@@ -19,11 +19,13 @@ from autoscaler.fairshare import TeamPolicy
 from autoscaler.jobs import JobSpec
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
+from autoscaler.spot import SpotPolicy, job_deadline_s
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.work import check_work, solo_seconds
 from simulator.baselines import NoPackingPlanner, OwlPlanner, StratusPlanner, SynergyPlanner
 from simulator.engine import ARRIVAL, ROUND, EventLoop
+from simulator.spot import AvailabilityTrace, SpotWorld
 from simulator.world import SimulatedCloud, SimulatedExecutor, World
 from state.memory import InMemoryStore
 
@@ -90,6 +92,7 @@ class ReplayResult:
     finished: bool
     timeline: list[tuple[float, float, int]] = field(default_factory=list)  # t, $/h, instances
     jct_hours: dict[str, float] = field(default_factory=dict)
+    spot: dict[str, Any] | None = None  # spot replays: share, interruptions, work lost
 
     def document(self) -> dict:
         """The JSON form: deterministic (no wall-clock timings)."""
@@ -114,7 +117,43 @@ class ReplayResult:
             else 0.0,
             "makespan_hours": round(self.end_time_s / 3600.0, 6),
             "finished": self.finished,
+            **({"spot": self.spot} if self.spot is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class SpotReplay:
+    """How a replay treats spot offerings: the planner's `policy`, and the world's
+    reclaims — seeded from each offering's rate (or `rate_per_hour` for all), or from
+    availability `traces` by `TYPE[@ZONE]`; `checkpoints` False restarts every
+    reclaimed job from scratch (the SkyPilot-like baseline)."""
+
+    policy: SpotPolicy | None = field(default_factory=SpotPolicy)  # None: plan prices as they are
+    seed: int = 0
+    traces: Mapping[str, AvailabilityTrace] = field(default_factory=dict)
+    rate_per_hour: float | None = None
+    checkpoints: bool = True
+
+
+#: What `replay --spot` compares: Eva pricing spot by its interruption risk, Eva on
+#: on-demand capacity only, and two spot baselines without packing planned at the raw
+#: spot price: SkyPilot-like managed jobs restarting from scratch after a reclaim, and
+#: the same with periodic checkpoints.
+SPOT_SCHEDULERS = ("eva", "eva-on-demand", "spot-restart", "spot-checkpoint")
+
+
+def spot_variant(name: str, base: SpotReplay) -> tuple[str, bool, SpotReplay]:
+    """A `replay --spot` row: (scheduler, whether it may use spot offerings, settings)."""
+    raw = SpotPolicy(checkpoint_every_s=0.0, restart_s=0.0)  # L = 0: the raw spot price
+    if name == "eva-on-demand":
+        return "eva", False, replace(base, policy=None)
+    if name == "spot-restart":
+        return "no-packing", True, replace(base, policy=raw, checkpoints=False)
+    if name == "spot-checkpoint":
+        return "no-packing", True, replace(base, policy=raw, checkpoints=True)
+    if name == "no-packing":
+        return "no-packing", False, replace(base, policy=None)
+    return name, True, base
 
 
 def replay(
@@ -130,6 +169,7 @@ def replay(
     planner_options: dict[str, Any] | None = None,
     max_hourly_spend: float | None = None,
     teams: TeamPolicy | None = None,
+    spot: SpotReplay | None = None,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
@@ -143,7 +183,9 @@ def replay(
     `max_hourly_spend` is the cluster's budget (`Guardrails`); with `teams`, the trace's
     teams (`TraceFacts.team`) share it by weight when it binds (`autoscaler.fairshare`).
     A job whose work the trace does not give, or gives twice in disagreement,
-    is refused before anything runs (`autoscaler.work`).
+    is refused before anything runs (`autoscaler.work`). With `spot`, spot offerings
+    of the catalog are planned by their interruption risk and reclaimed as it says
+    (`simulator.spot`); the result gains its `spot` figures.
     """
     check_work(jobs)
     engine = EventLoop()
@@ -160,6 +202,7 @@ def replay(
         instance_prefix="inst-",
         guardrails=Guardrails(max_hourly_spend=max_hourly_spend),
         teams=teams,
+        spot=spot.policy if spot is not None else None,
     )
 
     def new_loop() -> ControlLoop:
@@ -177,6 +220,28 @@ def replay(
             loop().progress()
 
     engine.after_batch = after_batch
+    if spot is not None:
+        replans: set[float] = set()
+
+        def replan() -> None:
+            # the daemon replans as soon as a reclaimed instance is presumed gone
+            at = engine.now() + options.unlisted_grace_s + 1.0
+            if at not in replans:
+                replans.add(at)
+                engine.at(at, replan_now, priority=ROUND)
+
+        def replan_now() -> None:
+            if not over[0]:
+                loop().schedule()
+
+        world.spot = SpotWorld(
+            world,
+            seed=spot.seed,
+            traces=spot.traces,
+            rate_per_hour=spot.rate_per_hour,
+            checkpoints=spot.checkpoints,
+            on_reclaim=replan,
+        )
     total_jobs = len(jobs)
     arrived = [0]
     for job in sorted(jobs, key=lambda j: (j.trace.arrival_time_s, j.job_id)):
@@ -261,6 +326,7 @@ def _result(
     )
     planned = [r for r in store.rounds() if r.chosen != "none"]
     return ReplayResult(
+        spot=_spot_figures(world, jct) if world.spot is not None else None,
         scheduler=scheduler,
         total_cost=store.cost_between(0.0, end),
         billed=world.bill(end),
@@ -282,3 +348,41 @@ def _result(
         timeline=[(s[0], s[1], s[2]) for s in samples],
         jct_hours=jct,
     )
+
+
+def _spot_figures(world: World, jct: Mapping[str, float]) -> dict[str, Any]:
+    """The spot figures of a replay: the share of instance-hours (and of dollars) on
+    spot, reclaims, work lost (task-, GPU- and CPU-hours, and its share of the jobs'
+    task-hours alone), and deadlines met."""
+    assert world.spot is not None
+    end = world.engine.now()
+    hours = {False: 0.0, True: 0.0}
+    dollars = {False: 0.0, True: 0.0}
+    for inst in world.instances.values():
+        until = inst.terminated_at if inst.terminated_at is not None else end
+        h = (until - inst.launched_at) / 3600
+        hours[inst.itype.is_spot] += h
+        dollars[inst.itype.is_spot] += h * inst.itype.hourly_cost
+    task_hours = sum(solo_seconds(j.spec) * len(j.spec.tasks) for j in world.jobs.values()) / 3600
+    stats = world.spot.stats
+    with_deadline = met = 0
+    for job_id, job in world.jobs.items():
+        deadline = job_deadline_s(job.spec, solo_seconds(job.spec))
+        if deadline is None:
+            continue
+        with_deadline += 1
+        if job_id in jct and jct[job_id] * 3600.0 <= deadline + 1e-6:
+            met += 1
+    total_h = hours[False] + hours[True]
+    total_d = dollars[False] + dollars[True]
+    return {
+        "spot_share": round(hours[True] / total_h, 6) if total_h else 0.0,
+        "spot_cost_share": round(dollars[True] / total_d, 6) if total_d else 0.0,
+        "interruptions": stats.interruptions,
+        "lost_task_hours": round(stats.lost_task_seconds / 3600, 6),
+        "lost_share": round(stats.lost_task_seconds / 3600 / task_hours, 6) if task_hours else 0.0,
+        "lost_gpu_hours": round(stats.lost_gpu_seconds / 3600, 6),
+        "lost_cpu_hours": round(stats.lost_cpu_seconds / 3600, 6),
+        "jobs_with_deadline": with_deadline,
+        "deadlines_met": met,
+    }

@@ -26,6 +26,7 @@ import builtins
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.cloud import (
@@ -46,6 +47,9 @@ from autoscaler.jobs import JobSpec
 from autoscaler.throughput import ThroughputTable
 from autoscaler.work import job_work
 from simulator.engine import EventLoop
+
+if TYPE_CHECKING:
+    from simulator.spot import SpotWorld
 
 
 class SimulationError(AssertionError):
@@ -96,6 +100,8 @@ class SimJob:
     activation: int = 0  # invalidates a scheduled activation when a task stops
     completed_at: float | None = None
     active_seconds: float = 0.0
+    saved: float = 0.0  # iterations in its newest checkpoint (spot replays)
+    unsaved_seconds: float = 0.0  # active seconds since that checkpoint
 
 
 class World:
@@ -123,6 +129,7 @@ class World:
         # Tasks the executor reports: started, until a terminal state is acknowledged.
         self.reported: dict[str, None] = {}
         self.no_capacity: set[str] = set()  # types the cloud refuses (tests of capacity errors)
+        self.spot: SpotWorld | None = None  # reclaims of spot instances (spot replays)
         self._ids = 0
         for job in jobs:
             work = job_work(job)
@@ -151,6 +158,8 @@ class World:
         if inst.state != "pending":
             return
         inst.state = "running"
+        if self.spot is not None and inst.itype.is_spot:
+            self.spot.acquired(inst)
         self.engine.after(inst.itype.launch_delays.setup_s, lambda: self._registered(inst))
         self.on_change()
 
@@ -265,6 +274,8 @@ class World:
         def uploaded() -> None:
             if task.epoch != epoch:
                 return
+            if self.spot is not None:
+                self.spot.checkpointed(job)
             task.checkpoint = f"sim://{task.job_id}/{task.task_id}@{job.done:.0f}"
             self._leave(task)
             task.state = "stopped"
@@ -313,6 +324,7 @@ class World:
         if job.active:
             job.done += job.rate * (now - job.since)
             job.active_seconds += now - job.since
+            job.unsaved_seconds += now - job.since
         job.since = now
 
     def _reprice(self, inst: SimInstance) -> None:
@@ -374,6 +386,17 @@ class SimulatedCloud:
         now = self.world.engine.now()
         if self.availability.is_unavailable(request.instance_type, None, now):
             raise InsufficientCapacity(request.instance_type, (), "cooling down")
+        spot = self.world.spot
+        if spot is not None and spot.unavailable(self.world.catalog[request.instance_type], now):
+            itype = self.world.catalog[request.instance_type]
+            self.availability.mark(
+                request.instance_type,
+                None,
+                now,
+                "InsufficientInstanceCapacity",
+                cooldown_s=spot.outage_left_s(itype, now),
+            )
+            raise InsufficientCapacity(request.instance_type, (), "no spot capacity (trace)")
         if request.instance_type in self.world.no_capacity:
             self.availability.mark(request.instance_type, None, now, "InsufficientInstanceCapacity")
             raise InsufficientCapacity(request.instance_type, (), "InsufficientInstanceCapacity")

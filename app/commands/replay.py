@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -14,6 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,10 +40,22 @@ from app.validation import (
 )
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
+from autoscaler.spot import SpotPolicy, planning_inputs
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.work import check_work
+from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.bound import clairvoyant_bound
-from simulator.replay import DEFAULT_SCHEDULERS, MAX_SLOWDOWN, SCHEDULERS, ReplayResult, replay
+from simulator.replay import (
+    DEFAULT_SCHEDULERS,
+    MAX_SLOWDOWN,
+    SCHEDULERS,
+    SPOT_SCHEDULERS,
+    ReplayResult,
+    SpotReplay,
+    replay,
+    spot_variant,
+)
+from simulator.spot import load_trace, parse_trace_flag, trace_key_matches
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 
@@ -83,11 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument(
         "--scheduler",
         nargs="+",
-        choices=SCHEDULERS,
+        choices=tuple(dict.fromkeys((*SCHEDULERS, *SPOT_SCHEDULERS))),
         default=None,
         metavar="NAME",
         help=f"schedulers to compare (default: {' '.join(DEFAULT_SCHEDULERS)}; "
-        f"also: eva-plain); no-packing is always run as the yardstick",
+        f"also: eva-plain; with --spot: {' '.join(SPOT_SCHEDULERS)}); no-packing is always "
+        "run as the yardstick",
     )
     rp.add_argument(
         "--interval",
@@ -150,6 +165,52 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="replays run side by side in N processes, each scheduler's and the bound's "
         "(default: one per core available; 1 = one after another); the results are the same",
+    )
+    rp.add_argument(
+        "--spot",
+        action="store_true",
+        help="add spot offerings at the bundled snapshot's prices beside on-demand ones, "
+        "reclaim them as seeded from their interruption rates (or --spot-trace), and compare "
+        f"{', '.join(SPOT_SCHEDULERS)}",
+    )
+    rp.add_argument(
+        "--spot-trace",
+        action="append",
+        default=[],
+        metavar="TYPE[@ZONE]=FILE",
+        help="with --spot: an availability trace for the spot offerings of TYPE (in ZONE), "
+        '{"metadata": {"gap_seconds": 600}, "data": [0, 1, ...]} with 1 = no spot capacity in '
+        "that interval; repeats when shorter than the replay (repeatable)",
+    )
+    rp.add_argument(
+        "--spot-rate",
+        type=number_arg(0.0, 3600.0),
+        default=None,
+        metavar="PER_HOUR",
+        help="with --spot: reclaims per instance-hour of every spot offering without a trace "
+        "(default: each offering's advisor band)",
+    )
+    rp.add_argument(
+        "--spot-zones",
+        default=None,
+        metavar="Z1,Z2|all",
+        help="with --spot: one spot offering per listed zone (AZ IDs such as use1-az1; all: "
+        "every zone the snapshot prices) instead of one per type at its median zone price",
+    )
+    rp.add_argument(
+        "--spot-seed",
+        type=number_arg(0, 2**32 - 1, integer=True),
+        default=0,
+        metavar="N",
+        help="with --spot: seed of the reclaims drawn from interruption rates",
+    )
+    rp.add_argument(
+        "--deadline-factor",
+        type=number_arg(1.0, 1e6),
+        default=None,
+        metavar="F",
+        help="give every job a deadline of F times its running time alone after its arrival "
+        "(its max_jct_factor); as its slack runs out a job is pinned to on-demand",
     )
     add_json(rp)
     rp.add_argument(
@@ -252,13 +313,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
     truth = ground_truth(contention, args.unknown_throughput)
     _announce(jobs, args.interval)
-    names = list(dict.fromkeys(args.scheduler or DEFAULT_SCHEDULERS))
+    if args.deadline_factor is not None:
+        jobs = tuple(dataclasses.replace(j, max_jct_factor=args.deadline_factor) for j in jobs)
+    spot = _spot_inputs(args, catalog)
+    names = list(dict.fromkeys(args.scheduler or (SPOT_SCHEDULERS if spot else DEFAULT_SCHEDULERS)))
     if "no-packing" not in names:
         names.append("no-packing")  # the yardstick every cost is normalized to
+    spot_only = [n for n in names if n not in SCHEDULERS]
+    if spot_only and spot is None:
+        raise InputError(f"--scheduler {' '.join(spot_only)}: replays with --spot only")
 
     try:
         results, limit = _run_replays(
-            names, jobs, catalog, truth, args.interval, args.min_throughput, args.workers
+            names,
+            jobs,
+            catalog,
+            truth,
+            args.interval,
+            args.min_throughput,
+            args.workers,
+            spot=spot,
         )
     except _WorkerDied as exc:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
@@ -273,6 +347,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 min_throughput=args.min_throughput,
                 clairvoyant_bound=round(limit, 6),
+                **({"spot": spot.describe()} if spot else {}),
             )
         )
     else:
@@ -525,6 +600,7 @@ def _run_replays(
     workers: int | None,
     *,
     bound: bool = True,
+    spot: SpotInputs | None = None,
 ) -> tuple[dict[str, ReplayResult], float]:
     """Each scheduler's replay, and the clairvoyant bound (0 without `bound`): in
     parallel processes.
@@ -536,7 +612,7 @@ def _run_replays(
     """
     board = _Progress(names, len(jobs))
     workers = min(workers or _cores(), len(names) + bound)
-    inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput})
+    inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput}, spot)
     finished: dict[str, object] = {}
     if workers <= 1:
         for name in [*names, *([_BOUND] if bound else [])]:
@@ -552,14 +628,82 @@ def _run_replays(
 _BOUND = "the clairvoyant bound"
 
 
+@dataclass(frozen=True)
+class SpotInputs:
+    """`replay --spot`: the catalog with spot offerings, the reclaims' settings, and
+    where the prices came from."""
+
+    catalog: Catalog
+    base: SpotReplay
+    prices: str
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "prices": self.prices,
+            "offerings": sum(1 for t in self.catalog if t.is_spot),
+            "seed": self.base.seed,
+            "traces": sorted(self.base.traces),
+            "rate_per_hour": self.base.rate_per_hour,
+        }
+
+
+def _spot_inputs(args: argparse.Namespace, catalog: Catalog) -> SpotInputs | None:
+    """What --spot and its options ask for (None without --spot)."""
+    spot_only = (
+        ("--spot-trace", args.spot_trace),
+        ("--spot-rate", args.spot_rate),
+        ("--spot-zones", args.spot_zones),
+    )
+    if not args.spot:
+        for flag, value in spot_only:
+            if value:
+                raise InputError(f"{flag} is an option of --spot: give --spot with it")
+        return None
+    region = catalog.region or "us-east-1"
+    snapshot = bundled_spot_snapshot(region)
+    if snapshot is None:
+        raise InputError(f"no spot price snapshot is bundled for {region}")
+    zones = None if args.spot_zones is None else [z for z in args.spot_zones.split(",") if z]
+    with_spot = spot_offerings(catalog, snapshot, zones=zones)
+    if args.spot_rate is not None:  # the rate reclaims are drawn at is the one planned by
+        with_spot = spot_offerings(
+            catalog,
+            snapshot,
+            zones=zones,
+            observed={t.name: args.spot_rate for t in with_spot if t.is_spot},
+        )
+    traces = {}
+    for flag in args.spot_trace:
+        key, path = parse_trace_flag(flag)
+        if not any(t.is_spot and trace_key_matches(key, t) for t in with_spot):
+            raise InputError(f"--spot-trace {key}: no spot offering of the catalog matches it")
+        traces[key] = load_trace(path)
+    base = SpotReplay(seed=args.spot_seed, traces=traces, rate_per_hour=args.spot_rate)
+    return SpotInputs(with_spot, base, f"{snapshot.source}; retrieved {snapshot.retrieved}")
+
+
 def _run_one(
     name: str, inputs: tuple, on_round: Callable[[float, int, int], None]
 ) -> tuple[object, float]:
     """One scheduler's replay (or, for `_BOUND`, the bound), and its wall time."""
-    jobs, catalog, truth, interval_s, options = inputs
+    jobs, catalog, truth, interval_s, options, spot = inputs
     started = time.perf_counter()
     if name == _BOUND:
+        if spot is not None:  # spot offerings at their effective price (`autoscaler.spot`)
+            catalog, jobs = planning_inputs(jobs, spot.catalog, spot.base.policy or SpotPolicy())
         result: object = clairvoyant_bound(jobs, catalog)
+    elif spot is not None:
+        scheduler, on_spot, settings = spot_variant(name, spot.base)
+        result = replay(
+            jobs,
+            spot.catalog if on_spot else catalog,
+            truth,
+            scheduler,
+            interval_s,
+            on_round=on_round,
+            planner_options=options,
+            spot=settings,
+        )
     else:
         result = replay(
             jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options

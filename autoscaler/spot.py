@@ -1,0 +1,322 @@
+"""Spot capacity priced into the reservation price (Eva §4.2–4.5 with interruptions).
+
+A spot offering is another catalog entry (`InstanceType.market == "spot"`), cheaper
+than on-demand and reclaimed by the provider at `interruption_per_hour`. A reclaim
+costs the work done since the task's last checkpoint — half the checkpoint interval
+in expectation — plus the restart (a new instance's start-up, the job's init). That
+loss is priced at the reservation price, so a task's value on a spot offering is
+
+    TNRP(τ) − λ · (C/2 + R) · RP(τ)           (`spot_task_value`)
+
+with λ the offering's interruption rate per hour, C the checkpoint interval and R the
+restart delay (hours). Summed over tasks filling an instance whose RP it sets, the
+expected loss per hour is λ·L times the instance's own effective price, so the
+planner is handed the **effective price** `p / (1 − λ·L)` (`effective_price`), and
+everything that compares costs — Algorithm 1's cost-efficiency test, Full/Partial
+(§4.5), the migration criterion, the fluid LP and the clairvoyant bound — compares
+on-demand and spot on that one footing, with no other change. An offering with
+λ·L ≥ 1 is expected to lose more work than it does and is left out.
+
+Per job, `capacity` restricts offerings ("on-demand", "spot", "auto"); a `deadline`
+pins it to on-demand once its slack runs out (`pinned_on_demand`, after Can't Be
+Late's uniform-progress safety net, NSDI '24). Restrictions reach the planner as
+families: spot offerings plan under `FAMILY+spot`, and a job's demands list the
+families its capacity allows. Launches spread over a type's zones (`spread`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, Catalog, InstanceType
+from autoscaler.configuration import Configuration, Instance
+from autoscaler.jobs import (
+    DEFAULT_BUILD_IMAGE_S,
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_FETCH_S,
+    DEFAULT_INIT_S,
+    Demands,
+    JobSpec,
+)
+
+#: Hours in the month the Spot Instance Advisor's frequency-of-interruption bands count.
+MONTH_HOURS = 730.0
+#: A spot offering's family as the planner sees it: its type's family and this suffix.
+SPOT_FAMILY_SUFFIX = "+spot"
+#: Capacity a job may ask for.
+CAPACITIES = ("auto", "spot", "on-demand")
+
+
+def hourly_rate(monthly_fraction: float) -> float:
+    """Interruptions per instance-hour from the fraction of instances interrupted in a
+    month (the advisor's bands): a Poisson rate with that chance of one or more in
+    `MONTH_HOURS`, `−ln(1 − p) / 730`."""
+    if not 0.0 <= monthly_fraction < 1.0:
+        raise ValueError(f"a monthly interruption fraction is in [0, 1), not {monthly_fraction}")
+    return -math.log1p(-monthly_fraction) / MONTH_HOURS
+
+
+def expected_loss_hours(checkpoint_every_s: float | None, restart_s: float) -> float:
+    """L: hours of a task's time one reclaim costs — the work since its last periodic
+    checkpoint (half the interval, in expectation) plus the restart delay. Without
+    periodic checkpoints (None) the loss is unbounded (the whole attempt)."""
+    if checkpoint_every_s is None:
+        return math.inf
+    return (checkpoint_every_s / 2.0 + restart_s) / 3600.0
+
+
+def interruption_cost_per_hour(rate_per_hour: float, loss_hours: float, rp: float) -> float:
+    """Expected dollars per hour a task loses to reclaims: λ · L · RP(τ)."""
+    if rate_per_hour == 0.0:
+        return 0.0
+    return rate_per_hour * loss_hours * rp
+
+
+def spot_task_value(
+    tnrp: float, rp: float, rate_per_hour: float, checkpoint_every_s: float | None, restart_s: float
+) -> float:
+    """A task's hourly value on a spot offering: its TNRP minus the expected
+    interruption cost, `λ · (C/2 + R) · RP(τ)`."""
+    loss = expected_loss_hours(checkpoint_every_s, restart_s)
+    return tnrp - interruption_cost_per_hour(rate_per_hour, loss, rp)
+
+
+def effective_price(price: float, rate_per_hour: float, loss_hours: float) -> float:
+    """What an hour on the offering costs once reclaims are paid for: `p / (1 − λ·L)`.
+
+    The work lost is priced at the reservation price of the tasks that fill the
+    instance, which is this very effective price when the offering is their cheapest:
+    `p_eff = p + λ·L·p_eff`. Infinite when λ·L ≥ 1 (it loses more than it runs)."""
+    if rate_per_hour == 0.0:
+        return price  # never reclaimed: nothing to lose, whatever the loss per reclaim
+    exposure = rate_per_hour * loss_hours
+    if exposure >= 1.0:
+        return math.inf
+    return price / (1.0 - exposure)
+
+
+def restart_seconds(itype: InstanceType) -> float:
+    """R: a replacement instance's start-up, then the job's fetch, build and init (the
+    assumed delays of Eva's Table 1 unless the offering's are measured)."""
+    return itype.launch_delays.startup_s + DEFAULT_FETCH_S + DEFAULT_BUILD_IMAGE_S + DEFAULT_INIT_S
+
+
+@dataclass(frozen=True)
+class SpotPolicy:
+    """How spot offerings are planned.
+
+    `checkpoint_every_s`: the periodic checkpoint interval the loss is priced at (the
+    jobs' default; None prices no checkpoints, so spot is planned only where λ = 0).
+    `restart_s`: R (None: `restart_seconds` of the offering). `deadline_margin_s`:
+    slack kept beyond the restart when deciding to pin a deadline job to on-demand
+    (a round interval and a reclaim's loss, by default). `spread_fraction`: at most
+    this share of a type's spot instances on one offering when another one of that
+    type is within `price_tolerance` of it. `max_reclaims`: see below."""
+
+    checkpoint_every_s: float | None = DEFAULT_CHECKPOINT_EVERY_S
+    restart_s: float | None = None
+    deadline_margin_s: float = 900.0
+    spread_fraction: float = 0.5
+    price_tolerance: float = 0.10
+    # A job whose tasks lost this many attempts to the infrastructure (reclaims, lost
+    # workers) runs on on-demand from then on: whatever the rates said, its own history
+    # says spot does not suit it, and every job then finishes (None: never).
+    max_reclaims: int | None = 2
+    _catalogs: dict[tuple[str, ...], tuple[Catalog, Catalog]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _jobs: dict[tuple[str, str, frozenset[str]], tuple[JobSpec, JobSpec]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def loss_hours(self, itype: InstanceType) -> float:
+        restart = self.restart_s if self.restart_s is not None else restart_seconds(itype)
+        return expected_loss_hours(self.checkpoint_every_s, restart)
+
+    def restricted(self, job: JobSpec, capacity: str, families: frozenset[str]) -> JobSpec:
+        """`restrict_job`, memoized for the very spec object (a job's spec is the same
+        object round after round until one of its tasks ends)."""
+        key = (job.job_id, capacity, families)
+        hit = self._jobs.get(key)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        out = restrict_job(job, capacity, families)
+        if len(self._jobs) > 100_000:
+            self._jobs.clear()
+        self._jobs[key] = (job, out)
+        return out
+
+    def planning_catalog(self, catalog: Catalog) -> Catalog:
+        """The catalog the planner prices against: spot offerings at their effective
+        price and under their spot family; on-demand ones unchanged. The same object
+        for the same offerings, round after round (planners recognise a catalog by
+        identity to reuse what they derived from it)."""
+        if not any(t.is_spot for t in catalog):
+            return catalog
+        key = tuple(t.name for t in catalog)
+        cached = self._catalogs.get(key)
+        if cached is not None and cached[0] is catalog:
+            return cached[1]
+        if cached is not None and tuple(cached[0]) == tuple(catalog):
+            return cached[1]
+        types = []
+        for t in catalog:
+            if not t.is_spot:
+                types.append(t)
+                continue
+            price = effective_price(t.hourly_cost, t.interruption_per_hour, self.loss_hours(t))
+            if math.isfinite(price):
+                types.append(replace(t, hourly_cost=price, family=t.family + SPOT_FAMILY_SUFFIX))
+        planned = Catalog(types, catalog.region)
+        self._catalogs[key] = (catalog, planned)
+        return planned
+
+
+def is_spot_family(family: str) -> bool:
+    return family.endswith(SPOT_FAMILY_SUFFIX)
+
+
+def restricted_demands(demands: Demands, capacity: str, families: frozenset[str]) -> Demands:
+    """A task's demands as the planner sees them under `capacity`: "auto" adds each
+    family's spot twin, "spot" keeps only the twins, "on-demand" only the plain
+    families; `any` is spelled out over the catalog's `families` where it must be."""
+    plain = sorted(f for f in families if not is_spot_family(f))
+    spot = sorted(f for f in families if is_spot_family(f))
+    out: dict[str, object] = {}
+    for family, demand in demands:
+        if family == ANY_FAMILY:
+            if capacity == "auto":
+                out[ANY_FAMILY] = demand
+            else:
+                for f in spot if capacity == "spot" else plain:
+                    out.setdefault(f, demand)
+            continue
+        if capacity in ("auto", "on-demand"):
+            out[family] = demand
+        if capacity in ("auto", "spot"):
+            out[family + SPOT_FAMILY_SUFFIX] = demand
+    return tuple(sorted(out.items()))  # type: ignore[arg-type]
+
+
+def job_capacity(job: JobSpec, pinned: bool) -> str:
+    """The capacity a job is planned under this round: on-demand once pinned."""
+    return "on-demand" if pinned else job.capacity
+
+
+def restrict_job(job: JobSpec, capacity: str, families: frozenset[str]) -> JobSpec:
+    """The job with every task's demands restricted to `capacity` (itself for "auto"
+    when the catalog has no spot offering)."""
+    if capacity == "auto" and not any(is_spot_family(f) for f in families):
+        return job
+    tasks = tuple(
+        replace(t, demands=restricted_demands(t.demands, capacity, families)) for t in job.tasks
+    )
+    return replace(job, tasks=tasks)
+
+
+def job_deadline_s(job: JobSpec, solo_s: float | None) -> float | None:
+    """Seconds after submission the job must finish by: its `deadline_s`, else
+    `max_jct_factor` × its running time alone when that is known; None: no deadline."""
+    if job.deadline_s is not None:
+        return job.deadline_s
+    if job.max_jct_factor is not None and solo_s is not None:
+        return job.max_jct_factor * solo_s
+    return None
+
+
+def pinned_on_demand(
+    *,
+    now: float,
+    submitted_at: float,
+    deadline_s: float,
+    remaining_s: float | None,
+    restart_s: float,
+    margin_s: float,
+) -> bool:
+    """Whether a deadline job must run on on-demand from now on.
+
+    The rule (Can't Be Late's safety net, NSDI '24 §4): stay on spot while the job
+    could still finish on on-demand after one more reclaim — switch when
+    `remaining work at full speed + restart + margin ≥ time left to the deadline`.
+    Work whose size is unknown (`remaining_s` None) cannot be promised on spot: pinned."""
+    if remaining_s is None:
+        return True
+    left = submitted_at + deadline_s - now
+    return remaining_s + restart_s + margin_s >= left
+
+
+def without_misfits(current: Configuration, specs: Mapping[str, JobSpec]) -> Configuration:
+    """The current configuration without the tasks its instances can no longer host
+    under their job's capacity (a job just pinned to on-demand, on a spot instance):
+    the planner places them afresh, and the move is an ordinary migration."""
+    demands = {t.task_id: t for j in specs.values() for t in j.tasks}
+    changed = False
+    kept: list[Instance] = []
+    for inst in current:
+        stays = tuple(
+            t for t in inst.tasks if t not in demands or demands[t].demand_on(inst.type.family)
+        )
+        if len(stays) != len(inst.tasks):
+            changed = True
+            inst = Instance(inst.instance_id, inst.type, stays)
+        kept.append(inst)
+    return Configuration(tuple(kept)) if changed else current
+
+
+def spread(
+    target: Configuration,
+    catalog: Catalog,
+    live_types: Sequence[str],
+    policy: SpotPolicy,
+) -> Configuration:
+    """New spot instances spread over their EC2 type's zones.
+
+    The rule: a new spot instance goes to the offering of its EC2 type, among those
+    whose (effective) price is within `price_tolerance` of the planner's pick, that
+    holds the fewest of that type's spot instances (live and launching; ties: the
+    cheaper, then the name). With k such offerings none holds more than ⌈n/k⌉ of n —
+    at most `spread_fraction` (½) once k ≥ 2 and n ≥ 2 — so one reclaim wave in
+    one zone takes at most that share of a type's spot capacity, and of a job's tasks
+    on that type."""
+    by_type: dict[str, list[InstanceType]] = {}
+    for t in catalog:
+        if t.is_spot:
+            by_type.setdefault(t.launch_type, []).append(t)
+    if not any(len(v) > 1 for v in by_type.values()):
+        return target
+    counts: dict[str, int] = {}
+    for name in live_types:
+        if name in catalog:
+            counts[name] = counts.get(name, 0) + 1
+    out: list[Instance] = []
+    changed = False
+    for inst in target:
+        t = inst.type
+        if inst.instance_id is None and t.is_spot and len(by_type.get(t.launch_type, ())) > 1:
+            limit = t.hourly_cost * (1.0 + policy.price_tolerance)
+            options = [o for o in by_type[t.launch_type] if o.hourly_cost <= limit]
+            best = min(options, key=lambda o: (counts.get(o.name, 0), o.hourly_cost, o.name))
+            if best is not t:
+                inst = Instance(None, best, inst.tasks)
+                changed = True
+            counts[best.name] = counts.get(best.name, 0) + 1
+        out.append(inst)
+    return Configuration(tuple(out)) if changed else target
+
+
+def planning_inputs(
+    jobs: Sequence[JobSpec], catalog: Catalog, policy: SpotPolicy
+) -> tuple[Catalog, tuple[JobSpec, ...]]:
+    """The catalog at effective prices and the jobs under their own capacity: what the
+    fluid LP and the clairvoyant bound are given so that they include spot offerings
+    at `effective_price` (deadlines, which only pin jobs as they run, are left out)."""
+    planning = policy.planning_catalog(catalog)
+    families = planning.families
+    return planning, tuple(restrict_job(j, j.capacity, families) for j in jobs)
+
+
+def capacity_of(market: str) -> str:
+    """The job capacity that admits an offering of this market."""
+    return "on-demand" if market == ON_DEMAND else "spot"

@@ -1,0 +1,251 @@
+"""Spot reclaims in the simulated world.
+
+An instance of a spot offering is reclaimed either at a random time drawn from its
+offering's `interruption_per_hour` (exponential lifetimes, seeded per instance so a
+replay is reproducible whatever the event order), or by an availability trace in
+Can't Be Late's format (NSDI '24): `{"metadata": {"gap_seconds": 600}, "data": [0,
+1, …]}`, one sample per interval, 1 = no spot capacity — running instances of the
+offering are reclaimed at the interval's start and none launches during it; a trace
+shorter than the replay repeats.
+
+A reclaim comes with EC2's two-minute notice; when it lands, the instance's tasks
+end as `infrastructure` failures (never counted against the job) and resume from
+their newest checkpoint. Checkpoints are periodic, every `checkpoint_every_s` of
+the job's running time (the job's own, else the default), and at every planned
+stop; the work since the newest one is lost and counted (`SpotStats`). Without
+checkpoints (the SkyPilot-like baseline) every restart starts from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoscaler.catalog import InstanceType
+from autoscaler.errors import InputError
+from autoscaler.jobs import DEFAULT_CHECKPOINT_EVERY_S, JobSpec
+
+if TYPE_CHECKING:
+    from simulator.world import SimInstance, SimJob, World
+
+#: EC2's interruption notice: the instance goes this long after it is given.
+NOTICE_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class AvailabilityTrace:
+    """One offering's spot availability: `data[i]` = 1 when there is no capacity in
+    [i·gap, (i+1)·gap), repeating."""
+
+    gap_s: float
+    data: tuple[int, ...]
+
+    def unavailable(self, t: float) -> bool:
+        return self.data[int(t // self.gap_s) % len(self.data)] == 1
+
+    def next_outage(self, t: float) -> float | None:
+        """The start of the first interval after the one holding `t` with no capacity."""
+        if 1 not in self.data:
+            return None
+        index = int(t // self.gap_s) + 1
+        for step in range(len(self.data)):
+            if self.data[(index + step) % len(self.data)] == 1:
+                return (index + step) * self.gap_s
+        return None  # pragma: no cover - unreachable: a 1 exists
+
+
+def parse_trace(document: Any, source: str = "trace") -> AvailabilityTrace:
+    """A trace from its JSON document; InputError saying what is wrong."""
+    if not isinstance(document, Mapping):
+        raise InputError("an availability trace is a JSON object", source=source)
+    meta = document.get("metadata")
+    gap = meta.get("gap_seconds") if isinstance(meta, Mapping) else None
+    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
+        raise InputError(
+            "metadata.gap_seconds must be a positive number", source=source, field="metadata"
+        )
+    data = document.get("data")
+    if not isinstance(data, list) or not data:
+        raise InputError("data must be a non-empty list of 0 and 1", source=source, field="data")
+    if any(isinstance(v, bool) or v not in (0, 1) for v in data):
+        raise InputError("data must hold only 0 (capacity) and 1 (none)", source=source)
+    return AvailabilityTrace(float(gap), tuple(int(v) for v in data))
+
+
+def load_trace(path: str | Path) -> AvailabilityTrace:
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the availability trace: {exc}", source=str(path)) from exc
+    return parse_trace(document, str(path))
+
+
+def parse_trace_flag(value: str) -> tuple[str, str]:
+    """`TYPE[@ZONE]=FILE` -> (offering key, file)."""
+    key, sep, path = value.partition("=")
+    if not sep or not key or not path:
+        raise InputError(f"--spot-trace takes TYPE[@ZONE]=FILE, not {value!r}")
+    return key, path
+
+
+def trace_key_matches(key: str, itype: InstanceType) -> bool:
+    """`TYPE` names every zone's spot offering of that EC2 type; `TYPE@ZONE` one zone."""
+    ec2_type, _, zone = key.partition("@")
+    return ec2_type == itype.launch_type and (not zone or zone == itype.zone)
+
+
+@dataclass(slots=True)
+class SpotStats:
+    """What reclaims cost a replay."""
+
+    interruptions: int = 0
+    lost_task_seconds: float = 0.0  # task-seconds of work redone
+    lost_gpu_seconds: float = 0.0
+    lost_cpu_seconds: float = 0.0
+
+
+@dataclass
+class SpotWorld:
+    """Reclaims and checkpoints for a `World` (installed as `world.spot`)."""
+
+    world: World
+    seed: int = 0
+    traces: Mapping[str, AvailabilityTrace] = field(default_factory=dict)
+    rate_per_hour: float | None = None  # every spot offering's rate (None: its own)
+    checkpoints: bool = True  # periodic checkpoints (False: restart from scratch)
+    on_reclaim: Callable[[], None] | None = None  # the daemon's immediate replan
+    stats: SpotStats = field(default_factory=SpotStats)
+
+    def __post_init__(self) -> None:
+        self._intervals: dict[str, float | None] = {}
+
+    def _trace(self, itype: InstanceType) -> AvailabilityTrace | None:
+        for key, trace in self.traces.items():
+            if "@" in key and trace_key_matches(key, itype):
+                return trace
+        for key, trace in self.traces.items():
+            if "@" not in key and trace_key_matches(key, itype):
+                return trace
+        return None
+
+    def unavailable(self, itype: InstanceType, now: float) -> bool:
+        """No spot capacity for this offering now (its trace says 1)."""
+        if not itype.is_spot:
+            return False
+        trace = self._trace(itype)
+        return trace is not None and trace.unavailable(now)
+
+    def outage_left_s(self, itype: InstanceType, now: float) -> float:
+        """Seconds until the end of the outage interval holding `now`."""
+        trace = self._trace(itype)
+        if trace is None:
+            return 0.0
+        return trace.gap_s - (now % trace.gap_s)
+
+    def interval(self, job: JobSpec) -> float | None:
+        """Seconds of running time between the job's periodic checkpoints (None: none)."""
+        if not self.checkpoints:
+            return None
+        cached = self._intervals.get(job.job_id, -1.0)
+        if cached != -1.0:
+            return cached
+        every = [t.run.checkpoint_every_s for t in job.tasks if t.run.checkpoint_every_s]
+        value = min(every) if every else DEFAULT_CHECKPOINT_EVERY_S
+        self._intervals[job.job_id] = value
+        return value
+
+    # -- events -----------------------------------------------------------------------
+
+    def acquired(self, inst: SimInstance) -> None:
+        """A spot instance is running: schedule its reclaim."""
+        now = self.world.engine.now()
+        trace = self._trace(inst.itype)
+        if trace is not None:
+            at = trace.next_outage(now)
+            if at is None:
+                return
+            notice = max(now, at - NOTICE_S)
+        else:
+            rate = (
+                self.rate_per_hour
+                if self.rate_per_hour is not None
+                else inst.itype.interruption_per_hour
+            )
+            if rate <= 0:
+                return
+            draw = random.Random(f"{self.seed}:{inst.token}").random()
+            notice = now + -math.log1p(-draw) / rate * 3600.0
+            at = notice + NOTICE_S
+        engine = self.world.engine
+        engine.at(notice, lambda: engine.at(max(at, engine.now()), lambda: self.reclaim(inst)))
+
+    def checkpointed(self, job: SimJob) -> None:
+        """A planned stop uploaded a checkpoint: nothing before it is lost."""
+        if self.checkpoints:
+            job.saved = job.done
+            job.unsaved_seconds = 0.0
+        else:
+            self._lose(job, job.done - job.saved, job.unsaved_seconds, ())
+
+    def reclaim(self, inst: SimInstance) -> None:
+        """The provider takes the instance back: its tasks end (infrastructure), each
+        job goes back to its newest checkpoint, and the instance is gone."""
+        world = self.world
+        if inst.state in ("shutting-down", "terminated"):
+            return
+        self.stats.interruptions += 1
+        hit: dict[str, SimJob] = {}
+        for task_id in list(inst.tasks):
+            task = world.tasks[task_id]
+            if task.state in ("starting", "running", "checkpointing"):
+                hit.setdefault(task.job_id, world.jobs[task.job_id])
+        rates = {job_id: job.rate for job_id, job in hit.items()}
+        families = {job_id: inst.itype.family for job_id in hit}
+        for task_id in list(inst.tasks):
+            task = world.tasks[task_id]
+            if task.state in ("starting", "running", "checkpointing"):
+                world.crash(task_id, "spot instance reclaimed", "infrastructure")
+        for job_id, job in hit.items():
+            self._rollback(job, rates[job_id], families[job_id])
+        inst.state = "terminated"
+        inst.ready = False
+        inst.terminated_at = world.engine.now()
+        world.ready.discard(inst.token)
+        world.live.pop(inst.token, None)
+        world.on_change()
+        if self.on_reclaim is not None:
+            self.on_reclaim()
+
+    def _rollback(self, job: SimJob, rate: float, family: str) -> None:
+        """Back to the newest checkpoint: the periodic one within the unsaved running
+        time, else the last saved one; the work since is lost."""
+        unsaved = job.unsaved_seconds
+        every = self.interval(job.spec)
+        lost_s = unsaved if every is None or unsaved < every else unsaved % every
+        if every is not None and unsaved >= every:
+            lost_iters = min(job.done - job.saved, rate * lost_s)
+        else:
+            lost_iters = job.done - job.saved
+        self._lose(job, lost_iters, lost_s, (family,))
+
+    def _lose(
+        self, job: SimJob, iterations: float, seconds: float, families: tuple[str, ...]
+    ) -> None:
+        job.done = max(0.0, job.done - max(0.0, iterations))
+        job.saved = job.done
+        job.unsaved_seconds = 0.0
+        if seconds <= 0:
+            return
+        tasks = job.spec.tasks
+        self.stats.lost_task_seconds += seconds * len(tasks)
+        for t in tasks:
+            demand = t.demand_on(families[0]) if families else None
+            if demand is None:
+                demand = t.demands[0][1]
+            self.stats.lost_gpu_seconds += seconds * demand.gpu
+            self.stats.lost_cpu_seconds += seconds * demand.cpu

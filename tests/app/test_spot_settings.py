@@ -1,0 +1,74 @@
+"""Spot settings where users give them: a job file's capacity and deadline, and the
+cluster file's `[spot]` table."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.bundled import bundled
+from app.cli import main
+from app.config import load_cluster_config
+from app.files import load_catalog
+from app.jobfile import load_job_file
+from autoscaler.errors import InputError
+
+JOB = """
+name = "train"
+{extra}
+
+[tasks.node0]
+image = "python:3.11"
+command = ["python", "-c", "print(1)"]
+demand = {{ any = [0, 1, 2] }}
+"""
+
+
+def submit(tmp_path, extra: str):
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(extra=extra))
+    return load_job_file(path, load_catalog(bundled("ec2_config.json"))).job
+
+
+def test_a_job_file_says_its_capacity_and_deadline(tmp_path):
+    job = submit(tmp_path, 'capacity = "on-demand"\ndeadline_s = 7200')
+    assert (job.capacity, job.deadline_s, job.max_jct_factor) == ("on-demand", 7200.0, None)
+    default = submit(tmp_path, "max_jct_factor = 1.5")
+    assert (default.capacity, default.deadline_s, default.max_jct_factor) == ("auto", None, 1.5)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        'capacity = "reserved"',
+        "deadline_s = 0",
+        "max_jct_factor = 0.5",
+        "deadline_s = 60\nmax_jct_factor = 2",
+    ],
+)
+def test_a_bad_capacity_or_deadline_is_refused(tmp_path, extra):
+    with pytest.raises(InputError):
+        submit(tmp_path, extra)
+
+
+def test_the_spot_table_gives_the_round_its_spot_policy(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    assert load_cluster_config(path).control_options().spot is None  # off unless enabled
+    path.write_text(
+        path.read_text()
+        + '\n[spot]\nenabled = true\nzones = ["use1-az1"]\ncheckpoint_every_s = 600\n'
+        + 'max_reclaims = 0\n[spot.bands]\n"p3.2xlarge" = ">20%"\n'
+    )
+    config = load_cluster_config(path)
+    policy = config.control_options().spot
+    assert policy is not None
+    assert (policy.checkpoint_every_s, policy.max_reclaims) == (600.0, None)
+    assert config.spot.zones == ("use1-az1",) and config.spot.bands == {"p3.2xlarge": ">20%"}
+
+
+def test_an_unknown_band_is_refused(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + '\n[spot.bands]\n"p3.2xlarge" = "often"\n')
+    with pytest.raises(InputError, match="spot"):
+        load_cluster_config(path)

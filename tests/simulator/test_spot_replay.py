@@ -1,0 +1,291 @@
+"""Replays with spot offerings: reclaims lose only the work since the newest checkpoint
+and never fail a job, capacity and deadlines hold, availability traces parse and repeat."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from app.bundled import bundled
+from app.files import load_catalog, load_jobs
+from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
+from autoscaler.errors import InputError
+from autoscaler.jobs import JobSpec, TaskRun, TaskSpec, TraceFacts
+from autoscaler.resources import Resources
+from autoscaler.spot import SpotPolicy
+from autoscaler.throughput import ThroughputTable
+from provisioners.catalog import bundled_spot_snapshot, spot_offerings
+from simulator.replay import SpotReplay, replay, spot_variant
+from simulator.spot import AvailabilityTrace, parse_trace, parse_trace_flag
+from simulator.world import ground_truth
+from state.memory import InMemoryStore
+
+DELAYS = LaunchDelays(acquisition_s=20.0, setup_s=80.0, terminate_s=1.0)
+NO_INTERFERENCE = ThroughputTable(default=1.0)
+
+
+def catalog(rate: float = 0.0) -> Catalog:
+    return Catalog(
+        [
+            InstanceType("small", "f", Resources(1, 4, 16), 3.0, DELAYS),
+            InstanceType(
+                "small:spot",
+                "f",
+                Resources(1, 4, 16),
+                1.0,
+                DELAYS,
+                market=SPOT,
+                ec2_type="small",
+                interruption_per_hour=rate,
+            ),
+        ]
+    )
+
+
+def job(job_id: str, seconds: float, arrival: float = 0.0, **fields) -> JobSpec:
+    task = TaskSpec(
+        f"{job_id}/0",
+        job_id,
+        "node0",
+        f"w{job_id}_node0",
+        (("any", Resources(1, 4, 16)),),
+        kill_s=1.0,
+        upload_s=5.0,
+        fetch_s=2.0,
+        build_image_s=10.0,
+        run=TaskRun(image=f"img-{job_id}", checkpoint_every_s=900.0),
+    )
+    return JobSpec(
+        job_id,
+        f"w{job_id}",
+        (task,),
+        full_throughput=1.0,
+        trace=TraceFacts(arrival_time_s=arrival, duration_s=seconds, total_iters=seconds),
+        init_delay_s=8.0,
+        **fields,
+    )
+
+
+def types_used(store: InMemoryStore) -> dict[str, list[str]]:
+    """Job id -> the instance types its tasks were placed on, in order."""
+    kinds = {i.instance_id: i.instance_type for i in store.instances(include_finished=True)}
+    used: dict[str, list[str]] = {}
+    for p in store.placements():
+        used.setdefault(p.job_id, []).append(kinds[p.instance_id])
+    return used
+
+
+def test_a_calm_spot_offering_runs_the_job_and_the_ledger_charges_its_price() -> None:
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 3000.0)], catalog(0.0), NO_INTERFERENCE, "eva", store=store, spot=SpotReplay()
+    )
+    assert types_used(store) == {"a": ["small:spot"]}
+    assert result.finished and result.spot is not None
+    assert result.spot["spot_share"] == 1.0 and result.spot["interruptions"] == 0
+    # billed at $1/h from launch (t=0) to termination, as the world billed it
+    assert result.total_cost == pytest.approx(result.billed)
+    assert result.total_cost < 3000.0 / 3600.0 * 3.0 / 2
+
+
+def test_a_reclaim_loses_only_the_work_since_the_newest_checkpoint() -> None:
+    # No capacity in [2400, 4800): reclaimed at 2400 (notice at 2280). The job started
+    # at 120 and ran 2280 s: checkpoints at 900 and 1800 s of running, 480 s lost.
+    trace = AvailabilityTrace(2400.0, (0, 1))
+    result = replay(
+        [job("a", 6000.0)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished and result.jobs_completed == 1
+    assert result.spot["interruptions"] == 1
+    assert result.spot["lost_task_hours"] == pytest.approx(480.0 / 3600.0, abs=1e-6)
+    assert result.spot["lost_gpu_hours"] == pytest.approx(480.0 / 3600.0, abs=1e-6)
+
+
+def test_without_checkpoints_a_reclaim_restarts_the_job_from_scratch() -> None:
+    trace = AvailabilityTrace(2400.0, (0, 1))
+    base = SpotReplay(traces={"small": trace})
+    scheduler, on_spot, settings = spot_variant("spot-restart", base)
+    assert (scheduler, on_spot, settings.checkpoints) == ("no-packing", True, False)
+    result = replay([job("a", 6000.0)], catalog(0.0), NO_INTERFERENCE, scheduler, spot=settings)
+    assert result.finished
+    assert result.spot["lost_task_hours"] == pytest.approx(2280.0 / 3600.0, abs=1e-6)
+
+
+def test_capacity_on_demand_is_never_placed_on_spot() -> None:
+    store = InMemoryStore()
+    jobs = [
+        job("od", 2000.0, capacity="on-demand"),
+        job("auto", 2000.0),
+        job("sp", 2000.0, capacity="spot"),
+    ]
+    result = replay(jobs, catalog(0.0), NO_INTERFERENCE, "eva", store=store, spot=SpotReplay())
+    used = types_used(store)
+    assert result.finished
+    assert set(used["od"]) == {"small"}
+    assert set(used["auto"]) == {"small:spot"} and set(used["sp"]) == {"small:spot"}
+
+
+def test_a_deadline_job_switches_to_on_demand_when_a_reclaim_eats_its_slack() -> None:
+    # 10,000 s of work due 11,400 s after arrival; the rule keeps 217 s of restart
+    # (Table 1's start-up and the job's init) and a 900 s margin: on spot at first
+    # (10,000 + 1,117 < 11,400); the reclaim at 2400 takes 480 s of work back, and
+    # then 8,200 + 1,117 ≥ 11,400 − 2,461: pinned to on-demand, where it finishes.
+    store = InMemoryStore()
+    trace = AvailabilityTrace(2400.0, (0, 1))
+    result = replay(
+        [job("a", 10_000.0, deadline_s=11_400.0)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    used = types_used(store)["a"]
+    assert used[0] == "small:spot" and used[-1] == "small"
+    assert result.spot["deadlines_met"] == result.spot["jobs_with_deadline"] == 1
+    assert result.jct_hours["a"] * 3600.0 <= 11_400.0
+
+
+def test_every_job_completes_under_a_harsh_trace_and_harsh_rates() -> None:
+    jobs = [job(f"j{i}", 1500.0 + 700.0 * i, arrival=400.0 * i) for i in range(8)]
+    harsh = AvailabilityTrace(600.0, (1, 0, 1, 1, 0, 0, 1))
+    for spot in (
+        SpotReplay(traces={"small": harsh}),
+        SpotReplay(rate_per_hour=4.0, seed=7),
+        SpotReplay(rate_per_hour=4.0, seed=7, checkpoints=False),
+    ):
+        result = replay(jobs, catalog(0.5), NO_INTERFERENCE, "eva", spot=spot)
+        assert result.finished and result.jobs_completed == len(jobs)
+        assert result.spot is not None
+
+
+def test_a_replay_without_spot_settings_has_no_spot_figures() -> None:
+    result = replay([job("a", 1000.0)], catalog(0.0), NO_INTERFERENCE, "eva")
+    assert result.spot is None and "spot" not in result.document()
+
+
+def test_seeded_reclaims_are_reproducible() -> None:
+    jobs = [job(f"j{i}", 4000.0, arrival=300.0 * i) for i in range(4)]
+    runs = [
+        replay(jobs, catalog(1.0), NO_INTERFERENCE, "eva", spot=SpotReplay(seed=3)).document()
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and runs[0]["spot"]["interruptions"] > 0
+
+
+# -- traces --------------------------------------------------------------------------------
+
+
+def test_an_availability_trace_parses_and_repeats() -> None:
+    trace = parse_trace({"metadata": {"gap_seconds": 600}, "data": [0, 1, 1]})
+    assert [trace.unavailable(t) for t in (0, 599, 600, 1799, 1800, 2400)] == [
+        False,
+        False,
+        True,
+        True,
+        False,  # the trace repeats after 3 intervals
+        True,
+    ]
+    assert trace.next_outage(0.0) == 600.0
+    assert trace.next_outage(700.0) == 1200.0  # the next interval's start, not this one's
+    assert trace.next_outage(1300.0) == 2400.0
+    assert AvailabilityTrace(600.0, (0, 0)).next_outage(0.0) is None
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        [],
+        {"data": [0, 1]},
+        {"metadata": {"gap_seconds": 0}, "data": [0]},
+        {"metadata": {"gap_seconds": 600}, "data": []},
+        {"metadata": {"gap_seconds": 600}, "data": [0, 2]},
+        {"metadata": {"gap_seconds": 600}, "data": [True]},
+    ],
+)
+def test_a_malformed_trace_is_refused(document) -> None:
+    with pytest.raises(InputError):
+        parse_trace(document)
+
+
+def test_the_trace_flag_names_an_offering_and_a_file(tmp_path) -> None:
+    assert parse_trace_flag("p3.2xlarge@use1-az1=a.json") == ("p3.2xlarge@use1-az1", "a.json")
+    with pytest.raises(InputError):
+        parse_trace_flag("p3.2xlarge")
+
+
+def test_the_command_replays_with_a_spot_trace(tmp_path, capsys) -> None:
+    from app.cli import main
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0, 0, 1]}))
+    trace_jobs = tmp_path / "jobs.json"
+    everything = json.loads(bundled("pai_200.json").read_text())
+    trace_jobs.write_text(json.dumps(dict(list(everything.items())[:6])))
+    code = main(
+        [
+            "replay",
+            "--trace",
+            str(trace_jobs),
+            "--spot",
+            "--spot-trace",
+            f"p3.2xlarge={path}",
+            "--scheduler",
+            "eva",
+            "spot-restart",
+            "--workers",
+            "1",
+            "--json",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert set(document["results"]) == {"eva", "spot-restart", "no-packing"}
+    assert document["spot"]["traces"] == ["p3.2xlarge"]
+    assert all(r["finished"] for r in document["results"].values())
+    assert "spot" in document["results"]["eva"]
+
+
+def test_bundled_spot_offerings_cover_the_bundled_catalog() -> None:
+    base = load_catalog(bundled("ec2_config.json"))
+    snapshot = bundled_spot_snapshot("us-east-1")
+    assert snapshot is not None
+    regional = spot_offerings(base, snapshot)
+    spot = [t for t in regional if t.is_spot]
+    assert len(spot) == len(base) == 21
+    for t in spot:
+        on_demand = base[t.launch_type]
+        prices = sorted(snapshot.prices[t.launch_type].values())
+        assert prices[0] <= t.hourly_cost <= prices[-1] < on_demand.hourly_cost
+        assert t.family == on_demand.family and t.capacity == on_demand.capacity
+        assert t.interruption_per_hour > 0
+    zonal = spot_offerings(base, snapshot, zones=["use1-az1", "use1-az3"])
+    p3 = [t.name for t in zonal if t.is_spot and t.launch_type == "p3.2xlarge"]
+    assert p3 == ["p3.2xlarge:spot@use1-az1"]  # the snapshot prices no p3 in use1-az3
+    observed = spot_offerings(base, snapshot, observed={"c7i.large:spot": 0.5})
+    assert observed["c7i.large:spot"].interruption_per_hour == 0.5
+    worse = spot_offerings(base, snapshot, bands={"c7i.large": ">20%"})
+    assert (
+        worse["c7i.large:spot"].interruption_per_hour
+        > regional["c7i.large:spot"].interruption_per_hour
+    )
+
+
+def test_pai_jobs_load_with_spot_offerings_in_the_catalog() -> None:
+    base = load_catalog(bundled("ec2_config.json"))
+    with_spot = spot_offerings(base, bundled_spot_snapshot("us-east-1"))
+    jobs = load_jobs(bundled("pai_200.json"), with_spot)[:3]
+    result = replay(
+        [replace(j, trace=replace(j.trace, arrival_time_s=0.0)) for j in jobs],
+        with_spot,
+        ground_truth(None),
+        "eva",
+        spot=SpotReplay(policy=SpotPolicy()),
+    )
+    assert result.finished and result.spot["spot_share"] > 0.5

@@ -1,0 +1,153 @@
+"""Spot in the reservation price: the interruption cost, effective prices, capacity
+restrictions, the deadline rule and the spread over zones (`autoscaler.spot`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
+from autoscaler.configuration import Configuration, Instance
+from autoscaler.pricing import cheapest_type
+from autoscaler.resources import Resources
+from autoscaler.spot import (
+    SpotPolicy,
+    effective_price,
+    expected_loss_hours,
+    hourly_rate,
+    interruption_cost_per_hour,
+    pinned_on_demand,
+    restrict_job,
+    restricted_demands,
+    spot_task_value,
+    spread,
+    without_misfits,
+)
+from tests.builders import job
+
+DELAYS = LaunchDelays(acquisition_s=20.0, setup_s=80.0)
+
+
+def offerings(rate: float = 0.0, zones: tuple[str, ...] = ()) -> Catalog:
+    od = InstanceType("g", "p", Resources(1, 8, 60), 3.0, DELAYS)
+    spots = [
+        InstanceType(
+            f"g:spot@{z}" if z else "g:spot",
+            "p",
+            Resources(1, 8, 60),
+            1.0 + 0.01 * i,
+            DELAYS,
+            market=SPOT,
+            zone=z or None,
+            ec2_type="g",
+            interruption_per_hour=rate,
+        )
+        for i, z in enumerate(zones or ("",))
+    ]
+    return Catalog([od, *spots])
+
+
+def test_the_interruption_cost_of_a_hand_computed_case() -> None:
+    # λ = 0.01/h, checkpoints every 900 s, restart 300 s: L = (450 + 300) / 3600 h.
+    loss = expected_loss_hours(900.0, 300.0)
+    assert loss == pytest.approx(750.0 / 3600.0)
+    # RP = $3/h: 0.01 × 0.208333 × 3 = $0.00625/h lost to reclaims
+    assert interruption_cost_per_hour(0.01, loss, 3.0) == pytest.approx(0.00625)
+    # TNRP 0.95 × 3 = 2.85, minus that
+    assert spot_task_value(2.85, 3.0, 0.01, 900.0, 300.0) == pytest.approx(2.84375)
+    # the effective price p / (1 − λL): λL = 0.5 × 0.2 = 0.1 → 1 / 0.9
+    assert effective_price(1.0, 0.5, 0.2) == pytest.approx(1.0 / 0.9)
+    assert effective_price(1.0, 5.0, 0.2) == math.inf  # loses more than it runs
+    assert effective_price(1.0, 0.0, math.inf) == 1.0  # on-demand: nothing to lose
+    # the advisor's 5–10% band at its midpoint: 7.5% of instances a month, Poisson
+    assert hourly_rate(0.075) == pytest.approx(-math.log(0.925) / 730.0)
+    assert expected_loss_hours(None, 300.0) == math.inf
+
+
+def test_spot_is_preferred_while_cheap_to_lose_and_avoided_as_its_rate_rises() -> None:
+    task = job("a", (1, 4, 10)).tasks[0]
+    policy = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0)
+    calm = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0).planning_catalog(offerings(0.01))
+    assert cheapest_type(task, calm).name == "g:spot"
+    # λL = 3.6 × 0.2083 = 0.75 → 1 / 0.25 = $4/h effective, above on-demand's $3
+    stormy = policy.planning_catalog(offerings(3.6))
+    assert stormy["g:spot"].hourly_cost == pytest.approx(4.0)
+    assert cheapest_type(task, stormy).name == "g"
+    # a rate it cannot survive removes the offering from planning altogether
+    assert "g:spot" not in policy.planning_catalog(offerings(10.0))
+
+
+def test_the_planning_catalog_is_one_object_round_after_round() -> None:
+    policy = SpotPolicy()
+    catalog = offerings(0.01)
+    assert policy.planning_catalog(catalog) is policy.planning_catalog(catalog)
+    plain = Catalog([InstanceType("g", "p", Resources(1, 8, 60), 3.0)])
+    assert policy.planning_catalog(plain) is plain
+
+
+def test_capacity_restricts_the_families_a_task_may_use() -> None:
+    families = frozenset({"p", "p+spot", "c"})
+    demand = Resources(1, 4, 10)
+    assert restricted_demands((("p", demand),), "auto", families) == (
+        ("p", demand),
+        ("p+spot", demand),
+    )
+    assert restricted_demands((("p", demand),), "spot", families) == (("p+spot", demand),)
+    assert restricted_demands((("any", demand),), "on-demand", families) == (
+        ("c", demand),
+        ("p", demand),
+    )
+    planning = SpotPolicy().planning_catalog(offerings(0.01))
+    on_demand = restrict_job(
+        job("a", (1, 4, 10), capacity="on-demand"), "on-demand", planning.families
+    )
+    assert cheapest_type(on_demand.tasks[0], planning).name == "g"
+    spot_only = restrict_job(job("b", (1, 4, 10)), "spot", planning.families)
+    assert cheapest_type(spot_only.tasks[0], planning).name == "g:spot"
+
+
+def test_the_deadline_rule_switches_when_slack_runs_out() -> None:
+    common = dict(submitted_at=0.0, deadline_s=10_000.0, restart_s=250.0, margin_s=750.0)
+    # 5000 s of work left at t = 1000: 5000 + 1000 < 9000 left
+    assert not pinned_on_demand(now=1000.0, remaining_s=5000.0, **common)
+    # the same work at t = 4000: 6000 ≥ 6000 left
+    assert pinned_on_demand(now=4000.0, remaining_s=5000.0, **common)
+    # work of unknown size cannot be promised on spot
+    assert pinned_on_demand(now=0.0, remaining_s=None, **common)
+
+
+def test_a_task_its_instance_no_longer_suits_is_planned_afresh() -> None:
+    planning = SpotPolicy().planning_catalog(offerings(0.01))
+    pinned = restrict_job(job("a", (1, 4, 10)), "on-demand", planning.families)
+    free = restrict_job(job("b", (0, 2, 10)), "auto", planning.families)
+    current = Configuration((Instance("i-1", planning["g:spot"], ("a/0", "b/0")),))
+    kept = without_misfits(current, {"a": pinned, "b": free})
+    assert kept.instances[0].tasks == ("b/0",)
+
+
+def test_new_spot_instances_spread_over_zones_within_the_price_tolerance() -> None:
+    catalog = SpotPolicy().planning_catalog(offerings(0.0, ("z1", "z2", "z3")))
+    pick = catalog["g:spot@z1"]
+    target = Configuration(tuple(Instance(None, pick, (f"t{i}/0",)) for i in range(4)))
+    spread_out = spread(target, catalog, ["g:spot@z1"], SpotPolicy(price_tolerance=0.015))
+    zones = [i.type.zone for i in spread_out]
+    # z3 costs 2% more: outside the 1.5% tolerance; z1 already holds one live instance,
+    # so of the five, z2 takes three and z1 two more (fewest first, then the cheaper)
+    assert zones == ["z2", "z1", "z2", "z1"]
+    assert [i.tasks for i in spread_out] == [i.tasks for i in target]
+
+
+def test_spread_leaves_a_regional_offering_alone() -> None:
+    catalog = SpotPolicy().planning_catalog(offerings(0.0))
+    target = Configuration((Instance(None, catalog["g:spot"], ("a/0",)),))
+    assert spread(target, catalog, [], SpotPolicy()) is target
+
+
+def test_a_spot_offering_keeps_its_delays_and_capacity_in_planning() -> None:
+    planning = SpotPolicy().planning_catalog(offerings(0.01))
+    spot = planning["g:spot"]
+    assert spot.family == "p+spot" and spot.launch_type == "g"
+    assert spot.capacity == Resources(1, 8, 60) and spot.delays == DELAYS
+    assert replace(spot, family="p") != planning["g"]
