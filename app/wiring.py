@@ -55,10 +55,28 @@ def _owner_only(database: Path | None) -> None:
 
 
 def offline_catalog(config: ClusterConfig) -> Catalog:
-    """The catalog the cluster plans with, without calling any cloud (cached or bundled)."""
-    from provisioners.catalog import cached_or_bundled_catalog
+    """The catalog the cluster plans with, without calling any cloud (cached or bundled);
+    with `[spot] enabled`, a spot offering beside each type the bundled spot snapshot
+    prices (`provisioners.catalog.spot_offerings`), so the round weighs both markets."""
+    from provisioners.catalog import (
+        bundled_spot_snapshot,
+        cached_or_bundled_catalog,
+        spot_offerings,
+    )
 
-    return cached_or_bundled_catalog(config.provisioner.ec2).catalog
+    catalog = cached_or_bundled_catalog(config.provisioner.ec2).catalog
+    if not config.spot.enabled:
+        return catalog
+    region = catalog.region or config.cluster.region
+    snapshot = bundled_spot_snapshot(region)
+    if snapshot is None:
+        raise InputError(
+            f"[spot]: field 'enabled': no spot prices are bundled for region {region!r}",
+            source=str(config.path),
+        )
+    return spot_offerings(
+        catalog, snapshot, zones=list(config.spot.zones) or None, bands=dict(config.spot.bands)
+    )
 
 
 def daemon_security(config: ClusterConfig) -> grpc.ServerCredentials:

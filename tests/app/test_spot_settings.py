@@ -72,3 +72,26 @@ def test_an_unknown_band_is_refused(tmp_path):
     path.write_text(path.read_text() + '\n[spot.bands]\n"p3.2xlarge" = "often"\n')
     with pytest.raises(InputError, match="spot"):
         load_cluster_config(path)
+
+
+def test_an_enabled_spot_table_puts_spot_offerings_in_the_clusters_catalog(tmp_path):
+    from app.wiring import offline_catalog
+    from provisioners.catalog import bundled_spot_snapshot
+
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    on_demand = offline_catalog(load_cluster_config(path))
+    assert not any(t.is_spot for t in on_demand)  # off unless enabled
+    path.write_text(path.read_text() + "\n[spot]\nenabled = true\n")
+    catalog = offline_catalog(load_cluster_config(path))
+    snapshot = bundled_spot_snapshot(on_demand.region or "us-east-1")
+    assert snapshot is not None
+    spot = {t.name: t for t in catalog if t.is_spot}
+    priced = {t.name for t in on_demand if snapshot.prices.get(t.name)}
+    assert set(spot) == {f"{name}:spot" for name in priced} and priced
+    for name in priced:  # each beside its on-demand type: cheaper, same capacity, a risk
+        offering = spot[f"{name}:spot"]
+        assert offering.launch_type == name
+        assert offering.capacity == on_demand[name].capacity
+        assert 0 < offering.hourly_cost < on_demand[name].hourly_cost
+        assert offering.interruption_per_hour > 0
