@@ -208,7 +208,8 @@ def _sync_instances(
                 changes.append((our_id, status, reason, seen))
             continue
         if seen is None:
-            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s):
+            lost = inst.lost_at is not None or our_id in report.lost_instances
+            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s, lost=lost):
                 since = now - last_confirmed(inst)
                 reason = f"the cloud no longer lists it (last confirmed {since:.0f} s ago)"
                 if inst.status == "terminating" and _never_a_worker(inst):
@@ -300,7 +301,9 @@ def last_confirmed(inst: InstanceRecord) -> float:
     return max([inst.requested_at, *times])
 
 
-def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace_s: float) -> bool:
+def presumed_gone(
+    inst: InstanceRecord, now: float, ready: frozenset[str], grace_s: float, *, lost: bool = False
+) -> bool:
     """Whether an instance the cloud does not list is really gone.
 
     `DescribeInstances` lags `RunInstances` by seconds: one missed listing of an
@@ -315,8 +318,8 @@ def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace
     and its worker may answer a moment more while it shuts down. Waiting would
     only bill the ledger for time the cloud does not charge.
 
-    So is an instance whose worker registered and has since been found lost (silent
-    past the heartbeat timeout): the listing's lag is a launch's, and this one was
+    So is an instance whose worker registered and has since been found `lost` (silent
+    past the heartbeat timeout, now or before): the listing's lag is a launch's, and this one was
     listed for as long as it took to boot; waiting out the grace would only keep its
     tasks from starting elsewhere for a minute.
     """
@@ -324,7 +327,7 @@ def presumed_gone(inst: InstanceRecord, now: float, ready: frozenset[str], grace
         return True
     if inst.instance_id in ready:
         return False
-    if inst.ready_at is not None and inst.lost_at is not None:
+    if inst.ready_at is not None and lost:
         return True
     return now - last_confirmed(inst) >= grace_s
 

@@ -101,11 +101,18 @@ def test_an_instance_whose_worker_was_lost_is_ended_once_unlisted_without_the_gr
     loop_over(cloud, store, clock).progress()
     assert store.instance("inst-1").status != "terminated"  # its worker may still answer
 
-    clock.advance(10)
-    store.instance_worker("inst-1", clock(), ready=False, reason="no heartbeat for 10 s")
-    loop_over(cloud, store, clock).progress()
+    clock.advance(10)  # the executor finds its worker silent past the heartbeat timeout
+    loop_over(cloud, store, clock, LostWorkers("inst-1")).progress()
     assert store.instance("inst-1").status == "terminated"
     assert clock() - store.instance("inst-1").requested_at < GRACE_S
+
+
+class LostWorkers(NullExecutor):
+    def __init__(self, *instances: str) -> None:
+        super().__init__()
+        self._report = ExecutorReport(
+            lost_instances={i: "no heartbeat for 10 s" for i in instances}
+        )
 
 
 class ReachableWorkers(NullExecutor):
