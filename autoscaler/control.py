@@ -208,8 +208,8 @@ def _sync_instances(
                 changes.append((our_id, status, reason, seen))
             continue
         if seen is None:
-            lost = inst.lost_at is not None or our_id in report.lost_instances
-            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s, lost=lost):
+            found_lost = inst.lost_at is not None or our_id in report.lost_instances
+            if presumed_gone(inst, now, report.ready_instances, unlisted_grace_s, lost=found_lost):
                 since = now - last_confirmed(inst)
                 reason = f"the cloud no longer lists it (last confirmed {since:.0f} s ago)"
                 if inst.status == "terminating" and _never_a_worker(inst):
