@@ -194,13 +194,21 @@ class LocalCloud:
                 self._write(record)
 
     def list(self) -> list[CloudInstance]:
-        """Instances not terminated. An agent that died on its own is a terminated instance."""
+        """Instances not terminated. An agent that died on its own is a terminated instance
+        once none of its containers runs: until then the "machine" is up with its worker
+        dead, as an EC2 instance whose agent was killed is, and listed so that the daemon
+        terminates it (its containers with it) before starting its tasks elsewhere — never
+        two live copies of a task."""
         with self._lock:
             out = []
             for record in self._records():
                 if record["state"] == "terminated":
                     continue
-                if record["pid"] is not None and not _alive(record["pid"], record["token"]):
+                if (
+                    record["pid"] is not None
+                    and not _alive(record["pid"], record["token"])
+                    and not self._running_containers(record["token"])
+                ):
                     record["state"] = "terminated"
                     record["terminated_at"] = self.clock()
                     self._write(record)
@@ -497,6 +505,22 @@ class LocalCloud:
             )
         except Exception:
             return None
+
+    def _running_containers(self, token: str) -> bool:
+        """Whether a container of this instance runs (False without an engine)."""
+        client = self._docker()
+        if client is None:
+            return False
+        try:
+            return bool(
+                client.containers.list(
+                    filters={"label": f"{LABEL_INSTANCE}={token}", "status": "running"}
+                )
+            )
+        except Exception:  # the engine is gone: so is anything it ran
+            return False
+        finally:
+            client.close()
 
     def _remove_containers(self, token: str) -> None:
         """The instance is gone: so are its containers (as on a terminated EC2 instance)."""
