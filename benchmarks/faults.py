@@ -491,8 +491,20 @@ class Ec2Side(CloudSide):
 
 
 def _ended_event(run: Run, attempt: int) -> float | None:
+    """When the daemon recorded the attempt's end: its `attempt_ended` (a failure of any
+    class), or the start of a later attempt (an end it did not log as one: a stop its
+    worker made on its own, such as an agent checkpointing its tasks on SIGTERM)."""
     for event in run.events("attempt_ended"):
         if event.get("task") == run.task and int(event.get("attempt", 0)) == attempt:
+            return _time(event)
+    for event in run.events("decision"):
+        later = re.match(r"attempt (\d+) on ", str(event.get("reason", "")))
+        if (
+            event.get("kind") == "start"
+            and event.get("target") == run.task
+            and later is not None
+            and int(later.group(1)) > attempt
+        ):
             return _time(event)
     return None
 
