@@ -775,12 +775,15 @@ def parse_submitted(spec_json: str) -> JobSpec:
 
 
 def catalog_document(catalog: Catalog) -> dict[str, Any]:
-    """A catalog in Eva's `ec2_config.json` format (what `catalog_from_eva` reads)."""
+    """A catalog in Eva's `ec2_config.json` format (what `catalog_from_eva` reads), for
+    clients checking job files: its on-demand types only — the format has no markets,
+    and a spot offering is one of those types on another market, which no job file names."""
     return {
         "region": catalog.region,
         "instance_types": {
             t.name: {"family": t.family, "capacity": list(t.capacity), "cost": t.hourly_cost}
             for t in catalog
+            if not t.is_spot
         },
     }
 

@@ -95,3 +95,19 @@ def test_an_enabled_spot_table_puts_spot_offerings_in_the_clusters_catalog(tmp_p
         assert offering.capacity == on_demand[name].capacity
         assert 0 < offering.hourly_cost < on_demand[name].hourly_cost
         assert offering.interruption_per_hour > 0
+
+
+def test_a_client_reads_the_catalog_of_a_daemon_with_spot_offerings(tmp_path):
+    # The CLI checks a job file against the daemon's catalog (`GetCatalog`): spot
+    # offerings' names are not type names, and must not make it unreadable.
+    from app.api import catalog_document
+    from app.wiring import offline_catalog
+    from provisioners.catalog import catalog_from_document
+
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + "\n[spot]\nenabled = true\n")
+    catalog = offline_catalog(load_cluster_config(path))
+    assert any(t.is_spot for t in catalog)
+    served = catalog_from_document(catalog_document(catalog), source="the daemon's catalog")
+    assert {t.name for t in served} == {t.name for t in catalog if not t.is_spot}
