@@ -171,10 +171,15 @@ def local_cluster(directory: Path, name: str, **options: str) -> ClusterConfig:
     code, out = cli("init", "--dir", str(directory), "--local", "--name", name)
     assert code == 0, out
     path = directory / "autoscaler.toml"
-    text = path.read_text().replace("127.0.0.1:7443", f"127.0.0.1:{free_port()}")
-    path.write_text(
-        text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
-    )
+    # init takes the first free port from its defaults (7443, 9464, 8443): the next
+    # cluster on this machine may want the same ones before this one binds them, so each
+    # listen address moves to a port the system hands out (whatever init chose).
+    chosen = load_cluster_config(path)
+    text = path.read_text()
+    for listen in (chosen.api.listen, chosen.metrics.listen, chosen.dashboard.listen):
+        if listen:
+            text = text.replace(f'listen = "{listen}"', f'listen = "127.0.0.1:{free_port()}"')
+    path.write_text(text)
     set_options(path, {"worker_listen": f'"127.0.0.1:{free_port()}"', **options})
     return load_cluster_config(path)
 
