@@ -3,12 +3,12 @@ packed and uploaded as a stream (a context is never whole in memory)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
 import os
 import tarfile
-import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from app.cli import main
 from app.commands.cluster import connect
 from executor.packing import ContextTooLarge, pack_context, pack_context_file
 from tests.app.test_submit import GOOD, write_job
+from tests.traced import peak_traced
 
 
 def submit(api, path: Path) -> int:
@@ -69,13 +70,8 @@ def test_a_large_sparse_context_is_refused_by_its_uncompressed_size_without_read
     path = write_job(tmp_path, GOOD)
     with open(tmp_path / "train" / "zeros.bin", "wb") as sparse:
         sparse.truncate(2 * 2**30)  # 2 GiB of zeros, no block on disk; gzip makes it ~2 MB
-    tracemalloc.start()
-    try:
-        assert submit(api, path) == 2
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    err = capsys.readouterr().err
+    status, peak, err = peak_traced(main, ["submit", "--config", str(api.config.path), str(path)])
+    assert status == 2
     assert "(uncompressed) is over the limit of 256 MiB" in err, err
     assert peak < 32 * 2**20, peak
     assert api.storage.list("contexts/") == []
@@ -88,12 +84,8 @@ def test_packing_streams_to_a_file_with_bounded_memory(tmp_path):
     with open(context / "weights.bin", "wb") as out:
         for _ in range(48):
             out.write(os.urandom(2**20))  # incompressible: in memory it would be 48 MiB
-    tracemalloc.start()
-    try:
-        digest = pack_context_file(context, tmp_path / "ctx.tar.gz", max_bytes=64 * 2**20)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    pack = functools.partial(pack_context_file, max_bytes=64 * 2**20)
+    digest, peak, _ = peak_traced(pack, context, tmp_path / "ctx.tar.gz")
     assert peak < 8 * 2**20, peak
     assert digest == hashlib.sha256((tmp_path / "ctx.tar.gz").read_bytes()).hexdigest()
     assert digest == pack_context(context)[1]  # one packer: the same bytes either way
