@@ -546,9 +546,19 @@ def mip_optimum(
     if upper_bound is None:
         upper_bound = sum(types[_cheapest(c, types)].cost * c.count for c in pclasses)
     kept = [k for k in range(len(types)) if not _dominated(k, types, pclasses)]
-    patterns = _all_patterns(types, pclasses, kept, max_patterns)
+    # Listing compositions is ours to time: half the budget at most, then the slot MIP.
+    enough = time_limit_s / 2
+    patterns = _all_patterns(types, pclasses, kept, max_patterns, lambda: elapsed() > enough)
     if patterns is not None:
-        return _pattern_mip(types, pclasses, patterns, upper_bound, time_limit_s, elapsed)
+        return _pattern_mip(
+            types,
+            pclasses,
+            patterns,
+            upper_bound,
+            max(0.0, time_limit_s - elapsed()),
+            elapsed,
+            lower_bound,
+        )
     # Slots: (type index, the classes that fit it, how many tasks of each at most).
     slots: list[tuple[int, list[tuple[int, int]]]] = []
     for k in kept:
@@ -570,7 +580,7 @@ def mip_optimum(
     groups = sorted({c.group for c in pclasses if c.group is not None and c.group_limit})
     highs = highspy.Highs()
     highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("time_limit", float(time_limit_s))
+    highs.setOptionValue("time_limit", max(0.0, time_limit_s - elapsed()))
     inf = highspy.kHighsInf
     # Rows: one per class (= n_c), then per slot its capacity rows and group rows.
     counts = [float(c.count) for c in pclasses]
@@ -670,13 +680,14 @@ def _all_patterns(
     classes: Sequence[PatternClass],
     kept: Sequence[int],
     limit: int,
+    late: Callable[[], bool] = lambda: False,
 ) -> list[Pattern] | None:
     """Every non-empty composition of the tasks on each type in `kept`, or None past
-    `limit` of them."""
+    `limit` of them or once `late()` says the time for listing them is spent."""
     out: list[Pattern] = []
     for k in kept:
         fitting = _fitting(k, types[k], classes)
-        if not _compositions(k, types[k].capacity, classes, fitting, limit, out):
+        if not _compositions(k, types[k].capacity, classes, fitting, limit, out, late):
             return None
     return out
 
@@ -688,16 +699,18 @@ def _compositions(
     fitting: Sequence[int],
     limit: int,
     out: list[Pattern],
+    late: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Append type k's compositions to `out` (depth first over `fitting`, each class
-    0..count times); False once `out` would pass `limit`."""
+    0..count times); False once `out` would pass `limit` or `late()` (asked every 1,024
+    compositions) is true."""
     chosen: list[tuple[int, int]] = []
     used: dict[str, int] = {}
 
     def visit(i: int, free: tuple[float, ...]) -> bool:
         if i == len(fitting):
             if chosen:
-                if len(out) >= limit:
+                if len(out) >= limit or (out and len(out) % 1024 == 0 and late()):
                     return False
                 out.append(Pattern(k, tuple(chosen)))
             return True
@@ -738,8 +751,10 @@ def _pattern_mip(
     upper_bound: float,
     time_limit_s: float,
     elapsed: Callable[[], float],
+    lower_bound: float = 0.0,
 ) -> MipOptimum:
-    """min Σ C_k y_p, Σ_p a_cp y_p ≥ n_c, y integer: exact over every composition."""
+    """min Σ C_k y_p, Σ_p a_cp y_p ≥ n_c, y integer: exact over every composition
+    (`lower_bound`: a known bound, kept when stopped before HiGHS proves a better one)."""
     highs = covering_model([c.count for c in classes])
     highs.setOptionValue("time_limit", float(time_limit_s))
     for p in patterns:
@@ -759,7 +774,7 @@ def _pattern_mip(
     )
     highs.setOptionValue("objective_bound", upper_bound * (1 + 1e-9))
     highs.run()
-    return _outcome(highs, 0.0, elapsed)
+    return _outcome(highs, lower_bound, elapsed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,3 +181,22 @@ def test_grouped_bound_keeps_each_task_s_rest_on_its_own_instance():
     grouped = grouped_configuration_bound(catalog, classes, max_classes=2)
     assert grouped.lower_bound > 10.0
     assert grouped.lower_bound <= 12.0 + 1e-9
+
+
+@pytest.mark.parametrize("max_patterns", [100_000, 0])
+def test_a_mip_stopped_at_once_keeps_the_bound_it_was_given(max_patterns):
+    # Stopped before HiGHS proves anything, the MIP's bound is the one known before it
+    # (the pattern MIP reported 0 here), never above the true optimum.
+    catalog = table3_catalog()
+    rng = random.Random(3)
+    classes = [LPClass(((0, rng.randint(1, 6), rng.randint(2, 20)),) * 4, 3) for _ in range(6)]
+    optimum = mip_optimum(catalog, classes)
+    assert optimum.optimal
+    known = configuration_bound(catalog, classes).lower_bound
+    assert 0 < known <= optimum.hourly_cost + 1e-9
+    stopped = mip_optimum(
+        catalog, classes, time_limit_s=0.0, lower_bound=known, max_patterns=max_patterns
+    )
+    assert known - 1e-9 <= stopped.lower_bound <= optimum.hourly_cost + 1e-9
+    if stopped.hourly_cost is not None:
+        assert stopped.hourly_cost >= optimum.hourly_cost - 1e-9
