@@ -99,8 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="configuration",
         help="lower bounds to report beside the plan: the fluid LP's; also the "
         "configuration LP's (whole tasks; column generation stopped after "
-        f"{CONFIGURATION_TIME_LIMIT_S:g} s with Farley's bound; the default); also, up to "
-        f"{MIP_MAX_TASKS} tasks, the exact optimum by MIP (up to {MIP_TIME_LIMIT_S:g} s more)",
+        f"{CONFIGURATION_TIME_LIMIT_S:g} CPU-seconds with Farley's bound; the default); "
+        f"also, up to {MIP_MAX_TASKS} tasks, the exact optimum by MIP "
+        f"(up to {MIP_TIME_LIMIT_S:g} s more)",
     )
     add_json(plan)
     plan.add_argument(
