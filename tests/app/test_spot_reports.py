@@ -4,13 +4,18 @@ the ledger, the placements and the interruption history alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.commands.cluster import render_cost_report, render_status
 from app.reports import cluster_status, cost_report, job_detail, spot_summary
 from autoscaler.catalog import SPOT, Catalog, InstanceType
+from autoscaler.decide import ControlOptions, decide
+from autoscaler.planner import EvaPlanner
 from autoscaler.resources import Resources
-from autoscaler.store import TaskUpdate
+from autoscaler.spot import SpotPolicy
+from autoscaler.store import RoundIntents, RoundRecord, TaskUpdate
 from state.memory import InMemoryStore
 from tests.builders import job
 from tests.store_writes import request
@@ -108,3 +113,52 @@ def test_status_shows_spot_instances_and_the_ones_being_reclaimed():
     markets = {i["instance"]: (i["market"], i["reclaimed_at"]) for i in status["instances"]}
     assert markets == {"s-1": ("spot", 100.0), "d-1": ("on-demand", None)}
     assert "being reclaimed: s-1" in render_status(status)
+
+
+def test_a_price_change_after_launch_leaves_past_savings_as_they_were():
+    """The on-demand price kept with the request is what a spot hour is compared with:
+    a later catalog price does not rewrite what was saved."""
+    store = InMemoryStore()
+    adopted = RoundIntents(
+        requests=(("s-1", SPOT_A.name, 0.03),), on_demand_prices={"s-1": ON_DEMAND.hourly_cost}
+    )
+    store.record_round(RoundRecord(0.0, "test", "none", False, "launch"), adopted)
+    store.transition_instance("s-1", "running", 0.0, cloud_id="c-1")
+    before = spot_summary(store, CATALOG, 0.0, 2 * HOUR)
+    dearer = Catalog([replace(ON_DEMAND, hourly_cost=0.20), SPOT_A])
+    after = spot_summary(store, dearer, 0.0, 2 * HOUR)
+    assert before["savings_vs_on_demand"] == pytest.approx((0.09 - 0.03) * 2)
+    assert after["savings_vs_on_demand"] == before["savings_vs_on_demand"]
+    assert after["savings_at_current_price"] == []
+
+
+def test_an_instance_without_a_launch_price_is_compared_with_todays_and_the_report_says_so():
+    store = InMemoryStore()
+    request(store, "s-1", SPOT_A.name, 0.03, 0.0)  # an older row: no on-demand price kept
+    store.transition_instance("s-1", "running", 0.0, cloud_id="c-1")
+    dearer = Catalog([replace(ON_DEMAND, hourly_cost=0.20), SPOT_A])
+    summary = spot_summary(store, dearer, 0.0, HOUR)
+    assert summary["savings_vs_on_demand"] == pytest.approx(0.20 - 0.03)
+    assert summary["savings_at_current_price"] == ["s-1"]
+    text = render_cost_report(cost_report(store, dearer, HOUR))
+    assert "1 spot instance(s) requested before launch prices were kept" in text
+
+
+def test_a_round_keeps_the_on_demand_price_of_a_spot_launch():
+    """decide() hands the store the on-demand price of each launch's EC2 type."""
+    store = InMemoryStore()
+    store.submit_job(job("a", (0, 1, 2), capacity="spot"), owner="ana", at=0.0)
+    decision = decide(
+        store.snapshot(),
+        CATALOG,
+        (),
+        ControlOptions(spot=SpotPolicy()),
+        planner=EvaPlanner(),
+        now=0.0,
+    )
+    [launch] = decision.launches
+    assert launch.instance_type == SPOT_A.name
+    intents = decision.intents()
+    assert intents.on_demand_prices == {launch.instance_id: ON_DEMAND.hourly_cost}
+    store.record_round(decision.record(), intents)
+    assert store.instance(launch.instance_id).on_demand_price == ON_DEMAND.hourly_cost
