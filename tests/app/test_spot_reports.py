@@ -10,6 +10,7 @@ import pytest
 
 from app.commands.cluster import render_cost_report, render_status
 from app.reports import cluster_status, cost_report, job_detail, spot_summary
+from app.table import money
 from autoscaler.catalog import SPOT, Catalog, InstanceType
 from autoscaler.decide import ControlOptions, decide
 from autoscaler.planner import EvaPlanner
@@ -162,3 +163,33 @@ def test_a_round_keeps_the_on_demand_price_of_a_spot_launch():
     assert intents.on_demand_prices == {launch.instance_id: ON_DEMAND.hourly_cost}
     store.record_round(decision.record(), intents)
     assert store.instance(launch.instance_id).on_demand_price == ON_DEMAND.hourly_cost
+
+
+def _figure(text: str, label: str) -> str:
+    """The figure a table prints after `label` (up to the next space)."""
+    [line] = [line for line in text.splitlines() if line.strip().startswith(label)]
+    return line.strip()[len(label) :].split()[0]
+
+
+def test_the_tables_print_the_json_figures_and_the_reports_agree_with_each_other(store):
+    """`status`, `job` and `cost-report` print what their JSON says, and where two of
+    them give one figure (a job's cost, the $/h now, spot instance-hours) it is the same."""
+    report = cost_report(store, CATALOG, NOW)
+    text = render_cost_report(report)
+    assert _figure(text, "Hourly cost now") == money(report["hourly_cost_now"]) + "/h"
+    assert _figure(text, "No packing now") == money(report["no_packing_hourly_cost_now"]) + "/h"
+    assert _figure(text, "= saved") == money(report["savings"])
+    spot = report["spot"]
+    assert _figure(text, "Saved against on-demand") == money(spot["savings_vs_on_demand"])
+    assert _figure(text, "Spot share") == f"{spot['spot_share']:.1%}"
+    assert _figure(text, "Interruptions") == str(spot["interruptions"])
+    status = cluster_status(store, NOW)
+    shown = render_status(status)
+    assert shown.splitlines()[0].endswith(f"{money(status['hourly_cost'])}/h now")
+    assert status["hourly_cost"] == report["hourly_cost_now"]
+    detail = job_detail(store, "a", CATALOG, NOW)
+    assert detail["cost"] == report["spend_by_job"]["a"]
+    assert detail["interruptions"] == spot["interruptions"]
+    # One task, always on an instance: its spot task-time is the spot instance-hours
+    # (the reclaimed instance billed until the task left it).
+    assert detail["spot_share"] * NOW / HOUR == pytest.approx(spot["spot_instance_hours"])
