@@ -72,6 +72,15 @@ def market_of(offering: str) -> str:
         return "on-demand"
 
 
+def ec2_type_of(offering: str) -> str:
+    """The EC2 type an offering name says (the name itself for one that is not an
+    offering's)."""
+    try:
+        return offering_parts(offering)[0]
+    except ValueError:
+        return offering
+
+
 def _hours(start: float, end: float | None, t0: float, t1: float) -> float:
     return max(0.0, min(t1, end if end is not None else t1) - max(t0, start)) / 3600.0
 

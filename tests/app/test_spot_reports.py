@@ -193,3 +193,22 @@ def test_the_tables_print_the_json_figures_and_the_reports_agree_with_each_other
     # One task, always on an instance: its spot task-time is the spot instance-hours
     # (the reclaimed instance billed until the task left it).
     assert detail["spot_share"] * NOW / HOUR == pytest.approx(spot["spot_instance_hours"])
+
+
+def test_the_dashboard_reads_markets_as_status_does_even_for_an_offering_gone_from_the_catalog():
+    from app.dashboard.views import now_document
+    from autoscaler.cloud import Guardrails
+
+    store = InMemoryStore()
+    request(store, "s-1", "c7i.large:spot@us-east-1b", 0.03, 0.0)  # not in CATALOG
+    store.transition_instance("s-1", "running", 0.0, cloud_id="c-1")
+    request(store, "s-2", SPOT_A.name, 0.03, 0.0)
+    store.transition_instance("s-2", "running", 0.0, cloud_id="c-2")
+    status = cluster_status(store, 100.0)
+    page = now_document(status, store, CATALOG, Guardrails(), 100.0)
+    assert {i["instance"]: (i["market"], i["ec2_type"]) for i in page["instances"]} == {
+        "s-1": ("spot", "c7i.large"),
+        "s-2": ("spot", "c7i.large"),
+    }
+    assert page["instances_by_type"] == [{"type": "c7i.large", "market": "spot", "count": 2}]
+    assert status["spot"]["instances"] == 2
