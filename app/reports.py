@@ -181,7 +181,7 @@ def cost_report(
     per_job, idle = attribute(uptime, placements, dominant_share(specs, catalog), since, now)
     snapshot = store.snapshot()
     active = [j.spec for j in snapshot.jobs]
-    baseline = NoPacking(store, snapshot, catalog, options, now)
+    baseline = NoPacking(store, snapshot, catalog, options, now, specs)
     no_packing_so_far = sum(
         baseline.placement_rp(p) * max(0.0, min(now, p.end or now) - max(since, p.start)) / 3600.0
         for p in placements
@@ -251,8 +251,10 @@ class NoPacking:
         catalog: Catalog,
         options: ControlOptions | None,
         now: float,
+        specs: Mapping[str, JobSpec] | None = None,
     ) -> None:
-        self._specs = {j.job_id: j.spec for j in store.jobs()}
+        """`specs`: every job's spec by id, if already read from `store`."""
+        self._specs = dict(specs) if specs is not None else {j.job_id: j.spec for j in store.jobs()}
         self._active = {j.job_id: j.spec for j in snapshot.jobs}
         policy = None if options is None else options.spot
         self._policy = policy
@@ -300,14 +302,11 @@ class NoPacking:
         spec = self._specs.get(job_id)
         task: TaskSpec | None = None
         if spec is not None:
-            if self._policy is None:
-                task = next((t for t in spec.tasks if t.task_id == task_id), None)
-            else:
-                tasks = self._restricted.get((job_id, capacity))
-                if tasks is None:
-                    job = restrict_job(spec, capacity, self._families)
-                    tasks = self._restricted[(job_id, capacity)] = {t.task_id: t for t in job.tasks}
-                task = tasks.get(task_id)
+            tasks = self._restricted.get((job_id, capacity))
+            if tasks is None:
+                job = spec if self._policy is None else restrict_job(spec, capacity, self._families)
+                tasks = self._restricted[(job_id, capacity)] = {t.task_id: t for t in job.tasks}
+            task = tasks.get(task_id)
         rp = 0.0 if task is None else _rp(self._prices, task)
         self._rp[key] = rp
         return rp

@@ -126,3 +126,17 @@ def test_the_baseline_is_never_below_the_lp_bound_whatever_the_capacities(jobs):
     bound = report["lower_bound_hourly_cost_now"]
     assert bound is not None
     assert report["no_packing_hourly_cost_now"] >= bound - 1e-6
+
+
+def test_a_finished_job_that_ran_pinned_is_priced_on_demand_for_its_on_demand_hours():
+    """Its past placements on on-demand instances are taken to have run pinned (it lost
+    `max_reclaims` attempts), so no packing is not priced at spot for them."""
+    store = InMemoryStore()
+    _running_on_demand(store, job("a", (0, 1, 2)))
+    store.update_tasks([TaskUpdate("a/0", retries=2)], 10.0)
+    store.update_tasks([TaskUpdate("a/0", status="completed")], HOUR)
+    store.job_finished("a", HOUR)
+    store.transition_instance("a-d0", "terminated", HOUR)
+    report = _report(store, 2 * HOUR)
+    assert report["no_packing_spend"] == pytest.approx(ON_DEMAND.hourly_cost, rel=1e-3)
+    assert report["savings"] >= -1e-6
