@@ -1130,11 +1130,13 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
             f"Spot share               {spot['spot_share']:.1%} of instance-hours "
             f"({money(spot['spot_spend'])})",
             f"Saved against on-demand  {money(spot['savings_vs_on_demand'])}",
-            (
-                f"  ({len(spot['savings_at_current_price'])} spot instance(s) requested before "
-                "launch prices were kept: against today's on-demand price)"
+            *(
+                [
+                    f"  ({len(spot['savings_at_current_price'])} spot instance(s) requested "
+                    "before launch prices were kept: against today's on-demand price)"
+                ]
                 if spot.get("savings_at_current_price")
-                else None
+                else []
             ),
             f"Interruptions            {spot['interruptions']}"
             + (f" ({by_offering})" if by_offering else ""),
