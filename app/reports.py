@@ -181,7 +181,7 @@ def cost_report(
     per_job, idle = attribute(uptime, placements, dominant_share(specs, catalog), since, now)
     snapshot = store.snapshot()
     active = [j.spec for j in snapshot.jobs]
-    baseline = NoPacking(store, snapshot, catalog, options, now, specs)
+    baseline = NoPacking(store, snapshot, catalog, options, now, specs, placements)
     no_packing_so_far = sum(
         baseline.placement_rp(p) * max(0.0, min(now, p.end or now) - max(since, p.start)) / 3600.0
         for p in placements
@@ -252,8 +252,10 @@ class NoPacking:
         options: ControlOptions | None,
         now: float,
         specs: Mapping[str, JobSpec] | None = None,
+        placements: Sequence[Placement] = (),
     ) -> None:
-        """`specs`: every job's spec by id, if already read from `store`."""
+        """`specs`: every job's spec by id, if already read from `store`; `placements`:
+        those the past baseline will price (`placement_rp`)."""
         self._specs = dict(specs) if specs is not None else {j.job_id: j.spec for j in store.jobs()}
         self._active = {j.job_id: j.spec for j in snapshot.jobs}
         policy = None if options is None else options.spot
@@ -287,7 +289,20 @@ class NoPacking:
         self._pinned = {
             job_id for job_id, c in self._now.items() if c != self._active[job_id].capacity
         }
-        finished = [job_id for job_id in self._specs if job_id not in self._active]
+        # Finished jobs that may have run pinned: those with a placement in the window on
+        # an on-demand instance, whose own capacity allowed spot, when spot is offered.
+        finished = sorted(
+            {
+                p.job_id
+                for p in placements
+                if p.job_id not in self._active
+                and p.job_id in self._specs
+                and self._specs[p.job_id].capacity != "on-demand"
+                and self._market(p.instance_id) == ON_DEMAND
+            }
+            if any(t.is_spot for t in catalog)
+            else ()
+        )
         if policy.max_reclaims is not None and finished:
             for job_id, tasks in store.tasks_of_jobs(finished).items():
                 lost = max((t.retries - t.failures for t in tasks), default=0)
