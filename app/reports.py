@@ -11,13 +11,18 @@ budgets and `max_cost` read. Job costs plus idle equal the ledger's total.
 
 **What no packing would have cost** is each task's reservation price (its
 cheapest instance type alone, Eva §4.2) for as long as it occupied an
-instance — the bill of one instance per task, start-up delays aside.
+instance — the bill of one instance per task, start-up delays aside — on the
+planner's footing (`NoPacking`): among the offerings its job may use (its
+`capacity`, on-demand once pinned there) with spot at its effective price, the
+problem the LP bound relaxes, so the baseline is never below the bound.
 
 **Spot** (`spot_summary`): an instance's market is its offering's (the catalog
 name it was bought as, `TYPE:spot[@ZONE]`); the spot share is spot instance-hours
 over all instance-hours; savings against on-demand are each spot hour at the
-on-demand price of its EC2 type (the catalog's now) minus the price recorded with
-its request (what it was bought at); an interruption is a reclaim notice from the
+on-demand price of its EC2 type recorded with its request (the catalog's then; the
+catalog's now for an instance requested before that price was kept) minus the price
+recorded with its request (what it was bought at), so a later price change leaves
+past savings as they were; an interruption is a reclaim notice from the
 interruption history; **work lost** is the task-time from a reclaim notice until
 the task left the instance — the stretch its attempt spent being checkpointed
 and stopped instead of working (what the job did since its last checkpoint is
@@ -32,12 +37,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from autoscaler.catalog import SPOT, Catalog
+from autoscaler.catalog import ON_DEMAND, SPOT, Catalog
 from autoscaler.cloud import offering_parts
-from autoscaler.decide import ControlOptions, Planner, decide
-from autoscaler.jobs import JobSpec
+from autoscaler.decide import ControlOptions, Planner, capacity_view, decide, job_capacities
+from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.pricing import PriceBook
 from autoscaler.spend import attribute, dominant_share
+from autoscaler.spot import on_demand_price, restrict_job
 from autoscaler.store import (
     BILLED_STATUSES,
     FINAL_JOB_STATUSES,
@@ -64,6 +70,15 @@ def market_of(offering: str) -> str:
         return offering_parts(offering)[1]
     except ValueError:
         return "on-demand"
+
+
+def ec2_type_of(offering: str) -> str:
+    """The EC2 type an offering name says (the name itself for one that is not an
+    offering's)."""
+    try:
+        return offering_parts(offering)[0]
+    except ValueError:
+        return offering
 
 
 def _hours(start: float, end: float | None, t0: float, t1: float) -> float:
@@ -97,6 +112,8 @@ def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> di
     [since, now] (see the module's docstring for each definition)."""
     hours = spot_hours = spot_spend = savings = 0.0
     unpriced: set[str] = set()
+    priced_now: set[str] = set()
+    at_launch: dict[str, float | None] | None = None
     for interval in store.uptime():
         h = _hours(interval.start, interval.end, since, now)
         hours += h
@@ -104,11 +121,20 @@ def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> di
             continue
         spot_hours += h
         spot_spend += interval.cost(since, now)
+        if at_launch is None:
+            at_launch = {
+                i.instance_id: i.on_demand_price for i in store.instances(include_finished=True)
+            }
+        on_demand = at_launch.get(interval.instance_id)
         ec2_type = offering_parts(interval.instance_type)[0]
-        if ec2_type not in catalog or catalog[ec2_type].is_spot:
+        if on_demand is None:  # requested before launch prices were kept: today's
+            on_demand = on_demand_price(catalog, ec2_type)
+            if on_demand is not None and h > 0:
+                priced_now.add(interval.instance_id)
+        if on_demand is None:
             unpriced.add(ec2_type)  # no on-demand price to compare with
             continue
-        savings += (catalog[ec2_type].hourly_cost - interval.hourly_price) * h
+        savings += (on_demand - interval.hourly_price) * h
     history = store.interruptions(since)
     reclaims = [r for r in history if r.kind == "reclaim"]
     by_offering: dict[str, int] = defaultdict(int)
@@ -122,6 +148,9 @@ def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> di
         "spot_spend": round(spot_spend, 6),
         "savings_vs_on_demand": round(savings, 6),
         "savings_unpriced_types": sorted(unpriced),  # no on-demand price in the catalog
+        # Spot instances with no on-demand price kept from their launch: compared with
+        # the catalog's price now.
+        "savings_at_current_price": sorted(priced_now),
         "interruptions": len(reclaims),
         "interruptions_by_offering": dict(sorted(by_offering.items())),
         "rebalance_recommendations": len(history) - len(reclaims),
@@ -150,16 +179,15 @@ def cost_report(
     for interval in uptime:
         per_type[interval.instance_type] += interval.cost(since, now)
     per_job, idle = attribute(uptime, placements, dominant_share(specs, catalog), since, now)
-    prices = PriceBook(catalog)
-    rp = {t.task_id: _rp(prices, t) for job in specs.values() for t in job.tasks}
-    no_packing_so_far = sum(
-        rp.get(p.task_id, 0.0) * max(0.0, min(now, p.end or now) - max(since, p.start)) / 3600.0
-        for p in placements
-    )
     snapshot = store.snapshot()
     active = [j.spec for j in snapshot.jobs]
+    baseline = NoPacking(store, snapshot, catalog, options, now, specs, placements)
+    no_packing_so_far = sum(
+        baseline.placement_rp(p) * max(0.0, min(now, p.end or now) - max(since, p.start)) / 3600.0
+        for p in placements
+    )
     now_hourly = hourly_cost_now(store)
-    no_packing_now = sum(rp.get(t.task_id, 0.0) for job in active for t in job.tasks)
+    no_packing_now = baseline.hourly_now()
     document: dict[str, Any] = {
         "since": since,
         "until": now,
@@ -201,6 +229,128 @@ def cost_report(
         document["dry_run"] = dry_run(snapshot, catalog, planner, options, now, hypothetical)
         document["dry_run"]["hourly_cost_before"] = round(now_hourly, 6)
     return document
+
+
+class NoPacking:
+    """What no packing would pay (each task alone on its cheapest offering, Eva §4.2),
+    on the planner's footing: the catalog it plans on (spot at its effective price) and
+    each job's offerings as the round decides them (`decide.capacity_view`: its
+    `capacity`, or on-demand once pinned there). The LP bound relaxes the same problem,
+    so the baseline is never below it.
+
+    Now, each active job is priced under its capacity this round. In the past, a
+    placement on an on-demand instance of a job pinned to on-demand (now, or for good
+    after `max_reclaims`) is priced on-demand — it is taken to have run pinned — and any
+    other under the job's own capacity (the ledger does not keep when a job was pinned).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        snapshot: StateSnapshot,
+        catalog: Catalog,
+        options: ControlOptions | None,
+        now: float,
+        specs: Mapping[str, JobSpec] | None = None,
+        placements: Sequence[Placement] = (),
+    ) -> None:
+        """`specs`: every job's spec by id, if already read from `store`; `placements`:
+        those the past baseline will price (`placement_rp`)."""
+        self._specs = dict(specs) if specs is not None else {j.job_id: j.spec for j in store.jobs()}
+        self._active = {j.job_id: j.spec for j in snapshot.jobs}
+        policy = None if options is None else options.spot
+        self._policy = policy
+        self._restricted: dict[tuple[str, str], dict[str, TaskSpec]] = {}
+        self._rp: dict[tuple[str, str, str], float] = {}
+        self._markets: dict[str, str] | None = None
+        self._store = store
+        if policy is None:
+            self._prices = PriceBook(catalog)
+            self._families: frozenset[str] = frozenset()
+            self._now: dict[str, str] = {}
+            self._pinned: set[str] = set()
+            return
+        progress = {
+            j.job_id: max((snapshot.tasks[t.task_id].progress for t in j.spec.tasks), default=0.0)
+            for j in snapshot.jobs
+        }
+        jobs = tuple(self._active.values())
+        planning, restricted = capacity_view(policy, snapshot, catalog, jobs, progress, now)
+        self._prices = PriceBook(planning)
+        self._families = planning.families
+        self._now = {}
+        if restricted is not jobs:
+            capacity = job_capacities(policy, snapshot, jobs, progress, now)
+            self._now = dict(capacity)
+            for job in restricted:
+                self._restricted[(job.job_id, capacity[job.job_id])] = {
+                    t.task_id: t for t in job.tasks
+                }
+        self._pinned = {
+            job_id for job_id, c in self._now.items() if c != self._active[job_id].capacity
+        }
+        # Finished jobs that may have run pinned: those with a placement in the window on
+        # an on-demand instance, whose own capacity allowed spot, when spot is offered.
+        finished = sorted(
+            {
+                p.job_id
+                for p in placements
+                if p.job_id not in self._active
+                and p.job_id in self._specs
+                and self._specs[p.job_id].capacity != "on-demand"
+                and self._market(p.instance_id) == ON_DEMAND
+            }
+            if any(t.is_spot for t in catalog)
+            else ()
+        )
+        if policy.max_reclaims is not None and finished:
+            for job_id, tasks in store.tasks_of_jobs(finished).items():
+                lost = max((t.retries - t.failures for t in tasks), default=0)
+                if lost >= policy.max_reclaims and self._specs[job_id].capacity != "on-demand":
+                    self._pinned.add(job_id)
+
+    def _task_rp(self, job_id: str, task_id: str, capacity: str) -> float:
+        key = (job_id, task_id, capacity)
+        hit = self._rp.get(key)
+        if hit is not None:
+            return hit
+        spec = self._specs.get(job_id)
+        task: TaskSpec | None = None
+        if spec is not None:
+            tasks = self._restricted.get((job_id, capacity))
+            if tasks is None:
+                job = spec if self._policy is None else restrict_job(spec, capacity, self._families)
+                tasks = self._restricted[(job_id, capacity)] = {t.task_id: t for t in job.tasks}
+            task = tasks.get(task_id)
+        rp = 0.0 if task is None else _rp(self._prices, task)
+        self._rp[key] = rp
+        return rp
+
+    def hourly_now(self) -> float:
+        """$/h of every active task alone on its cheapest offering under its capacity now."""
+        return sum(
+            self._task_rp(job_id, t.task_id, self._now.get(job_id, spec.capacity))
+            for job_id, spec in self._active.items()
+            for t in spec.tasks
+        )
+
+    def placement_rp(self, placement: Placement) -> float:
+        """$/h no packing would have paid for the task of `placement` while it ran."""
+        spec = self._specs.get(placement.job_id)
+        if spec is None:
+            return 0.0
+        capacity = spec.capacity
+        if placement.job_id in self._pinned and self._market(placement.instance_id) == ON_DEMAND:
+            capacity = "on-demand"
+        return self._task_rp(placement.job_id, placement.task_id, capacity)
+
+    def _market(self, instance_id: str) -> str:
+        if self._markets is None:
+            self._markets = {
+                i.instance_id: market_of(i.instance_type)
+                for i in self._store.instances(include_finished=True)
+            }
+        return self._markets.get(instance_id, ON_DEMAND)
 
 
 #: The team column of a job whose owner had no team when it was submitted.

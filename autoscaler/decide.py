@@ -52,6 +52,7 @@ from autoscaler.spot import (
     SpotPolicy,
     job_capacity,
     job_deadline_s,
+    on_demand_price,
     pinned_on_demand,
     spread,
     without_misfits,
@@ -170,6 +171,9 @@ class Launch:
     hourly_price: float
     tasks: tuple[str, ...]
     reason: str
+    # Its EC2 type's on-demand price now (None: not offered on-demand), kept with the
+    # instance so its savings against on-demand are measured against the price of the time.
+    on_demand_price: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,11 @@ class RoundDecision:
             targets=self.targets,
             drains=tuple((d.instance_id, d.reason) for d in self.drains),
             terminations=tuple((t.instance_id, t.status, t.reason) for t in self.terminations),
+            on_demand_prices={
+                launch.instance_id: launch.on_demand_price
+                for launch in self.launches
+                if launch.on_demand_price is not None
+            },
         )
 
 
@@ -498,34 +507,9 @@ def _spot_view(
     effective prices, each job restricted to the capacity it may use this round (a
     deadline job pinned to on-demand as its slack runs out), and the current
     configuration without the tasks their instance no longer suits."""
-    planning = policy.planning_catalog(usable)
-    if planning is usable and not any(j.capacity != "auto" or _has_deadline(j) for j in jobs):
+    planning, restricted = capacity_view(policy, snapshot, usable, jobs, progress, now)
+    if planning is usable and restricted is jobs:
         return usable, jobs, current  # no spot offering, nothing to restrict
-    families = planning.families
-    submitted = {j.job_id: j.submitted_at for j in snapshot.jobs}
-    restricted = []
-    for job in jobs:
-        reclaims = max(
-            snapshot.tasks[t.task_id].retries - snapshot.tasks[t.task_id].failures
-            for t in job.tasks
-        )
-        pinned = policy.max_reclaims is not None and reclaims >= policy.max_reclaims
-        solo = _solo_s(job)
-        deadline = job_deadline_s(job, solo)
-        if deadline is not None and not pinned:
-            work = _known_work(job)
-            remaining = None
-            if work is not None:
-                remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
-            pinned = pinned_on_demand(
-                now=now,
-                submitted_at=submitted.get(job.job_id, now),
-                deadline_s=deadline,
-                remaining_s=remaining,
-                restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
-                margin_s=policy.deadline_margin_s,
-            )
-        restricted.append(policy.restricted(job, job_capacity(job, pinned), families))
     # A job no offering can take under its capacity (spot only, none offered now) waits.
     fits: dict[Demands, bool] = {}
     waiting: set[str] = set()
@@ -557,6 +541,67 @@ def _spot_view(
         {j.job_id: j for j in plan_jobs},
     )
     return planning, plan_jobs, plan_current
+
+
+def capacity_view(
+    policy: SpotPolicy,
+    snapshot: StateSnapshot,
+    usable: Catalog,
+    jobs: tuple[JobSpec, ...],
+    progress: Mapping[str, float],
+    now: float,
+) -> tuple[Catalog, tuple[JobSpec, ...]]:
+    """The catalog at effective prices and each job restricted to the offerings it may
+    use this round (`job_capacities`): what the planner, its LP bound and the no-packing
+    baseline price (`jobs` itself when there is nothing to restrict)."""
+    planning = policy.planning_catalog(usable)
+    if planning is usable and not any(j.capacity != "auto" or _has_deadline(j) for j in jobs):
+        return usable, jobs
+    families = planning.families
+    capacity = job_capacities(policy, snapshot, jobs, progress, now)
+    return planning, tuple(policy.restricted(j, capacity[j.job_id], families) for j in jobs)
+
+
+def job_capacities(
+    policy: SpotPolicy,
+    snapshot: StateSnapshot,
+    jobs: Sequence[JobSpec],
+    progress: Mapping[str, float],
+    now: float,
+) -> dict[str, str]:
+    """The capacity each job is planned under this round: its own, or "on-demand" once
+    pinned there — after `max_reclaims` attempts lost to the infrastructure, or as a
+    deadline's slack runs out (`pinned_on_demand`). The one rule deciding which offerings
+    a job may use: the planner (and with it the LP bound) and the reports' no-packing
+    baseline read it alike."""
+    submitted = {j.job_id: j.submitted_at for j in snapshot.jobs}
+    out: dict[str, str] = {}
+    for job in jobs:
+        reclaims = max(
+            (
+                snapshot.tasks[t.task_id].retries - snapshot.tasks[t.task_id].failures
+                for t in job.tasks
+                if t.task_id in snapshot.tasks
+            ),
+            default=0,
+        )
+        pinned = policy.max_reclaims is not None and reclaims >= policy.max_reclaims
+        deadline = job_deadline_s(job, _solo_s(job))
+        if deadline is not None and not pinned:
+            work = _known_work(job)
+            remaining = None
+            if work is not None:
+                remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
+            pinned = pinned_on_demand(
+                now=now,
+                submitted_at=submitted.get(job.job_id, now),
+                deadline_s=deadline,
+                remaining_s=remaining,
+                restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
+                margin_s=policy.deadline_margin_s,
+            )
+        out[job.job_id] = job_capacity(job, pinned)
+    return out
 
 
 def _has_deadline(job: JobSpec) -> bool:
@@ -1060,7 +1105,9 @@ def _diff(
         paid = inst.type.hourly_cost
         if inst.type.name in catalog:
             paid = catalog[inst.type.name].hourly_cost
-        launches.append(Launch(token, inst.type.name, paid, tasks, reason))
+        ec2_type = catalog[inst.type.name].launch_type if inst.type.name in catalog else ""
+        on_demand = on_demand_price(catalog, ec2_type) if ec2_type else None
+        launches.append(Launch(token, inst.type.name, paid, tasks, reason, on_demand))
         for task_id in tasks:
             targets[task_id] = token
     moves: list[ActionRecord] = []

@@ -317,6 +317,16 @@ def planning_inputs(
     return planning, tuple(restrict_job(j, j.capacity, families) for j in jobs)
 
 
+def on_demand_price(catalog: Catalog, ec2_type: str) -> float | None:
+    """The on-demand price of an EC2 type in `catalog` (its bare offering's, else the
+    cheapest of its zonal ones): what a spot hour of it is compared with. None: the
+    catalog offers it on-demand nowhere."""
+    if ec2_type in catalog and not catalog[ec2_type].is_spot:
+        return catalog[ec2_type].hourly_cost
+    prices = [t.hourly_cost for t in catalog if not t.is_spot and t.launch_type == ec2_type]
+    return min(prices, default=None)
+
+
 def capacity_of(market: str) -> str:
     """The job capacity that admits an offering of this market."""
     return "on-demand" if market == ON_DEMAND else "spot"

@@ -219,6 +219,10 @@ class InstanceRecord:
     # When its provider announced it reclaims it (a spot interruption notice): from then
     # on nothing is placed on it, and it is terminated once its tasks have left.
     reclaimed_at: float | None = None
+    # The on-demand price of its EC2 type when it was requested (its catalog's): what a
+    # spot instance saved is measured against it, not against a later price (None: not
+    # recorded, an instance requested before it was).
+    on_demand_price: float | None = None
 
     def entered(self, status: str) -> float | None:
         """When the instance last entered `status` (None if it never did)."""
@@ -314,13 +318,16 @@ class RoundIntents:
     `targets`: task -> the instance the plan assigns it to (None: unplaced);
     `drains`: (instance, reason) of instances the plan no longer uses;
     `terminations`: (instance, status, reason) of instances to give up now:
-    `terminating` (then terminated by the cloud) or `failed` (never launched).
+    `terminating` (then terminated by the cloud) or `failed` (never launched);
+    `on_demand_prices`: requested instance -> the on-demand price of its EC2 type at
+    the request (the catalog's then), kept with it.
     """
 
     requests: tuple[tuple[str, str, float], ...] = ()
     targets: Mapping[str, str | None] = field(default_factory=dict)
     drains: tuple[tuple[str, str], ...] = ()
     terminations: tuple[tuple[str, InstanceStatus, str], ...] = ()
+    on_demand_prices: Mapping[str, float] = field(default_factory=dict)
 
     def instance_changes(self) -> list[InstanceChange]:
         """The instance transitions the round asks for: its drains, then its terminations."""

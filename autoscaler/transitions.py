@@ -197,12 +197,23 @@ def update_task(
 
 
 def request_instance(
-    instance_id: str, instance_type: str, hourly_price: float, at: float
+    instance_id: str,
+    instance_type: str,
+    hourly_price: float,
+    at: float,
+    on_demand_price: float | None = None,
 ) -> InstanceRecord:
     """An instance recorded before the cloud is asked for it (its id is the launch
-    token), at the price of the time; it bills from here once it is launched."""
+    token), at the price of the time; it bills from here once it is launched.
+    `on_demand_price`: its EC2 type's on-demand price of the time, if known."""
     return InstanceRecord(
-        instance_id, instance_type, "requested", hourly_price, at, history=(("requested", at),)
+        instance_id,
+        instance_type,
+        "requested",
+        hourly_price,
+        at,
+        history=(("requested", at),),
+        on_demand_price=on_demand_price,
     )
 
 

@@ -157,11 +157,18 @@ class InMemoryStore(Store):
 
     # -- instances --------------------------------------------------------
     def _request(
-        self, instance_id: str, instance_type: str, hourly_price: float, at: float
+        self,
+        instance_id: str,
+        instance_type: str,
+        hourly_price: float,
+        at: float,
+        on_demand_price: float | None = None,
     ) -> None:
         if instance_id in self._instances:
             return  # idempotent: the same launch token
-        record = transitions.request_instance(instance_id, instance_type, hourly_price, at)
+        record = transitions.request_instance(
+            instance_id, instance_type, hourly_price, at, on_demand_price
+        )
         self._instances[instance_id] = record
         self._live[instance_id] = None
 
@@ -263,7 +270,8 @@ class InMemoryStore(Store):
             if intents is not None:
                 at = record.at
                 for instance_id, instance_type, price in intents.requests:
-                    self._request(instance_id, instance_type, price, at)
+                    on_demand = intents.on_demand_prices.get(instance_id)
+                    self._request(instance_id, instance_type, price, at, on_demand)
                 self._assign(intents.targets, at)
                 self._transition(intents.instance_changes(), at)
             return round_id

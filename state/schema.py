@@ -225,6 +225,8 @@ class Instance(Base):
     reason: Mapped[str] = mapped_column(Text, server_default="")  # of its current status
     # Its provider announced it reclaims it (a spot interruption notice, 0009).
     reclaimed_at: Mapped[float | None] = mapped_column(Double)
+    # Its EC2 type's on-demand price at the request: spot savings are measured against it.
+    on_demand_price: Mapped[float | None] = mapped_column(Double)
 
 
 class InstanceTransition(Base):

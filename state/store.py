@@ -405,7 +405,11 @@ class SqlStore(Store):
 
     # -- instances --------------------------------------------------------
     def _request_many(
-        self, conn: Connection, requests: Sequence[tuple[str, str, float]], at: float
+        self,
+        conn: Connection,
+        requests: Sequence[tuple[str, str, float]],
+        at: float,
+        on_demand_prices: Mapping[str, float] | None = None,
     ) -> None:
         """Record instances before asking the cloud; a token already recorded stands as it is."""
         wanted = {instance_id: (itype, price) for instance_id, itype, price in requests}
@@ -419,7 +423,7 @@ class SqlStore(Store):
                 ).scalars()
             )
         new = [
-            transitions.request_instance(i, itype, price, at)
+            transitions.request_instance(i, itype, price, at, (on_demand_prices or {}).get(i))
             for i, (itype, price) in wanted.items()
             if i not in taken
         ]
@@ -433,6 +437,7 @@ class SqlStore(Store):
                     "instance_type": i.instance_type,
                     "hourly_price": i.hourly_price,
                     "requested_at": i.requested_at,
+                    "on_demand_price": i.on_demand_price,
                     **_columns(i, INSTANCE_COLUMNS),
                 }
                 for i in new
@@ -671,7 +676,7 @@ class SqlStore(Store):
                 )
             if intents is not None:
                 at = record.at
-                self._request_many(conn, intents.requests, at)
+                self._request_many(conn, intents.requests, at, intents.on_demand_prices)
                 if intents.targets:
                     self._assign(conn, intents.targets, at)
                 self._transition_many(conn, intents.instance_changes(), at)
@@ -990,6 +995,7 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.reason,
         row.private_address,
         row.reclaimed_at,
+        row.on_demand_price,
     )
 
 

@@ -630,3 +630,19 @@ def test_a_reclaim_marks_the_instance_and_joins_the_interruption_history_once(st
     assert marked == {"i-1": 100.0, "i-2": 200.0, "i-3": 300.0}
     with pytest.raises(UnknownEntity):
         store.instance_notice("nope", "reclaim", 1.0)
+
+
+def test_an_instance_keeps_the_on_demand_price_of_its_request(store):
+    """Spot savings are measured against the on-demand price of the time of the request,
+    so the store keeps it with the instance (None where the round gave none)."""
+    intents = RoundIntents(
+        requests=(("i-1", "c7i.large:spot", 0.03), ("i-2", "c7i.large", 0.09)),
+        on_demand_prices={"i-1": 0.09},
+    )
+    store.record_round(RoundRecord(10.0, "test", "none", False, "set up"), intents)
+    assert store.instance("i-1").on_demand_price == 0.09
+    assert store.instance("i-2").on_demand_price is None
+    store.transition_instance("i-1", "running", 20.0, cloud_id="c-1")
+    store.transition_instance("i-1", "terminated", 30.0)
+    kept = {i.instance_id: i.on_demand_price for i in store.instances(include_finished=True)}
+    assert kept == {"i-1": 0.09, "i-2": None}

@@ -1130,6 +1130,14 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
             f"Spot share               {spot['spot_share']:.1%} of instance-hours "
             f"({money(spot['spot_spend'])})",
             f"Saved against on-demand  {money(spot['savings_vs_on_demand'])}",
+            *(
+                [
+                    f"  ({len(spot['savings_at_current_price'])} spot instance(s) requested "
+                    "before launch prices were kept: against today's on-demand price)"
+                ]
+                if spot.get("savings_at_current_price")
+                else []
+            ),
             f"Interruptions            {spot['interruptions']}"
             + (f" ({by_offering})" if by_offering else ""),
             f"Work lost                {spot['work_lost_task_hours']:.3g} task-hours",

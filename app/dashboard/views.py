@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.reports import spend_by, timeline
+from app.reports import ec2_type_of, market_of, spend_by, timeline
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Guardrails
 from autoscaler.store import BILLED_STATUSES, JobRecord, RoundRecord, Store
@@ -50,10 +50,11 @@ def now_document(
     instances = []
     groups: dict[tuple[str, str], int] = defaultdict(int)
     for entry in status["instances"]:
+        # The market as `status` reads it (`reports.market_of`, the offering's name), so an
+        # offering gone from today's catalog still shows as what it was bought as.
         known = entry["type"] in catalog
-        offering = catalog[entry["type"]] if known else None
-        market = offering.market if offering is not None else "on-demand"
-        ec2_type = offering.launch_type if offering is not None else entry["type"]
+        market = entry.get("market") or market_of(entry["type"])
+        ec2_type = catalog[entry["type"]].launch_type if known else ec2_type_of(entry["type"])
         groups[(ec2_type, market)] += 1
         instances.append(
             {
