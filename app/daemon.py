@@ -150,6 +150,11 @@ class Daemon:
                 on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
             )
             self.notices = Notices(outbox, config.guardrails)
+        # Reclaims already in the history when this daemon starts were counted by the one
+        # before it (or happened before it ran): the counter counts only those recorded after.
+        self._reclaims_at: float | None = None
+        self._reclaims_seen: set[tuple[str, float]] = set()
+        self._observe_interruptions(counting=False)
         if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
             bindings.executor.on_notice = self.noticed
         self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
@@ -166,6 +171,8 @@ class Daemon:
             except Exception:
                 log.exception("round failed; the next one starts from the database")
                 return None
+            finally:
+                self._observe_interruptions()
             seconds = time.perf_counter() - started
             record = outcome.record
             self.metrics.observe_round(record, seconds)
@@ -235,6 +242,8 @@ class Daemon:
             except Exception:
                 log.exception("step failed; the next one starts from the database")
                 return None
+            finally:
+                self._observe_interruptions()
             self.metrics.observe_step(step)
             for launch in step.starts:
                 _event(
@@ -264,6 +273,29 @@ class Daemon:
         _event("notice", instance=instance_id, kind=notice.kind, reason=notice.describe())
         if notice.reclaims:
             self.replan_now()
+
+    def _observe_interruptions(self, *, counting: bool = True) -> None:
+        """`autoscaler_interruptions_total` once per reclaim a round or step recorded, read
+        from the state's interruption history — one record per instance and kind, however
+        many rounds see its notice again — from the newest time seen on (`_reclaims_at`).
+        At start (`counting` False) the history is only read: its reclaims were counted by
+        the daemon before this one, or happened before any ran."""
+        store = self.bindings.store
+        try:
+            records = store.interruptions(self._reclaims_at)
+        except Exception:  # the next round or step reads them again
+            log.exception("the interruption history could not be read")
+            return
+        for r in records:
+            key = (r.instance_id, r.at)  # those at the cursor are read again: once each
+            if r.kind != "reclaim" or key in self._reclaims_seen:
+                continue
+            if counting:
+                self.metrics.observe_interruption(r.offering)
+            if self._reclaims_at is None or r.at > self._reclaims_at:
+                self._reclaims_at = r.at
+                self._reclaims_seen = {k for k in self._reclaims_seen if k[1] == r.at}
+            self._reclaims_seen.add(key)
 
     def replan_now(self) -> None:
         """Run the next round at once (no-op before the scheduler runs)."""
