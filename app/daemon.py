@@ -321,6 +321,11 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        # The local cloud's spot notices, where agents a previous daemon started poll: by
+        # the leader only (a waiting daemon must not take or move that port).
+        resume_notices = getattr(self.bindings.cloud, "resume_notices", None)
+        if resume_notices is not None:
+            resume_notices()
         resuming = resuming_event(store)
         if resuming:  # never a silent relaunch: say what the first round plans again
             _event("resuming", **resuming)
