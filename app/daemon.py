@@ -120,6 +120,7 @@ class Daemon:
             self.options,
             passed=self._passed,
             attempt_ended=_attempt_ended,
+            catalog=self._spot_rates(),
         )
         self.api = SubmissionService(
             bindings.store,
@@ -158,6 +159,22 @@ class Daemon:
         if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
             bindings.executor.on_notice = self.noticed
         self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
+
+    def _spot_rates(self) -> Callable[[Catalog, float], Catalog] | None:
+        """With `[spot] enabled`, what the rounds price spot offerings at: their bands refined
+        by this cluster's interruption history and rebalance recommendations."""
+        spot = self.config.spot
+        if not spot.enabled:
+            return None
+        from app.spot_rates import SpotRates
+
+        return SpotRates(
+            self.bindings.store,
+            prior_hours=spot.prior_hours,
+            history_days=spot.history_days,
+            refresh_s=spot.refresh_minutes * 60.0,
+            rebalance_rate_per_hour=spot.rebalance_rate_per_hour,
+        ).catalog
 
     # -- the control loop ------------------------------------------------------------------
 
