@@ -286,7 +286,8 @@ class Daemon:
     def noticed(self, instance_id: str, notice: InstanceNotice) -> None:
         """A worker reports its provider's notice: a reclaim is planned for at once — the
         round starts now, not at the next period — and a rebalance recommendation is
-        recorded by that round (the interruption history keeps both)."""
+        recorded by the next round or step (the interruption history keeps both), from
+        which the rounds price its instance's offering higher (`app.spot_rates`)."""
         _event("notice", instance=instance_id, kind=notice.kind, reason=notice.describe())
         if notice.reclaims:
             self.replan_now()

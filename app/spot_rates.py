@@ -59,6 +59,8 @@ class SpotRates:
         self._base: Catalog | None = None
         self._at = -math.inf
         self._memo: tuple[Catalog, tuple[tuple[str, float], ...], Catalog] | None = None
+        # instance → (when it was judged, finishing): a snapshot at most every refresh
+        self._finishing: dict[str, tuple[float, bool]] = {}
 
     def catalog(self, base: Catalog, now: float) -> Catalog:
         """`base` with its spot offerings at the learned rates; the same object while the
@@ -109,10 +111,22 @@ class SpotRates:
             inst = self.store.instance(r.instance_id)
             if inst is None or inst.status not in LIVE or inst.reclaimed_at is not None:
                 continue
-            if r.offering in base and self.finishing(r.instance_id, base[r.offering]):
+            if r.offering in base and self._finishes(r.instance_id, base[r.offering], now):
                 continue
             out.add(r.offering)
         return out
+
+    def _finishes(self, instance_id: str, itype: InstanceType, now: float) -> bool:
+        """`finishing`, judged again at most every refresh period (it reads a snapshot,
+        and rounds and steps ask for the catalog every few seconds)."""
+        known = self._finishing.get(instance_id)
+        if known is None or not 0.0 <= now - known[0] < self.refresh_s:
+            self._finishing = {
+                k: v for k, v in self._finishing.items() if 0.0 <= now - v[0] < self.refresh_s
+            }
+            known = (now, self.finishing(instance_id, itype))
+            self._finishing[instance_id] = known
+        return known[1]
 
     def finishing(self, instance_id: str, itype: InstanceType) -> bool:
         """Whether every task on the instance (one at least) is known to finish within
