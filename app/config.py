@@ -413,6 +413,14 @@ class SpotTable(Strict, frozen=True):
     checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
     deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
     max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 2
+    # The cluster's own interruption history refines each offering's band (`app.spot_rates`):
+    # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
+    # spot instance-hours), recomputed at most every `refresh_minutes`; a rebalance
+    # recommendation prices its instance's offering at rebalance_rate_per_hour at least.
+    prior_hours: Annotated[float, number(ge=0.0, le=1e6)] = 100.0
+    history_days: Annotated[float, number(gt=0.0, le=3650.0)] = 30.0
+    refresh_minutes: Annotated[float, number(ge=0.0, le=1440.0)] = 10.0
+    rebalance_rate_per_hour: Annotated[float, number(ge=0.0, le=3600.0)] = 1.0
 
     def policy(self) -> SpotPolicy | None:
         """The planner's spot policy (None: spot disabled)."""

@@ -120,6 +120,7 @@ class Daemon:
             self.options,
             passed=self._passed,
             attempt_ended=_attempt_ended,
+            catalog=self._spot_rates(),
         )
         self.api = SubmissionService(
             bindings.store,
@@ -150,9 +151,30 @@ class Daemon:
                 on_attempt=lambda outcome: self.metrics.notifications.labels(outcome).inc(),
             )
             self.notices = Notices(outbox, config.guardrails)
+        # Reclaims already in the history when this daemon starts were counted by the one
+        # before it (or happened before it ran): the counter counts only those recorded after.
+        self._reclaims_at: float | None = None
+        self._reclaims_seen: set[tuple[str, float]] = set()
+        self._observe_interruptions(counting=False)
         if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
             bindings.executor.on_notice = self.noticed
         self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
+
+    def _spot_rates(self) -> Callable[[Catalog, float], Catalog] | None:
+        """With `[spot] enabled`, what the rounds price spot offerings at: their bands refined
+        by this cluster's interruption history and rebalance recommendations."""
+        spot = self.config.spot
+        if not spot.enabled:
+            return None
+        from app.spot_rates import SpotRates
+
+        return SpotRates(
+            self.bindings.store,
+            prior_hours=spot.prior_hours,
+            history_days=spot.history_days,
+            refresh_s=spot.refresh_minutes * 60.0,
+            rebalance_rate_per_hour=spot.rebalance_rate_per_hour,
+        ).catalog
 
     # -- the control loop ------------------------------------------------------------------
 
@@ -166,6 +188,8 @@ class Daemon:
             except Exception:
                 log.exception("round failed; the next one starts from the database")
                 return None
+            finally:
+                self._observe_interruptions()
             seconds = time.perf_counter() - started
             record = outcome.record
             self.metrics.observe_round(record, seconds)
@@ -235,6 +259,8 @@ class Daemon:
             except Exception:
                 log.exception("step failed; the next one starts from the database")
                 return None
+            finally:
+                self._observe_interruptions()
             self.metrics.observe_step(step)
             for launch in step.starts:
                 _event(
@@ -260,10 +286,34 @@ class Daemon:
     def noticed(self, instance_id: str, notice: InstanceNotice) -> None:
         """A worker reports its provider's notice: a reclaim is planned for at once — the
         round starts now, not at the next period — and a rebalance recommendation is
-        recorded by that round (the interruption history keeps both)."""
+        recorded by the next round or step (the interruption history keeps both), from
+        which the rounds price its instance's offering higher (`app.spot_rates`)."""
         _event("notice", instance=instance_id, kind=notice.kind, reason=notice.describe())
         if notice.reclaims:
             self.replan_now()
+
+    def _observe_interruptions(self, *, counting: bool = True) -> None:
+        """`autoscaler_interruptions_total` once per reclaim a round or step recorded, read
+        from the state's interruption history — one record per instance and kind, however
+        many rounds see its notice again — from the newest time seen on (`_reclaims_at`).
+        At start (`counting` False) the history is only read: its reclaims were counted by
+        the daemon before this one, or happened before any ran."""
+        store = self.bindings.store
+        try:
+            records = store.interruptions(self._reclaims_at)
+        except Exception:  # the next round or step reads them again
+            log.exception("the interruption history could not be read")
+            return
+        for r in records:
+            key = (r.instance_id, r.at)  # those at the cursor are read again: once each
+            if r.kind != "reclaim" or key in self._reclaims_seen:
+                continue
+            if counting:
+                self.metrics.observe_interruption(r.offering)
+            if self._reclaims_at is None or r.at > self._reclaims_at:
+                self._reclaims_at = r.at
+                self._reclaims_seen = {k for k in self._reclaims_seen if k[1] == r.at}
+            self._reclaims_seen.add(key)
 
     def replan_now(self) -> None:
         """Run the next round at once (no-op before the scheduler runs)."""
@@ -289,6 +339,11 @@ class Daemon:
         if not leader.acquire(self.stop, poll_s=2.0, on_wait=lambda m: _event("waiting", reason=m)):
             return 0
         _event("leading", cluster=self.config.cluster.name, lock=leader.holder)
+        # The local cloud's spot notices, where agents a previous daemon started poll: by
+        # the leader only (a waiting daemon must not take or move that port).
+        resume_notices = getattr(self.bindings.cloud, "resume_notices", None)
+        if resume_notices is not None:
+            resume_notices()
         resuming = resuming_event(store)
         if resuming:  # never a silent relaunch: say what the first round plans again
             _event("resuming", **resuming)

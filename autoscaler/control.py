@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     Cloud,
     CloudError,
@@ -760,6 +761,7 @@ class ControlLoop:
         options: ControlOptions | None = None,
         passed: Callable[[str], None] | None = None,
         attempt_ended: Callable[[AttemptEnd], None] | None = None,
+        catalog: Callable[[Catalog, float], Catalog] | None = None,
     ) -> None:
         self.planner = planner
         self.cloud = cloud
@@ -769,6 +771,14 @@ class ControlLoop:
         self.options = options or ControlOptions()
         self.passed = passed or (lambda point: None)
         self.attempt_ended = attempt_ended or (lambda end: None)
+        # The cloud's catalog as the rounds and steps price it at a time: the daemon's
+        # learned spot interruption rates (`app.spot_rates`); None: as the cloud says.
+        self.priced = catalog
+
+    def catalog(self, now: float) -> Catalog:
+        """The catalog this round or step plans and prices with."""
+        base = self.cloud.catalog()
+        return base if self.priced is None else self.priced(base, now)
 
     def _sync(self, now: float, *, learn: bool) -> Observed:
         observed = sync(
@@ -790,7 +800,7 @@ class ControlLoop:
         elapsed = stopwatch()
         decision = decide(
             snapshot,
-            self.cloud.catalog(),
+            self.catalog(now),
             self.cloud.unavailable(),
             options,
             planner=self.planner,
@@ -859,7 +869,7 @@ class ControlLoop:
             self.store.placements(since),
             {job_id: r.spec for job_id, r in records.items()},
             {job_id: r.team for job_id, r in records.items()},
-            self.cloud.catalog(),
+            self.catalog(now),
             now,
         )
 
@@ -875,7 +885,7 @@ class ControlLoop:
         )
         step = advance(
             snapshot,
-            self.cloud.catalog(),
+            self.catalog(now),
             options,
             now=now,
             ready=observed.ready,

@@ -27,7 +27,7 @@ families its capacity allows. Launches spread over a type's zones (`spread`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, Catalog, InstanceType
@@ -330,3 +330,59 @@ def on_demand_price(catalog: Catalog, ec2_type: str) -> float | None:
 def capacity_of(market: str) -> str:
     """The job capacity that admits an offering of this market."""
     return "on-demand" if market == ON_DEMAND else "spot"
+
+
+def blended_rate(prior_per_hour: float, reclaims: int, hours: float, prior_hours: float) -> float:
+    """An offering's interruption rate from its band and the cluster's own history: the
+    Gamma–Poisson posterior mean `(λ_band · H0 + n) / (H0 + h)` — the band counted as
+    `prior_hours` (H0) instance-hours of evidence, `n` reclaims seen over `h` spot
+    instance-hours of our own — so a handful of hours cannot swing the price, and a long
+    history outweighs the band."""
+    if prior_hours <= 0.0 and hours <= 0.0:
+        return prior_per_hour
+    return (prior_per_hour * prior_hours + reclaims) / (prior_hours + hours)
+
+
+def spot_hours(
+    intervals: Iterable[tuple[str, float, float | None]], since: float, now: float
+) -> dict[str, float]:
+    """Instance-hours per offering within [since, now] from billed uptime intervals
+    (offering, start, end; end None: still running)."""
+    hours: dict[str, float] = {}
+    for offering, start, end in intervals:
+        seconds = min(now, end if end is not None else now) - max(start, since)
+        if seconds > 0.0:
+            hours[offering] = hours.get(offering, 0.0) + seconds / 3600.0
+    return hours
+
+
+def observed_rates(
+    catalog: Catalog,
+    reclaims: Mapping[str, int],
+    hours: Mapping[str, float],
+    prior_hours: float,
+) -> dict[str, float]:
+    """`blended_rate` of every spot offering of the catalog, its own rate (the band's) as
+    the prior: the mapping `provisioners.catalog.spot_offerings(observed=)` takes, which
+    the daemon applies (`with_rates`) to whatever catalog its cloud gives."""
+    return {
+        t.name: blended_rate(
+            t.interruption_per_hour, reclaims.get(t.name, 0), hours.get(t.name, 0.0), prior_hours
+        )
+        for t in catalog
+        if t.is_spot
+    }
+
+
+def with_rates(catalog: Catalog, rates: Mapping[str, float]) -> Catalog:
+    """The catalog with the spot offerings named in `rates` at those interruption rates
+    (itself when none changes)."""
+    changed = False
+    types = []
+    for t in catalog:
+        rate = rates.get(t.name) if t.is_spot else None
+        if rate is not None and rate != t.interruption_per_hour:
+            t = replace(t, interruption_per_hour=rate)
+            changed = True
+        types.append(t)
+    return Catalog(types, catalog.region) if changed else catalog

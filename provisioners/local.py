@@ -61,6 +61,8 @@ from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.security import write_secret
 from provisioners.local_reclaims import NOTICE_WINDOW_S, NoticeServer, ReclaimPlan, notice_time
 
+#: Where the metadata stand-in's port is kept, in the cloud's directory (one port for life).
+NOTICE_PORT_FILE = "imds-port"
 #: The agent's one-time enrollment secret, in its own work directory.
 SECRET_FILE = "enrollment-secret"
 
@@ -253,8 +255,14 @@ class LocalCloud:
         """Where this instance's agent polls for notices (the stand-in starts at first use)."""
         with self._lock:
             if self._notices is None:
-                self._notices = NoticeServer(self.notice_of)
+                self._notices = NoticeServer(self.notice_of, self.root / NOTICE_PORT_FILE)
             return self._notices.url_of(instance_id)
+
+    def resume_notices(self) -> None:
+        """Serve notices again where agents started by an earlier daemon poll (the port it
+        recorded), before any launch asks for the stand-in; nothing when none ran."""
+        if (self.root / NOTICE_PORT_FILE).exists():
+            self.notice_url("")
 
     def close(self) -> None:
         """Stop the metadata stand-in (the agents keep running, as instances would)."""

@@ -19,11 +19,20 @@ polls `<url>/i/<launch token>/latest/meta-data/spot/instance-action` (IMDSv2: a 
 for a session token first), which answers 404 until its reclaim, then EC2's
 notice, `{"action": "terminate", "time": <reclaim + window>}`; the local cloud
 terminates the instance when the window is over.
+
+The stand-in keeps one address for the cluster's life, as EC2's metadata service keeps
+169.254.169.254: its port is recorded in the local cloud's directory (`port_file`) and
+bound again by the next daemon, so agents started before a daemon restart — which were
+told the URL once, on their command line — keep receiving notices. (Telling running
+agents a new URL instead would need a channel to every agent and a change to the
+agent's IMDS client, which on EC2 never moves.)
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
 import random
 import secrets
@@ -36,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler.errors import InputError
+
+log = logging.getLogger(__name__)
 
 #: EC2's warning before a spot instance is reclaimed.
 NOTICE_WINDOW_S = 120.0
@@ -162,9 +173,15 @@ def notice_time(at_s: float) -> str:
 class NoticeServer:
     """The instance metadata service's stand-in for the local cloud's instances, on
     127.0.0.1: IMDSv2 sessions, and for each instance (`/i/<token>`) the spot
-    instance-action notice `notices(token)` gives (None: 404, no notice)."""
+    instance-action notice `notices(token)` gives (None: 404, no notice). With
+    `port_file`, it listens on the port recorded there (where agents started by an
+    earlier daemon poll) and records the port it listens on."""
 
-    def __init__(self, notices: Callable[[str], Mapping[str, Any] | None]) -> None:
+    def __init__(
+        self,
+        notices: Callable[[str], Mapping[str, Any] | None],
+        port_file: Path | None = None,
+    ) -> None:
         self.session = secrets.token_urlsafe(16)
         self.requests = 0
         owner = self
@@ -199,7 +216,10 @@ class NoticeServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _bind(Handler, recorded_port(port_file))
+        if port_file is not None:
+            port_file.parent.mkdir(parents=True, exist_ok=True)
+            port_file.write_text(f"{self.server.server_port}\n")
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="local-imds", daemon=True
@@ -213,6 +233,30 @@ class NoticeServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def recorded_port(port_file: Path | None) -> int:
+    """The port an earlier stand-in recorded (0: none, any free port)."""
+    if port_file is None:
+        return 0
+    try:
+        port = int(port_file.read_text())
+    except (OSError, ValueError):
+        return 0
+    return port if 0 < port < 65536 else 0
+
+
+def _bind(handler: type[BaseHTTPRequestHandler], port: int) -> ThreadingHTTPServer:
+    """A server on 127.0.0.1:`port`; on another free port when something else holds it
+    (agents polling the old one then see no notices: their instances still go at the
+    reclaim, and the daemon finds their workers lost)."""
+    try:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        if port == 0 or exc.errno != errno.EADDRINUSE:
+            raise
+        log.warning("the spot notice port %d is taken: agents started before see no notices", port)
+        return ThreadingHTTPServer(("127.0.0.1", 0), handler)
 
 
 def _split(path: str) -> tuple[str | None, str]:

@@ -196,3 +196,34 @@ def test_a_trace_file_is_read_from_disk(tmp_path):
     path = tmp_path / "c7i.json"
     path.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 1]}))
     assert AvailabilityTrace.load(path) == trace(600, 0, 1)
+
+
+def test_a_restarted_daemons_notice_reaches_an_agent_started_before(tmp_path, fake_agent):
+    clock = Clock()
+    before = make(tmp_path, fake_agent, clock, ReclaimPlan())
+    after = None
+    try:
+        before.launch(LaunchRequest("c7i.large:spot", "tok-1"))
+        argv = argv_of(tmp_path, "tok-1")
+        seen: list[Notice] = []
+        watcher = NoticeWatcher(argv[argv.index("--imds-url") + 1], seen.append)
+        assert watcher.poll() == []  # the first daemon's stand-in: no notice yet
+        before.close()  # the daemon stops; its agent keeps running and polling that URL
+
+        after = make(tmp_path, fake_agent, clock, ReclaimPlan())  # the next daemon
+        after.resume_notices()  # as it starts leading, before any launch
+        after.reclaim("tok-1")
+        clock.now = 1010.0
+        [notice] = watcher.poll()  # a fresh IMDSv2 session (the old token gets a 401)
+        assert notice == Notice(INSTANCE_ACTION, "terminate", "1970-01-01T00:17:10Z")
+    finally:
+        (after or before).terminate_all()
+        if after is not None:
+            after.close()
+
+
+def test_without_an_earlier_stand_in_resuming_serves_nothing(tmp_path, fake_agent):
+    cloud = make(tmp_path, fake_agent, Clock(), ReclaimPlan())
+    cloud.resume_notices()  # no agent polls any port: none is taken
+    assert not (tmp_path / "cloud" / "imds-port").exists()
+    cloud.close()
