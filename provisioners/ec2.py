@@ -27,8 +27,11 @@ How it keeps money safe:
 - **Offerings.** A launch names a catalog offering (`autoscaler.catalog.
   offering_name`): its EC2 type, market and zone. A spot offering launches
   with `InstanceMarketOptions` (one-time, terminated on interruption) in its
-  zone, through the subnet configured there; spot is allowed for the types and
-  families `[ec2] spot` lists (the generated policy grants it for them only).
+  zone, through the subnet configured there; a bare type always launches
+  on-demand. Spot is allowed where the cluster's one spot setting allows it
+  (`[spot] enabled` and `types`, `EC2Config.spot_for`): the catalog offers spot
+  for those types only and the generated policy grants spot launches for them
+  only.
   The price paid is the one recorded with the request (the spot price of the
   catalog, refreshed from `DescribeSpotPriceHistory` by `provisioners.
   spot_prices`).
@@ -355,7 +358,7 @@ class EC2Cloud:
             zones = []
         if uncertain is not None:
             zones = [uncertain, *(z for z in zones if z != uncertain)]
-        spot = request.spot or self.config.spot_for(request.instance_type)
+        spot = request.spot  # a bare type on-demand, a TYPE:spot offering spot (`_resolved`)
         failures: list[str] = []
         for zone in zones:
             try:
@@ -390,11 +393,16 @@ class EC2Cloud:
         except ValueError as exc:
             raise CloudRequestError(str(exc)) from None
         spot = request.spot or market == SPOT
-        if market == SPOT and not self.config.spot_for(ec2_type):
+        if spot and not self.config.spot_for(ec2_type):
+            config = self.config
+            setting = (
+                f"[spot] types: {', '.join(config.spot_types) or 'every allowed type'}"
+                if config.spot_enabled
+                else "[spot] enabled is false"
+            )
             raise CloudRequestError(
-                f"{request.instance_type}: spot is not allowed for {ec2_type} ([ec2] spot "
-                f"lists {', '.join(self.config.spot) or 'nothing'}; the cluster's policy "
-                "grants spot launches only for those): add its type or family"
+                f"{request.instance_type}: spot is not allowed for {ec2_type} ({setting}; "
+                "the catalog offers and the cluster's policy grants spot for those only)"
             )
         zones = (zone,) if zone is not None else request.zones
         if (ec2_type, zones, spot) == (request.instance_type, request.zones, request.spot):

@@ -356,6 +356,12 @@ def _run_instances(
     if params.get("InstanceMarketOptions", {}).get("MarketType") == "spot":
         resources.append(f"{ec2}:spot-instances-request/*")
     requests = [Request("ec2:RunInstances", r, context) for r in resources]
+    # The instance carries its type and market (on-demand unless InstanceMarketOptions).
+    market = params.get("InstanceMarketOptions", {}).get("MarketType") or "on-demand"
+    instance: dict[str, Values] = {**context, "ec2:InstanceMarketType": market}
+    if params.get("InstanceType"):
+        instance["ec2:InstanceType"] = params["InstanceType"]
+    requests[0] = Request("ec2:RunInstances", resources[0], instance)
     image = params["ImageId"]
     owner = owner_of(image)
     requests.append(

@@ -1,6 +1,7 @@
 """Spot offerings on EC2 (moto): launched with `InstanceMarketOptions` in their zone, only
-where `[ec2] spot` allows; spot prices from `DescribeSpotPriceHistory`, parsed, cached
-and dated. moto's prices are dummies: the tests check what is done with them."""
+where the cluster's spot setting (`[spot] enabled`, `types`) allows; a bare type always
+on-demand; spot prices from `DescribeSpotPriceHistory`, parsed, cached and dated. moto's
+prices are dummies: the tests check what is done with them."""
 
 from __future__ import annotations
 
@@ -39,11 +40,16 @@ def test_offering_names_split_back_into_type_market_and_zone():
         offering_parts("c7i.large:reserved")
 
 
+def spot_on(config, *types: str):
+    """`config` with the cluster's spot setting: enabled, for `types` (none: every type)."""
+    return replace(config, spot_enabled=True, spot_types=types)
+
+
 def test_a_spot_offering_launches_as_spot_in_its_zone_through_its_subnet(
-    config, ec2, network, clock, sleeps, faults
+    config, ec2, client, network, clock, sleeps, faults
 ):
     faults.watch("RunInstances")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps)
 
     launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT, ZONE_B), "tok-1"))
 
@@ -79,10 +85,26 @@ def test_spot_for_a_type_the_config_does_not_allow_is_refused_before_any_call(
     config, ec2, clock, sleeps, faults
 ):
     faults.watch("RunInstances")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
-    with pytest.raises(CloudRequestError, match=r"spot is not allowed for r7i.large.*\[ec2\] spot"):
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps)
+    with pytest.raises(
+        CloudRequestError, match=r"spot is not allowed for r7i.large.*\[spot\] types"
+    ):
         cloud.launch(LaunchRequest(offering_name("r7i.large", SPOT), "tok-1"))
+    off = make_cloud(config, ec2, clock, sleeps)  # spot not enabled: no spot launch at all
+    with pytest.raises(CloudRequestError, match=r"c7i.large.*\[spot\] enabled is false"):
+        off.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-2"))
     assert faults.calls["RunInstances"] == []
+
+
+def test_a_bare_type_spot_admits_launches_on_demand(config, ec2, client, clock, sleeps, faults):
+    # The old `[ec2] spot` launched a listed bare type as spot at the on-demand price.
+    faults.watch("RunInstances")
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps)
+    launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    [params] = faults.calls["RunInstances"]
+    assert "InstanceMarketOptions" not in params and not launched.spot
+    [raw] = live_instances(ec2)
+    assert raw.get("InstanceLifecycle") is None
 
 
 # -- spot prices ------------------------------------------------------------------------------
