@@ -262,6 +262,10 @@ ACTIONS: Mapping[str, str] = {
 PREFIXES: Mapping[str, str] = {}
 
 
+#: The role each service links, by its service name (others: `AWSServiceRoleFor<name>`).
+SERVICE_LINKED_ROLES = {"spot.amazonaws.com": "AWSServiceRoleForEC2Spot"}
+
+
 def requests_for(
     service: str,
     operation: str,
@@ -295,6 +299,16 @@ def requests_for(
                 context[f"aws:ResourceTag/{key}"] = value
             requests.append(Request(action, f"{ec2}:instance/{instance_id}", context))
         return requests
+    if prefix == "iam" and operation == "CreateServiceLinkedRole":
+        service = str(params["AWSServiceName"])
+        name = SERVICE_LINKED_ROLES.get(service, f"AWSServiceRoleFor{service.split('.')[0]}")
+        return [
+            Request(
+                action,
+                f"arn:aws:iam::{account}:role/aws-service-role/{service}/{name}",
+                {**base, "iam:AWSServiceName": service},
+            )
+        ]
     if prefix == "ssm" and operation in ("GetParameter", "GetParameters"):
         names = _listed(params.get("Name") or params.get("Names"))
         owner = lambda name: "" if name.startswith("/aws/service/") else account  # noqa: E731

@@ -187,6 +187,30 @@ def test_the_policy_grants_spot_launches_only_for_the_spot_types():
             assert launches(policy, name, spot=True) == config.spot_for(name), (config, name)
 
 
+def test_the_policy_lets_the_daemon_create_only_the_spot_service_linked_role():
+    def creates(policy: dict[str, Any], service: str) -> bool:
+        [request] = requests_for(
+            "iam",
+            "CreateServiceLinkedRole",
+            {"AWSServiceName": service},
+            region="us-east-1",
+            account="123456789012",
+        )
+        return Policy(policy).evaluate(request).allowed
+
+    on = daemon_policy(replace(SAMPLE, spot_enabled=True), SAMPLE_STORAGE)
+    assert creates(on, "spot.amazonaws.com")
+    assert not creates(on, "ecs.amazonaws.com") and not creates(on, "spotfleet.amazonaws.com")
+    # The spot role's own ARN, asked for another service: the condition refuses it.
+    spot_role = (
+        "arn:aws:iam::123456789012:role/aws-service-role/spot.amazonaws.com/"
+        "AWSServiceRoleForEC2Spot"
+    )
+    other = {"aws:RequestedRegion": "us-east-1", "iam:AWSServiceName": "ecs.amazonaws.com"}
+    assert not Policy(on).evaluate(Request("iam:CreateServiceLinkedRole", spot_role, other)).allowed
+    assert not creates(daemon_policy(SAMPLE, SAMPLE_STORAGE), "spot.amazonaws.com")
+
+
 def test_nothing_outside_the_cluster_is_granted():
     policy = Policy(daemon_policy(SAMPLE, SAMPLE_STORAGE))
     ours = {"ec2:ResourceTag/autoscaler:cluster": "research-batch",
@@ -274,7 +298,7 @@ def run_the_daemons_calls(
     Stubber: moto has no Pricing API). A denied call ends the run (as it would stop the
     daemon's action); the audit holds what was judged. Returns the audit and the
     wheelhouse's digest."""
-    ssm, s3 = client("ssm"), make_client("s3", REGION)
+    ssm, s3, iam = client("ssm"), make_client("s3", REGION), client("iam")
     ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
     s3.create_bucket(Bucket=BUCKET)
 
@@ -288,7 +312,7 @@ def run_the_daemons_calls(
     audit = Audit(Policy(policy), tags_of=tags_of, owner_of=owner_of)
     storage = S3Storage(BUCKET, "research-batch", region_name=REGION)
     pricing = make_client("pricing", "us-east-1")
-    for each in (ec2, ssm, s3, storage.client, pricing):
+    for each in (ec2, ssm, s3, storage.client, pricing, iam):
         audit.attach(each)
 
     digest: list[str] = []
@@ -305,7 +329,7 @@ def run_the_daemons_calls(
             wheelhouse_sha256=sha256,
             reports=reports,
         )
-        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
+        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm, iam=iam)
         launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
         cloud.list()
         assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")

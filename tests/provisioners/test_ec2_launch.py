@@ -407,7 +407,7 @@ def test_a_quota_error_stops_at_once_and_cools_down_the_family_region_wide(
 def test_a_spot_quota_names_the_spot_quota(config, ec2, client, clock, sleeps, faults):
     faults.when("RunInstances", lambda p: True, "MaxSpotInstanceCountExceeded")
     spot = replace(config, spot_enabled=True, spot_types=("c7i",))
-    cloud = make_cloud(spot, ec2, clock, sleeps)
+    cloud = make_cloud(spot, ec2, clock, sleeps, iam=client("iam"))
     with pytest.raises(QuotaExceeded, match=r"All Standard .* Spot Instance Requests.*L-34B43A08"):
         cloud.launch(request("tok-1", "c7i.large:spot"))
 
@@ -550,7 +550,7 @@ def test_spot_is_per_offering_and_a_bare_type_is_on_demand(
     # other bare type) on-demand, as the catalog prices them.
     faults.watch("RunInstances")
     spot_config = replace(config, spot_enabled=True, spot_types=("c7i",))
-    cloud = make_cloud(spot_config, ec2, clock, sleeps)
+    cloud = make_cloud(spot_config, ec2, clock, sleeps, iam=client("iam"))
 
     spot = cloud.launch(request("tok-1", "c7i.large:spot"))
     bare = cloud.launch(request("tok-2", "c7i.large"))
