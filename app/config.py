@@ -14,7 +14,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -33,10 +33,12 @@ from provisioners.config import (
     MAX_HOURLY_SPEND,
     ClusterId,
     EC2Table,
+    FamilyOrType,
     GuardrailsTable,
     ProvisionerConfig,
     Region,
     build_provisioner_config,
+    family_of,
     parse_config,
 )
 from provisioners.documents import FieldError, Strict, convert, dotted, number, text, whole
@@ -399,7 +401,12 @@ class SpotTable(Strict, frozen=True):
     """`[spot]`: spot offerings beside on-demand ones, priced by their interruption risk
     (`autoscaler.spot`). `zones`: one offering per listed zone (AZ IDs, e.g. use1-az1;
     empty: one regional offering per type); `bands`: the Spot Instance Advisor band of
-    a type where the bundled default does not fit (`provisioners/data/README.md`)."""
+    a type where the bundled default does not fit (`provisioners/data/README.md`);
+    `types`: the types or families that get spot offerings (empty: every allowed type
+    the spot prices cover). `enabled` and `types` are the cluster's one spot setting:
+    the catalog's spot offerings, which launches EC2 makes as spot, and the spot
+    launches the generated IAM policy allows all follow them (`provisioners.config.
+    EC2Config.spot_for`)."""
 
     enabled: bool = False
     zones: Annotated[
@@ -421,6 +428,11 @@ class SpotTable(Strict, frozen=True):
     history_days: Annotated[float, number(gt=0.0, le=3650.0)] = 30.0
     refresh_minutes: Annotated[float, number(ge=0.0, le=1440.0)] = 10.0
     rebalance_rate_per_hour: Annotated[float, number(ge=0.0, le=3600.0)] = 1.0
+    types: Annotated[tuple[FamilyOrType, ...], msgspec.Meta(max_length=1024)] = ()
+
+    def check(self) -> None:
+        if len(set(self.types)) != len(self.types):
+            raise FieldError("must not repeat an entry", "types", self.types)
 
     def policy(self) -> SpotPolicy | None:
         """The planner's spot policy (None: spot disabled)."""
@@ -469,6 +481,16 @@ class ClusterConfigFile(Strict, frozen=True):
             self.ec2.check_zones(self.cluster.region)
         except FieldError as exc:
             raise FieldError(exc.message, "ec2.zones", exc.value) from None
+        for entry in self.spot.types:
+            types = self.ec2.types if "." in entry else {family_of(t) for t in self.ec2.types}
+            if entry not in types and family_of(entry) not in self.ec2.families:
+                raise FieldError(
+                    f"entry {entry!r} is not a type or family [ec2] allows (families: "
+                    f"{', '.join(self.ec2.families) or 'none'}; types: "
+                    f"{', '.join(self.ec2.types) or 'none'})",
+                    "spot.types",
+                    entry,
+                )
         sinks = [n.sink for n in self.notify]
         for i, sink in enumerate(sinks):
             if sink in sinks[:i]:
@@ -659,6 +681,11 @@ def parse_cluster_config(data: Mapping[str, Any], path: Path) -> ClusterConfig:
         document.ec2, cluster_id=document.cluster.name, region=document.cluster.region
     )
     provisioner = build_provisioner_config(ec2, document.guardrails, source=source, base_dir=base)
+    if document.spot.enabled:  # the one spot setting, where launches and the policy read it
+        provisioner = replace(
+            provisioner,
+            ec2=replace(provisioner.ec2, spot_enabled=True, spot_types=tuple(document.spot.types)),
+        )
     secrets_dir = Path(document.secrets.dir).expanduser()
     if not secrets_dir.is_absolute():
         secrets_dir = base / secrets_dir

@@ -57,12 +57,15 @@ def _owner_only(database: Path | None) -> None:
 def offline_catalog(config: ClusterConfig) -> Catalog:
     """The catalog the cluster plans with, without calling any cloud (cached or bundled);
     with `[spot] enabled`, a spot offering beside each type the bundled spot snapshot
-    prices (`provisioners.catalog.spot_offerings`), so the round weighs both markets."""
+    prices and `[spot] types` admits (`provisioners.catalog.spot_offerings`, filtered by
+    `EC2Config.spot_for`, as launches and the IAM policy are), so the round weighs both
+    markets and never plans a spot offering its launch would refuse."""
     from provisioners.catalog import (
         bundled_spot_snapshot,
         cached_or_bundled_catalog,
         spot_offerings,
     )
+    from provisioners.config import family_of
 
     catalog = cached_or_bundled_catalog(config.provisioner.ec2).catalog
     if not config.spot.enabled:
@@ -74,8 +77,23 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
             f"[spot]: field 'enabled': no spot prices are bundled for region {region!r}",
             source=str(config.path),
         )
+    ec2 = config.provisioner.ec2
+    priced = [t.name for t in catalog if t.name in snapshot.prices and ec2.spot_for(t.name)]
+    for entry in config.spot.types:
+        if not any(entry in (name, family_of(name)) for name in priced):
+            raise InputError(
+                f"entry {entry!r} names no type of the catalog with spot prices bundled "
+                f"for region {region}: it would get no spot offering",
+                source=str(config.path),
+                where="[spot]",
+                field="types",
+            )
     return spot_offerings(
-        catalog, snapshot, zones=list(config.spot.zones) or None, bands=dict(config.spot.bands)
+        catalog,
+        snapshot,
+        zones=list(config.spot.zones) or None,
+        bands=dict(config.spot.bands),
+        only=ec2.spot_for,  # the one spot setting: what launches as spot, what IAM allows
     )
 
 

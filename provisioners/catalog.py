@@ -25,7 +25,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from importlib import resources
@@ -992,8 +992,11 @@ def spot_offerings(
     zones: Sequence[str] | None = None,
     bands: Mapping[str, str] | None = None,
     observed: Mapping[str, float] | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> Catalog:
-    """The catalog with a spot offering beside each on-demand type the snapshot prices.
+    """The catalog with a spot offering beside each on-demand type the snapshot prices
+    (and `only` accepts: the cluster's spot setting, `EC2Config.spot_for`, the same test
+    its launches and its IAM policy follow).
 
     `zones` None: one regional offering per type (`TYPE:spot`) at the median of its
     zones' prices (where EC2 places it is not ours to choose); else one per listed zone
@@ -1005,7 +1008,7 @@ def spot_offerings(
     observed = observed or {}
     extra: list[InstanceType] = []
     for t in catalog:
-        if t.is_spot or t.name not in snapshot.prices:
+        if t.is_spot or t.name not in snapshot.prices or (only is not None and not only(t.name)):
             continue
         by_zone = snapshot.prices[t.name]
         if not by_zone:

@@ -18,7 +18,6 @@
     key_name = "ops"
     families = ["c7i", "r7i", "g6"]           # allowed instance families ...
     types = ["g5.xlarge"]                     # ... and/or single types (the union is allowed)
-    spot = ["c7i"]                            # types or families launched as spot (none by default)
     orphan_policy = "report"                  # or "terminate"
     dry_run = true                            # the default: EC2 checks every call, nothing starts
     cache_dir = "~/.cache/ec2-batch-autoscaler"
@@ -111,7 +110,12 @@ class EC2Config:
     key_name: str | None = None
     families: tuple[str, ...] = DEFAULT_FAMILIES
     types: tuple[str, ...] = ()
-    spot: tuple[str, ...] = ()
+    # Spot, from the cluster's `[spot]` table (`app.config`): on or off, and the types or
+    # families that get spot offerings (empty: every allowed type). One setting read by
+    # the catalog (which offerings exist), the launch (which may be spot) and the policy
+    # generator (which spot launches IAM allows), so they cannot disagree.
+    spot_enabled: bool = False
+    spot_types: tuple[str, ...] = ()
     orphan_policy: OrphanPolicy = "report"
     dry_run: bool = True
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -129,8 +133,19 @@ class EC2Config:
         return instance_type in self.types or family_of(instance_type) in self.families
 
     def spot_for(self, instance_type: str) -> bool:
-        """True when `spot` lists the type or its family."""
-        return instance_type in self.spot or family_of(instance_type) in self.spot
+        """True when the type may launch as spot: spot is enabled, the type is allowed, and
+        `spot_types` is empty or lists the type or its family."""
+        if not self.spot_enabled or not self.allows(instance_type):
+            return False
+        listed = self.spot_types
+        return not listed or instance_type in listed or family_of(instance_type) in listed
+
+    def spot_type_patterns(self) -> tuple[str, ...]:
+        """The `ec2:InstanceType` patterns of the types `spot_for` accepts, for the IAM
+        policy: a type as it is, a family as `FAMILY.*` (`spot_types`, else the allowed
+        families and types; `spot_for` also requires `allows`, which the launch checks)."""
+        entries = self.spot_types or (*self.families, *self.types)
+        return tuple(sorted({e if "." in e else f"{e}.*" for e in entries}))
 
     def image_for(self, instance_type: str) -> tuple[str, str | None]:
         """(the image kind the type needs, the configured image for it or None)."""
@@ -220,7 +235,6 @@ def build_provisioner_config(
         key_name=ec2.key_name,
         families=tuple(ec2.families),
         types=tuple(ec2.types),
-        spot=tuple(ec2.spot),
         orphan_policy=ec2.orphan_policy,
         dry_run=ec2.dry_run,
         cache_dir=_path(ec2.cache_dir, base_dir)
@@ -313,6 +327,15 @@ MAX_ENTRIES = 1000
 MAX_HOURLY_SPEND = 10_000_000.0
 
 
+#: Why `[ec2] spot` is refused: it launched a listed bare type as spot at the on-demand
+#: price, while the catalog offered spot for other types; spot is now one setting.
+SPOT_MOVED = (
+    "has moved: spot is one setting, `[spot] enabled = true`, with `[spot] types = [...]` "
+    "to give only some types or families spot offerings; a bare type now always launches "
+    "on-demand, a TYPE:spot offering as spot"
+)
+
+
 class EC2Table(Strict, frozen=True):
     """The `[ec2]` table as written (see the module docstring for each key)."""
 
@@ -338,6 +361,7 @@ class EC2Table(Strict, frozen=True):
     key_name: Name | None = None
     families: Annotated[tuple[Family, ...], Meta(max_length=MAX_ENTRIES)] = DEFAULT_FAMILIES
     types: Annotated[tuple[TypeName, ...], Meta(max_length=MAX_ENTRIES)] = ()
+    # Moved to `[spot]` (enabled, types): refused with the replacement, never reinterpreted.
     spot: Annotated[tuple[FamilyOrType, ...], Meta(max_length=MAX_ENTRIES)] = ()
     orphan_policy: Literal["report", "terminate"] = "report"
     dry_run: bool = True  # left out: a configuration that forgets it launches nothing
@@ -362,7 +386,9 @@ class EC2Table(Strict, frozen=True):
         return self.region or "us-east-1"
 
     def check(self) -> None:
-        for name in ("zones", "subnet_ids", "security_group_ids", "families", "types", "spot"):
+        if self.spot:
+            raise FieldError(SPOT_MOVED, "spot", self.spot)
+        for name in ("zones", "subnet_ids", "security_group_ids", "families", "types"):
             items = getattr(self, name)
             if len(set(items)) != len(items):
                 raise FieldError("must not repeat an entry", name)
@@ -569,8 +595,7 @@ root_volume_encrypted = true
 # p2, p3 and g3 need the proprietary driver: see x86_64_nvidia_proprietary.
 families = {families}
 # types = ["g6.xlarge"]
-# Types or families launched as spot (none by default).
-# spot = ["c7i"]
+# Spot is set in [spot] (enabled, types), for the catalog, the launches and the policy.
 
 # Instances tagged with this cluster that the state does not know: "report" them, or
 # "terminate" them after a grace period. Either way they count against the guardrails.

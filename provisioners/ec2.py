@@ -27,8 +27,13 @@ How it keeps money safe:
 - **Offerings.** A launch names a catalog offering (`autoscaler.catalog.
   offering_name`): its EC2 type, market and zone. A spot offering launches
   with `InstanceMarketOptions` (one-time, terminated on interruption) in its
-  zone, through the subnet configured there; spot is allowed for the types and
-  families `[ec2] spot` lists (the generated policy grants it for them only).
+  zone, through the subnet configured there; a bare type always launches
+  on-demand. Spot is allowed where the cluster's one spot setting allows it
+  (`[spot] enabled` and `types`, `EC2Config.spot_for`): the catalog offers spot
+  for those types only and the generated policy grants spot launches for them
+  only. Before the first spot launch the spot service-linked role
+  (`AWSServiceRoleForEC2Spot`) is ensured, once: a new account has none, and
+  AWS requires it before a spot request made through the API.
   The price paid is the one recorded with the request (the spot price of the
   catalog, refreshed from `DescribeSpotPriceHistory` by `provisioners.
   spot_prices`).
@@ -68,7 +73,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from botocore.client import BaseClient
@@ -154,6 +159,24 @@ CATALOG_RETRY_AFTER_OUTAGE_S = 300.0
 _NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 _DRY_RUN = "DryRunOperation"
 
+#: The spot service-linked role, and the service it is linked to (`ensure_spot_role`).
+SPOT_ROLE = "AWSServiceRoleForEC2Spot"
+SPOT_SERVICE = "spot.amazonaws.com"
+#: After a failed attempt to create it, the role is asked for again no sooner than this.
+SPOT_ROLE_RETRY_S = 3600.0
+#: How IAM says the role exists: AWS, `InvalidInput` ("... has been taken in this account");
+#: moto, `EntityAlreadyExists`.
+_ROLE_EXISTS = frozenset({"InvalidInput", "EntityAlreadyExists"})
+
+
+@dataclass(frozen=True, slots=True)
+class SpotRole:
+    """What came of ensuring the spot service-linked role: `note` is the event line."""
+
+    note: str
+    at_s: float
+    ok: bool  # created, already there, or not needed (dry run): never asked again
+
 
 class QuotaExceeded(InsufficientCapacity):
     """An account quota, not capacity, stopped the launch: no zone of the region can help.
@@ -203,6 +226,7 @@ class EC2Cloud:
         catalog_max_age_s: float = DEFAULT_MAX_AGE_S,
         ssm: BaseClient | None = None,
         pricing: BaseClient | None = None,
+        iam: BaseClient | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
         problems = config.launch_problems()
@@ -231,6 +255,10 @@ class EC2Cloud:
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
+        # IAM, for the spot service-linked role only (made on first use).
+        self._iam: AwsCaller | None = AwsCaller(iam, sleep=sleep) if iam is not None else None
+        # When the spot role was last asked for and what came of it (`ensure_spot_role`).
+        self.spot_role: SpotRole | None = None
         # The Pricing API (us-east-1), asked when the region's prices are missing or old.
         self._pricing = AwsCaller(pricing, sleep=sleep) if pricing is not None else None
         self._endpoint_url = endpoint_url
@@ -257,6 +285,62 @@ class EC2Cloud:
             client = make_client("ssm", self.config.region, endpoint_url=self._endpoint_url)
             self._ssm = AwsCaller(client, sleep=self._ec2.sleep)
         return self._ssm
+
+    def _iam_caller(self) -> AwsCaller:
+        """IAM, for the spot service-linked role only (made on first use)."""
+        if self._iam is None:
+            client = make_client("iam", self.config.region, endpoint_url=self._endpoint_url)
+            self._iam = AwsCaller(client, sleep=self._ec2.sleep)
+        return self._iam
+
+    def ensure_spot_role(self) -> SpotRole:
+        """Make sure the spot service-linked role exists before the first spot launch.
+
+        AWS creates `AWSServiceRoleForEC2Spot` itself only for spot requests made in the
+        console; through the API, a new account's first spot request fails without it
+        ("Using service-linked roles for Spot Instances", EC2 User Guide). Asked once
+        (`iam:CreateServiceLinkedRole`, `AWSServiceName=spot.amazonaws.com`, which the
+        generated policy grants only for that service name): created, or already there
+        ("has been taken in this account"), is settled for good; any other answer is
+        recorded and asked again only after `SPOT_ROLE_RETRY_S` (the launch goes on: if
+        the role is missing, EC2 says so). In dry run nothing is created."""
+        now = self.clock()
+        known = self.spot_role
+        if known is not None and (known.ok or now - known.at_s < SPOT_ROLE_RETRY_S):
+            return known
+        if self.config.dry_run:
+            outcome = SpotRole("dry run: the spot service-linked role is not created", now, True)
+        else:
+            try:
+                self._iam_caller().call(
+                    "create_service_linked_role",
+                    passthrough=_ROLE_EXISTS,
+                    AWSServiceName=SPOT_SERVICE,
+                )
+                outcome = SpotRole(f"created the spot service-linked role {SPOT_ROLE}", now, True)
+            except ClientError as exc:
+                code, message = error_code(exc), error_message(exc)
+                if code == "EntityAlreadyExists" or "has been taken" in message:
+                    outcome = SpotRole(
+                        f"the spot service-linked role {SPOT_ROLE} exists", now, True
+                    )
+                else:
+                    outcome = SpotRole(
+                        f"could not create the spot service-linked role {SPOT_ROLE} "
+                        f"({code}: {message}); asked again in {SPOT_ROLE_RETRY_S / 60:.0f} min",
+                        now,
+                        False,
+                    )
+            except CloudError as exc:
+                outcome = SpotRole(
+                    f"could not create the spot service-linked role {SPOT_ROLE} ({exc}); "
+                    f"asked again in {SPOT_ROLE_RETRY_S / 60:.0f} min",
+                    now,
+                    False,
+                )
+        self.spot_role = outcome
+        (log.info if outcome.ok else log.warning)("spot: %s", outcome.note)
+        return outcome
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -355,7 +439,9 @@ class EC2Cloud:
             zones = []
         if uncertain is not None:
             zones = [uncertain, *(z for z in zones if z != uncertain)]
-        spot = request.spot or self.config.spot_for(request.instance_type)
+        spot = request.spot  # a bare type on-demand, a TYPE:spot offering spot (`_resolved`)
+        if spot:
+            self.ensure_spot_role()
         failures: list[str] = []
         for zone in zones:
             try:
@@ -390,11 +476,16 @@ class EC2Cloud:
         except ValueError as exc:
             raise CloudRequestError(str(exc)) from None
         spot = request.spot or market == SPOT
-        if market == SPOT and not self.config.spot_for(ec2_type):
+        if spot and not self.config.spot_for(ec2_type):
+            config = self.config
+            setting = (
+                f"[spot] types: {', '.join(config.spot_types) or 'every allowed type'}"
+                if config.spot_enabled
+                else "[spot] enabled is false"
+            )
             raise CloudRequestError(
-                f"{request.instance_type}: spot is not allowed for {ec2_type} ([ec2] spot "
-                f"lists {', '.join(self.config.spot) or 'nothing'}; the cluster's policy "
-                "grants spot launches only for those): add its type or family"
+                f"{request.instance_type}: spot is not allowed for {ec2_type} ({setting}; "
+                "the catalog offers and the cluster's policy grants spot for those only)"
             )
         zones = (zone,) if zone is not None else request.zones
         if (ec2_type, zones, spot) == (request.instance_type, request.zones, request.spot):

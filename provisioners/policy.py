@@ -7,8 +7,11 @@ grant names what this cluster uses and nothing more:
 - **the daemon** describes (catalog, instances, images, subnets: these EC2
   actions have no resource-level permissions) in the cluster's region only;
   launches only instances and volumes tagged with the cluster id, only from the
-  configured images, subnets and security groups (and key pair, and as spot
-  where spot is configured, reading the region's spot prices then); tags only
+  configured images, subnets and security groups (and key pair); launches an
+  instance as spot only when `[spot]` is enabled and only for the types its spot
+  setting admits (`EC2Config.spot_type_patterns`, the test launches and the
+  catalog follow), reading the region's spot prices and creating the spot
+  service-linked role (for `spot.amazonaws.com` alone) then; tags only
   while launching; terminates and reads
   the console output of only the instances tagged with its cluster id; passes
   only the workers' role (when there is one) and only to EC2; reads and writes
@@ -129,13 +132,30 @@ def daemon_policy(
             "Condition": in_region,
         },
         {
+            # Instances on-demand: a spot instance needs the statement below.
             "Sid": "LaunchOnlyInstancesAndVolumesTaggedForThisCluster",
             "Effect": "Allow",
             "Action": "ec2:RunInstances",
             "Resource": [f"{ec2_arn}:*:instance/*", f"{ec2_arn}:*:volume/*"],
-            "Condition": {"StringEquals": ours},
+            "Condition": {
+                "StringEquals": ours,
+                "StringEqualsIfExists": {"ec2:InstanceMarketType": "on-demand"},
+            },
         },
     ]
+    if ec2.spot_enabled:
+        statements.append(
+            {
+                "Sid": "LaunchSpotInstancesOnlyOfTheSpotTypes",
+                "Effect": "Allow",
+                "Action": "ec2:RunInstances",
+                "Resource": f"{ec2_arn}:*:instance/*",
+                "Condition": {
+                    "StringEquals": {**ours, "ec2:InstanceMarketType": "spot"},
+                    "StringLike": {"ec2:InstanceType": list(ec2.spot_type_patterns())},
+                },
+            }
+        )
     literal_images = sorted({ref for _, ref in ec2.ami if not ref.startswith(SSM_PREFIX)})
     launch_with = [f"{ec2_arn}::image/{image}" for image in literal_images]
     launch_with += [f"{ec2_arn}:*:subnet/{subnet}" for subnet in sorted(ec2.subnet_ids)]
@@ -143,9 +163,8 @@ def daemon_policy(
     launch_with.append(f"{ec2_arn}:*:network-interface/*")
     if ec2.key_name:
         launch_with.append(f"{ec2_arn}:*:key-pair/{ec2.key_name}")
-    if ec2.spot:
+    if ec2.spot_enabled:
         launch_with.append(f"{ec2_arn}:*:spot-instances-request/*")
-    if ec2.spot:
         statements.append(
             {
                 "Sid": "ReadSpotPricesInTheRegion",
@@ -225,7 +244,7 @@ def daemon_policy(
                 "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
             }
         )
-    if ec2.spot:
+    if ec2.spot_enabled:
         statements.append(
             {
                 "Sid": "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch",

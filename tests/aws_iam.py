@@ -262,6 +262,10 @@ ACTIONS: Mapping[str, str] = {
 PREFIXES: Mapping[str, str] = {}
 
 
+#: The role each service links, by its service name (others: `AWSServiceRoleFor<name>`).
+SERVICE_LINKED_ROLES = {"spot.amazonaws.com": "AWSServiceRoleForEC2Spot"}
+
+
 def requests_for(
     service: str,
     operation: str,
@@ -295,6 +299,16 @@ def requests_for(
                 context[f"aws:ResourceTag/{key}"] = value
             requests.append(Request(action, f"{ec2}:instance/{instance_id}", context))
         return requests
+    if prefix == "iam" and operation == "CreateServiceLinkedRole":
+        service = str(params["AWSServiceName"])
+        name = SERVICE_LINKED_ROLES.get(service, f"AWSServiceRoleFor{service.split('.')[0]}")
+        return [
+            Request(
+                action,
+                f"arn:aws:iam::{account}:role/aws-service-role/{service}/{name}",
+                {**base, "iam:AWSServiceName": service},
+            )
+        ]
     if prefix == "ssm" and operation in ("GetParameter", "GetParameters"):
         names = _listed(params.get("Name") or params.get("Names"))
         owner = lambda name: "" if name.startswith("/aws/service/") else account  # noqa: E731
@@ -356,6 +370,12 @@ def _run_instances(
     if params.get("InstanceMarketOptions", {}).get("MarketType") == "spot":
         resources.append(f"{ec2}:spot-instances-request/*")
     requests = [Request("ec2:RunInstances", r, context) for r in resources]
+    # The instance carries its type and market (on-demand unless InstanceMarketOptions).
+    market = params.get("InstanceMarketOptions", {}).get("MarketType") or "on-demand"
+    instance: dict[str, Values] = {**context, "ec2:InstanceMarketType": market}
+    if params.get("InstanceType"):
+        instance["ec2:InstanceType"] = params["InstanceType"]
+    requests[0] = Request("ec2:RunInstances", resources[0], instance)
     image = params["ImageId"]
     owner = owner_of(image)
     requests.append(

@@ -111,3 +111,70 @@ def test_a_client_reads_the_catalog_of_a_daemon_with_spot_offerings(tmp_path):
     assert any(t.is_spot for t in catalog)
     served = catalog_from_document(catalog_document(catalog), source="the daemon's catalog")
     assert {t.name for t in served} == {t.name for t in catalog if not t.is_spot}
+
+
+def spot_cluster(tmp_path, table: str):
+    """A local cluster's file with `table` appended (`[spot]`, or more of `[ec2]`)."""
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + table)
+    return path
+
+
+def test_spot_types_give_spot_offerings_to_those_types_alone(tmp_path):
+    from app.wiring import offline_catalog
+    from provisioners.catalog import bundled_spot_snapshot
+    from provisioners.config import family_of
+
+    path = spot_cluster(tmp_path, "")
+    on_demand = offline_catalog(load_cluster_config(path))
+    snapshot = bundled_spot_snapshot(on_demand.region or "us-east-1")
+    assert snapshot is not None
+    priced = sorted(t.name for t in on_demand if snapshot.prices.get(t.name))
+    families = sorted({family_of(name) for name in priced})
+    assert len(families) >= 2, "the test needs two priced families"
+    single = next(n for n in priced if family_of(n) == families[1])
+    path.write_text(
+        path.read_text() + f'\n[spot]\nenabled = true\ntypes = ["{families[0]}", "{single}"]\n'
+    )
+    config = load_cluster_config(path)
+    catalog = offline_catalog(config)
+    expected = {n for n in priced if family_of(n) == families[0]} | {single}
+    assert {t.name for t in catalog if t.is_spot} == {f"{n}:spot" for n in expected}
+    # The launch path reads the same setting: every spot offering the planner may pick
+    # launches, and no other type may launch as spot.
+    ec2 = config.provisioner.ec2
+    assert ec2.spot_enabled and ec2.spot_types == (families[0], single)
+    assert {n for n in priced if ec2.spot_for(n)} == expected
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ('\n[spot]\nenabled = true\ntypes = ["m5"]\n', ["[spot]", "types", "'m5'", "[ec2] allows"]),
+        ('\n[spot]\nenabled = true\ntypes = ["c7i.large", "c7i.large"]\n', ["repeat"]),
+        ('\n[spot]\nenabled = true\ntypes = ["c7i.huge"]\n', ["[spot]", "types", "c7i.huge"]),
+    ],
+)
+def test_a_spot_type_that_can_get_no_spot_offering_is_refused_in_one_line(
+    tmp_path, capsys, table, words
+):
+    path = spot_cluster(tmp_path, table)
+    capsys.readouterr()
+    # `c7i.huge` passes the file's checks (its family is allowed) and is refused where the
+    # catalog is made: no priced type matches it.
+    assert main(["cost-report", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and all(w in err for w in words), err
+
+
+def test_the_old_ec2_spot_list_is_refused_in_a_clusters_file(tmp_path, capsys):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    text = path.read_text()
+    assert "\n[ec2]\n" in text
+    path.write_text(text.replace("\n[ec2]\n", '\n[ec2]\nspot = ["c7i"]\n', 1))
+    capsys.readouterr()
+    assert main(["catalog", "show", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "[ec2]" in err and "'spot'" in err and "[spot] enabled" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,6 @@ iam_instance_profile = "autoscaler-worker"
 key_name = "ops"
 families = ["c7i", "r7i", "c7g"]
 types = ["g5.xlarge"]
-spot = ["c7i", "g5.xlarge"]
 orphan_policy = "terminate"
 dry_run = true
 cache_dir = "cache"
@@ -89,7 +89,6 @@ def test_full_configuration_is_parsed_into_frozen_dataclasses(tmp_path):
         key_name="ops",
         families=("c7i", "r7i", "c7g"),
         types=("g5.xlarge",),
-        spot=("c7i", "g5.xlarge"),
         orphan_policy="terminate",
         dry_run=True,
         cache_dir=tmp_path / "cache",  # relative to the configuration file
@@ -116,8 +115,23 @@ def test_allowed_types_are_the_union_of_families_and_types(tmp_path):
     ec2 = load_provisioner_config(write(tmp_path, FULL)).ec2
     assert ec2.allows("c7i.large") and ec2.allows("g5.xlarge")
     assert not ec2.allows("g5.2xlarge") and not ec2.allows("p3.2xlarge")
-    assert ec2.spot_for("c7i.8xlarge") and ec2.spot_for("g5.xlarge")
-    assert not ec2.spot_for("r7i.large")
+    assert not ec2.spot_for("c7i.large")  # spot is off unless the cluster's [spot] enables it
+    listed = replace(ec2, spot_enabled=True, spot_types=("c7i", "g5.xlarge"))
+    assert listed.spot_for("c7i.8xlarge") and listed.spot_for("g5.xlarge")
+    assert not listed.spot_for("r7i.large") and not listed.spot_for("g5.2xlarge")
+    assert listed.spot_type_patterns() == ("c7i.*", "g5.xlarge")
+    every = replace(ec2, spot_enabled=True)  # no list: every allowed type
+    assert every.spot_for("r7i.large") and not every.spot_for("p3.2xlarge")
+    assert every.spot_type_patterns() == ("c7g.*", "c7i.*", "g5.xlarge", "r7i.*")
+
+
+def test_the_old_ec2_spot_list_is_refused_naming_its_replacement(tmp_path):
+    path = write(tmp_path, '[ec2]\ncluster_id = "c"\nspot = ["c7i"]\n')
+    with pytest.raises(InputError) as error:
+        load_provisioner_config(path)
+    message = str(error.value)
+    assert "\n" not in message and "[ec2]" in message and "field 'spot'" in message
+    assert "[spot] enabled = true" in message and "[spot] types" in message
 
 
 def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
@@ -127,7 +141,7 @@ def test_defaults_need_no_file_and_no_account(monkeypatch, tmp_path):
     assert config.ec2.families == DEFAULT_FAMILIES
     # A file that forgets dry_run launches nothing.
     assert config.ec2.orphan_policy == "report" and config.ec2.dry_run
-    assert config.ec2.spot == () and config.ec2.ami == ()
+    assert not config.ec2.spot_enabled and config.ec2.spot_types == () and config.ec2.ami == ()
     assert config.ec2.cache_dir == tmp_path / "ec2-batch-autoscaler"
     assert config.guardrails == Guardrails(max_launches_per_type_hour=10)
     # Safe launch defaults: IMDSv2 hop limit 1, no public IP, an encrypted gp3 root volume.

@@ -25,7 +25,7 @@ from provisioners.policy import FILES, daemon_policy, render, s3_lifecycle, work
 from provisioners.spot_prices import fetch_spot_prices
 from state.memory import InMemoryStore
 from tests.aws_audit import Audit
-from tests.aws_iam import Policy, Request
+from tests.aws_iam import Policy, Request, requests_for
 from tests.builders import KeepPlanner, NullExecutor, Ticking
 from tests.provisioners.conftest import REGION, make_cloud
 from tests.provisioners.test_bootstrap import wheelhouse_dir, worker_bootstrap
@@ -96,7 +96,12 @@ def test_deploy_holds_what_the_generator_writes_for_the_sample_configuration():
     "changes",
     [
         {},
-        {"spot": ("c7i",), "key_name": "ops", "root_volume_kms_key": "alias/ebs"},
+        {
+            "spot_enabled": True,
+            "spot_types": ("c7i",),
+            "key_name": "ops",
+            "root_volume_kms_key": "alias/ebs",
+        },
         {
             "iam_instance_profile": "autoscaler-worker",
             "ami": (("x86_64", "ami-0123456789abcdef0"),),
@@ -114,7 +119,7 @@ def test_optional_statements_appear_only_when_configured():
     full = daemon_policy(
         replace(
             SAMPLE,
-            spot=("c7i",),
+            spot_enabled=True,
             root_volume_kms_key="arn:aws:kms:us-east-1:123456789012:key/abc",
             iam_instance_profile="arn:aws:iam::123456789012:instance-profile/workers",
         ),
@@ -128,6 +133,82 @@ def test_optional_statements_appear_only_when_configured():
         "arn:aws:kms:us-east-1:123456789012:key/abc"
     )
     assert "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch" in statements
+
+
+def launch_requests(instance_type: str, *, spot: bool) -> list[Request]:
+    """What AWS authorizes for one launch of the sample cluster (`tests/aws_iam.py`)."""
+    tags = [
+        {"Key": "autoscaler:cluster", "Value": "research-batch"},
+        {"Key": "autoscaler:managed-by", "Value": "ec2-batch-autoscaler"},
+    ]
+    params: dict[str, Any] = {
+        "ImageId": "ami-0123456789abcdef0",
+        "InstanceType": instance_type,
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": tags},
+            {"ResourceType": "volume", "Tags": tags},
+        ],
+        "NetworkInterfaces": [
+            {"SubnetId": SAMPLE.subnet_ids[0], "Groups": list(SAMPLE.security_group_ids)}
+        ],
+    }
+    if spot:
+        params["InstanceMarketOptions"] = {"MarketType": "spot"}
+    return requests_for(
+        "ec2",
+        "RunInstances",
+        params,
+        region="us-east-1",
+        account="123456789012",
+        owner_of=lambda image: "amazon",
+    )
+
+
+def launches(policy: dict[str, Any], instance_type: str, *, spot: bool) -> bool:
+    judged = Policy(policy)
+    return all(judged.evaluate(r).allowed for r in launch_requests(instance_type, spot=spot))
+
+
+def test_the_policy_grants_spot_launches_only_for_the_spot_types():
+    off = daemon_policy(SAMPLE, SAMPLE_STORAGE)
+    assert launches(off, "c7i.large", spot=False) and launches(off, "g6.xlarge", spot=False)
+    assert not launches(off, "c7i.large", spot=True)  # spot not enabled: no spot launch
+    listed = replace(SAMPLE, spot_enabled=True, spot_types=("c7i", "g6.xlarge"))
+    some = daemon_policy(listed, SAMPLE_STORAGE)
+    assert launches(some, "c7i.large", spot=True) and launches(some, "g6.xlarge", spot=True)
+    assert not launches(some, "r7i.large", spot=True) and not launches(
+        some, "g6.2xlarge", spot=True
+    )
+    assert launches(some, "r7i.large", spot=False)  # on-demand stays as it was
+    # What the policy grants is what the launch path accepts (`EC2Config.spot_for`).
+    for config in (replace(SAMPLE, spot_enabled=True), listed):
+        policy = daemon_policy(config, SAMPLE_STORAGE)
+        for name in ("c7i.large", "c7i.48xlarge", "r7i.large", "g6.xlarge", "g6.2xlarge"):
+            assert launches(policy, name, spot=True) == config.spot_for(name), (config, name)
+
+
+def test_the_policy_lets_the_daemon_create_only_the_spot_service_linked_role():
+    def creates(policy: dict[str, Any], service: str) -> bool:
+        [request] = requests_for(
+            "iam",
+            "CreateServiceLinkedRole",
+            {"AWSServiceName": service},
+            region="us-east-1",
+            account="123456789012",
+        )
+        return Policy(policy).evaluate(request).allowed
+
+    on = daemon_policy(replace(SAMPLE, spot_enabled=True), SAMPLE_STORAGE)
+    assert creates(on, "spot.amazonaws.com")
+    assert not creates(on, "ecs.amazonaws.com") and not creates(on, "spotfleet.amazonaws.com")
+    # The spot role's own ARN, asked for another service: the condition refuses it.
+    spot_role = (
+        "arn:aws:iam::123456789012:role/aws-service-role/spot.amazonaws.com/"
+        "AWSServiceRoleForEC2Spot"
+    )
+    other = {"aws:RequestedRegion": "us-east-1", "iam:AWSServiceName": "ecs.amazonaws.com"}
+    assert not Policy(on).evaluate(Request("iam:CreateServiceLinkedRole", spot_role, other)).allowed
+    assert not creates(daemon_policy(SAMPLE, SAMPLE_STORAGE), "spot.amazonaws.com")
 
 
 def test_nothing_outside_the_cluster_is_granted():
@@ -177,6 +258,7 @@ def test_the_lifecycle_rule_expires_jobs_objects_and_boot_reports_under_the_pref
 AUDITED_SIDS = (
     "DescribeTypesInstancesImagesAndSubnetsInTheRegion",
     "LaunchOnlyInstancesAndVolumesTaggedForThisCluster",
+    "LaunchSpotInstancesOnlyOfTheSpotTypes",
     "ReadSpotPricesInTheRegion",
     "LaunchFromTheConfiguredImagesSubnetsAndSecurityGroups",
     "LaunchTheImagesTheAccountsOwnParametersName",
@@ -197,7 +279,8 @@ AUDITED_SIDS = (
 def audited_config(config: EC2Config) -> EC2Config:
     return replace(
         config,
-        spot=("c7i",),
+        spot_enabled=True,
+        spot_types=("c7i",),
         ami=(("x86_64", "resolve:ssm:/ec2-batch-autoscaler/images/worker"),),
         root_volume_kms_key="alias/autoscaler-ebs",
         key_name=None,
@@ -215,7 +298,7 @@ def run_the_daemons_calls(
     Stubber: moto has no Pricing API). A denied call ends the run (as it would stop the
     daemon's action); the audit holds what was judged. Returns the audit and the
     wheelhouse's digest."""
-    ssm, s3 = client("ssm"), make_client("s3", REGION)
+    ssm, s3, iam = client("ssm"), make_client("s3", REGION), client("iam")
     ssm.put_parameter(Name="/ec2-batch-autoscaler/images/worker", Value=ami, Type="String")
     s3.create_bucket(Bucket=BUCKET)
 
@@ -229,7 +312,7 @@ def run_the_daemons_calls(
     audit = Audit(Policy(policy), tags_of=tags_of, owner_of=owner_of)
     storage = S3Storage(BUCKET, "research-batch", region_name=REGION)
     pricing = make_client("pricing", "us-east-1")
-    for each in (ec2, ssm, s3, storage.client, pricing):
+    for each in (ec2, ssm, s3, storage.client, pricing, iam):
         audit.attach(each)
 
     digest: list[str] = []
@@ -246,7 +329,7 @@ def run_the_daemons_calls(
             wheelhouse_sha256=sha256,
             reports=reports,
         )
-        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm)
+        cloud = make_cloud(config, ec2, clock, sleeps, bootstrap=bootstrap, ssm=ssm, iam=iam)
         launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
         cloud.list()
         assert "bootstrap: no report" in cloud.diagnose(launched.cloud_id, "tok-1")

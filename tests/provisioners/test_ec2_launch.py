@@ -404,11 +404,12 @@ def test_a_quota_error_stops_at_once_and_cools_down_the_family_region_wide(
     assert len(faults.calls["RunInstances"]) == calls + 2
 
 
-def test_a_spot_quota_names_the_spot_quota(config, ec2, clock, sleeps, faults):
+def test_a_spot_quota_names_the_spot_quota(config, ec2, client, clock, sleeps, faults):
     faults.when("RunInstances", lambda p: True, "MaxSpotInstanceCountExceeded")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    spot = replace(config, spot_enabled=True, spot_types=("c7i",))
+    cloud = make_cloud(spot, ec2, clock, sleeps, iam=client("iam"))
     with pytest.raises(QuotaExceeded, match=r"All Standard .* Spot Instance Requests.*L-34B43A08"):
-        cloud.launch(request("tok-1"))
+        cloud.launch(request("tok-1", "c7i.large:spot"))
 
 
 def test_throttling_is_retried_with_a_bounded_backoff(config, ec2, clock, sleeps, faults):
@@ -542,19 +543,25 @@ def test_dry_run_without_permission_is_a_typed_error(config, ec2, clock, sleeps,
         cloud.launch(request("tok-1"))
 
 
-def test_spot_is_per_type_and_off_by_default(config, ec2, clock, sleeps, faults):
+def test_spot_is_per_offering_and_a_bare_type_is_on_demand(
+    config, ec2, client, clock, sleeps, faults
+):
+    # Spot enabled for c7i: its `:spot` offering launches as spot, its bare type (and any
+    # other bare type) on-demand, as the catalog prices them.
     faults.watch("RunInstances")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    spot_config = replace(config, spot_enabled=True, spot_types=("c7i",))
+    cloud = make_cloud(spot_config, ec2, clock, sleeps, iam=client("iam"))
 
-    spot = cloud.launch(request("tok-1", "c7i.large"))
-    on_demand = cloud.launch(request("tok-2", "r7i.large"))
+    spot = cloud.launch(request("tok-1", "c7i.large:spot"))
+    bare = cloud.launch(request("tok-2", "c7i.large"))
+    on_demand = cloud.launch(request("tok-3", "r7i.large"))
 
-    first, second = faults.calls["RunInstances"]
+    first, second, third = faults.calls["RunInstances"]
     assert first["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert "InstanceMarketOptions" not in second
+    assert "InstanceMarketOptions" not in second and "InstanceMarketOptions" not in third
     lifecycle = {i["InstanceId"]: i.get("InstanceLifecycle") for i in live_instances(ec2)}
-    assert lifecycle == {spot.cloud_id: "spot", on_demand.cloud_id: None}
-    assert spot.spot and not on_demand.spot
+    assert lifecycle == {spot.cloud_id: "spot", bare.cloud_id: None, on_demand.cloud_id: None}
+    assert spot.spot and not bare.spot and not on_demand.spot
 
 
 def test_after_an_outage_the_catalog_is_asked_for_again_within_minutes(config, ec2, clock, sleeps):

@@ -1,6 +1,8 @@
 """Spot offerings on EC2 (moto): launched with `InstanceMarketOptions` in their zone, only
-where `[ec2] spot` allows; spot prices from `DescribeSpotPriceHistory`, parsed, cached
-and dated. moto's prices are dummies: the tests check what is done with them."""
+where the cluster's spot setting (`[spot] enabled`, `types`) allows, after the spot
+service-linked role is ensured once; a bare type always on-demand; spot prices from
+`DescribeSpotPriceHistory`, parsed, cached and dated. moto's prices are dummies: the tests
+check what is done with them."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from autoscaler.catalog import SPOT, offering_name
 from autoscaler.cloud import CloudRequestError, LaunchRequest, offering_parts
 from provisioners.aws import AwsCaller
+from provisioners.ec2 import SPOT_ROLE_RETRY_S
 from provisioners.spot_prices import (
     SpotPriceTable,
     fetch_spot_prices,
@@ -22,7 +25,7 @@ from provisioners.spot_prices import (
     save_spot_prices,
     spot_prices_path,
 )
-from tests.provisioners.conftest import REGION, live_instances, make_cloud, zone_of
+from tests.provisioners.conftest import REGION, Faults, live_instances, make_cloud, zone_of
 
 ZONE_B = f"{REGION}b"
 
@@ -39,11 +42,16 @@ def test_offering_names_split_back_into_type_market_and_zone():
         offering_parts("c7i.large:reserved")
 
 
+def spot_on(config, *types: str):
+    """`config` with the cluster's spot setting: enabled, for `types` (none: every type)."""
+    return replace(config, spot_enabled=True, spot_types=types)
+
+
 def test_a_spot_offering_launches_as_spot_in_its_zone_through_its_subnet(
-    config, ec2, network, clock, sleeps, faults
+    config, ec2, client, network, clock, sleeps, faults
 ):
     faults.watch("RunInstances")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps, iam=client("iam"))
 
     launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT, ZONE_B), "tok-1"))
 
@@ -79,10 +87,106 @@ def test_spot_for_a_type_the_config_does_not_allow_is_refused_before_any_call(
     config, ec2, clock, sleeps, faults
 ):
     faults.watch("RunInstances")
-    cloud = make_cloud(replace(config, spot=("c7i",)), ec2, clock, sleeps)
-    with pytest.raises(CloudRequestError, match=r"spot is not allowed for r7i.large.*\[ec2\] spot"):
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps)
+    with pytest.raises(
+        CloudRequestError, match=r"spot is not allowed for r7i.large.*\[spot\] types"
+    ):
         cloud.launch(LaunchRequest(offering_name("r7i.large", SPOT), "tok-1"))
+    off = make_cloud(config, ec2, clock, sleeps)  # spot not enabled: no spot launch at all
+    with pytest.raises(CloudRequestError, match=r"c7i.large.*\[spot\] enabled is false"):
+        off.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-2"))
     assert faults.calls["RunInstances"] == []
+
+
+def test_a_bare_type_spot_admits_launches_on_demand(config, ec2, client, clock, sleeps, faults):
+    # The old `[ec2] spot` launched a listed bare type as spot at the on-demand price.
+    faults.watch("RunInstances")
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps, iam=client("iam"))
+    launched = cloud.launch(LaunchRequest("c7i.large", "tok-1"))
+    [params] = faults.calls["RunInstances"]
+    assert "InstanceMarketOptions" not in params and not launched.spot
+    [raw] = live_instances(ec2)
+    assert raw.get("InstanceLifecycle") is None
+
+
+# -- the spot service-linked role -------------------------------------------------------------
+
+
+def test_the_first_spot_launch_creates_the_spot_role_once(config, ec2, client, clock, sleeps):
+    iam = client("iam")
+    roles = Faults(iam, service="iam").watch("CreateServiceLinkedRole")
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps, iam=iam)
+    cloud.launch(LaunchRequest("c7i.large", "tok-0"))  # on-demand: no role asked for
+    assert roles.calls["CreateServiceLinkedRole"] == []
+
+    cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+    cloud.launch(LaunchRequest(offering_name("r7i.large", SPOT), "tok-2"))
+
+    assert roles.calls["CreateServiceLinkedRole"] == [{"AWSServiceName": "spot.amazonaws.com"}]
+    # (moto names the role AWSServiceRoleForspot; AWS, AWSServiceRoleForEC2Spot)
+    [role] = iam.list_roles(PathPrefix="/aws-service-role/spot.amazonaws.com/")["Roles"]
+    assert role["Path"] == "/aws-service-role/spot.amazonaws.com/"
+    assert cloud.spot_role is not None and cloud.spot_role.ok
+    assert "created" in cloud.spot_role.note
+
+
+def test_a_role_that_exists_already_is_success_and_not_asked_again(
+    config, ec2, client, clock, sleeps
+):
+    iam = client("iam")
+    iam.create_service_linked_role(AWSServiceName="spot.amazonaws.com")  # made in the console
+    roles = Faults(iam, service="iam").watch("CreateServiceLinkedRole")
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps, iam=iam)
+    first = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+    cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-2"))
+    assert first.spot and len(roles.calls["CreateServiceLinkedRole"]) == 1
+    assert cloud.spot_role is not None and cloud.spot_role.ok
+    assert "exists" in cloud.spot_role.note
+
+
+@pytest.mark.parametrize(
+    ("message", "exists"),
+    [
+        # AWS's answer when the role is there (moto answers EntityAlreadyExists, above).
+        ("Service role name AWSServiceRoleForEC2Spot has been taken in this account, "
+         "please try a different suffix.", True),
+        ("1 validation error detected: something else", False),
+    ],
+)  # fmt: skip
+def test_aws_invalid_input_means_the_role_exists_only_when_the_name_is_taken(
+    config, ec2, client, clock, sleeps, message, exists
+):
+    iam = client("iam")
+    Faults(iam, service="iam").plan("CreateServiceLinkedRole", ["InvalidInput"], message)
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps, iam=iam)
+    assert cloud.ensure_spot_role().ok is exists
+
+
+def test_a_denied_role_is_recorded_and_asked_again_only_after_the_retry_period(
+    config, ec2, client, clock, sleeps
+):
+    iam = client("iam")
+    roles = Faults(iam, service="iam")
+    roles.plan("CreateServiceLinkedRole", ["AccessDenied"], "not authorized")
+    cloud = make_cloud(spot_on(config), ec2, clock, sleeps, iam=iam)
+    launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+    assert launched.spot  # the launch goes on: EC2 says whether the role was needed
+    assert cloud.spot_role is not None and not cloud.spot_role.ok
+    assert "AccessDenied" in cloud.spot_role.note
+    cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-2"))
+    assert len(roles.calls["CreateServiceLinkedRole"]) == 1  # no hot loop
+    clock.advance(SPOT_ROLE_RETRY_S)
+    cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-3"))
+    assert len(roles.calls["CreateServiceLinkedRole"]) == 2 and cloud.spot_role.ok
+
+
+def test_a_dry_run_creates_no_role(config, ec2, client, clock, sleeps):
+    iam = client("iam")
+    roles = Faults(iam, service="iam").watch("CreateServiceLinkedRole")
+    cloud = make_cloud(replace(spot_on(config), dry_run=True), ec2, clock, sleeps, iam=iam)
+    cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+    assert roles.calls["CreateServiceLinkedRole"] == []
+    assert iam.list_roles(PathPrefix="/aws-service-role/")["Roles"] == []
 
 
 # -- spot prices ------------------------------------------------------------------------------
