@@ -56,18 +56,20 @@ def _owner_only(database: Path | None) -> None:
 
 def offline_catalog(config: ClusterConfig) -> Catalog:
     """The catalog the cluster plans with, without calling any cloud (cached or bundled);
-    with `[spot] enabled`, a spot offering beside each type the bundled spot snapshot
-    prices and `[spot] types` admits (`provisioners.catalog.spot_offerings`, filtered by
-    `EC2Config.spot_for`, as launches and the IAM policy are), so the round weighs both
-    markets and never plans a spot offering its launch would refuse."""
-    from provisioners.catalog import (
-        bundled_spot_snapshot,
-        cached_or_bundled_catalog,
-        spot_offerings,
-    )
+    with `[spot] enabled`, its spot offerings too (`with_spot`)."""
+    from provisioners.catalog import cached_or_bundled_catalog
+
+    return with_spot(config, cached_or_bundled_catalog(config.provisioner.ec2).catalog)
+
+
+def with_spot(config: ClusterConfig, catalog: Catalog) -> Catalog:
+    """`catalog` and, with `[spot] enabled`, a spot offering beside each type the bundled
+    spot snapshot prices and `[spot] types` admits (`provisioners.catalog.spot_offerings`,
+    filtered by `EC2Config.spot_for`, as launches and the IAM policy are), so the round
+    weighs both markets and never plans a spot offering its launch would refuse."""
+    from provisioners.catalog import bundled_spot_snapshot, spot_offerings
     from provisioners.config import family_of
 
-    catalog = cached_or_bundled_catalog(config.provisioner.ec2).catalog
     if not config.spot.enabled:
         return catalog
     region = catalog.region or config.cluster.region
@@ -95,6 +97,22 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
         bands=dict(config.spot.bands),
         only=ec2.spot_for,  # the one spot setting: what launches as spot, what IAM allows
     )
+
+
+class _SpotCatalog:
+    """The cloud's catalog with its spot offerings (`with_spot`), expanded again only when
+    the cloud's catalog changes (EC2 refreshes prices every few hours; rounds ask often)."""
+
+    def __init__(self, config: ClusterConfig, catalog: Callable[[], Catalog]) -> None:
+        self._config, self._catalog = config, catalog
+        self._seen: Catalog | None = None
+        self._expanded: Catalog | None = None
+
+    def __call__(self) -> Catalog:
+        current = self._catalog()
+        if current is not self._seen or self._expanded is None:
+            self._expanded, self._seen = with_spot(self._config, current), current
+        return self._expanded
 
 
 def daemon_security(config: ClusterConfig) -> grpc.ServerCredentials:
@@ -222,7 +240,10 @@ def build_bindings(config: ClusterConfig) -> Bindings:
         cloud=cloud,
         executor=executor,
         storage=storage,
-        catalog=cloud.catalog,
+        # EC2 lists on-demand types; the local cloud's catalog has its offerings already
+        catalog=_SpotCatalog(config, cloud.catalog)
+        if config.cloud.provider != "local"
+        else cloud.catalog,
         add_worker_services=lambda server: add_worker_services(server, executor),
         worker_methods=tuple(WORKER_METHODS),
     )
