@@ -14,6 +14,7 @@ from typing import Literal
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
+from autoscaler.spot import SPOT_FAMILY_SUFFIX
 
 
 def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
@@ -106,10 +107,6 @@ def refused(rps: Iterable[float]) -> float:
     return -sum(rps)
 
 
-#: A spot offering's family as the planner sees it (`autoscaler.spot.SPOT_FAMILY_SUFFIX`).
-_SPOT_SUFFIX = "+spot"
-
-
 def on_demand_value(task: TaskSpec, catalog: Catalog) -> float | None:
     """V(τ): hourly cost of the cheapest *on-demand* offering that hosts τ alone, its
     spot families read as their plain ones (None: the catalog has none that fits)."""
@@ -117,7 +114,7 @@ def on_demand_value(task: TaskSpec, catalog: Catalog) -> float | None:
     for itype in catalog:
         if itype.is_spot:
             continue
-        demand = task.demand_on(itype.family) or task.demand_on(itype.family + _SPOT_SUFFIX)
+        demand = task.demand_on(itype.family) or task.demand_on(itype.family + SPOT_FAMILY_SUFFIX)
         fitting = demand is not None and demand.fits_in(itype.capacity)
         if fitting and (best is None or itype.hourly_cost < best):
             best = itype.hourly_cost
