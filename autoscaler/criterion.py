@@ -94,10 +94,12 @@ def migration_cost(
     plus each newly launched instance's cost during its start-up delay.
 
     A job's hourly value is its reservation price RP(j) — what running it for an
-    hour is worth. A task moves when it is on an instance now and the target
-    puts it elsewhere; tasks not yet on any instance start anyway and cost no
-    migration. `delays` are the phase durations measured per instance type
-    (`move_delay_s`); none measured, the jobs' assumed delays price the move.
+    hour is worth — or, with spot offerings, its on-demand RP (`PriceBook.job_value`:
+    a job's hour is not worth less because spot makes its instance cheaper). A task
+    moves when it is on an instance now and the target puts it elsewhere; tasks not
+    yet on any instance start anyway and cost no migration. `delays` are the phase
+    durations measured per instance type (`move_delay_s`); none measured, the jobs'
+    assumed delays price the move.
     """
     measured = delays or MeasuredDelays()
     now = current.assignment()
@@ -115,7 +117,7 @@ def migration_cost(
                 (t, inst.type.name, landing) for t in job.tasks if t.task_id == task_id
             )
     migration = sum(
-        move_delay_s(jobs[j], moves, measured) / 3600.0 * prices.job_rp(jobs[j])
+        move_delay_s(jobs[j], moves, measured) / 3600.0 * prices.job_value(jobs[j])
         for j, moves in moved.items()
     )
     moved_tasks = sum(len(moves) for moves in moved.values())

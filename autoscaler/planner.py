@@ -50,6 +50,7 @@ from autoscaler.pricing import (
     refused,
     slowdown_charge,
     tnrp,
+    valued_tnrp,
 )
 from autoscaler.reconfiguration import Packer, Placement
 from autoscaler.view import ClusterView
@@ -425,7 +426,12 @@ def _fluid_candidates(
             tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
             if tput < min_throughput:
                 return refused(rp[other] for other in task_ids)
-            total += tnrp(rp[t], tput, charge[job.job_id])
+            if prices.valued:
+                stake = charge[job.job_id]
+                at_stake = prices.task_value(spec[t]) if stake is None else prices.job_value(job)
+                total += valued_tnrp(rp[t], tput, at_stake)
+            else:
+                total += tnrp(rp[t], tput, charge[job.job_id])
         return total
 
     def pack(subset: list[TaskSpec]) -> tuple[list[Instance], float, PriceSolution | None]:

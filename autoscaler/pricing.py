@@ -14,6 +14,7 @@ from typing import Literal
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
+from autoscaler.spot import SPOT_FAMILY_SUFFIX
 
 
 def price_book_for(catalog: Catalog, previous: PriceBook | None) -> PriceBook:
@@ -106,18 +107,52 @@ def refused(rps: Iterable[float]) -> float:
     return -sum(rps)
 
 
+def on_demand_value(task: TaskSpec, catalog: Catalog) -> float | None:
+    """V(τ): hourly cost of the cheapest *on-demand* offering that hosts τ alone, its
+    spot families read as their plain ones (None: the catalog has none that fits)."""
+    best = None
+    for itype in catalog:
+        if itype.is_spot:
+            continue
+        demand = task.demand_on(itype.family) or task.demand_on(itype.family + SPOT_FAMILY_SUFFIX)
+        fitting = demand is not None and demand.fits_in(itype.capacity)
+        if fitting and (best is None or itype.hourly_cost < best):
+            best = itype.hourly_cost
+    return best
+
+
+def valued_tnrp(rp: float, throughput: float, at_stake: float) -> float:
+    """TNRP when the time a slowdown costs is worth `at_stake` per hour rather than
+    the RP: `RP(τ) − (1 − throughput) · at_stake` — what co-location saves against
+    running alone on the cheapest offering, less the job's time it costs. With
+    `at_stake` = RP(τ) (single task) or RP(j) (§4.4) it is `tnrp`."""
+    return rp - (1.0 - throughput) * at_stake
+
+
 class PriceBook:
     """Reservation prices against one catalog, memoized by demand vector.
 
     Tasks with equal demands have equal RPs; with millions of tasks and a few
     dozen distinct demands, the catalog is searched a few dozen times.
+
+    With spot offerings in the catalog (`valued`), a task also has a *value*
+    V(τ) ≥ RP(τ): the RP it has on on-demand capacity (`on_demand_value`). The
+    RP stays what packing saves against — the cheapest way to run τ alone, a
+    spot offering — but the throughput co-location takes away is the job's
+    time, and an hour of a job is not worth less because spot makes its
+    instance cheaper: Eva's TNRP (§4.3) prices the loss at RP because RP is
+    the job's value there; spot splits the two. So a slowdown is charged at V
+    (`valued_tnrp`), and packing on cheap spot capacity happens only when it
+    saves more instance dollars than it costs job time at on-demand terms.
     """
 
-    __slots__ = ("_by_demands", "catalog")
+    __slots__ = ("_by_demands", "_values", "catalog", "valued")
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self._by_demands: dict[Demands, InstanceType] = {}
+        self._values: dict[Demands, float] = {}
+        self.valued = any(t.is_spot for t in catalog)
 
     def cheapest_type(self, task: TaskSpec) -> InstanceType:
         itype = self._by_demands.get(task.demands)
@@ -136,6 +171,22 @@ class PriceBook:
     def job_rp(self, job: JobSpec) -> float:
         """RP(j) = Σ_{τ∈j} RP(τ)."""
         return sum(self.task_rp(t) for t in job.tasks)
+
+    def task_value(self, task: TaskSpec) -> float:
+        """V(τ): what an hour of τ's time is worth — its on-demand RP when the catalog
+        has spot offerings (never below its RP), else its RP."""
+        rp = self.task_rp(task)
+        if not self.valued:
+            return rp
+        value = self._values.get(task.demands)
+        if value is None:
+            on_demand = on_demand_value(task, self.catalog)
+            value = self._values[task.demands] = rp if on_demand is None else max(rp, on_demand)
+        return value
+
+    def job_value(self, job: JobSpec) -> float:
+        """V(j) = Σ_{τ∈j} V(τ)."""
+        return sum(self.task_value(t) for t in job.tasks)
 
     def no_packing_hourly_cost(self, jobs: Iterable[JobSpec]) -> float:
         """Hourly cost with every task alone on its cheapest fitting type."""

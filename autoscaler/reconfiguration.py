@@ -38,6 +38,7 @@ from autoscaler.pricing import (
     refused,
     slowdown_charge,
     tnrp,
+    valued_tnrp,
 )
 from autoscaler.resources import EPSILON, fits
 from autoscaler.view import ClusterView
@@ -178,6 +179,16 @@ class Packer:
             slowdown_charge(sample[k][1], self.prices.job_rp(sample[k][1]), job_slowdown)
             for k in keys
         ]
+        # With spot offerings, what a slowdown costs is the job's time at its value
+        # (`PriceBook.task_value`), not at the spot RP; None: at the RP, as Eva prices it.
+        self.stake: list[float] | None = None
+        if self.prices.valued:
+            self.stake = [
+                self.prices.task_value(sample[k][0])
+                if jrp is None
+                else self.prices.job_value(sample[k][1])
+                for k, jrp in zip(keys, self.jrp, strict=True)
+            ]
         self.group: list[str | None] = [k[3][0] or None for k in keys]
         self.group_limit: list[int] = [k[3][1] for k in keys]
         self.has_groups = any(self.group)
@@ -230,7 +241,10 @@ class Packer:
                 if tput < self.min_throughput:
                     total = refused(self.rp[c] for c in composition)
                     break
-                previous, previous_value = c, tnrp(self.rp[c], tput, self.jrp[c])
+                if self.stake is None:
+                    previous, previous_value = c, tnrp(self.rp[c], tput, self.jrp[c])
+                else:
+                    previous, previous_value = c, valued_tnrp(self.rp[c], tput, self.stake[c])
             total += previous_value
         self._value_cache[composition] = total
         return total
@@ -493,7 +507,10 @@ class Packer:
         if self.neutral:
             solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
         else:
-            at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
+            if self.stake is None:
+                at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
+            else:
+                at_stake = [self.stake[c] for c in live]
             solution = self.pricer.solve(
                 self.shapes(), classes, loss, (self.table.default, at_stake), columns
             )

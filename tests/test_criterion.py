@@ -103,3 +103,19 @@ def test_planner_modes_force_one_candidate():
     view = ClusterView(catalog, jobs, current, ThroughputTable(default=1.0))
     assert EvaPlanner("full").plan(view).hourly_cost == pytest.approx(12.0)
     assert EvaPlanner("partial").plan(view).hourly_cost == pytest.approx(24.0)
+
+
+def test_a_move_among_spot_instances_is_priced_at_the_jobs_on_demand_value():
+    from dataclasses import replace
+
+    from autoscaler.catalog import SPOT, Catalog
+
+    catalog, jobs, _ = two_half_empty_it1()
+    it1 = catalog["it1"]
+    spot = replace(it1, name="it1:spot", hourly_cost=3.0, market=SPOT, ec2_type="it1")
+    with_spot = Catalog([*catalog, spot])
+    current = configuration(running("i-1", spot, "a/0"), running("i-2", spot, "b/0"))
+    target = configuration(running("i-1", spot, "a/0", "b/0"))
+    cost = migration_cost(current, target, {j.job_id: j for j in jobs}, PriceBook(with_spot))
+    # the same 55 s of job b, at its on-demand RP of $12/h, not the $3/h spot RP
+    assert cost.dollars == pytest.approx(55 / HOUR * 12.0)

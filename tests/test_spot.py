@@ -151,3 +151,52 @@ def test_a_spot_offering_keeps_its_delays_and_capacity_in_planning() -> None:
     assert spot.family == "p+spot" and spot.launch_type == "g"
     assert spot.capacity == Resources(1, 8, 60) and spot.delays == DELAYS
     assert replace(spot, family="p") != planning["g"]
+
+
+def _spot_pair(big_spot_price: float) -> tuple[Catalog, tuple]:
+    """On-demand s ($1/h) and b (twice s, $1.9/h), their spot twins at $0.30/h and
+    `big_spot_price` (never reclaimed), and two single-task jobs that each fill an s."""
+    shape_s, shape_b = Resources(0, 4, 16), Resources(0, 8, 32)
+
+    def spot(name: str, shape: Resources, price: float) -> InstanceType:
+        return InstanceType(f"{name}:spot", "c", shape, price, market=SPOT, ec2_type=name)
+
+    catalog = Catalog(
+        [
+            InstanceType("s", "c", shape_s, 1.0),
+            InstanceType("b", "c", shape_b, 1.9),
+            spot("s", shape_s, 0.30),
+            spot("b", shape_b, big_spot_price),
+        ]
+    )
+    planning = SpotPolicy().planning_catalog(catalog)
+    jobs = tuple(
+        restrict_job(job(j, (0, 4, 16), family="c"), "auto", planning.families) for j in "xy"
+    )
+    return planning, jobs
+
+
+def test_a_slowdown_on_spot_is_charged_at_the_jobs_on_demand_value() -> None:
+    from autoscaler.pricing import PriceBook
+    from autoscaler.reconfiguration import full_reconfiguration
+    from autoscaler.throughput import ThroughputTable
+    from autoscaler.view import ClusterView
+
+    planning, jobs = _spot_pair(0.50)
+    prices = PriceBook(planning)
+    task = jobs[0].tasks[0]
+    assert prices.task_rp(task) == pytest.approx(0.30)  # RP: alone on the cheapest, spot
+    assert prices.task_value(task) == pytest.approx(1.0)  # V: alone on on-demand
+    plain = Catalog([InstanceType("s", "c", Resources(0, 4, 16), 1.0)])
+    assert PriceBook(plain).task_value(job("z", (0, 4, 16), family="c").tasks[0]) == 1.0
+
+    table = ThroughputTable(default=0.9)
+    # Together on b:spot the pair saves 2 × 0.30 − 0.50 = $0.10/h of instances and
+    # loses 10% of each job's time: $0.06/h at the spot RP (Eva's TNRP 0.54 ≥ 0.50
+    # would pack them), $0.20/h at the jobs' on-demand value — not worth it.
+    alone = full_reconfiguration(ClusterView(planning, jobs, throughput=table))
+    assert sorted(i.type.name for i in alone) == ["s:spot", "s:spot"]
+    # At $0.35/h the pair saves $0.25/h, more than the $0.20/h of time: packed.
+    planning, jobs = _spot_pair(0.35)
+    packed = full_reconfiguration(ClusterView(planning, jobs, throughput=table))
+    assert [(i.type.name, len(i.tasks)) for i in packed] == [("b:spot", 2)]
