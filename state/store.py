@@ -308,15 +308,14 @@ class SqlStore(Store):
         statuses = self._lock_jobs(conn, moved.values())
         rows = []
         for chunk in _chunks(sorted(moved)):  # as they are under the locks
-            for row in conn.execute(
+            for task_id, current in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
                     TASKS.c.task_id.in_(chunk)
                 )
             ):
-                target = targets[row.task_id]
-                status = statuses[moved[row.task_id]]
-                if transitions.retargets(status, row.target_instance_id, target):
-                    rows.append({"b_task_id": row.task_id, "b_target": target, "b_at": at})
+                target = targets[task_id]
+                if transitions.retargets(statuses[moved[task_id]], current, target):
+                    rows.append({"b_task_id": task_id, "b_target": target, "b_at": at})
         if rows:
             conn.execute(
                 update(TASKS)
