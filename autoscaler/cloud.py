@@ -373,12 +373,16 @@ class Guardrails:
         *,
         launched_last_hour: int = 0,
         spent_last_day: float = 0.0,
+        live_spend: float | None = None,
     ) -> None:
         """Raise `LaunchRefused` (with the numbers) if launching one more would break a limit.
 
         `live_types` are the types of the instances already running or requested
         (orphans included); `launched_last_hour` how many of `instance_type` were
         requested in the last hour; `spent_last_day` the ledger's last 24 hours.
+        `live_spend` is `live_spend_of(live_types, catalog)` when the caller keeps it
+        as it appends (a round checking thousands of launches would otherwise re-sum
+        a growing list for each, quadratic in the launches).
         """
         if instance_type not in catalog:
             raise LaunchRefused("catalog", f"instance type {instance_type} is not in the catalog")
@@ -410,7 +414,7 @@ class Guardrails:
                 f"{launched_last_hour} instance(s) of {instance_type} were launched in the last "
                 f"hour, the limit is {self.max_launches_per_type_hour}",
             )
-        spend = sum(catalog[t].hourly_cost for t in live_types if t in catalog)
+        spend = live_spend_of(live_types, catalog) if live_spend is None else live_spend
         after = spend + itype.hourly_cost
         if self.max_hourly_spend is not None and after > self.max_hourly_spend + 1e-9:
             raise LaunchRefused(
@@ -427,3 +431,9 @@ class Guardrails:
                 f"${after:.2f}/h with {instance_type} would pass the daily budget of "
                 f"${self.max_daily_spend:.2f}",
             )
+
+
+def live_spend_of(live_types: Sequence[str], catalog: Catalog) -> float:
+    """The hourly price of these instance types (those in the catalog), summed in order:
+    a running total that adds each appended type's price equals it exactly."""
+    return sum(catalog[t].hourly_cost for t in live_types if t in catalog)

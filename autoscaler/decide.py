@@ -35,6 +35,7 @@ from autoscaler.cloud import (
     OrphanAction,
     OrphanPolicy,
     UnavailableOffering,
+    live_spend_of,
     unavailable_types,
 )
 from autoscaler.configuration import Configuration, Instance
@@ -1068,6 +1069,7 @@ def _diff(
     orphans (ours by tag, unknown to the state, billed all the same)."""
     targets: dict[str, str | None] = {tid: None for tid in snapshot.tasks}
     live_types = [i.instance_type for i in billed]
+    live_spend = live_spend_of(live_types, catalog)  # kept as launches are accepted
     launched = dict(launched_last_hour or {})
     current_ids = {i.instance_id for i in current}
     launches: list[Launch] = []
@@ -1089,6 +1091,7 @@ def _diff(
                 live_types,
                 launched_last_hour=launched.get(inst.type.name, 0),
                 spent_last_day=spent_last_day,
+                live_spend=live_spend,
             )
         except LaunchRefused as exc:
             refused.append(RefusedLaunch(inst.type.name, tasks, reason, exc.rule, str(exc)))
@@ -1100,6 +1103,7 @@ def _diff(
         number += 1
         token = f"{options.instance_prefix}{number}"
         live_types.append(inst.type.name)
+        live_spend += catalog[inst.type.name].hourly_cost  # accepted: it is in the catalog
         launched[inst.type.name] = launched.get(inst.type.name, 0) + 1
         # the price paid: a spot offering is planned at its effective price (`autoscaler.spot`)
         paid = inst.type.hourly_cost

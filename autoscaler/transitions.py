@@ -145,9 +145,16 @@ def retarget_task(
     target is already that one, None when its job has finished."""
     if job_status in FINAL_JOB_STATUSES:
         return None
-    if task.target_instance_id == target:
+    if not retargets(job_status, task.target_instance_id, target):
         return task
     return replace(task, target_instance_id=target, updated_at=at)
+
+
+def retargets(job_status: str, current: str | None, target: str | None) -> bool:
+    """Whether adopting `target` changes a task whose target is `current` (`retarget_task`
+    then writes its target and `updated_at`, nothing else): a store can decide it from
+    those two columns without reading whole tasks."""
+    return job_status not in FINAL_JOB_STATUSES and current != target
 
 
 def update_task(

@@ -123,13 +123,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks daemon", description=__doc__)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--url", default=os.environ.get("AUTOSCALER_BENCH_DATABASE_URL"))
+    parser.add_argument(
+        "--round-only", action="store_true", help="skip part 1 (submission through the API)"
+    )
     args = parser.parse_args(argv)
     catalog, source = pai_catalog_and_jobs()
     jobs = sample_jobs(source, args.jobs, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         print(f"database: {args.url or 'SQLite (a temporary file; give --url for PostgreSQL)'}")
-        submission(directory, args.url, catalog, jobs)
+        if not args.round_only:
+            submission(directory, args.url, catalog, jobs)
         a_round(directory, args.url, catalog, jobs)
 
 

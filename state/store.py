@@ -290,27 +290,39 @@ class SqlStore(Store):
     # -- tasks ------------------------------------------------------------
     def _assign(self, conn: Connection, targets: Mapping[str, str | None], at: float) -> None:
         """Adopt a plan's targets. Most are as they were (a round rewrites few): those
-        are found without locking, and only the jobs of the others are locked."""
+        are found without locking, and only the jobs of the others are locked. A
+        retarget changes a task's target and `updated_at` only
+        (`transitions.retargets`), so only those columns are read and written: a
+        first round over thousands of tasks moves them all."""
         moved: dict[str, str] = {}  # task -> its job
         for chunk in _chunks(list(targets)):
             for row in conn.execute(
-                select(TASKS, JOBS.c.status.label("job_status"))
+                select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id, JOBS.c.status)
                 .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
                 .where(TASKS.c.task_id.in_(chunk))
             ):
-                task = _task(row)
-                new = transitions.retarget_task(row.job_status, task, targets[task.task_id], at)
-                if new is not None and new != task:
-                    moved[task.task_id] = task.job_id
+                if transitions.retargets(row.status, row.target_instance_id, targets[row.task_id]):
+                    moved[row.task_id] = row.job_id
         if not moved:
             return
         statuses = self._lock_jobs(conn, moved.values())
-        retargeted = []
-        for task in self._read_tasks(conn, sorted(moved)):  # as they are under the locks
-            new = transitions.retarget_task(statuses[task.job_id], task, targets[task.task_id], at)
-            if new is not None and new != task:
-                retargeted.append(new)
-        _write(conn, TASKS, retargeted)
+        rows = []
+        for chunk in _chunks(sorted(moved)):  # as they are under the locks
+            for task_id, current in conn.execute(
+                select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
+                    TASKS.c.task_id.in_(chunk)
+                )
+            ):
+                target = targets[task_id]
+                if transitions.retargets(statuses[moved[task_id]], current, target):
+                    rows.append({"b_task_id": task_id, "b_target": target, "b_at": at})
+        if rows:
+            conn.execute(
+                update(TASKS)
+                .where(TASKS.c.task_id == bindparam("b_task_id"))
+                .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
+                rows,
+            )
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)

@@ -9,6 +9,7 @@ from autoscaler.cloud import (
     Guardrails,
     LaunchRefused,
     OrphanPolicy,
+    live_spend_of,
     match_listing,
     unavailable_types,
 )
@@ -117,3 +118,27 @@ def test_guardrails_refuse_with_the_numbers(rails, itype_name, live, rule, numbe
     assert refused.value.rule == rule
     assert numbers in str(refused.value)
     assert not refused.value.retryable
+
+
+def test_a_running_spend_refuses_the_same_launch_with_the_same_numbers_as_a_resummed_one():
+    """A round keeps the live spend as it accepts launches (linear, not quadratic): the
+    launch it refuses, and the numbers it gives, are those of summing the list afresh."""
+    cat = catalog()
+    rails = Guardrails(max_hourly_spend=7.3)
+
+    def accepted(keep_running: bool) -> tuple[int, str]:
+        live: list[str] = []
+        running = live_spend_of(live, cat)
+        for n in range(100):
+            try:
+                rails.check_launch(
+                    "cpu.small", cat, live, live_spend=running if keep_running else None
+                )
+            except LaunchRefused as exc:
+                return n, str(exc)
+            live.append("cpu.small")
+            running += cat["cpu.small"].hourly_cost
+        return 100, ""
+
+    assert accepted(True) == accepted(False)
+    assert accepted(True)[0] == 18  # 18 × $0.40 = $7.20 ≤ $7.30 < $7.60

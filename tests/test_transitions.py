@@ -258,3 +258,17 @@ def test_a_measured_delays_mean_counts_a_bounded_number_of_observations():
     after = full.observed(10.0 + MAX_DELAY_OBSERVATIONS)
     assert after.observations == MAX_DELAY_OBSERVATIONS
     assert after.mean_s == pytest.approx(11.0)  # the new one weighs 1/MAX
+
+
+@pytest.mark.parametrize("job_status", ["queued", "running", "completed", "cancelled"])
+@pytest.mark.parametrize("current", [None, "i-1"])
+@pytest.mark.parametrize("target", [None, "i-1", "i-2"])
+def test_retargets_says_exactly_when_retarget_task_writes(job_status, current, target):
+    """The SQL store decides a plan's moves from two columns (`retargets`); the rule on the
+    whole task must agree, and change only the target and `updated_at`."""
+    before = a_task(target_instance_id=current, updated_at=1.0)
+    after = transitions.retarget_task(job_status, before, target, 5.0)
+    writes = after is not None and after != before
+    assert transitions.retargets(job_status, current, target) == writes
+    if writes:
+        assert after == a_task(target_instance_id=target, updated_at=5.0)
