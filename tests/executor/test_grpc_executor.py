@@ -197,9 +197,14 @@ def test_a_released_instance_is_a_normal_end_logged_at_info(daemon, caplog):
     with caplog.at_level(logging.INFO, logger="executor"):
         daemon.executor.release("inst-1")  # scale-in: its tasks were stopped before
         _eventually(lambda: agent.lost_reason is not None, "the worker hears it was released")
-    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "executor.agent"]
-    assert (logging.INFO, f"the daemon released this instance ({agent.lost_reason})") in said
-    assert [m for level, m in said if level >= logging.WARNING] == []
+        expected = (logging.INFO, f"the daemon released this instance ({agent.lost_reason})")
+
+        def said() -> list[tuple[int, str]]:
+            records = list(caplog.records)  # the agent's thread logs after it sets the reason
+            return [(r.levelno, r.getMessage()) for r in records if r.name == "executor.agent"]
+
+        _eventually(lambda: expected in said(), "the worker logs why it stops")
+    assert [m for level, m in said() if level >= logging.WARNING] == []
 
 
 def test_progress_reaches_the_daemon_as_it_moves_not_once_a_heartbeat_interval(daemon_on, tmp_path):

@@ -384,8 +384,9 @@ def _children(pid: int) -> list[int]:
 
 
 def _wait_gone(pid: int) -> None:
-    """Until `pid` has exited (reaped, or a zombie nobody waits for)."""
-    for _ in range(600):
+    """Until `pid` has exited (reaped, or a zombie nobody waits for); a deadline of 5
+    minutes, not a timing: on a loaded machine a worker may take a while to notice."""
+    for _ in range(3000):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
