@@ -99,22 +99,6 @@ def with_spot(config: ClusterConfig, catalog: Catalog) -> Catalog:
     )
 
 
-class _SpotCatalog:
-    """The cloud's catalog with its spot offerings (`with_spot`), expanded again only when
-    the cloud's catalog changes (EC2 refreshes prices every few hours; rounds ask often)."""
-
-    def __init__(self, config: ClusterConfig, catalog: Callable[[], Catalog]) -> None:
-        self._config, self._catalog = config, catalog
-        self._seen: Catalog | None = None
-        self._expanded: Catalog | None = None
-
-    def __call__(self) -> Catalog:
-        current = self._catalog()
-        if current is not self._seen or self._expanded is None:
-            self._expanded, self._seen = with_spot(self._config, current), current
-        return self._expanded
-
-
 def daemon_security(config: ClusterConfig) -> grpc.ServerCredentials:
     """The TLS credentials of the daemon's API port."""
     from executor.security import read_secret, server_credentials
@@ -240,10 +224,7 @@ def build_bindings(config: ClusterConfig) -> Bindings:
         cloud=cloud,
         executor=executor,
         storage=storage,
-        # EC2 lists on-demand types; the local cloud's catalog has its offerings already
-        catalog=_SpotCatalog(config, cloud.catalog)
-        if config.cloud.provider != "local"
-        else cloud.catalog,
+        catalog=cloud.catalog,
         add_worker_services=lambda server: add_worker_services(server, executor),
         worker_methods=tuple(WORKER_METHODS),
     )
@@ -317,15 +298,23 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
                 source=str(config.path),
                 where="[guardrails]",
             )
+
+    # EC2 lists on-demand types; the cluster plans with its spot offerings beside them.
+    def offerings(listed: Catalog) -> Catalog:
+        return with_spot(config, listed)
+
     if not publish:
-        return EC2Cloud.from_config(config.provisioner)
+        return EC2Cloud.from_config(config.provisioner, offerings=offerings)
     from provisioners.aws import make_client
     from provisioners.catalog import PRICING_API_REGION
 
     # The daemon prices its region itself when it has no prices or old ones.
     pricing = make_client("pricing", PRICING_API_REGION)
     return EC2Cloud.from_config(
-        config.provisioner, bootstrap=worker_bootstrap(config), pricing=pricing
+        config.provisioner,
+        bootstrap=worker_bootstrap(config),
+        pricing=pricing,
+        offerings=offerings,
     )
 
 

@@ -227,6 +227,7 @@ class EC2Cloud:
         ssm: BaseClient | None = None,
         pricing: BaseClient | None = None,
         iam: BaseClient | None = None,
+        offerings: Callable[[Catalog], Catalog] | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
         problems = config.launch_problems()
@@ -252,6 +253,11 @@ class EC2Cloud:
         # started the instance): the retry asks that zone first, with the same ClientToken.
         self._uncertain: dict[str, str] = {}
         self.catalog_max_age_s = catalog_max_age_s
+        # The offerings the cluster plans with beside the listed types (the daemon's spot
+        # offerings, `app.wiring.with_spot`), derived again only when the listing changes.
+        self._offerings = offerings
+        self._listed: Catalog | None = None
+        self._offered: Catalog | None = None
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
@@ -369,8 +375,14 @@ class EC2Cloud:
         return current
 
     def catalog(self) -> Catalog:
-        """Instance types this cluster may use, with on-demand prices."""
-        return self.ec2_catalog().catalog
+        """Instance types this cluster may use, with on-demand prices, and the offerings
+        `offerings` adds to them (spot: what this cloud launches as spot, planned with)."""
+        listed = self.ec2_catalog().catalog
+        if self._offerings is None:
+            return listed
+        if listed is not self._listed or self._offered is None:
+            self._offered, self._listed = self._offerings(listed), listed
+        return self._offered
 
     # --- launch -------------------------------------------------------------------------------
 

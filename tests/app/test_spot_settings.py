@@ -180,29 +180,26 @@ def test_the_old_ec2_spot_list_is_refused_in_a_clusters_file(tmp_path, capsys):
     assert "\n" not in err and "[ec2]" in err and "'spot'" in err and "[spot] enabled" in err
 
 
-def test_an_ec2_daemon_plans_with_the_spot_offerings_its_launches_allow(tmp_path):
-    # EC2 lists on-demand types only; the daemon's rounds must see the spot offerings
-    # `[spot]` admits beside them, or `[spot] enabled` would plan nothing on spot.
-    from app.wiring import _SpotCatalog
+def test_an_ec2_cloud_plans_with_the_spot_offerings_its_launches_allow(tmp_path):
+    # EC2 lists on-demand types only; the cluster's EC2 binding must offer the spot
+    # offerings `[spot]` admits beside them, or `[spot] enabled` would plan nothing on spot.
+    from app.wiring import _cloud
     from provisioners.catalog import cached_or_bundled_catalog
 
-    main(["init", "--dir", str(tmp_path), "--name", "c1"])
+    main(["init", "--dir", str(tmp_path), "--name", "c1", "--bucket", "my-bucket"])
     path = tmp_path / "autoscaler.toml"
-    path.write_text(path.read_text() + '\n[spot]\nenabled = true\ntypes = ["c7i"]\n')
+    ready = (
+        '[ec2]\nsubnet_ids = ["subnet-0123456789abcdef0"]\n'
+        'security_group_ids = ["sg-0123456789abcdef0"]\n'
+    )
+    text = path.read_text().replace("[ec2]\n", ready, 1)
+    path.write_text(text + '\n[spot]\nenabled = true\ntypes = ["c7i"]\n')
     config = load_cluster_config(path)
-    listed = cached_or_bundled_catalog(config.provisioner.ec2).catalog
-    calls = []
-    current = [listed]
-
-    def cloud_catalog():
-        calls.append(1)
-        return current[0]
-
-    catalog = _SpotCatalog(config, cloud_catalog)
-    first = catalog()
-    spot = [t for t in first if t.is_spot]
+    cloud = _cloud(config)  # no AWS call: the catalog is the cached or bundled one
+    cloud.ec2_catalog = lambda: cached_or_bundled_catalog(config.provisioner.ec2)
+    listed = cloud.ec2_catalog().catalog
+    catalog = cloud.catalog()
+    spot = [t for t in catalog if t.is_spot]
     assert spot and {t.launch_type.split(".")[0] for t in spot} == {"c7i"}
-    assert {t.name for t in first if not t.is_spot} == {t.name for t in listed}
-    assert catalog() is first and len(calls) == 2  # asked each time, expanded once
-    current[0] = type(listed)(listed.types[:-1], listed.region)  # the cloud refreshed
-    assert catalog() is not first
+    assert {t.name for t in catalog if not t.is_spot} == {t.name for t in listed}
+    assert all(t.hourly_cost < listed[t.launch_type].hourly_cost for t in spot)
