@@ -272,6 +272,7 @@ class EC2Cloud:
         self._catalog: EC2Catalog | None = None
         self._catalog_loaded_at_s = 0.0
         self._subnet_by_zone: dict[str, str] | None = None
+        self._zone_by_id: dict[str, str] = {}  # AZ ID (use1-az1) -> this account's zone name
         self.availability = AvailabilityCache(UNAVAILABLE_COOLDOWN_S)
         self._dry_run_launches: dict[str, CloudInstance] = {}
         self._lock = threading.RLock()
@@ -499,7 +500,7 @@ class EC2Cloud:
                 f"{request.instance_type}: spot is not allowed for {ec2_type} ({setting}; "
                 "the catalog offers and the cluster's policy grants spot for those only)"
             )
-        zones = (zone,) if zone is not None else request.zones
+        zones = (self._zone_name(zone),) if zone is not None else request.zones
         if (ec2_type, zones, spot) == (request.instance_type, request.zones, request.spot):
             return request
         return replace(request, instance_type=ec2_type, zones=zones, spot=spot)
@@ -721,8 +722,17 @@ class EC2Cloud:
             by_zone: dict[str, str] = {}
             for subnet in response.get("Subnets", []):
                 by_zone.setdefault(subnet["AvailabilityZone"], subnet["SubnetId"])
+                if subnet.get("AvailabilityZoneId"):
+                    self._zone_by_id[subnet["AvailabilityZoneId"]] = subnet["AvailabilityZone"]
             self._subnet_by_zone = by_zone
         return self._subnet_by_zone
+
+    def _zone_name(self, zone: str) -> str:
+        """The zone name this account launches in for `zone`, a name or an AZ ID: spot
+        offerings name zones by AZ ID (the same physical zone in every account, as spot
+        prices are published), while each account maps names to zones its own way."""
+        self._subnets()
+        return self._zone_by_id.get(zone, zone)
 
     # --- capacity errors ----------------------------------------------------------------------
 

@@ -254,3 +254,22 @@ def test_a_cached_table_reads_back_exactly(tmp_path):
     path = spot_prices_path(tmp_path, REGION)
     save_spot_prices(table, path)
     assert load_spot_prices(path) == table
+
+
+def test_a_spot_offering_named_by_az_id_launches_in_that_zone(
+    config, ec2, client, network, clock, sleeps, faults
+):
+    # Spot prices and `[spot] zones` name zones by AZ ID (use1-az1): the same physical zone
+    # in every account, where zone names (us-east-1b) are mapped per account.
+    zone_id = client("ec2").describe_subnets(SubnetIds=[network.subnets[ZONE_B]])["Subnets"][0][
+        "AvailabilityZoneId"
+    ]
+    assert zone_id and zone_id != ZONE_B
+    faults.watch("RunInstances")
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps, iam=client("iam"))
+
+    launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT, zone_id), "tok-1"))
+
+    [params] = faults.calls["RunInstances"]
+    assert params["NetworkInterfaces"][0]["SubnetId"] == network.subnets[ZONE_B]
+    assert launched.spot and launched.zone == ZONE_B
