@@ -62,11 +62,15 @@ def offline_catalog(config: ClusterConfig) -> Catalog:
     return with_spot(config, cached_or_bundled_catalog(config.provisioner.ec2).catalog)
 
 
-def with_spot(config: ClusterConfig, catalog: Catalog) -> Catalog:
+def with_spot(config: ClusterConfig, catalog: Catalog, live: Any = None) -> Catalog:
     """`catalog` and, with `[spot] enabled`, a spot offering beside each type the bundled
     spot snapshot prices and `[spot] types` admits (`provisioners.catalog.spot_offerings`,
     filtered by `EC2Config.spot_for`, as launches and the IAM policy are), so the round
-    weighs both markets and never plans a spot offering its launch would refuse."""
+    weighs both markets and never plans a spot offering its launch would refuse. `live`
+    (a `provisioners.spot_prices.SpotPriceTable` by AZ ID, EC2's prices in force) prices
+    each (type, zone) it has in place of the snapshot's."""
+    from dataclasses import replace
+
     from provisioners.catalog import bundled_spot_snapshot, spot_offerings
     from provisioners.config import family_of
 
@@ -79,6 +83,15 @@ def with_spot(config: ClusterConfig, catalog: Catalog) -> Catalog:
             f"[spot]: field 'enabled': no spot prices are bundled for region {region!r}",
             source=str(config.path),
         )
+    if live is not None:
+        prices = {
+            ec2_type: {
+                zone: live.prices.get(ec2_type, {}).get(zone, price)
+                for zone, price in by_zone.items()
+            }
+            for ec2_type, by_zone in snapshot.prices.items()
+        }
+        snapshot = replace(snapshot, prices=prices, source=f"{live.source}, over {snapshot.source}")
     ec2 = config.provisioner.ec2
     priced = [t.name for t in catalog if t.name in snapshot.prices and ec2.spot_for(t.name)]
     for entry in config.spot.types:
@@ -299,9 +312,10 @@ def _cloud(config: ClusterConfig, *, publish: bool = False) -> Any:
                 where="[guardrails]",
             )
 
-    # EC2 lists on-demand types; the cluster plans with its spot offerings beside them.
-    def offerings(listed: Catalog) -> Catalog:
-        return with_spot(config, listed)
+    # EC2 lists on-demand types; the cluster plans with its spot offerings beside them,
+    # at the spot prices EC2 gives where it gave them.
+    def offerings(listed: Catalog, live: Any) -> Catalog:
+        return with_spot(config, listed, live)
 
     if not publish:
         return EC2Cloud.from_config(config.provisioner, offerings=offerings)

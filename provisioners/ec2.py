@@ -107,6 +107,11 @@ from provisioners.catalog import DEFAULT_MAX_AGE_S, EC2Catalog, current_catalog
 from provisioners.config import EC2Config, ProvisionerConfig, family_of
 from provisioners.images import check_kind
 from provisioners.quotas import Quota, quota_for
+from provisioners.spot_prices import (
+    SPOT_PRICES_STALE_AFTER_S,
+    SpotPriceTable,
+    refreshed_spot_prices,
+)
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +232,7 @@ class EC2Cloud:
         ssm: BaseClient | None = None,
         pricing: BaseClient | None = None,
         iam: BaseClient | None = None,
-        offerings: Callable[[Catalog], Catalog] | None = None,
+        offerings: Callable[[Catalog, SpotPriceTable | None], Catalog] | None = None,
     ) -> None:
         (guardrails or Guardrails()).check_region(config.region)
         problems = config.launch_problems()
@@ -257,7 +262,11 @@ class EC2Cloud:
         # offerings, `app.wiring.with_spot`), derived again only when the listing changes.
         self._offerings = offerings
         self._listed: Catalog | None = None
+        self._live: SpotPriceTable | None = None
         self._offered: Catalog | None = None
+        # The spot prices DescribeSpotPriceHistory gave (by AZ ID), and when last asked.
+        self._spot_prices: SpotPriceTable | None = None
+        self._spot_asked_s = -float("inf")
         client = ec2 or make_client("ec2", config.region, endpoint_url=endpoint_url)
         self._ec2 = AwsCaller(client, sleep=sleep)
         self._ssm: AwsCaller | None = AwsCaller(ssm, sleep=sleep) if ssm is not None else None
@@ -381,9 +390,48 @@ class EC2Cloud:
         listed = self.ec2_catalog().catalog
         if self._offerings is None:
             return listed
-        if listed is not self._listed or self._offered is None:
-            self._offered, self._listed = self._offerings(listed), listed
+        live = self.spot_prices()
+        if listed is not self._listed or live is not self._live or self._offered is None:
+            self._offered = self._offerings(listed, live)
+            self._listed, self._live = listed, live
         return self._offered
+
+    def spot_prices(self) -> SpotPriceTable | None:
+        """The spot prices in force of the types spot is allowed for, by type and AZ ID
+        (`DescribeSpotPriceHistory`, cached and dated in the catalog's cache directory,
+        asked again at most hourly; a failure keeps the last ones). None with spot off or
+        before any could be had: the bundled snapshot prices the offerings then."""
+        config = self.config
+        now = self.clock()
+        if not config.spot_enabled or now - self._spot_asked_s < SPOT_PRICES_STALE_AFTER_S:
+            return self._spot_prices
+        self._spot_asked_s = now
+        types = [t.name for t in self.ec2_catalog().catalog if config.spot_for(t.name)]
+        if not types:
+            return self._spot_prices
+        try:
+            table, note = refreshed_spot_prices(
+                config.cache_dir, config.region, self._ec2, types, now
+            )
+            self._subnets()
+        except CloudError as exc:  # the zones' IDs could not be read: the prices wait
+            log.warning("spot prices not refreshed: %s", exc)
+            return self._spot_prices
+        if note:
+            log.warning("spot: %s", note)
+        if table is None:
+            return self._spot_prices
+        zone_id = {name: zid for zid, name in self._zone_by_id.items()}
+        self._spot_prices = SpotPriceTable(
+            table.region,
+            {
+                ec2_type: {zone_id.get(zone, zone): price for zone, price in by_zone.items()}
+                for ec2_type, by_zone in table.prices.items()
+            },
+            table.retrieved_s,
+            table.source,
+        )
+        return self._spot_prices
 
     # --- launch -------------------------------------------------------------------------------
 

@@ -197,9 +197,35 @@ def test_an_ec2_cloud_plans_with_the_spot_offerings_its_launches_allow(tmp_path)
     config = load_cluster_config(path)
     cloud = _cloud(config)  # no AWS call: the catalog is the cached or bundled one
     cloud.ec2_catalog = lambda: cached_or_bundled_catalog(config.provisioner.ec2)
+    cloud.spot_prices = lambda: None  # EC2's live prices: tests/provisioners, on moto
     listed = cloud.ec2_catalog().catalog
     catalog = cloud.catalog()
     spot = [t for t in catalog if t.is_spot]
     assert spot and {t.launch_type.split(".")[0] for t in spot} == {"c7i"}
     assert {t.name for t in catalog if not t.is_spot} == {t.name for t in listed}
     assert all(t.hourly_cost < listed[t.launch_type].hourly_cost for t in spot)
+
+
+def test_ec2s_spot_prices_in_force_price_the_offerings_they_name(tmp_path):
+    from app.wiring import with_spot
+    from provisioners.catalog import bundled_spot_snapshot, cached_or_bundled_catalog
+    from provisioners.spot_prices import SpotPriceTable
+
+    main(["init", "--dir", str(tmp_path), "--name", "c1", "--bucket", "my-bucket"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(
+        path.read_text() + '\n[spot]\nenabled = true\nzones = ["use1-az1", "use1-az2"]\n'
+    )
+    config = load_cluster_config(path)
+    listed = cached_or_bundled_catalog(config.provisioner.ec2).catalog
+    snapshot = bundled_spot_snapshot(listed.region or "us-east-1")
+    assert snapshot is not None
+    bundled = with_spot(config, listed)
+    old = snapshot.prices["c7i.large"]["use1-az1"]
+    live = SpotPriceTable("us-east-1", {"c7i.large": {"use1-az1": old / 2}}, 1.8e9)
+    priced = with_spot(config, listed, live)
+    assert priced["c7i.large:spot@use1-az1"].hourly_cost == old / 2
+    assert bundled["c7i.large:spot@use1-az1"].hourly_cost == old
+    # what EC2 did not price keeps the snapshot's price
+    for name in ("c7i.large:spot@use1-az2", "r7i.large:spot@use1-az1"):
+        assert priced[name].hourly_cost == bundled[name].hourly_cost

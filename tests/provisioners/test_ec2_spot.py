@@ -273,3 +273,25 @@ def test_a_spot_offering_named_by_az_id_launches_in_that_zone(
     [params] = faults.calls["RunInstances"]
     assert params["NetworkInterfaces"][0]["SubnetId"] == network.subnets[ZONE_B]
     assert launched.spot and launched.zone == ZONE_B
+
+
+def test_spot_prices_in_force_are_read_by_az_id_and_asked_for_hourly(
+    config, ec2, client, network, clock, sleeps, faults
+):
+    faults.watch("DescribeSpotPriceHistory")
+    cloud = make_cloud(spot_on(config, "c7i"), ec2, clock, sleeps, iam=client("iam"))
+    table = cloud.spot_prices()
+    assert table is not None and len(faults.calls["DescribeSpotPriceHistory"]) >= 1
+    subnets = client("ec2").describe_subnets(SubnetIds=list(network.subnets.values()))
+    ids = {s["AvailabilityZoneId"] for s in subnets["Subnets"]}
+    zones = set(table.prices["c7i.large"])  # moto's prices, by the zones' IDs, not names
+    assert zones and zones <= ids and not any(z.startswith(REGION) for z in zones)
+    assert "r7i.large" not in table.prices  # spot is not allowed for r7i here
+    asked = len(faults.calls["DescribeSpotPriceHistory"])
+    clock.advance(1800)
+    assert cloud.spot_prices() is table and len(faults.calls["DescribeSpotPriceHistory"]) == asked
+    clock.advance(3600)
+    assert cloud.spot_prices() is not table
+    assert len(faults.calls["DescribeSpotPriceHistory"]) > asked
+    off = make_cloud(config, ec2, clock, sleeps)
+    assert off.spot_prices() is None
