@@ -84,8 +84,9 @@ def cluster_dir(tmp_path: Path) -> Path:
     """`autoscaler init --local` in a fresh directory, listening on a free port."""
     init_cluster(tmp_path, name="test", local=True)
     config = tmp_path / "autoscaler.toml"
-    text = config.read_text().replace("127.0.0.1:7443", f"127.0.0.1:{free_port()}")
-    config.write_text(text.replace('listen = "127.0.0.1:9464"', 'listen = ""'))
+    chosen = load_cluster_config(config)  # init takes the next free ports when ours are held
+    text = config.read_text().replace(chosen.api.listen, f"127.0.0.1:{free_port()}")
+    config.write_text(text.replace(f'listen = "{chosen.metrics.listen}"', 'listen = ""'))
     return tmp_path
 
 

@@ -35,7 +35,8 @@ class SimulatedDaemon:
     ) -> None:
         init_cluster(root, name="test", local=True)
         path = root / "autoscaler.toml"
-        text = path.read_text().replace('listen = "127.0.0.1:9464"', 'listen = ""')
+        metrics = load_cluster_config(path).metrics.listen  # init's choice: 9464 or the next
+        text = path.read_text().replace(f'listen = "{metrics}"', 'listen = ""')
         for old, new in (edits or {}).items():
             assert old in text, old
             text = text.replace(old, new)

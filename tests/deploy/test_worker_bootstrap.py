@@ -5,6 +5,7 @@ the cluster's server CA, and no secret of the cluster (nor any name of one)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -55,7 +56,11 @@ def cluster(tmp_path: Path, *, advertise: str | None) -> Path:
     )
     text = config.read_text()
     text = text.replace("[cloud]\n", '[cloud]\nwheelhouse = "wheelhouse"\n', 1)
-    text = text.replace('listen = "127.0.0.1:7443"', 'listen = "0.0.0.0:7443"', 1)
+    # the API's port as init chose it (the next free one when another cluster holds 7443)
+    text, listening = re.subn(
+        r'listen = "127\.0\.0\.1:(\d+)"', r'listen = "0.0.0.0:\1"', text, count=1
+    )
+    assert listening == 1
     if advertise:
         text = text.replace("[api]\n", f'[api]\nadvertise = "{advertise}"\n', 1)
     config.write_text(text)
@@ -129,7 +134,7 @@ def test_workers_measure_throughput_over_one_round_of_the_cluster(tmp_path, inte
 
 def test_a_daemon_listening_everywhere_must_say_where_workers_reach_it(tmp_path):
     config = load_cluster_config(cluster(tmp_path, advertise=None))
-    with pytest.raises(InputError, match=r"\[api\]: field 'listen' = '0.0.0.0:7443'.*advertise"):
+    with pytest.raises(InputError, match=r"\[api\]: field 'listen' = '0\.0\.0\.0:\d+'.*advertise"):
         worker_bootstrap(config)
     # deploy/compose/autoscaler.toml leaves `advertise` for the operator: refused, not rendered.
     compose = load_cluster_config(ROOT / "deploy" / "compose" / "autoscaler.toml")

@@ -137,9 +137,12 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
             "[ec2]\n", '[ec2]\nidentity_certificates = "aws-certificates"\n', 1
         )
     )
-    text = path.read_text().replace("127.0.0.1:7443", f"{HOST}:{free_port()}")
+    chosen = load_cluster_config(path)  # init takes the next free ports when ours are held
+    text = path.read_text().replace(
+        f'listen = "{chosen.api.listen}"', f'listen = "{HOST}:{free_port()}"'
+    )
     path.write_text(
-        text.replace('listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{free_port()}"')
+        text.replace(f'listen = "{chosen.metrics.listen}"', f'listen = "127.0.0.1:{free_port()}"')
     )
     # The policies for the configuration as it now is (init wrote them for its defaults).
     code, out = cli("deploy", "policy", "--config", str(path))
