@@ -369,8 +369,10 @@ class AttemptRunner:
             else:
                 return
             thread = threading.Thread(target=work, name="checkpoint", daemon=True)
+            # started before it is published: `_finish` joins whatever shipper it sees, and
+            # joining a thread not yet started raises (it did, once, as a job exited)
+            thread.start()
             attempt.shipper = thread
-        thread.start()
 
     def _collect(self, attempt: Attempt, seq: int, step: int) -> None:
         try:
