@@ -498,7 +498,8 @@ def test_a_replay_of_much_work_says_so_before_it_starts(tmp_path):
         assert "30.0 days" in said and "2,592,000 rounds" in said and "long time" in said, said
     finally:
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        # a deadline, not a timing: a loaded machine is slow to unwind
+        _, err = process.communicate(timeout=300)
     assert process.returncode == 130 and "Traceback" not in err, err
 
 
