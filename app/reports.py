@@ -448,22 +448,28 @@ def quote(
       among the tasks on it by dominant share (`autoscaler.spend`, the rule reports
       charge by): the job's part of the instances its tasks are placed on;
     - **without packing**: each task's reservation price, its cheapest type alone
-      (Eva §4.2);
+      (Eva §4.2), on the planner's footing as `NoPacking` prices it: among the offerings
+      the job's `capacity` allows this round (`decide.capacity_view`, which reads
+      `job_capacities`), spot at its effective price — so a spot job is quoted at spot,
+      an on-demand one never is;
     - **its share of the LP bound**: the plan's LP lower bound (the relaxation, Eva §4.2)
-      split among the planned jobs in proportion to their reservation prices;
+      split among the planned jobs in proportion to their reservation prices (on that
+      same footing);
     - **total**: $/h × the duration, given or iterations ÷ iterations per second alone
       (`throughput`, else the spec's `full_throughput`) — co-location slowdowns aside.
     """
     decision = _plan(snapshot, catalog, planner, options, now, [job])
-    prices = PriceBook(catalog)
-    no_packing = sum(_rp(prices, t) for t in job.tasks)
+    specs = {j.job_id: j.spec for j in snapshot.jobs} | {job.job_id: job}
+    prices, viewed, capacity = _planning_view(
+        _with_jobs(snapshot, [job], now), catalog, options, now, specs
+    )
+    no_packing = sum(_rp(prices, t) for t in viewed[job.job_id].tasks)
     plan = decision.plan
     mine = {t.task_id for t in job.tasks}
     packed: float | None = None
     bound_share: float | None = None
     instances: list[dict[str, Any]] = []
     if plan is not None:
-        specs = {j.job_id: j.spec for j in snapshot.jobs} | {job.job_id: job}
         weight = dominant_share(specs, catalog)
         placed = 0
         packed = 0.0
@@ -491,7 +497,7 @@ def quote(
         if placed < len(job.tasks):
             packed = None  # not (all) placed: it would wait
         bound = plan.lower_bound_hourly_cost
-        tasks = _tasks(specs)
+        tasks = _tasks(viewed)
         planned_rp = sum(
             _rp(prices, tasks[t]) for inst in plan.configuration for t in inst.tasks if t in tasks
         )
@@ -507,6 +513,7 @@ def quote(
     return {
         "job": job.job_id,
         "tasks": len(job.tasks),
+        "capacity": capacity.get(job.job_id, job.capacity),
         "hourly_cost_packed": None if packed is None else round(packed, 6),
         "hourly_cost_no_packing": round(no_packing, 6),
         "hourly_lower_bound_share": None if bound_share is None else round(bound_share, 6),
@@ -529,6 +536,22 @@ def _tasks(specs: Mapping[str, JobSpec]) -> dict[str, Any]:
     return {t.task_id: t for spec in specs.values() for t in spec.tasks}
 
 
+def _with_jobs(snapshot: StateSnapshot, extra: Sequence[JobSpec], now: float) -> StateSnapshot:
+    """The snapshot with `extra` jobs added as if just submitted (queued, nothing run)."""
+    if not extra:
+        return snapshot
+    taken = {j.job_id for j in snapshot.jobs}
+    clash = [j.job_id for j in extra if j.job_id in taken]
+    if clash:
+        raise ValueError(f"job {clash[0]!r} is already in the cluster")
+    jobs = snapshot.jobs + tuple(JobRecord(j, "queued", "dry-run", now) for j in extra)
+    tasks = dict(snapshot.tasks)
+    for job in extra:
+        for t in job.tasks:
+            tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, updated_at=now)
+    return replace(snapshot, jobs=jobs, tasks=tasks, job_events=snapshot.job_events + 1)
+
+
 def _plan(
     snapshot: StateSnapshot,
     catalog: Catalog,
@@ -538,18 +561,35 @@ def _plan(
     extra: Sequence[JobSpec],
 ):
     """decide() on the snapshot, with `extra` jobs added as if just submitted."""
-    if extra:
-        taken = {j.job_id for j in snapshot.jobs}
-        clash = [j.job_id for j in extra if j.job_id in taken]
-        if clash:
-            raise ValueError(f"job {clash[0]!r} is already in the cluster")
-        jobs = snapshot.jobs + tuple(JobRecord(j, "queued", "dry-run", now) for j in extra)
-        tasks = dict(snapshot.tasks)
-        for job in extra:
-            for t in job.tasks:
-                tasks[t.task_id] = TaskRecord(t.task_id, job.job_id, updated_at=now)
-        snapshot = replace(snapshot, jobs=jobs, tasks=tasks, job_events=snapshot.job_events + 1)
+    snapshot = _with_jobs(snapshot, extra, now)
     return decide(snapshot, catalog, (), options or ControlOptions(), planner=planner, now=now)
+
+
+def _planning_view(
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    options: ControlOptions | None,
+    now: float,
+    specs: Mapping[str, JobSpec],
+) -> tuple[PriceBook, dict[str, JobSpec], dict[str, str]]:
+    """(prices, each job as the planner sees it, the capacity each is planned under) on the
+    round's footing (`decide.capacity_view`, `job_capacities`): the catalog at effective
+    spot prices and each job restricted to the offerings its capacity allows this round;
+    the catalog and the jobs as they are with spot off."""
+    policy = None if options is None else options.spot
+    if policy is None:
+        return PriceBook(catalog), dict(specs), {}
+    jobs = tuple(specs.values())
+    progress = {
+        j.job_id: max(
+            (snapshot.tasks[t.task_id].progress for t in j.tasks if t.task_id in snapshot.tasks),
+            default=0.0,
+        )
+        for j in jobs
+    }
+    planning, restricted = capacity_view(policy, snapshot, catalog, jobs, progress, now)
+    capacity = job_capacities(policy, snapshot, jobs, progress, now)
+    return PriceBook(planning), {j.job_id: j for j in restricted}, capacity
 
 
 # -- status and jobs -------------------------------------------------------------------------------

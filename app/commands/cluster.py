@@ -620,6 +620,7 @@ def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
         (
             q["job"],
             q["tasks"],
+            q.get("capacity", "auto"),
             cell(q["hourly_cost_packed"], "/h"),
             cell(q["hourly_cost_no_packing"], "/h"),
             cell(q["hourly_lower_bound_share"], "/h"),
@@ -634,6 +635,7 @@ def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
             [
                 "job",
                 "tasks",
+                "capacity",
                 "packed",
                 "no packing",
                 "LP bound share",
@@ -642,7 +644,7 @@ def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
                 "no packing",
             ],
             rows,
-            [False, True, True, True, True, True, True, True],
+            [False, True, False, True, True, True, True, True, True],
         )
     ]
     for q in quotes:
@@ -654,7 +656,8 @@ def render_quotes(quotes: Sequence[dict[str, Any]]) -> str:
             lines.append(f"{q['job']}: not placed by the current plan")
     lines.append(
         "packed: its part of the instances it would share (dominant share), next round's "
-        "plan; no packing: each task alone on its cheapest type"
+        "plan; no packing: each task alone on its cheapest type; both among the offerings "
+        "its capacity allows (spot at its price with reclaims paid for)"
     )
     return "\n".join(lines)
 
