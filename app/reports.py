@@ -759,6 +759,7 @@ def job_detail(store: Store, job_id: str, catalog: Catalog, now: float) -> dict[
         "full_throughput": record.spec.full_throughput or record.solo_throughput,
         "cost": round(per_job.get(job_id, 0.0), 6),
         "max_cost": record.spec.max_cost,
+        "capacity": record.spec.capacity,  # the markets it asked for (auto, spot, on-demand)
         "team": record.team,
         "waiting": waiting_reason(store, record),
         # Of the time its tasks occupied instances, the share on spot ones.

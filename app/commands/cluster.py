@@ -740,9 +740,10 @@ def cmd_job(args: argparse.Namespace) -> int:
     )
     if detail.get("waiting"):
         print(detail["waiting"])
-    if detail.get("spot_share") or detail.get("interruptions"):
+    capacity = detail.get("capacity", "auto")
+    if detail.get("spot_share") or detail.get("interruptions") or capacity != "auto":
         print(
-            f"on spot {detail['spot_share']:.0%} of its task-time; "
+            f"capacity {capacity}: on spot {detail['spot_share']:.0%} of its task-time; "
             f"{detail['interruptions']} interruption(s), "
             f"work lost {_duration(detail['work_lost_s'])}"
         )
@@ -791,11 +792,17 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 def _retries(task: dict[str, Any]) -> str:
     """Retries, with the class of the latest failure and how many counted toward
-    `max_attempts` (the job's own): "2 (transient, 1 counted)"."""
+    `max_attempts` (the job's own): "2 (transient, 1 counted)". An attempt its spot
+    instance's reclaim ended is named so, not by its class ("infrastructure"), when
+    reclaims account for every retry not counted."""
     retries = task.get("retries", 0)
     if not retries:
         return "0"
-    return f"{retries} ({task.get('failure') or '?'}, {task.get('failures', 0)} counted)"
+    failure = task.get("failure") or "?"
+    uncounted = retries - task.get("failures", 0)
+    if failure == "infrastructure" and 0 < uncounted <= task.get("interruptions", 0):
+        failure = "reclaim"  # short: the cell stays unbroken in the table
+    return f"{retries} ({failure}, {task.get('failures', 0)} counted)"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -1130,8 +1137,8 @@ def render_cost_report(report: dict[str, Any], by: str = "job") -> str:
         by_offering = ", ".join(f"{n} {o}" for o, n in spot["interruptions_by_offering"].items())
         out += [
             "",
-            f"Spot share               {spot['spot_share']:.1%} of instance-hours "
-            f"({money(spot['spot_spend'])})",
+            f"Spot share               {spot['spot_share']:.1%} of instance-hours, "
+            f"{money(spot['spot_spend'])} of the spend",
             f"Saved against on-demand  {money(spot['savings_vs_on_demand'])}",
             *(
                 [
