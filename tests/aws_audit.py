@@ -62,6 +62,8 @@ class Record:
                     "allowed": d.allowed,
                     "reason": d.reason,
                     "by": list(d.allowed_by),
+                    # What the call asked of EC2 (its market, its type), as AWS sees it.
+                    "context": {k: v for k, v in r.context.items() if k.startswith("ec2:")},
                 }
                 for r, d in self.requests
             ],

@@ -84,9 +84,12 @@ def client(service: str, endpoint: str) -> Any:
     return boto3.client(service, region_name=REGION, endpoint_url=endpoint, **CREDENTIALS)
 
 
-def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None) -> ClusterConfig:
+def ec2_cluster(
+    directory: Path, endpoint: str, *, state_url: str | None = None, spot: bool = False
+) -> ClusterConfig:
     """`autoscaler init` for EC2, then what an operator fills in: the account's network, an
-    image, the workers' instance profile, a bucket, the wheelhouse; short rounds."""
+    image, the workers' instance profile, a bucket, the wheelhouse; short rounds. `spot`:
+    `[spot] enabled = true` too, before the policies are written (they grant spot then)."""
     ec2 = client("ec2", endpoint)
     ami = register_worker_image(ec2)
     subnets = [s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]][:2]
@@ -144,6 +147,8 @@ def ec2_cluster(directory: Path, endpoint: str, *, state_url: str | None = None)
     path.write_text(
         text.replace(f'listen = "{chosen.metrics.listen}"', f'listen = "127.0.0.1:{free_port()}"')
     )
+    if spot:
+        path.write_text(path.read_text() + "\n[spot]\nenabled = true\n")
     # The policies for the configuration as it now is (init wrote them for its defaults).
     code, out = cli("deploy", "policy", "--config", str(path))
     assert code == 0, out

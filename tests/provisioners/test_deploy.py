@@ -211,6 +211,26 @@ def test_the_policy_lets_the_daemon_create_only_the_spot_service_linked_role():
     assert not creates(daemon_policy(SAMPLE, SAMPLE_STORAGE), "spot.amazonaws.com")
 
 
+def test_a_spot_launch_is_refused_as_aws_refuses_it_without_the_service_linked_role_grant():
+    """EC2 creates the spot service-linked role as the caller at a spot launch when the
+    account has none (moto checks neither); the evaluator asks for that grant with every
+    spot launch, so a policy without it launches on-demand only — the end-to-end run
+    (`tests/e2e/test_ec2_spot.py`) launches spot through this same evaluation."""
+    on = daemon_policy(replace(SAMPLE, spot_enabled=True), SAMPLE_STORAGE)
+    without = {
+        **on,
+        "Statement": [
+            s
+            for s in on["Statement"]
+            if s.get("Sid") != "CreateTheSpotServiceLinkedRoleOnTheFirstSpotLaunch"
+        ],
+    }
+    assert len(without["Statement"]) == len(on["Statement"]) - 1
+    assert launches(on, "c7i.large", spot=True)
+    assert not launches(without, "c7i.large", spot=True)
+    assert launches(without, "c7i.large", spot=False)
+
+
 def test_nothing_outside_the_cluster_is_granted():
     policy = Policy(daemon_policy(SAMPLE, SAMPLE_STORAGE))
     ours = {"ec2:ResourceTag/autoscaler:cluster": "research-batch",
