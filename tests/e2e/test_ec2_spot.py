@@ -122,11 +122,16 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
         assert [(r.instance_id, r.kind, r.offering) for r in interruptions] == [
             (task.instance_id, "reclaim", reclaimed.instance_type)
         ]
+        # Its bill ended with it: EC2 would end it at the notice's time, moto never does, so
+        # the daemon terminates a reclaimed instance once its tasks have left.
+        assert all(u.end is not None for u in uptime if u.instance_id == task.instance_id)
+        [gone] = [i for i in instances.listing() if i["InstanceId"] == cloud_id]
+        assert gone["State"]["Name"] in ("shutting-down", "terminated"), gone["State"]
         logs = cli_json("logs", train, *at)["logs"]
         resumed = [
             int(m) for text in logs.values() for m in re.findall(r"resumed at step (\d+)", text)
         ]
-        assert resumed and min(resumed) >= 100, logs
+        assert resumed and min(resumed) >= task.progress >= 100, (task.progress, logs)
 
         # Each job ran in its own market: the spot job's attempts on spot instances only,
         # the on-demand job's on on-demand ones only.
