@@ -1,17 +1,17 @@
 """Spot on EC2 (`moto_server`), end to end: the daemon as users run it, `[spot] enabled`.
 
-A job with `capacity = "spot"` and one with `capacity = "on-demand"` are submitted through
-the CLI. The daemon launches the first through `InstanceMarketOptions` (as the audit of its
-calls shows: moto keeps an instance's lifecycle to itself, its DescribeInstances answers
-carry no `InstanceLifecycle`) after making sure of the spot service-linked role, and the
-second on-demand; every call is judged against the policy `deploy policy` wrote for the
-configuration, which must allow each and need no statement no call used. EC2's two-minute
-warning is published on the spot instance's metadata service (`tests/imds.py`) once its
-task is past its first steps: the worker stops the task with a checkpoint, the daemon
-records the reclaim and moves the task, which resumes from the checkpoint on another spot
-instance with no failure counted. The ledger bills each spot instance its spot price, the
-on-demand price recorded beside it; `cost-report` agrees with the ledger; `down` leaves
-nothing running.
+A job with `capacity = "spot"` and one with `capacity = "on-demand"` are quoted (each in its
+market) and submitted through the CLI. The daemon launches the first through
+`InstanceMarketOptions` (as the audit of its calls shows: moto keeps an instance's lifecycle
+to itself, its DescribeInstances answers carry no `InstanceLifecycle`) after making sure of
+the spot service-linked role, and the second on-demand; every call is judged against the
+policy `deploy policy` wrote for the configuration, which must allow each and need no
+statement no call used. EC2's two-minute warning is published on the spot instance's
+metadata service (`tests/imds.py`) once its task is past its first steps: the worker stops
+the task with a checkpoint, the daemon records the reclaim and moves the task, which resumes
+from the checkpoint on another spot instance with no failure counted. The ledger bills each
+spot instance its spot price, the on-demand price recorded beside it; `cost-report` agrees
+with the ledger; `down` leaves nothing running.
 """
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
     shards_file = _with_capacity(copy_example("data-parallel", jobs, {"TOTAL": "300"}), "on-demand")
     try:
         daemon.wait_serving()
+        # Quoted first: the spot job at spot, the on-demand one never (their capacities).
+        spot_quote, od_quote = cli_json(
+            "submit", "--quote", str(train_file), str(shards_file), *at
+        )["quotes"]
+        assert (spot_quote["capacity"], od_quote["capacity"]) == ("spot", "on-demand")
+        assert spot_quote["launch"] and all(":spot" in t for t in spot_quote["launch"])
+        assert od_quote["launch"] and not any(":spot" in t for t in od_quote["launch"])
+        cheapest = min(on_demand.values())
+        assert spot_quote["hourly_cost_no_packing"] < cheapest, spot_quote
+        assert od_quote["hourly_cost_no_packing"] >= 2 * cheapest - 1e-9, od_quote  # 2 tasks
         submitted = cli_json("submit", str(train_file), str(shards_file), *at)["jobs"]
         [train] = [j for j in submitted if j.startswith("sgd-train")]
         [shards] = [j for j in submitted if j.startswith("sgd-parallel")]
