@@ -67,8 +67,12 @@ def with_spot(config: ClusterConfig, catalog: Catalog, live: Any = None) -> Cata
     spot snapshot prices and `[spot] types` admits (`provisioners.catalog.spot_offerings`,
     filtered by `EC2Config.spot_for`, as launches and the IAM policy are), so the round
     weighs both markets and never plans a spot offering its launch would refuse. `live`
-    (a `provisioners.spot_prices.SpotPriceTable` by AZ ID, EC2's prices in force) prices
-    each (type, zone) it has in place of the snapshot's."""
+    (a `provisioners.spot_prices.SpotPriceTable` by AZ ID, EC2's prices in force in the
+    zones the cluster launches in) prices each (type, zone) it has in place of the
+    snapshot's; a regional offering (no `[spot] zones`) of a type it prices is priced over
+    its zones alone — where the instance is bought, at today's prices — not over the
+    snapshot's other zones, whose dated prices would otherwise set the price the ledger
+    bills."""
     from dataclasses import replace
 
     from provisioners.catalog import bundled_spot_snapshot, spot_offerings
@@ -84,8 +88,11 @@ def with_spot(config: ClusterConfig, catalog: Catalog, live: Any = None) -> Cata
             source=str(config.path),
         )
     if live is not None:
+        regional = not config.spot.zones
         prices = {
-            ec2_type: {
+            ec2_type: dict(live.prices[ec2_type])
+            if regional and live.prices.get(ec2_type)
+            else {
                 zone: live.prices.get(ec2_type, {}).get(zone, price)
                 for zone, price in by_zone.items()
             }

@@ -397,10 +397,13 @@ class EC2Cloud:
         return self._offered
 
     def spot_prices(self) -> SpotPriceTable | None:
-        """The spot prices in force of the types spot is allowed for, by type and AZ ID
+        """The spot prices in force of the types spot is allowed for, by type and AZ ID,
+        in the zones this cluster launches in — those of its subnets, whose IDs it knows
         (`DescribeSpotPriceHistory`, cached and dated in the catalog's cache directory,
-        asked again at most hourly; a failure keeps the last ones). None with spot off or
-        before any could be had: the bundled snapshot prices the offerings then."""
+        asked again at most hourly; a failure keeps the last ones). A zone without a
+        subnet is left out: no instance of the cluster is bought there, and the offerings
+        name zones by AZ ID, which it could not be given. None with spot off or before
+        any could be had: the bundled snapshot prices the offerings then."""
         config = self.config
         now = self.clock()
         if not config.spot_enabled or now - self._spot_asked_s < SPOT_PRICES_STALE_AFTER_S:
@@ -425,7 +428,9 @@ class EC2Cloud:
         self._spot_prices = SpotPriceTable(
             table.region,
             {
-                ec2_type: {zone_id.get(zone, zone): price for zone, price in by_zone.items()}
+                ec2_type: {
+                    zone_id[zone]: price for zone, price in by_zone.items() if zone in zone_id
+                }
                 for ec2_type, by_zone in table.prices.items()
             },
             table.retrieved_s,

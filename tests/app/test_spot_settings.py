@@ -229,3 +229,37 @@ def test_ec2s_spot_prices_in_force_price_the_offerings_they_name(tmp_path):
     # what EC2 did not price keeps the snapshot's price
     for name in ("c7i.large:spot@use1-az2", "r7i.large:spot@use1-az1"):
         assert priced[name].hourly_cost == bundled[name].hourly_cost
+
+
+def test_a_regional_spot_offering_is_priced_by_ec2_over_the_zones_the_cluster_launches_in(
+    tmp_path,
+):
+    """Without `[spot] zones`, a type's one offering is priced at the median of its zones'
+    prices: of the zones EC2 priced for this cluster (its subnets') when it did, not of
+    the snapshot's other zones, whose dated prices the ledger would bill otherwise."""
+    import statistics
+
+    from app.wiring import with_spot
+    from provisioners.catalog import bundled_spot_snapshot, cached_or_bundled_catalog
+    from provisioners.spot_prices import SpotPriceTable
+
+    main(["init", "--dir", str(tmp_path), "--name", "c1", "--bucket", "my-bucket"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + "\n[spot]\nenabled = true\n")
+    config = load_cluster_config(path)
+    listed = cached_or_bundled_catalog(config.provisioner.ec2).catalog
+    snapshot = bundled_spot_snapshot(listed.region or "us-east-1")
+    assert snapshot is not None
+    bundled = snapshot.prices["c7i.large"]
+    assert len(bundled) >= 3
+    ours = sorted(bundled)[:2]  # the cluster's subnets are in two of its zones
+    fresh = {zone: bundled[zone] * 3 for zone in ours}  # prices rose since the snapshot
+    live = SpotPriceTable("us-east-1", {"c7i.large": fresh}, 1.8e9)
+    priced = with_spot(config, listed, live)
+    assert priced["c7i.large:spot"].hourly_cost == pytest.approx(statistics.median(fresh.values()))
+    # Without EC2's prices, or for a type it did not price: the snapshot's median.
+    assert with_spot(config, listed)["c7i.large:spot"].hourly_cost == pytest.approx(
+        statistics.median(bundled.values())
+    )
+    r7i = snapshot.prices["r7i.large"]
+    assert priced["r7i.large:spot"].hourly_cost == pytest.approx(statistics.median(r7i.values()))

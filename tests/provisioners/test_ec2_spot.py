@@ -295,3 +295,22 @@ def test_spot_prices_in_force_are_read_by_az_id_and_asked_for_hourly(
     assert len(faults.calls["DescribeSpotPriceHistory"]) > asked
     off = make_cloud(config, ec2, clock, sleeps)
     assert off.spot_prices() is None
+
+
+def test_spot_prices_in_force_are_those_of_the_zones_the_cluster_launches_in(
+    config, ec2, client, network, clock, sleeps
+):
+    """EC2 prices every zone; a zone with no subnet of the cluster has no AZ ID known to
+    it, and no instance of it is bought there: its price is left out rather than kept
+    under its zone name, where no offering (named by AZ ID) would ever read it."""
+    two = dict(list(network.subnets.items())[:2])
+    assert len(network.subnets) > len(two)
+    narrow = replace(spot_on(config, "c7i"), subnet_ids=tuple(two.values()))
+    cloud = make_cloud(narrow, ec2, clock, sleeps, iam=client("iam"))
+    table = cloud.spot_prices()
+    subnets = client("ec2").describe_subnets(SubnetIds=list(two.values()))["Subnets"]
+    ids = {s["AvailabilityZoneId"] for s in subnets}
+    history = client("ec2").describe_spot_price_history(InstanceTypes=["c7i.large"])
+    priced = {p["AvailabilityZone"] for p in history["SpotPriceHistory"]}
+    assert set(two) <= priced and len(priced) > len(two)  # EC2 priced more zones than ours
+    assert table is not None and set(table.prices["c7i.large"]) == ids
