@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import statistics
 
 import pytest
 
 from app.wiring import offline_catalog
 from autoscaler.catalog import ON_DEMAND, SPOT
 from autoscaler.cloud import offering_parts
-from provisioners.catalog import bundled_spot_snapshot
 from tests.aws_audit import read_log
 from tests.e2e.ec2 import AuditedDaemon, check_aws_calls, client, ec2_cluster
 from tests.e2e.harness import cli, cli_json, copy_example, running_past, state_of, until
@@ -47,17 +47,18 @@ def _with_capacity(job, capacity: str):
     return job
 
 
-def _spot_prices(endpoint: str, ec2_type: str) -> tuple[float, float]:
-    """The lowest and highest spot price of `ec2_type` in any zone, EC2's (moto's) or the
-    bundled snapshot's: a regional spot offering is priced between them (its zones'
-    median, each zone's live price where EC2 gave one)."""
-    history = client("ec2", endpoint).describe_spot_price_history(InstanceTypes=[ec2_type])
-    prices = {float(p["SpotPrice"]) for p in history["SpotPriceHistory"]}
-    snapshot = bundled_spot_snapshot("us-east-1")
-    assert snapshot is not None
-    prices |= set(snapshot.prices.get(ec2_type, {}).values())
-    assert prices, ec2_type
-    return min(prices), max(prices)
+def _live_spot_price(endpoint: str, subnet_ids: tuple[str, ...], ec2_type: str) -> float:
+    """What EC2 (moto) quotes for spot `ec2_type` now, over the zones of the cluster's
+    subnets (where its instances are bought): the median of their prices, as a regional
+    offering is priced."""
+    ec2 = client("ec2", endpoint)
+    zones = {
+        s["AvailabilityZone"] for s in ec2.describe_subnets(SubnetIds=list(subnet_ids))["Subnets"]
+    }
+    history = ec2.describe_spot_price_history(InstanceTypes=[ec2_type])["SpotPriceHistory"]
+    prices = [float(p["SpotPrice"]) for p in history if p["AvailabilityZone"] in zones]
+    assert len(prices) == len(zones), history
+    return statistics.median(prices)
 
 
 def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_prices(
@@ -68,7 +69,7 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
 ):
     config = ec2_cluster(tmp_path / "cluster", aws, spot=True)
     at = ("--config", str(config.path))
-    on_demand = {t.name: t.hourly_cost for t in offline_catalog(config)}
+    on_demand = {t.name: t.hourly_cost for t in offline_catalog(config) if not t.is_spot}
     instances = _boot(config, aws, tmp_path, docker_client).start()
     daemon = AuditedDaemon(config.path, aws)
     jobs = tmp_path / "jobs"
@@ -155,17 +156,18 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
         shards_on = {i for t in shard_tasks for i in placements[t.task_id]}
         assert {offering_parts(records[i].instance_type)[1] for i in shards_on} == {ON_DEMAND}
 
-        # Billing: each spot instance at a spot price of its type (EC2's or the bundled
-        # snapshot's), below on-demand, with its type's on-demand price recorded beside it;
-        # each on-demand instance at its on-demand price. The ledger bills those.
+        # Billing: each spot instance at the spot price EC2 quotes for its type in the
+        # cluster's zones (not the bundled snapshot's), below on-demand, with its type's
+        # on-demand price recorded beside it; each on-demand instance at its on-demand
+        # price. The ledger bills those.
         for record in records.values():
             if record.cloud_id is None:
                 continue
             ec2_type, market, _ = offering_parts(record.instance_type)
             assert record.on_demand_price == pytest.approx(on_demand[ec2_type]), record
             if market == SPOT:
-                low, high = _spot_prices(aws, ec2_type)
-                assert low <= record.hourly_price <= high, record
+                live = _live_spot_price(aws, config.provisioner.ec2.subnet_ids, ec2_type)
+                assert record.hourly_price == pytest.approx(live), record
                 assert record.hourly_price < on_demand[ec2_type], record
             else:
                 assert record.hourly_price == pytest.approx(on_demand[ec2_type]), record
