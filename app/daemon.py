@@ -59,6 +59,9 @@ log = logging.getLogger("autoscaler.daemon")
 #: `acted` or `stepped`, optionally `POINT:N` for its N-th passage.
 FAULT_ENV = "AUTOSCALER_TEST_KILL_AT"
 
+#: The one-off round a reclaim notice or a lost worker asks for (`Daemon.replan_now`).
+REPLAN_JOB = "replan"
+
 #: How long delivered and failed notifications are kept in the state.
 NOTIFY_RETENTION_S = 30 * 86400.0
 
@@ -316,9 +319,21 @@ class Daemon:
             self._reclaims_seen.add(key)
 
     def replan_now(self) -> None:
-        """Run the next round at once (no-op before the scheduler runs)."""
+        """Run a round at once (no-op before the scheduler runs). A one-off job beside the
+        periodic one: APScheduler skips a run of a job still running (`max_instances`
+        counts per job), so bringing the periodic round forward while one runs — a notice
+        arriving mid-round — left the reclaim to the round a whole period later. This
+        one runs right after the round in progress, on the same worker thread; notices
+        arriving together make one round."""
         if self.scheduler is not None:
-            self.scheduler.modify_job("round", next_run_time=datetime.now(UTC))
+            self.scheduler.add_job(
+                self.round,
+                "date",
+                run_date=datetime.now(UTC),
+                id=REPLAN_JOB,
+                replace_existing=True,
+                max_instances=2,  # one running, one to follow it
+            )
 
     def _observe_state(self) -> None:
         store = self.bindings.store
@@ -455,15 +470,8 @@ class Daemon:
         _event("dashboard", listen=f"https://{config.dashboard.listen}/")
 
     def _schedule(self) -> None:
-        from apscheduler.executors.pool import ThreadPoolExecutor
-        from apscheduler.schedulers.background import BackgroundScheduler
-
         cluster = self.config.cluster
-        scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(max_workers=1)},
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-            timezone=UTC,
-        )
+        scheduler = job_scheduler()
         scheduler.add_job(
             self.round,
             "interval",
@@ -500,6 +508,19 @@ class Daemon:
         from state.outbox import SqlOutbox
 
         SqlOutbox(self.bindings.store.engine).prune(self.clock.now() - NOTIFY_RETENTION_S)
+
+
+def job_scheduler() -> Any:
+    """The daemon's APScheduler: every job on one worker thread, so never two at once,
+    a late run coalesced into one, none dropped for lateness."""
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    return BackgroundScheduler(
+        executors={"default": ThreadPoolExecutor(max_workers=1)},
+        job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        timezone=UTC,
+    )
 
 
 def resuming_event(store: Any) -> dict[str, Any] | None:
