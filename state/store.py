@@ -315,14 +315,10 @@ class SqlStore(Store):
             ):
                 target = targets[task_id]
                 if transitions.retargets(statuses[moved[task_id]], current, target):
-                    rows.append({"b_task_id": task_id, "b_target": target, "b_at": at})
-        if rows:
-            conn.execute(
-                update(TASKS)
-                .where(TASKS.c.task_id == bindparam("b_task_id"))
-                .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
-                rows,
-            )
+                    rows.append(
+                        {"task_id": task_id, "target_instance_id": target, "updated_at": at}
+                    )
+        _update_rows(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
@@ -356,8 +352,7 @@ class SqlStore(Store):
                 done.add(task.task_id)
             _write(conn, TASKS, list(written.values()))
             self._close_placements(conn, placements.closed, at)
-            if placements.opened:
-                conn.execute(insert(PLACEMENTS), placements.opened)
+            _insert_rows(conn, PLACEMENTS, placements.opened)
             if samples:
                 self._observe_delays(conn, samples)
             return done
@@ -441,8 +436,9 @@ class SqlStore(Store):
         ]
         if not new:
             return
-        conn.execute(
-            insert(INSTANCES),
+        _insert_rows(
+            conn,
+            INSTANCES,
             [
                 {
                     "instance_id": i.instance_id,
@@ -455,8 +451,9 @@ class SqlStore(Store):
                 for i in new
             ],
         )
-        conn.execute(
-            insert(HISTORY),
+        _insert_rows(
+            conn,
+            HISTORY,
             [
                 {"instance_id": i.instance_id, "seq": seq, "status": status, "at": when}
                 for i in new
@@ -519,19 +516,12 @@ class SqlStore(Store):
             if step.opens is not None:
                 opened.append(_columns(step.opens, LEDGER_COLUMNS))
             if step.closes:
-                closed.append({"b_id": c.instance_id, "b_end": at})
+                closed.append({"instance_id": c.instance_id, "end": at})
         if written:
             _write(conn, INSTANCES, list(written.values()))
-            conn.execute(insert(HISTORY), history)
-        if opened:
-            conn.execute(insert(LEDGER), opened)
-        if closed:
-            conn.execute(
-                update(LEDGER)
-                .where(LEDGER.c.instance_id == bindparam("b_id"), LEDGER.c.end.is_(None))
-                .values(end=bindparam("b_end")),
-                closed,
-            )
+            _insert_rows(conn, HISTORY, history)
+        _insert_rows(conn, LEDGER, opened)
+        _update_rows(conn, LEDGER, ("instance_id",), ("end",), closed, where_null="end")
         return set(written)
 
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
@@ -670,8 +660,9 @@ class SqlStore(Store):
             assert key is not None  # an INSERT of one row
             round_id = int(key[0])
             if record.actions:
-                conn.execute(
-                    insert(ACTIONS),
+                _insert_rows(
+                    conn,
+                    ACTIONS,
                     [
                         {
                             "round_id": round_id,
@@ -702,7 +693,7 @@ class SqlStore(Store):
             return
         positions = sorted({i for i, _, _ in outcomes})
         rows = [
-            {"b_round": round_id, "b_position": i, "b_outcome": o, "b_message": m}
+            {"round_id": round_id, "position": i, "outcome": o, "message": m}
             for i, o, m in outcomes
         ]
         with write_transaction(self._engine) as conn:
@@ -716,15 +707,7 @@ class SqlStore(Store):
             missing = [p for p in positions if p not in known]
             if missing:
                 raise UnknownEntity(f"no action {missing[0]} in round {round_id}")
-            conn.execute(
-                update(ACTIONS)
-                .where(
-                    ACTIONS.c.round_id == bindparam("b_round"),
-                    ACTIONS.c.position == bindparam("b_position"),
-                )
-                .values(outcome=bindparam("b_outcome"), message=bindparam("b_message")),
-                rows,
-            )
+            _update_rows(conn, ACTIONS, ("round_id", "position"), ("outcome", "message"), rows)
 
     # -- reads ------------------------------------------------------------
     def snapshot(
@@ -956,16 +939,91 @@ def _columns(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _write(conn: Connection, table: Table, records: Sequence[Any]) -> None:
     """Store what transitions made of these records (jobs, tasks or instances), in
-    one statement: the columns transitions change, by the record's key."""
+    bulk (`_update_rows`): the columns transitions change, by the record's key."""
     if not records:
         return
     key, names = WRITTEN[table.name]
-    conn.execute(
-        update(table)
-        .where(table.c[key] == bindparam(f"b_{key}"))
-        .values(**{name: bindparam(f"b_{name}") for name in names}),
-        [{f"b_{name}": getattr(r, name) for name in (key, *names)} for r in records],
+    _update_rows(
+        conn, table, (key,), names, [{n: getattr(r, n) for n in (key, *names)} for r in records]
     )
+
+
+def _insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert rows (each with the same columns) in bulk: on PostgreSQL one
+    `INSERT … SELECT FROM unnest(arrays)` (`_unnest`), so thousands of rows cost one
+    round trip and one short statement instead of one each; on SQLite one
+    `executemany`, which runs in process."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(insert(table), list(rows))
+        return
+    order = tuple(rows[0])
+    source, params = _unnest(conn, table, order, rows)
+    names = ", ".join(_quoted(conn, c) for c in order)
+    # In the rows' order, so ids drawn from a sequence follow it (request order).
+    conn.exec_driver_sql(
+        f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {source} ORDER BY given_at",
+        params,
+    )
+
+
+def _update_rows(
+    conn: Connection,
+    table: Table,
+    keys: tuple[str, ...],
+    names: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    where_null: str | None = None,
+) -> None:
+    """Set columns `names` of the rows found by their `keys` (each row a mapping of
+    column to value, keys included), and whose column `where_null` is NULL if given.
+    On PostgreSQL one `UPDATE … FROM unnest(arrays)` (`_unnest`); on SQLite one
+    `executemany`."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        statement = update(table).where(*(table.c[k] == bindparam(f"b_{k}") for k in keys))
+        if where_null is not None:
+            statement = statement.where(table.c[where_null].is_(None))
+        conn.execute(
+            statement.values(**{n: bindparam(f"b_{n}") for n in names}),
+            [{f"b_{c}": row[c] for c in (*keys, *names)} for row in rows],
+        )
+        return
+    # One row per key, the last winning, as in a sequence of single-row updates.
+    rows = list({tuple(row[k] for k in keys): row for row in rows}.values())
+    source, params = _unnest(conn, table, (*keys, *names), rows)
+    sets = ", ".join(f"{_quoted(conn, n)} = given.{_quoted(conn, n)}" for n in names)
+    found = [f"{table.name}.{_quoted(conn, k)} = given.{_quoted(conn, k)}" for k in keys]
+    if where_null is not None:
+        found.append(f"{table.name}.{_quoted(conn, where_null)} IS NULL")
+    conn.exec_driver_sql(
+        f"UPDATE {table.name} SET {sets} FROM {source} WHERE {' AND '.join(found)}", params
+    )
+
+
+def _unnest(
+    conn: Connection, table: Table, order: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> tuple[str, dict[str, list[Any]]]:
+    """The rows as a PostgreSQL table expression `unnest(array, …) AS given(columns,
+    given_at)`, one array parameter per column (values through the column type's bind
+    processing, as an ORM write would send them), and its parameters."""
+    dialect = conn.dialect
+    params: dict[str, list[Any]] = {}
+    arrays = []
+    for i, name in enumerate(order):
+        kind = table.c[name].type
+        process = kind.bind_processor(dialect)
+        column_values = [row[name] for row in rows]
+        params[f"a{i}"] = column_values if process is None else [process(v) for v in column_values]
+        arrays.append(f"%(a{i})s::{kind.compile(dialect=dialect)}[]")
+    names = ", ".join(_quoted(conn, c) for c in order)
+    return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+
+
+def _quoted(conn: Connection, name: str) -> str:
+    return conn.dialect.identifier_preparer.quote(name)
 
 
 def _task(row: Row[Any]) -> TaskRecord:
