@@ -38,15 +38,18 @@ from sqlalchemy import (
     Engine,
     Row,
     Table,
+    any_,
     bindparam,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -111,7 +114,9 @@ INTERRUPTIONS = cast(Table, Interruption.__table__)
 
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
-TASK_COLUMNS = tuple(f.name for f in fields(TaskRecord) if f.name not in ("task_id", "job_id"))
+TASK_FIELDS = tuple(f.name for f in fields(TaskRecord))
+TASK_COLUMNS = tuple(name for name in TASK_FIELDS if name not in ("task_id", "job_id"))
+GPUS = TASK_FIELDS.index("gpus")  # stored as a JSON list, held as a tuple
 INSTANCE_COLUMNS = (
     "status",
     "cloud_id",
@@ -280,7 +285,7 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(set(job_ids))):
             rows = conn.execute(
                 select(JOBS.c.job_id, JOBS.c.status)
-                .where(JOBS.c.job_id.in_(chunk))
+                .where(_among(conn, JOBS.c.job_id, chunk))
                 .order_by(JOBS.c.job_id)
                 .with_for_update()
             )
@@ -299,7 +304,7 @@ class SqlStore(Store):
             for row in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id, JOBS.c.status)
                 .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
-                .where(TASKS.c.task_id.in_(chunk))
+                .where(_among(conn, TASKS.c.task_id, chunk))
             ):
                 if transitions.retargets(row.status, row.target_instance_id, targets[row.task_id]):
                     moved[row.task_id] = row.job_id
@@ -310,7 +315,7 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(moved)):  # as they are under the locks
             for task_id, current in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
-                    TASKS.c.task_id.in_(chunk)
+                    _among(conn, TASKS.c.task_id, chunk)
                 )
             ):
                 target = targets[task_id]
@@ -329,7 +334,9 @@ class SqlStore(Store):
             for chunk in _chunks(sorted({c.task_id for c in changes})):
                 job_of.update(
                     conn.execute(
-                        select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                        select(TASKS.c.task_id, TASKS.c.job_id).where(
+                            _among(conn, TASKS.c.task_id, chunk)
+                        )
                     ).all()
                 )
             unknown = [c.task_id for c in changes if c.task_id not in job_of]
@@ -362,7 +369,7 @@ class SqlStore(Store):
         return [
             _task(row)
             for chunk in _chunks(task_ids)
-            for row in conn.execute(select(TASKS).where(TASKS.c.task_id.in_(chunk)))
+            for row in conn.execute(select(TASKS).where(_among(conn, TASKS.c.task_id, chunk)))
         ]
 
     @staticmethod
@@ -370,7 +377,7 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(task_ids)):
             conn.execute(
                 update(PLACEMENTS)
-                .where(PLACEMENTS.c.task_id.in_(chunk), PLACEMENTS.c.end.is_(None))
+                .where(_among(conn, PLACEMENTS.c.task_id, chunk), PLACEMENTS.c.end.is_(None))
                 .values(end=at)
             )
 
@@ -426,7 +433,9 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(wanted)):
             taken.update(
                 conn.execute(
-                    select(INSTANCES.c.instance_id).where(INSTANCES.c.instance_id.in_(chunk))
+                    select(INSTANCES.c.instance_id).where(
+                        _among(conn, INSTANCES.c.instance_id, chunk)
+                    )
                 ).scalars()
             )
         new = [
@@ -477,7 +486,7 @@ class SqlStore(Store):
         for chunk in _chunks(ids):
             for row in conn.execute(
                 select(INSTANCES)
-                .where(INSTANCES.c.instance_id.in_(chunk))
+                .where(_among(conn, INSTANCES.c.instance_id, chunk))
                 .order_by(INSTANCES.c.instance_id)
                 .with_for_update()
             ):
@@ -487,7 +496,7 @@ class SqlStore(Store):
             seqs.update(
                 conn.execute(
                     select(HISTORY.c.instance_id, func.count())
-                    .where(HISTORY.c.instance_id.in_(chunk))
+                    .where(_among(conn, HISTORY.c.instance_id, chunk))
                     .group_by(HISTORY.c.instance_id)
                 ).all()
             )
@@ -700,7 +709,7 @@ class SqlStore(Store):
             known = set(
                 conn.execute(
                     select(ACTIONS.c.position).where(
-                        ACTIONS.c.round_id == round_id, ACTIONS.c.position.in_(positions)
+                        ACTIONS.c.round_id == round_id, _among(conn, ACTIONS.c.position, positions)
                     )
                 ).scalars()
             )
@@ -878,7 +887,9 @@ class SqlStore(Store):
         cache = self._specs
         missing = [r.id for r in rows if r.id not in cache]
         for chunk in _chunks(missing):
-            for r in conn.execute(select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(chunk))):
+            for r in conn.execute(
+                select(JOBS.c.id, JOBS.c.spec).where(_among(conn, JOBS.c.id, chunk))
+            ):
                 cache[r.id] = spec_from_document(r.spec)
         self._specs = {r.id: cache[r.id] for r in rows}
         return [_job(r, self._specs[r.id]) for r in rows]
@@ -894,12 +905,19 @@ class SqlStore(Store):
     def _tasks(conn: Connection, job_where: ColumnElement[bool]) -> list[TaskRecord]:
         """Tasks of the jobs matching `job_where`, in job order then spec order."""
         query = (
-            select(TASKS)
+            select(*(TASKS.c[name] for name in TASK_FIELDS))
             .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
             .where(job_where)
             .order_by(JOBS.c.id, TASKS.c.position)
         )
-        return [_task(r) for r in conn.execute(query)]
+        # The columns in the record's field order, fetched at once: a snapshot reads
+        # every active task, and per-row fetches and lookups by name were most of it.
+        out = []
+        for row in conn.execute(query).all():
+            values = list(row)
+            values[GPUS] = tuple(values[GPUS])
+            out.append(TaskRecord(*values))
+        return out
 
     @staticmethod
     def _instances(conn: Connection, where: ColumnElement[bool] | None) -> list[InstanceRecord]:
@@ -913,9 +931,9 @@ class SqlStore(Store):
         if where is not None:
             query, history = query.where(where), history.where(where)
         histories: dict[str, list[tuple[str, float]]] = {}
-        for h in conn.execute(history):
-            histories.setdefault(h.instance_id, []).append((h.status, h.at))
-        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query)]
+        for instance_id, status, at in conn.execute(history).all():
+            histories.setdefault(instance_id, []).append((status, at))
+        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query).all()]
 
 
 def _job(row: Row[Any], spec: JobSpec) -> JobRecord:
@@ -1020,6 +1038,14 @@ def _unnest(
         arrays.append(f"%(a{i})s::{kind.compile(dialect=dialect)}[]")
     names = ", ".join(_quoted(conn, c) for c in order)
     return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+
+
+def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
+    """`column IN values`; on PostgreSQL `column = ANY(array)`, one parameter however many
+    values (an `IN` list of thousands is thousands of parameters to bind and parse)."""
+    if conn.dialect.name == "postgresql":
+        return cast(ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type))))
+    return cast(ColumnElement[bool], column.in_(values))
 
 
 def _quoted(conn: Connection, name: str) -> str:
