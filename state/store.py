@@ -28,6 +28,7 @@ Opening a database whose schema is missing or not at the head revision raises
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, cast
@@ -96,6 +97,7 @@ from state.schema import (
     UptimeInterval,
     colocated_from_key,
     colocated_key,
+    dump_json,
 )
 
 __all__ = ["SqlStore", "create_state_engine", "spec_document", "spec_from_document"]
@@ -187,19 +189,20 @@ class SqlStore(Store):
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
         record, tasks = transitions.submitted_job(job, owner, at, team)
+        document = spec_document(job)
         try:
             with write_transaction(self._engine) as conn:
                 taken = conn.execute(select(JOBS.c.id).where(JOBS.c.job_id == job.job_id))
                 if taken.first() is not None:
                     raise DuplicateJob(job.job_id)
-                conn.execute(
+                inserted = conn.execute(
                     insert(JOBS).values(
                         job_id=job.job_id,
                         name=job.name,
                         owner=owner,
                         team=team,
                         submitted_at=at,
-                        spec=spec_document(job),
+                        spec=document,
                         **_columns(record, JOB_COLUMNS),
                     )
                 )
@@ -223,6 +226,12 @@ class SqlStore(Store):
             if self.job(job.job_id) is not None:
                 raise DuplicateJob(job.job_id) from None
             raise StoreError(f"job {job.job_id!r} conflicts with stored data: {exc.orig}") from None
+        # Committed: the next snapshot finds its spec parsed, as it would parse the stored
+        # text (the daemon's API submits through the round's store, so a first round
+        # after thousands of submissions parses none of them).
+        key = inserted.inserted_primary_key
+        if key is not None:
+            self._specs[int(key[0])] = spec_from_document(json.loads(dump_json(document)))
         return record
 
     def cancel_job(self, job_id: str, at: float) -> bool:
@@ -1034,10 +1043,23 @@ def _unnest(
         kind = table.c[name].type
         process = kind.bind_processor(dialect)
         column_values = [row[name] for row in rows]
-        params[f"a{i}"] = column_values if process is None else [process(v) for v in column_values]
+        if process is not None:
+            column_values = [process(v) for v in column_values]
+        number = _python_type(kind)
+        if number in (float, int):
+            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0.
+            column_values = [None if v is None else number(v) for v in column_values]
+        params[f"a{i}"] = column_values
         arrays.append(f"%(a{i})s::{kind.compile(dialect=dialect)}[]")
     names = ", ".join(_quoted(conn, c) for c in order)
     return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+
+
+def _python_type(kind: Any) -> type | None:
+    try:
+        return cast(type, kind.python_type)
+    except NotImplementedError:
+        return None
 
 
 def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
