@@ -230,7 +230,7 @@ def a_round(directory: Path, url: str | None, catalog, jobs) -> None:
     ]
     print(
         format_table(
-            ["round", "planning s", "round s", "÷ planning", "CPU: planning s", "round s", "÷"],
+            ["round", "planning s", "round s", "÷ planning", "planning CPU", "round CPU", "CPU ÷"],
             [
                 (
                     name,
