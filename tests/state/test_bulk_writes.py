@@ -48,7 +48,7 @@ def a_busy_round(store: Store, prefix: str, n: int, at: float) -> None:
     """What a round over `n` new one-task jobs (`submitted`) writes, as the control loop
     writes it: the launches and their placements recorded, the cloud's answers (two for
     some instances in one batch, some without a zone), the actions' outcomes, then some
-    placements starting and some instances ending."""
+    placements starting and some instances ending and billed no more."""
     ids = [f"{prefix}-i{k}" for k in range(n)]
     record = RoundRecord(
         at,
@@ -87,6 +87,9 @@ def a_busy_round(store: Store, prefix: str, n: int, at: float) -> None:
     store.transition_instances(
         [InstanceChange(i, "terminating", reason="not needed") for i in ids[1::2]], at + 4
     )
+    # Their billing ends (the ledger's open intervals closed in bulk), some twice over.
+    gone = [InstanceChange(i, "terminated", reason="gone") for i in ids[1::2]]
+    store.transition_instances(gone + gone[:2], at + 5)
 
 
 def test_a_round_writes_as_many_statements_for_many_rows_as_for_few(sql_store: SqlStore) -> None:
