@@ -28,6 +28,7 @@ Opening a database whose schema is missing or not at the head revision raises
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, cast
@@ -38,15 +39,18 @@ from sqlalchemy import (
     Engine,
     Row,
     Table,
+    any_,
     bindparam,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -93,6 +97,7 @@ from state.schema import (
     UptimeInterval,
     colocated_from_key,
     colocated_key,
+    dump_json,
 )
 
 __all__ = ["SqlStore", "create_state_engine", "spec_document", "spec_from_document"]
@@ -111,7 +116,9 @@ INTERRUPTIONS = cast(Table, Interruption.__table__)
 
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
-TASK_COLUMNS = tuple(f.name for f in fields(TaskRecord) if f.name not in ("task_id", "job_id"))
+TASK_FIELDS = tuple(f.name for f in fields(TaskRecord))
+TASK_COLUMNS = tuple(name for name in TASK_FIELDS if name not in ("task_id", "job_id"))
+GPUS = TASK_FIELDS.index("gpus")  # stored as a JSON list, held as a tuple
 INSTANCE_COLUMNS = (
     "status",
     "cloud_id",
@@ -182,19 +189,20 @@ class SqlStore(Store):
     # -- jobs -------------------------------------------------------------
     def submit_job(self, job: JobSpec, *, owner: str, at: float, team: str = "") -> JobRecord:
         record, tasks = transitions.submitted_job(job, owner, at, team)
+        document = spec_document(job)
         try:
             with write_transaction(self._engine) as conn:
                 taken = conn.execute(select(JOBS.c.id).where(JOBS.c.job_id == job.job_id))
                 if taken.first() is not None:
                     raise DuplicateJob(job.job_id)
-                conn.execute(
+                inserted = conn.execute(
                     insert(JOBS).values(
                         job_id=job.job_id,
                         name=job.name,
                         owner=owner,
                         team=team,
                         submitted_at=at,
-                        spec=spec_document(job),
+                        spec=document,
                         **_columns(record, JOB_COLUMNS),
                     )
                 )
@@ -218,6 +226,12 @@ class SqlStore(Store):
             if self.job(job.job_id) is not None:
                 raise DuplicateJob(job.job_id) from None
             raise StoreError(f"job {job.job_id!r} conflicts with stored data: {exc.orig}") from None
+        # Committed: the next snapshot finds its spec parsed, as it would parse the stored
+        # text (the daemon's API submits through the round's store, so a first round
+        # after thousands of submissions parses none of them).
+        key = inserted.inserted_primary_key
+        if key is not None:
+            self._specs[int(key[0])] = spec_from_document(json.loads(dump_json(document)))
         return record
 
     def cancel_job(self, job_id: str, at: float) -> bool:
@@ -280,7 +294,7 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(set(job_ids))):
             rows = conn.execute(
                 select(JOBS.c.job_id, JOBS.c.status)
-                .where(JOBS.c.job_id.in_(chunk))
+                .where(_among(conn, JOBS.c.job_id, chunk))
                 .order_by(JOBS.c.job_id)
                 .with_for_update()
             )
@@ -299,7 +313,7 @@ class SqlStore(Store):
             for row in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id, JOBS.c.status)
                 .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
-                .where(TASKS.c.task_id.in_(chunk))
+                .where(_among(conn, TASKS.c.task_id, chunk))
             ):
                 if transitions.retargets(row.status, row.target_instance_id, targets[row.task_id]):
                     moved[row.task_id] = row.job_id
@@ -310,19 +324,15 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(moved)):  # as they are under the locks
             for task_id, current in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
-                    TASKS.c.task_id.in_(chunk)
+                    _among(conn, TASKS.c.task_id, chunk)
                 )
             ):
                 target = targets[task_id]
                 if transitions.retargets(statuses[moved[task_id]], current, target):
-                    rows.append({"b_task_id": task_id, "b_target": target, "b_at": at})
-        if rows:
-            conn.execute(
-                update(TASKS)
-                .where(TASKS.c.task_id == bindparam("b_task_id"))
-                .values(target_instance_id=bindparam("b_target"), updated_at=bindparam("b_at")),
-                rows,
-            )
+                    rows.append(
+                        {"task_id": task_id, "target_instance_id": target, "updated_at": at}
+                    )
+        _update_rows(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
@@ -333,7 +343,9 @@ class SqlStore(Store):
             for chunk in _chunks(sorted({c.task_id for c in changes})):
                 job_of.update(
                     conn.execute(
-                        select(TASKS.c.task_id, TASKS.c.job_id).where(TASKS.c.task_id.in_(chunk))
+                        select(TASKS.c.task_id, TASKS.c.job_id).where(
+                            _among(conn, TASKS.c.task_id, chunk)
+                        )
                     ).all()
                 )
             unknown = [c.task_id for c in changes if c.task_id not in job_of]
@@ -356,8 +368,7 @@ class SqlStore(Store):
                 done.add(task.task_id)
             _write(conn, TASKS, list(written.values()))
             self._close_placements(conn, placements.closed, at)
-            if placements.opened:
-                conn.execute(insert(PLACEMENTS), placements.opened)
+            _insert_rows(conn, PLACEMENTS, placements.opened)
             if samples:
                 self._observe_delays(conn, samples)
             return done
@@ -367,7 +378,7 @@ class SqlStore(Store):
         return [
             _task(row)
             for chunk in _chunks(task_ids)
-            for row in conn.execute(select(TASKS).where(TASKS.c.task_id.in_(chunk)))
+            for row in conn.execute(select(TASKS).where(_among(conn, TASKS.c.task_id, chunk)))
         ]
 
     @staticmethod
@@ -375,7 +386,7 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(task_ids)):
             conn.execute(
                 update(PLACEMENTS)
-                .where(PLACEMENTS.c.task_id.in_(chunk), PLACEMENTS.c.end.is_(None))
+                .where(_among(conn, PLACEMENTS.c.task_id, chunk), PLACEMENTS.c.end.is_(None))
                 .values(end=at)
             )
 
@@ -431,7 +442,9 @@ class SqlStore(Store):
         for chunk in _chunks(sorted(wanted)):
             taken.update(
                 conn.execute(
-                    select(INSTANCES.c.instance_id).where(INSTANCES.c.instance_id.in_(chunk))
+                    select(INSTANCES.c.instance_id).where(
+                        _among(conn, INSTANCES.c.instance_id, chunk)
+                    )
                 ).scalars()
             )
         new = [
@@ -441,8 +454,9 @@ class SqlStore(Store):
         ]
         if not new:
             return
-        conn.execute(
-            insert(INSTANCES),
+        _insert_rows(
+            conn,
+            INSTANCES,
             [
                 {
                     "instance_id": i.instance_id,
@@ -455,8 +469,9 @@ class SqlStore(Store):
                 for i in new
             ],
         )
-        conn.execute(
-            insert(HISTORY),
+        _insert_rows(
+            conn,
+            HISTORY,
             [
                 {"instance_id": i.instance_id, "seq": seq, "status": status, "at": when}
                 for i in new
@@ -480,7 +495,7 @@ class SqlStore(Store):
         for chunk in _chunks(ids):
             for row in conn.execute(
                 select(INSTANCES)
-                .where(INSTANCES.c.instance_id.in_(chunk))
+                .where(_among(conn, INSTANCES.c.instance_id, chunk))
                 .order_by(INSTANCES.c.instance_id)
                 .with_for_update()
             ):
@@ -490,7 +505,7 @@ class SqlStore(Store):
             seqs.update(
                 conn.execute(
                     select(HISTORY.c.instance_id, func.count())
-                    .where(HISTORY.c.instance_id.in_(chunk))
+                    .where(_among(conn, HISTORY.c.instance_id, chunk))
                     .group_by(HISTORY.c.instance_id)
                 ).all()
             )
@@ -519,19 +534,12 @@ class SqlStore(Store):
             if step.opens is not None:
                 opened.append(_columns(step.opens, LEDGER_COLUMNS))
             if step.closes:
-                closed.append({"b_id": c.instance_id, "b_end": at})
+                closed.append({"instance_id": c.instance_id, "end": at})
         if written:
             _write(conn, INSTANCES, list(written.values()))
-            conn.execute(insert(HISTORY), history)
-        if opened:
-            conn.execute(insert(LEDGER), opened)
-        if closed:
-            conn.execute(
-                update(LEDGER)
-                .where(LEDGER.c.instance_id == bindparam("b_id"), LEDGER.c.end.is_(None))
-                .values(end=bindparam("b_end")),
-                closed,
-            )
+            _insert_rows(conn, HISTORY, history)
+        _insert_rows(conn, LEDGER, opened)
+        _update_rows(conn, LEDGER, ("instance_id",), ("end",), closed, where_null="end")
         return set(written)
 
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
@@ -670,8 +678,9 @@ class SqlStore(Store):
             assert key is not None  # an INSERT of one row
             round_id = int(key[0])
             if record.actions:
-                conn.execute(
-                    insert(ACTIONS),
+                _insert_rows(
+                    conn,
+                    ACTIONS,
                     [
                         {
                             "round_id": round_id,
@@ -702,29 +711,21 @@ class SqlStore(Store):
             return
         positions = sorted({i for i, _, _ in outcomes})
         rows = [
-            {"b_round": round_id, "b_position": i, "b_outcome": o, "b_message": m}
+            {"round_id": round_id, "position": i, "outcome": o, "message": m}
             for i, o, m in outcomes
         ]
         with write_transaction(self._engine) as conn:
             known = set(
                 conn.execute(
                     select(ACTIONS.c.position).where(
-                        ACTIONS.c.round_id == round_id, ACTIONS.c.position.in_(positions)
+                        ACTIONS.c.round_id == round_id, _among(conn, ACTIONS.c.position, positions)
                     )
                 ).scalars()
             )
             missing = [p for p in positions if p not in known]
             if missing:
                 raise UnknownEntity(f"no action {missing[0]} in round {round_id}")
-            conn.execute(
-                update(ACTIONS)
-                .where(
-                    ACTIONS.c.round_id == bindparam("b_round"),
-                    ACTIONS.c.position == bindparam("b_position"),
-                )
-                .values(outcome=bindparam("b_outcome"), message=bindparam("b_message")),
-                rows,
-            )
+            _update_rows(conn, ACTIONS, ("round_id", "position"), ("outcome", "message"), rows)
 
     # -- reads ------------------------------------------------------------
     def snapshot(
@@ -895,7 +896,9 @@ class SqlStore(Store):
         cache = self._specs
         missing = [r.id for r in rows if r.id not in cache]
         for chunk in _chunks(missing):
-            for r in conn.execute(select(JOBS.c.id, JOBS.c.spec).where(JOBS.c.id.in_(chunk))):
+            for r in conn.execute(
+                select(JOBS.c.id, JOBS.c.spec).where(_among(conn, JOBS.c.id, chunk))
+            ):
                 cache[r.id] = spec_from_document(r.spec)
         self._specs = {r.id: cache[r.id] for r in rows}
         return [_job(r, self._specs[r.id]) for r in rows]
@@ -911,12 +914,19 @@ class SqlStore(Store):
     def _tasks(conn: Connection, job_where: ColumnElement[bool]) -> list[TaskRecord]:
         """Tasks of the jobs matching `job_where`, in job order then spec order."""
         query = (
-            select(TASKS)
+            select(*(TASKS.c[name] for name in TASK_FIELDS))
             .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
             .where(job_where)
             .order_by(JOBS.c.id, TASKS.c.position)
         )
-        return [_task(r) for r in conn.execute(query)]
+        # The columns in the record's field order, fetched at once: a snapshot reads
+        # every active task, and per-row fetches and lookups by name were most of it.
+        out = []
+        for row in conn.execute(query).all():
+            values = list(row)
+            values[GPUS] = tuple(values[GPUS])
+            out.append(TaskRecord(*values))
+        return out
 
     @staticmethod
     def _instances(conn: Connection, where: ColumnElement[bool] | None) -> list[InstanceRecord]:
@@ -930,9 +940,9 @@ class SqlStore(Store):
         if where is not None:
             query, history = query.where(where), history.where(where)
         histories: dict[str, list[tuple[str, float]]] = {}
-        for h in conn.execute(history):
-            histories.setdefault(h.instance_id, []).append((h.status, h.at))
-        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query)]
+        for instance_id, status, at in conn.execute(history).all():
+            histories.setdefault(instance_id, []).append((status, at))
+        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query).all()]
 
 
 def _job(row: Row[Any], spec: JobSpec) -> JobRecord:
@@ -956,16 +966,112 @@ def _columns(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _write(conn: Connection, table: Table, records: Sequence[Any]) -> None:
     """Store what transitions made of these records (jobs, tasks or instances), in
-    one statement: the columns transitions change, by the record's key."""
+    bulk (`_update_rows`): the columns transitions change, by the record's key."""
     if not records:
         return
     key, names = WRITTEN[table.name]
-    conn.execute(
-        update(table)
-        .where(table.c[key] == bindparam(f"b_{key}"))
-        .values(**{name: bindparam(f"b_{name}") for name in names}),
-        [{f"b_{name}": getattr(r, name) for name in (key, *names)} for r in records],
+    _update_rows(
+        conn, table, (key,), names, [{n: getattr(r, n) for n in (key, *names)} for r in records]
     )
+
+
+def _insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert rows (each with the same columns) in bulk: on PostgreSQL one
+    `INSERT … SELECT FROM unnest(arrays)` (`_unnest`), so thousands of rows cost one
+    round trip and one short statement instead of one each; on SQLite one
+    `executemany`, which runs in process."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(insert(table), list(rows))
+        return
+    order = tuple(rows[0])
+    source, params = _unnest(conn, table, order, rows)
+    names = ", ".join(_quoted(conn, c) for c in order)
+    # In the rows' order, so ids drawn from a sequence follow it (request order).
+    conn.exec_driver_sql(
+        f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {source} ORDER BY given_at",
+        params,
+    )
+
+
+def _update_rows(
+    conn: Connection,
+    table: Table,
+    keys: tuple[str, ...],
+    names: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    where_null: str | None = None,
+) -> None:
+    """Set columns `names` of the rows found by their `keys` (each row a mapping of
+    column to value, keys included), and whose column `where_null` is NULL if given.
+    On PostgreSQL one `UPDATE … FROM unnest(arrays)` (`_unnest`); on SQLite one
+    `executemany`."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        statement = update(table).where(*(table.c[k] == bindparam(f"b_{k}") for k in keys))
+        if where_null is not None:
+            statement = statement.where(table.c[where_null].is_(None))
+        conn.execute(
+            statement.values(**{n: bindparam(f"b_{n}") for n in names}),
+            [{f"b_{c}": row[c] for c in (*keys, *names)} for row in rows],
+        )
+        return
+    # One row per key, the last winning, as in a sequence of single-row updates.
+    rows = list({tuple(row[k] for k in keys): row for row in rows}.values())
+    source, params = _unnest(conn, table, (*keys, *names), rows)
+    sets = ", ".join(f"{_quoted(conn, n)} = given.{_quoted(conn, n)}" for n in names)
+    found = [f"{table.name}.{_quoted(conn, k)} = given.{_quoted(conn, k)}" for k in keys]
+    if where_null is not None:
+        found.append(f"{table.name}.{_quoted(conn, where_null)} IS NULL")
+    conn.exec_driver_sql(
+        f"UPDATE {table.name} SET {sets} FROM {source} WHERE {' AND '.join(found)}", params
+    )
+
+
+def _unnest(
+    conn: Connection, table: Table, order: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> tuple[str, dict[str, list[Any]]]:
+    """The rows as a PostgreSQL table expression `unnest(array, …) AS given(columns,
+    given_at)`, one array parameter per column (values through the column type's bind
+    processing, as an ORM write would send them), and its parameters."""
+    dialect = conn.dialect
+    params: dict[str, list[Any]] = {}
+    arrays = []
+    for i, name in enumerate(order):
+        kind = table.c[name].type
+        process = kind.bind_processor(dialect)
+        column_values = [row[name] for row in rows]
+        if process is not None:
+            column_values = [process(v) for v in column_values]
+        number = _python_type(kind)
+        if number in (float, int):
+            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0.
+            column_values = [None if v is None else number(v) for v in column_values]
+        params[f"a{i}"] = column_values
+        arrays.append(f"%(a{i})s::{kind.compile(dialect=dialect)}[]")
+    names = ", ".join(_quoted(conn, c) for c in order)
+    return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+
+
+def _python_type(kind: Any) -> type | None:
+    try:
+        return cast(type, kind.python_type)
+    except NotImplementedError:
+        return None
+
+
+def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
+    """`column IN values`; on PostgreSQL `column = ANY(array)`, one parameter however many
+    values (an `IN` list of thousands is thousands of parameters to bind and parse)."""
+    if conn.dialect.name == "postgresql":
+        return cast(ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type))))
+    return cast(ColumnElement[bool], column.in_(values))
+
+
+def _quoted(conn: Connection, name: str) -> str:
+    return conn.dialect.identifier_preparer.quote(name)
 
 
 def _task(row: Row[Any]) -> TaskRecord:

@@ -139,3 +139,15 @@ def test_an_in_memory_sqlite_database_serves_a_replay() -> None:
         populate(store)
         assert state_of(store) == state_of(reference())
     engine.dispose()
+
+
+def test_a_store_that_took_the_submissions_reads_the_specs_a_fresh_one_parses(
+    db_url: str,
+) -> None:
+    """The specs a store keeps from its own submissions are the ones its database holds:
+    a daemon's snapshot must not depend on whether it or another process took a job."""
+    with SqlStore(db_url) as took, SqlStore(db_url) as fresh:
+        took.submit_job(job("j1", (1, 4, 8.5), (0, 2, 4), family="p3"), owner="ana", at=1.0)
+        took.submit_job(job("j2", (0, 1, 2), max_cost=12.5, priority=3), owner="bo", at=2.0)
+        assert took.snapshot().jobs == fresh.snapshot().jobs
+        assert [j.spec for j in took.snapshot().jobs] == [took.job(j).spec for j in ("j1", "j2")]
