@@ -113,17 +113,21 @@ class SpotPolicy:
     slack kept beyond the restart when deciding to pin a deadline job to on-demand
     (a round interval and a reclaim's loss, by default). `spread_fraction`: at most
     this share of a type's spot instances on one offering when another one of that
-    type is within `price_tolerance` of it. `max_reclaims`: see below."""
+    type is within `price_tolerance` of it. `reclaim_alpha`, `max_reclaims`: when a
+    job's own reclaims move it to on-demand (`reclaims_pin`)."""
 
     checkpoint_every_s: float | None = DEFAULT_CHECKPOINT_EVERY_S
     restart_s: float | None = None
     deadline_margin_s: float = 900.0
     spread_fraction: float = 0.5
     price_tolerance: float = 0.10
-    # A job whose tasks lost this many attempts to the infrastructure (reclaims, lost
-    # workers) runs on on-demand from then on: whatever the rates said, its own history
-    # says spot does not suit it, and every job then finishes (None: never).
-    max_reclaims: int | None = 2
+    # A job runs on on-demand once its own reclaims are more than the rate it was
+    # planned at explains, at this significance level (`reclaims_pin`) ...
+    reclaim_alpha: float = 0.01
+    # ... and, whatever the test says, once one of its tasks lost this many attempts to
+    # the infrastructure (reclaims, lost workers): the hard ceiling that makes every job
+    # finish (None: no ceiling).
+    max_reclaims: int | None = 10
     _catalogs: dict[tuple[str, ...], tuple[Catalog, Catalog]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -172,6 +176,81 @@ class SpotPolicy:
         planned = Catalog(types, catalog.region)
         self._catalogs[key] = (catalog, planned)
         return planned
+
+
+def poisson_sf(k: int, mean: float) -> float:
+    """P(X ≥ k) for X ~ Poisson(`mean`)."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0.0:
+        return 0.0
+    term = math.exp(-mean)
+    below = term
+    for i in range(1, k):
+        term *= mean / i
+        below += term
+    return max(0.0, 1.0 - below)
+
+
+def reclaims_pin(
+    reclaims: int, exposure_hours: float, rate_per_hour: float, tasks: int, policy: SpotPolicy
+) -> bool:
+    """Whether a job's own reclaims move it to on-demand for good.
+
+    `reclaims` is the most attempts one of its `tasks` lost to the infrastructure,
+    `exposure_hours` the hours each task could have spent on spot, `rate_per_hour` the
+    interruption rate it was planned at. The rule: pin when that many reclaims are
+    unlikely at the planned rate — a one-sided Poisson test, `tasks · P(X ≥ k) <
+    reclaim_alpha` with X ~ Poisson(λ · exposure) (Bonferroni over the tasks, each
+    reclaimed at λ on its own) — or when `reclaims ≥ max_reclaims`, the hard ceiling.
+    A job reclaimed as often as its price assumed stays on spot, whose price already
+    pays for its reclaims; one reclaimed more often has the rate wrong, and moves.
+
+    Every job finishes: with checkpoints, each reclaim loses at most a checkpoint
+    interval and a restart, and after `max_reclaims` the job runs on on-demand, which is
+    never reclaimed. A job that loses everything on a reclaim is pinned sooner when that
+    is what its price says: without periodic checkpoints (`checkpoint_every_s` None) an
+    offering is planned only at λ = 0, where one reclaim already fails the test."""
+    if reclaims <= 0:
+        return False
+    if policy.max_reclaims is not None and reclaims >= policy.max_reclaims:
+        return True
+    mean = rate_per_hour * max(0.0, exposure_hours)
+    return max(1, tasks) * poisson_sf(reclaims, mean) < policy.reclaim_alpha
+
+
+def exposure_hours(
+    solo_s: float | None, reclaims: int, started_at: float | None, now: float, policy: SpotPolicy
+) -> float:
+    """The hours a job's task is taken to be exposed to reclaims in `reclaims_pin`.
+
+    When the job's length is known: its whole run — its time alone at full speed plus a
+    checkpoint interval redone per reclaim — so that the test asks whether the job has
+    had more reclaims than its *whole* run on spot plausibly brings. That exposure
+    never changes as the job runs on, so the verdict only changes with a new reclaim:
+    a job pinned stays pinned (its hours on on-demand are no evidence for spot) without
+    the store having to keep when it was pinned. Unknown length: the hours since it
+    first ran (`started_at`), an upper bound on its spot hours so far."""
+    if solo_s is not None:
+        redone = policy.checkpoint_every_s or 0.0
+        return (solo_s + reclaims * redone) / 3600.0
+    if started_at is None:
+        return 0.0
+    return max(0.0, now - started_at) / 3600.0
+
+
+def planned_rate(job: JobSpec, catalog: Catalog) -> float:
+    """The interruption rate a job was planned at: the highest of the spot offerings of
+    `catalog` that one of its tasks fits (0: none)."""
+    rate = 0.0
+    for itype in catalog:
+        if itype.is_spot and itype.interruption_per_hour > rate:
+            for task in job.tasks:
+                demand = task.demand_on(itype.family)
+                if demand is not None and demand.fits_in(itype.capacity):
+                    rate = itype.interruption_per_hour
+                    break
+    return rate
 
 
 def is_spot_family(family: str) -> bool:

@@ -16,9 +16,13 @@ from autoscaler.spot import (
     SpotPolicy,
     effective_price,
     expected_loss_hours,
+    exposure_hours,
     hourly_rate,
     interruption_cost_per_hour,
     pinned_on_demand,
+    planned_rate,
+    poisson_sf,
+    reclaims_pin,
     restrict_job,
     restricted_demands,
     spot_task_value,
@@ -200,3 +204,54 @@ def test_a_slowdown_on_spot_is_charged_at_the_jobs_on_demand_value() -> None:
     planning, jobs = _spot_pair(0.35)
     packed = full_reconfiguration(ClusterView(planning, jobs, throughput=table))
     assert [(i.type.name, len(i.tasks)) for i in packed] == [("b:spot", 2)]
+
+
+def test_the_poisson_tail_of_hand_computed_cases() -> None:
+    # P(X ≥ 2 | 0.5) = 1 − e^−0.5 (1 + 0.5); P(X ≥ 4 | 0.5) = 1 − e^−0.5 (1 + .5 + .125 + .0208)
+    assert poisson_sf(2, 0.5) == pytest.approx(1.0 - math.exp(-0.5) * 1.5)
+    assert poisson_sf(4, 0.5) == pytest.approx(1.0 - math.exp(-0.5) * (1.625 + 0.5**3 / 6))
+    assert poisson_sf(0, 0.5) == 1.0
+    assert poisson_sf(1, 0.0) == 0.0  # any reclaim where none was expected
+
+
+def test_a_job_reclaimed_as_often_as_planned_stays_on_spot_and_one_reclaimed_more_moves() -> None:
+    policy = SpotPolicy()  # α = 0.01, ceiling 10
+    # Planned at 0.05/h over 10 h: 0.5 reclaims expected. Three: P(X ≥ 3) = 0.0144 ≥ α,
+    # within what the rate explains; four: 0.00175 < α, the rate is wrong for it.
+    assert not reclaims_pin(3, 10.0, 0.05, 1, policy)
+    assert reclaims_pin(4, 10.0, 0.05, 1, policy)
+    # Two reclaims moved every job before; at that rate they are no evidence.
+    assert not reclaims_pin(2, 10.0, 0.05, 1, policy)
+    # At an advisor band's 1e-4/h, one reclaim in 10 h is (P = 0.001) ...
+    assert reclaims_pin(1, 10.0, 1e-4, 1, policy)
+    # ... but not for a 20-task job, one of whose tasks is that likely to see one
+    # (Bonferroni: 20 × 0.001 ≥ α).
+    assert not reclaims_pin(1, 10.0, 1e-4, 20, policy)
+    # The ceiling, whatever the rate: every job ends up on on-demand after ten.
+    assert reclaims_pin(10, 1000.0, 1.0, 1, policy)
+    assert not reclaims_pin(10, 1000.0, 1.0, 1, replace(policy, max_reclaims=None))
+    assert not reclaims_pin(0, 0.0, 0.0, 1, policy)
+
+
+def test_the_exposure_is_the_whole_run_when_known_so_a_pinned_job_stays_pinned() -> None:
+    policy = SpotPolicy(checkpoint_every_s=900.0)
+    # Known length: 10 h alone plus one checkpoint interval redone per reclaim, whatever
+    # the time — the verdict changes only with a new reclaim.
+    assert exposure_hours(36_000.0, 2, 0.0, 5.0, policy) == pytest.approx(10.5)
+    assert exposure_hours(36_000.0, 2, 0.0, 1e6, policy) == pytest.approx(10.5)
+    # Unknown length: the hours since it first ran (none before it ran).
+    assert exposure_hours(None, 2, 3600.0, 3 * 3600.0, policy) == pytest.approx(2.0)
+    assert exposure_hours(None, 2, None, 3600.0, policy) == 0.0
+
+
+def test_the_planned_rate_is_the_highest_of_the_spot_offerings_the_job_fits() -> None:
+    small = InstanceType("c", "c", Resources(0, 2, 4), 0.2, DELAYS)
+    catalog = Catalog(
+        [
+            *offerings(0.02),
+            replace(small, name="c:spot", market=SPOT, ec2_type="c", interruption_per_hour=0.3),
+        ]
+    )
+    assert planned_rate(job("a", (1, 4, 10)), catalog) == 0.02  # fits the GPU offering only
+    assert planned_rate(job("b", (0, 1, 2)), catalog) == 0.3  # fits both
+    assert planned_rate(job("a", (1, 4, 10)), offerings(0.0)) == 0.0
