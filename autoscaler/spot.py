@@ -4,14 +4,15 @@ A spot offering is another catalog entry (`InstanceType.market == "spot"`), chea
 than on-demand and reclaimed by the provider at `interruption_per_hour`. A reclaim
 costs the work done since the task's last checkpoint — half the checkpoint interval
 in expectation — plus the restart (a new instance's start-up, the job's init). That
-loss is priced at the reservation price, so a task's value on a spot offering is
+loss is the job's time, priced at its on-demand value V(τ) as a slowdown is
+(`pricing.valued_tnrp`), so a task's value on a spot offering is
 
-    TNRP(τ) − λ · (C/2 + R) · RP(τ)           (`spot_task_value`)
+    TNRP(τ) − λ · (C/2 + R) · V(τ)            (`spot_task_value`)
 
 with λ the offering's interruption rate per hour, C the checkpoint interval and R the
-restart delay (hours). Summed over tasks filling an instance whose RP it sets, the
-expected loss per hour is λ·L times the instance's own effective price, so the
-planner is handed the **effective price** `p / (1 − λ·L)` (`effective_price`), and
+restart delay (hours). Summed over the tasks filling an instance, the expected loss
+per hour is λ·L·V with V the on-demand price of the capacity they fill, so the planner
+is handed the **effective price** `p + λ·L·V` (`effective_price`), and
 everything that compares costs — Algorithm 1's cost-efficiency test, Full/Partial
 (§4.5), the migration criterion, the fluid LP and the clairvoyant bound — compares
 on-demand and spot on that one footing, with no other change. An offering with
@@ -78,23 +79,51 @@ def spot_task_value(
     tnrp: float, rp: float, rate_per_hour: float, checkpoint_every_s: float | None, restart_s: float
 ) -> float:
     """A task's hourly value on a spot offering: its TNRP minus the expected
-    interruption cost, `λ · (C/2 + R) · RP(τ)`."""
+    interruption cost, `λ · (C/2 + R) · rp` (`rp`: the value its time is priced at, its
+    on-demand value V(τ) when spot is offered)."""
     loss = expected_loss_hours(checkpoint_every_s, restart_s)
     return tnrp - interruption_cost_per_hour(rate_per_hour, loss, rp)
 
 
-def effective_price(price: float, rate_per_hour: float, loss_hours: float) -> float:
-    """What an hour on the offering costs once reclaims are paid for: `p / (1 − λ·L)`.
+def effective_price(
+    price: float, rate_per_hour: float, loss_hours: float, value: float | None
+) -> float:
+    """What an hour on the offering costs once reclaims are paid for: `p + λ·L·V`.
 
-    The work lost is priced at the reservation price of the tasks that fill the
-    instance, which is this very effective price when the offering is their cheapest:
-    `p_eff = p + λ·L·p_eff`. Infinite when λ·L ≥ 1 (it loses more than it runs)."""
+    Each hour on the offering loses λ·L hours of its tasks' time to reclaims. An hour
+    of a job's time is worth its on-demand value V — what running it without the risk
+    costs — as a slowdown is charged at V (`pricing.valued_tnrp`), not at the cheaper
+    price spot happens to give its instance: so the lost time is charged λ·L·V, with V
+    for the offering alone the cheapest on-demand price of its capacity (`value`; None:
+    no on-demand offering holds it, and the tasks' value is this very effective price,
+    `p_eff = p + λ·L·p_eff`, that is `p / (1 − λ·L)`, as before). Charged at the spot
+    price instead, the loss was undercharged by the spot discount (p/V, a half to a
+    tenth), so spot looked cheap at rates where its reclaims cost more than it saves.
+    An offering is worth its risk only while `p + λ·L·V < V`. Infinite when λ·L ≥ 1
+    (it loses more than it runs)."""
     if rate_per_hour == 0.0:
         return price  # never reclaimed: nothing to lose, whatever the loss per reclaim
     exposure = rate_per_hour * loss_hours
     if exposure >= 1.0:
         return math.inf
-    return price / (1.0 - exposure)
+    if value is None:
+        return price / (1.0 - exposure)
+    return price + exposure * value
+
+
+def on_demand_value_of(itype: InstanceType, catalog: Catalog) -> float | None:
+    """V of a spot offering alone: the cheapest on-demand offering of its family whose
+    capacity holds its capacity, else its EC2 type's on-demand price (None: neither)."""
+    best = None
+    for t in catalog:
+        if (
+            not t.is_spot
+            and t.family == itype.family
+            and itype.capacity.fits_in(t.capacity)
+            and (best is None or t.hourly_cost < best)
+        ):
+            best = t.hourly_cost
+    return best if best is not None else on_demand_price(catalog, itype.launch_type)
 
 
 def restart_seconds(itype: InstanceType) -> float:
@@ -170,7 +199,12 @@ class SpotPolicy:
             if not t.is_spot:
                 types.append(t)
                 continue
-            price = effective_price(t.hourly_cost, t.interruption_per_hour, self.loss_hours(t))
+            price = effective_price(
+                t.hourly_cost,
+                t.interruption_per_hour,
+                self.loss_hours(t),
+                on_demand_value_of(t, catalog),
+            )
             if math.isfinite(price):
                 types.append(replace(t, hourly_cost=price, family=t.family + SPOT_FAMILY_SUFFIX))
         planned = Catalog(types, catalog.region)

@@ -61,10 +61,13 @@ def test_the_interruption_cost_of_a_hand_computed_case() -> None:
     assert interruption_cost_per_hour(0.01, loss, 3.0) == pytest.approx(0.00625)
     # TNRP 0.95 × 3 = 2.85, minus that
     assert spot_task_value(2.85, 3.0, 0.01, 900.0, 300.0) == pytest.approx(2.84375)
-    # the effective price p / (1 − λL): λL = 0.5 × 0.2 = 0.1 → 1 / 0.9
-    assert effective_price(1.0, 0.5, 0.2) == pytest.approx(1.0 / 0.9)
-    assert effective_price(1.0, 5.0, 0.2) == math.inf  # loses more than it runs
-    assert effective_price(1.0, 0.0, math.inf) == 1.0  # on-demand: nothing to lose
+    # the effective price p + λ·L·V: λL = 0.5 × 0.2 = 0.1 hours of the tasks' time lost
+    # per hour, worth V = $3/h on on-demand → 1 + 0.1 × 3 = 1.3
+    assert effective_price(1.0, 0.5, 0.2, 3.0) == pytest.approx(1.3)
+    # no on-demand offering holds it: the lost time is worth the effective price itself
+    assert effective_price(1.0, 0.5, 0.2, None) == pytest.approx(1.0 / 0.9)
+    assert effective_price(1.0, 5.0, 0.2, 3.0) == math.inf  # loses more than it runs
+    assert effective_price(1.0, 0.0, math.inf, 3.0) == 1.0  # on-demand: nothing to lose
     # the advisor's 5–10% band at its midpoint: 7.5% of instances a month, Poisson
     assert hourly_rate(0.075) == pytest.approx(-math.log(0.925) / 730.0)
     assert expected_loss_hours(None, 300.0) == math.inf
@@ -75,9 +78,9 @@ def test_spot_is_preferred_while_cheap_to_lose_and_avoided_as_its_rate_rises() -
     policy = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0)
     calm = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0).planning_catalog(offerings(0.01))
     assert cheapest_type(task, calm).name == "g:spot"
-    # λL = 3.6 × 0.2083 = 0.75 → 1 / 0.25 = $4/h effective, above on-demand's $3
+    # λL = 3.6 × 0.2083 = 0.75 → 1 + 0.75 × $3 = $3.25/h effective, above on-demand's $3
     stormy = policy.planning_catalog(offerings(3.6))
-    assert stormy["g:spot"].hourly_cost == pytest.approx(4.0)
+    assert stormy["g:spot"].hourly_cost == pytest.approx(3.25)
     assert cheapest_type(task, stormy).name == "g"
     # a rate it cannot survive removes the offering from planning altogether
     assert "g:spot" not in policy.planning_catalog(offerings(10.0))
@@ -255,3 +258,16 @@ def test_the_planned_rate_is_the_highest_of_the_spot_offerings_the_job_fits() ->
     assert planned_rate(job("a", (1, 4, 10)), catalog) == 0.02  # fits the GPU offering only
     assert planned_rate(job("b", (0, 1, 2)), catalog) == 0.3  # fits both
     assert planned_rate(job("a", (1, 4, 10)), offerings(0.0)) == 0.0
+
+
+def test_the_planner_prices_a_spot_offering_at_p_plus_its_loss_at_the_on_demand_value() -> None:
+    # g:spot at $1/h beside g on-demand at $3/h, λ = 0.01/h; checkpoints every 900 s and
+    # a restart of 300 s: L = 750/3600 h. p + λ·L·V = 1 + 0.01 × 0.208333 × 3 = 1.00625
+    policy = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0)
+    planned = policy.planning_catalog(offerings(0.01))
+    assert planned["g:spot"].hourly_cost == pytest.approx(1.00625)
+    assert planned["g"].hourly_cost == 3.0
+    # the smallest on-demand offering of the family that holds it sets V
+    big = InstanceType("g2", "p", Resources(2, 16, 120), 5.0, DELAYS)
+    planned = policy.planning_catalog(Catalog([*offerings(0.01), big]))
+    assert planned["g:spot"].hourly_cost == pytest.approx(1.00625)
