@@ -52,12 +52,14 @@ from autoscaler.spend import Spending
 from autoscaler.spot import (
     SpotPolicy,
     exposure_hours,
+    from_scratch_pins,
     job_capacity,
     job_deadline_s,
     on_demand_price,
     pinned_on_demand,
     planned_rate,
     reclaims_pin,
+    spot_discount,
     spread,
     without_misfits,
 )
@@ -625,8 +627,15 @@ def pinned_by_reclaims(
     reclaims = max((t.retries - t.failures for t in tasks), default=0)
     if reclaims <= 0:
         return False
-    exposure = exposure_hours(_solo_s(job), reclaims, started_at, now, policy)
-    return reclaims_pin(reclaims, exposure, planned_rate(job, catalog), len(job.tasks), policy)
+    solo_s = _solo_s(job)
+    rate = planned_rate(job, catalog)
+    if policy.from_scratch and solo_s is not None:
+        discount = spot_discount(job, catalog)
+        restart_h = (TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s) / 3600.0
+        if discount is not None and from_scratch_pins(solo_s / 3600.0, restart_h, rate, discount):
+            return True
+    exposure = exposure_hours(solo_s, reclaims, started_at, now, policy)
+    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy)
 
 
 def _has_deadline(job: JobSpec) -> bool:

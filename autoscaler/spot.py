@@ -157,6 +157,10 @@ class SpotPolicy:
     # the infrastructure (reclaims, lost workers): the hard ceiling that makes every job
     # finish (None: no ceiling).
     max_reclaims: int | None = 10
+    # A reclaim loses the job's whole attempt (no checkpoints: the SkyPilot-like
+    # baseline): a reclaimed job of known length then moves as soon as its price says
+    # spot no longer pays (`from_scratch_pins`).
+    from_scratch: bool = False
     _catalogs: dict[tuple[str, ...], tuple[Catalog, Catalog]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -251,6 +255,39 @@ def reclaims_pin(
         return True
     mean = rate_per_hour * max(0.0, exposure_hours)
     return max(1, tasks) * poisson_sf(reclaims, mean) < policy.reclaim_alpha
+
+
+def from_scratch_pins(
+    solo_h: float, restart_h: float, rate_per_hour: float, discount: float
+) -> bool:
+    """Whether a job that restarts from scratch on a reclaim, just reclaimed (its
+    progress back at zero, so moving now loses nothing more), should finish on on-demand.
+
+    On spot its `solo_h` hours expect λ·solo_h reclaims, each losing about half the run
+    and a restart: λ·(solo_h/2 + R) of its time per hour, worth its on-demand value V.
+    So spot costs `p + λ·(solo_h/2 + R)·V` an hour against on-demand's V: pin when
+    `λ·(solo_h/2 + R) ≥ 1 − p/V` (`discount`) — the effective price of `effective_price`
+    with the loss of a job that keeps no checkpoint."""
+    return rate_per_hour * (solo_h / 2.0 + restart_h) >= discount
+
+
+def spot_discount(job: JobSpec, catalog: Catalog) -> float | None:
+    """1 − p/V over the job's tasks: each task's cheapest spot offering against its
+    cheapest on-demand one (None: some task has no spot or no on-demand offering)."""
+    spot = value = 0.0
+    for task in job.tasks:
+        prices: dict[bool, float] = {}
+        for itype in catalog:
+            demand = task.demand_on(itype.family)
+            if demand is not None and demand.fits_in(itype.capacity):
+                best = prices.get(itype.is_spot)
+                if best is None or itype.hourly_cost < best:
+                    prices[itype.is_spot] = itype.hourly_cost
+        if True not in prices or False not in prices:
+            return None
+        spot += prices[True]
+        value += prices[False]
+    return 1.0 - spot / value if value > 0.0 else None
 
 
 def exposure_hours(

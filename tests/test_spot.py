@@ -17,6 +17,7 @@ from autoscaler.spot import (
     effective_price,
     expected_loss_hours,
     exposure_hours,
+    from_scratch_pins,
     hourly_rate,
     interruption_cost_per_hour,
     pinned_on_demand,
@@ -25,6 +26,7 @@ from autoscaler.spot import (
     reclaims_pin,
     restrict_job,
     restricted_demands,
+    spot_discount,
     spot_task_value,
     spread,
     without_misfits,
@@ -271,3 +273,13 @@ def test_the_planner_prices_a_spot_offering_at_p_plus_its_loss_at_the_on_demand_
     big = InstanceType("g2", "p", Resources(2, 16, 120), 5.0, DELAYS)
     planned = policy.planning_catalog(Catalog([*offerings(0.01), big]))
     assert planned["g:spot"].hourly_cost == pytest.approx(1.00625)
+
+
+def test_a_job_without_checkpoints_leaves_spot_when_its_price_says_a_restart_costs_too_much():
+    # g:spot at $1/h beside g at $3/h: spot saves 1 − 1/3 of the on-demand value.
+    assert spot_discount(job("a", (1, 4, 10)), offerings(0.05)) == pytest.approx(2.0 / 3.0)
+    assert spot_discount(job("c", (0, 64, 10)), offerings(0.05)) is None  # fits nothing
+    # At 0.05/h a 10-hour job restarting from scratch loses 0.05 × (5 + 0.1) = 0.255 of
+    # its time per hour, below the 2/3 saved: it stays; a 40-hour one loses 1.005: it goes.
+    assert not from_scratch_pins(10.0, 0.1, 0.05, 2.0 / 3.0)
+    assert from_scratch_pins(40.0, 0.1, 0.05, 2.0 / 3.0)
