@@ -315,7 +315,7 @@ class NoPacking:
             for job_id, tasks in store.tasks_of_jobs(finished).items():
                 spec = self._specs[job_id]
                 record = store.job(job_id)
-                started = None if record is None else record.started_at
+                started = None if record is None else record.started_at or record.submitted_at
                 ended = now if record is None or record.finished_at is None else record.finished_at
                 if pinned_by_reclaims(policy, spec, tasks, started, ended, catalog):
                     self._pinned.add(job_id)

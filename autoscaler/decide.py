@@ -590,7 +590,7 @@ def job_capacities(
             policy,
             job,
             [snapshot.tasks[t.task_id] for t in job.tasks if t.task_id in snapshot.tasks],
-            None if record is None else record.started_at,
+            None if record is None else record.started_at or record.submitted_at,
             now,
             catalog,
         )

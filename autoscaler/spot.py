@@ -301,7 +301,8 @@ def exposure_hours(
     never changes as the job runs on, so the verdict only changes with a new reclaim:
     a job pinned stays pinned (its hours on on-demand are no evidence for spot) without
     the store having to keep when it was pinned. Unknown length: the hours since it
-    first ran (`started_at`), an upper bound on its spot hours so far."""
+    first ran (`started_at`; its submission when no moment saw all its tasks run), an
+    upper bound on its spot hours so far."""
     if solo_s is not None:
         redone = policy.checkpoint_every_s or 0.0
         return (solo_s + reclaims * redone) / 3600.0

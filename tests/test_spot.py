@@ -283,3 +283,25 @@ def test_a_job_without_checkpoints_leaves_spot_when_its_price_says_a_restart_cos
     # its time per hour, below the 2/3 saved: it stays; a 40-hour one loses 1.005: it goes.
     assert not from_scratch_pins(10.0, 0.1, 0.05, 2.0 / 3.0)
     assert from_scratch_pins(40.0, 0.1, 0.05, 2.0 / 3.0)
+
+
+def test_a_job_of_known_length_is_judged_on_its_whole_run_and_stays_pinned() -> None:
+    from autoscaler.decide import pinned_by_reclaims
+    from autoscaler.jobs import TraceFacts
+    from autoscaler.store import TaskRecord
+
+    policy = SpotPolicy(checkpoint_every_s=900.0)
+    catalog = offerings(0.05)
+    ten_hours = job("a", (1, 4, 10), trace=TraceFacts(duration_s=36_000.0))
+
+    def reclaimed(n: int) -> list[TaskRecord]:
+        return [TaskRecord("a/0", "a", retries=n)]
+
+    # 10 h alone, 0.75 h redone: 0.05 × 10.75 = 0.54 expected; 3 reclaims P = 0.017,
+    # 4 reclaims P = 0.0023 < α: pinned, and at any later time (its exposure is fixed).
+    assert not pinned_by_reclaims(policy, ten_hours, reclaimed(3), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, ten_hours, reclaimed(4), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, ten_hours, reclaimed(4), 0.0, 1e7, catalog)
+    # An attempt the job itself failed is not a reclaim.
+    failed = [TaskRecord("a/0", "a", retries=4, failures=1)]
+    assert not pinned_by_reclaims(policy, ten_hours, failed, 0.0, 3600.0, catalog)
