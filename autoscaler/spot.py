@@ -254,7 +254,8 @@ def reclaims_pin(
     when `reclaims ≥ max_reclaims`: the hard ceiling. A job reclaimed as often as its
     price assumed stays on spot, whose price already pays for its reclaims; one
     reclaimed more often stays as long as its reclaims still cost less than spot saves
-    (with checkpoints every 15 minutes, until about two an hour), and moves then.
+    (with checkpoints every 15 minutes, until about three an hour at two thirds off),
+    and moves then.
 
     Every job finishes: with checkpoints, each reclaim loses at most a checkpoint
     interval and a restart, and after `max_reclaims` the job runs on on-demand, which is
