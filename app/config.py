@@ -418,8 +418,7 @@ class SpotTable(Strict, frozen=True):
     # The checkpoint interval reclaims are priced at, the slack a deadline job keeps,
     # and how many reclaims move a job to on-demand for good whatever their rate (the
     # hard ceiling; 0: none). Before it, a job moves once its own reclaims are more than
-    # its planned rate explains at significance `reclaim_alpha` and come often enough
-    # to make spot dearer than on-demand for it (`spot.reclaims_pin`).
+    # its planned rate explains at significance `reclaim_alpha` (`spot.reclaims_pin`).
     checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
     deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
     max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 10

@@ -44,21 +44,13 @@ from autoscaler.errors import InputError
 from autoscaler.execution import ResourceLimits, TaskLaunch
 from autoscaler.failures import Backoff, attempt_ended
 from autoscaler.fairshare import Admission, Claim, TeamPolicy, admit
-from autoscaler.jobs import (
-    DEFAULT_BUILD_IMAGE_S,
-    DEFAULT_CHECKPOINT_EVERY_S,
-    DEFAULT_FETCH_S,
-    Demands,
-    JobSpec,
-    TaskSpec,
-)
+from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources
 from autoscaler.spend import Spending
 from autoscaler.spot import (
     SpotPolicy,
-    expected_loss_hours,
     exposure_hours,
     from_scratch_pins,
     job_capacity,
@@ -637,24 +629,13 @@ def pinned_by_reclaims(
         return False
     solo_s = _solo_s(job)
     rate = planned_rate(job, catalog)
-    discount = spot_discount(job, catalog)
-    # What one reclaim costs this job (not what the policy prices offerings at): half its
-    # checkpoint interval — everything without checkpoints — and a restart.
-    restart_s = (
-        TABLE1_LAUNCH_DELAYS.startup_s + DEFAULT_FETCH_S + DEFAULT_BUILD_IMAGE_S + job.init_delay_s
-    )
-    if (
-        policy.from_scratch
-        and solo_s is not None
-        and discount is not None
-        and from_scratch_pins(solo_s / 3600.0, restart_s / 3600.0, rate, discount)
-    ):
-        return True
-    every = [t.run.checkpoint_every_s for t in job.tasks if t.run.checkpoint_every_s]
-    interval = None if policy.from_scratch else min(every, default=DEFAULT_CHECKPOINT_EVERY_S)
-    loss = expected_loss_hours(interval, restart_s)
+    if policy.from_scratch and solo_s is not None:
+        discount = spot_discount(job, catalog)
+        restart_h = (TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s) / 3600.0
+        if discount is not None and from_scratch_pins(solo_s / 3600.0, restart_h, rate, discount):
+            return True
     exposure = exposure_hours(solo_s, reclaims, started_at, now, policy)
-    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy, loss, discount)
+    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy)
 
 
 def _has_deadline(job: JobSpec) -> bool:

@@ -231,13 +231,7 @@ def poisson_sf(k: int, mean: float) -> float:
 
 
 def reclaims_pin(
-    reclaims: int,
-    exposure_hours: float,
-    rate_per_hour: float,
-    tasks: int,
-    policy: SpotPolicy,
-    loss_hours: float = math.inf,
-    discount: float | None = None,
+    reclaims: int, exposure_hours: float, rate_per_hour: float, tasks: int, policy: SpotPolicy
 ) -> bool:
     """Whether a job's own reclaims move it to on-demand for good.
 
@@ -246,32 +240,21 @@ def reclaims_pin(
     interruption rate it was planned at. The rule: pin when that many reclaims are
     unlikely at the planned rate — a one-sided Poisson test, `tasks · P(X ≥ k) <
     reclaim_alpha` with X ~ Poisson(λ · exposure) (Bonferroni over the tasks, each
-    reclaimed at λ on its own) — *and* the rate the job saw, k / exposure, makes spot
-    no cheaper than on-demand at its price: `(k / exposure) · L ≥ 1 − p/V` with L the
-    hours one reclaim costs it (`loss_hours`) and 1 − p/V what spot saves on its
-    capacity (`discount`; None: not known, the test alone decides) — the effective
-    price `p + λ·L·V` of `effective_price` at the rate it saw. Or, whatever both say,
-    when `reclaims ≥ max_reclaims`: the hard ceiling. A job reclaimed as often as its
-    price assumed stays on spot, whose price already pays for its reclaims; one
-    reclaimed more often stays as long as its reclaims still cost less than spot saves
-    (with checkpoints every 15 minutes, until about three an hour at two thirds off),
-    and moves then.
+    reclaimed at λ on its own) — or when `reclaims ≥ max_reclaims`, the hard ceiling.
+    A job reclaimed as often as its price assumed stays on spot, whose price already
+    pays for its reclaims; one reclaimed more often has the rate wrong, and moves.
 
     Every job finishes: with checkpoints, each reclaim loses at most a checkpoint
     interval and a restart, and after `max_reclaims` the job runs on on-demand, which is
     never reclaimed. A job that loses everything on a reclaim is pinned sooner when that
-    is what its price says (`from_scratch_pins`; and without periodic checkpoints,
-    `checkpoint_every_s` None, L is infinite and the test alone decides)."""
+    is what its price says: without periodic checkpoints (`checkpoint_every_s` None) an
+    offering is planned only at λ = 0, where one reclaim already fails the test."""
     if reclaims <= 0:
         return False
     if policy.max_reclaims is not None and reclaims >= policy.max_reclaims:
         return True
-    exposure = max(0.0, exposure_hours)
-    if max(1, tasks) * poisson_sf(reclaims, rate_per_hour * exposure) >= policy.reclaim_alpha:
-        return False
-    if discount is None or exposure == 0.0 or math.isinf(loss_hours):
-        return True
-    return reclaims / exposure * loss_hours >= discount
+    mean = rate_per_hour * max(0.0, exposure_hours)
+    return max(1, tasks) * poisson_sf(reclaims, mean) < policy.reclaim_alpha
 
 
 def from_scratch_pins(
