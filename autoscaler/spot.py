@@ -247,8 +247,11 @@ def reclaims_pin(
     Every job finishes: with checkpoints, each reclaim loses at most a checkpoint
     interval and a restart, and after `max_reclaims` the job runs on on-demand, which is
     never reclaimed. A job that loses everything on a reclaim is pinned sooner when that
-    is what its price says: without periodic checkpoints (`checkpoint_every_s` None) an
-    offering is planned only at λ = 0, where one reclaim already fails the test."""
+    is what its price says (`from_scratch_pins`; and without periodic checkpoints,
+    `checkpoint_every_s` None, an offering is planned only at λ = 0, where one reclaim
+    already fails the test). The test is not also required to find spot dearer than
+    on-demand at the rate the job saw: on bursty availability traces that kept jobs on
+    capacity that kept vanishing, moving back and forth and idle for hours."""
     if reclaims <= 0:
         return False
     if policy.max_reclaims is not None and reclaims >= policy.max_reclaims:
