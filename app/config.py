@@ -416,10 +416,12 @@ class SpotTable(Strict, frozen=True):
         dict[Annotated[str, text(min_length=1, max_length=64)], Band], msgspec.Meta(max_length=1024)
     ] = msgspec.field(default_factory=dict)
     # The checkpoint interval reclaims are priced at, the slack a deadline job keeps,
-    # and how many reclaims move a job to on-demand for good (0: never).
+    # and how many reclaims move a job to on-demand for good whatever their rate (the
+    # hard ceiling; 0: none). Before it, a job moves once its own reclaims are more than
+    # its planned rate explains at significance `reclaim_alpha` (`spot.reclaims_pin`).
     checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
     deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
-    max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 2
+    max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 10
     # The cluster's own interruption history refines each offering's band (`app.spot_rates`):
     # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
     # spot instance-hours), recomputed at most every `refresh_minutes`; a rebalance
@@ -429,6 +431,7 @@ class SpotTable(Strict, frozen=True):
     refresh_minutes: Annotated[float, number(ge=0.0, le=1440.0)] = 10.0
     rebalance_rate_per_hour: Annotated[float, number(ge=0.0, le=3600.0)] = 1.0
     types: Annotated[tuple[FamilyOrType, ...], msgspec.Meta(max_length=1024)] = ()
+    reclaim_alpha: Annotated[float, number(gt=0.0, lt=1.0)] = 0.01
 
     def check(self) -> None:
         if len(set(self.types)) != len(self.types):
@@ -442,6 +445,7 @@ class SpotTable(Strict, frozen=True):
             checkpoint_every_s=self.checkpoint_every_s,
             deadline_margin_s=self.deadline_margin_s,
             max_reclaims=self.max_reclaims or None,
+            reclaim_alpha=self.reclaim_alpha,
         )
 
 

@@ -39,7 +39,14 @@ from typing import Any
 
 from autoscaler.catalog import ON_DEMAND, SPOT, Catalog
 from autoscaler.cloud import offering_parts
-from autoscaler.decide import ControlOptions, Planner, capacity_view, decide, job_capacities
+from autoscaler.decide import (
+    ControlOptions,
+    Planner,
+    capacity_view,
+    decide,
+    job_capacities,
+    pinned_by_reclaims,
+)
 from autoscaler.jobs import JobSpec, TaskSpec
 from autoscaler.pricing import PriceBook
 from autoscaler.spend import attribute, dominant_share
@@ -240,8 +247,9 @@ class NoPacking:
 
     Now, each active job is priced under its capacity this round. In the past, a
     placement on an on-demand instance of a job pinned to on-demand (now, or for good
-    after `max_reclaims`) is priced on-demand — it is taken to have run pinned — and any
-    other under the job's own capacity (the ledger does not keep when a job was pinned).
+    by its reclaims, `decide.pinned_by_reclaims`, judged at its finish) is priced
+    on-demand — it is taken to have run pinned — and any other under the job's own
+    capacity (the ledger does not keep when a job was pinned).
     """
 
     def __init__(
@@ -280,7 +288,7 @@ class NoPacking:
         self._families = planning.families
         self._now = {}
         if restricted is not jobs:
-            capacity = job_capacities(policy, snapshot, jobs, progress, now)
+            capacity = job_capacities(policy, snapshot, jobs, progress, now, catalog)
             self._now = dict(capacity)
             for job in restricted:
                 self._restricted[(job.job_id, capacity[job.job_id])] = {
@@ -303,10 +311,13 @@ class NoPacking:
             if any(t.is_spot for t in catalog)
             else ()
         )
-        if policy.max_reclaims is not None and finished:
+        if finished:
             for job_id, tasks in store.tasks_of_jobs(finished).items():
-                lost = max((t.retries - t.failures for t in tasks), default=0)
-                if lost >= policy.max_reclaims and self._specs[job_id].capacity != "on-demand":
+                spec = self._specs[job_id]
+                record = store.job(job_id)
+                started = None if record is None else record.started_at or record.submitted_at
+                ended = now if record is None or record.finished_at is None else record.finished_at
+                if pinned_by_reclaims(policy, spec, tasks, started, ended, catalog):
                     self._pinned.add(job_id)
 
     def _task_rp(self, job_id: str, task_id: str, capacity: str) -> float:
@@ -588,7 +599,7 @@ def _planning_view(
         for j in jobs
     }
     planning, restricted = capacity_view(policy, snapshot, catalog, jobs, progress, now)
-    capacity = job_capacities(policy, snapshot, jobs, progress, now)
+    capacity = job_capacities(policy, snapshot, jobs, progress, now, catalog)
     return PriceBook(planning), {j.job_id: j for j in restricted}, capacity
 
 

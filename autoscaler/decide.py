@@ -51,10 +51,15 @@ from autoscaler.resources import Resources
 from autoscaler.spend import Spending
 from autoscaler.spot import (
     SpotPolicy,
+    exposure_hours,
+    from_scratch_pins,
     job_capacity,
     job_deadline_s,
     on_demand_price,
     pinned_on_demand,
+    planned_rate,
+    reclaims_pin,
+    spot_discount,
     spread,
     without_misfits,
 )
@@ -559,7 +564,7 @@ def capacity_view(
     if planning is usable and not any(j.capacity != "auto" or _has_deadline(j) for j in jobs):
         return usable, jobs
     families = planning.families
-    capacity = job_capacities(policy, snapshot, jobs, progress, now)
+    capacity = job_capacities(policy, snapshot, jobs, progress, now, usable)
     return planning, tuple(policy.restricted(j, capacity[j.job_id], families) for j in jobs)
 
 
@@ -569,24 +574,26 @@ def job_capacities(
     jobs: Sequence[JobSpec],
     progress: Mapping[str, float],
     now: float,
+    catalog: Catalog,
 ) -> dict[str, str]:
     """The capacity each job is planned under this round: its own, or "on-demand" once
-    pinned there — after `max_reclaims` attempts lost to the infrastructure, or as a
-    deadline's slack runs out (`pinned_on_demand`). The one rule deciding which offerings
-    a job may use: the planner (and with it the LP bound) and the reports' no-packing
-    baseline read it alike."""
-    submitted = {j.job_id: j.submitted_at for j in snapshot.jobs}
+    pinned there — when its own reclaims are more than the rate it was planned at (that
+    of `catalog`'s spot offerings) explains, or reach the ceiling (`reclaims_pin`), or as
+    a deadline's slack runs out (`pinned_on_demand`). The one rule deciding which
+    offerings a job may use: the planner (and with it the LP bound) and the reports'
+    no-packing baseline read it alike."""
+    records = {j.job_id: j for j in snapshot.jobs}
     out: dict[str, str] = {}
     for job in jobs:
-        reclaims = max(
-            (
-                snapshot.tasks[t.task_id].retries - snapshot.tasks[t.task_id].failures
-                for t in job.tasks
-                if t.task_id in snapshot.tasks
-            ),
-            default=0,
+        record = records.get(job.job_id)
+        pinned = pinned_by_reclaims(
+            policy,
+            job,
+            [snapshot.tasks[t.task_id] for t in job.tasks if t.task_id in snapshot.tasks],
+            None if record is None else record.started_at or record.submitted_at,
+            now,
+            catalog,
         )
-        pinned = policy.max_reclaims is not None and reclaims >= policy.max_reclaims
         deadline = job_deadline_s(job, _solo_s(job))
         if deadline is not None and not pinned:
             work = _known_work(job)
@@ -595,7 +602,7 @@ def job_capacities(
                 remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
             pinned = pinned_on_demand(
                 now=now,
-                submitted_at=submitted.get(job.job_id, now),
+                submitted_at=now if record is None else record.submitted_at,
                 deadline_s=deadline,
                 remaining_s=remaining,
                 restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
@@ -603,6 +610,32 @@ def job_capacities(
             )
         out[job.job_id] = job_capacity(job, pinned)
     return out
+
+
+def pinned_by_reclaims(
+    policy: SpotPolicy,
+    job: JobSpec,
+    tasks: Sequence[TaskRecord],
+    started_at: float | None,
+    now: float,
+    catalog: Catalog,
+) -> bool:
+    """Whether the job's own reclaims pin it to on-demand (`spot.reclaims_pin`): the
+    most attempts one of its `tasks` lost to the infrastructure, against the rate of
+    `catalog`'s spot offerings it fits over its exposure (`spot.exposure_hours`; `now`:
+    the time it is judged at, its finish for a finished job)."""
+    reclaims = max((t.retries - t.failures for t in tasks), default=0)
+    if reclaims <= 0:
+        return False
+    solo_s = _solo_s(job)
+    rate = planned_rate(job, catalog)
+    if policy.from_scratch and solo_s is not None:
+        discount = spot_discount(job, catalog)
+        restart_h = (TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s) / 3600.0
+        if discount is not None and from_scratch_pins(solo_s / 3600.0, restart_h, rate, discount):
+            return True
+    exposure = exposure_hours(solo_s, reclaims, started_at, now, policy)
+    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy)
 
 
 def _has_deadline(job: JobSpec) -> bool:

@@ -4,14 +4,15 @@ A spot offering is another catalog entry (`InstanceType.market == "spot"`), chea
 than on-demand and reclaimed by the provider at `interruption_per_hour`. A reclaim
 costs the work done since the task's last checkpoint — half the checkpoint interval
 in expectation — plus the restart (a new instance's start-up, the job's init). That
-loss is priced at the reservation price, so a task's value on a spot offering is
+loss is the job's time, priced at its on-demand value V(τ) as a slowdown is
+(`pricing.valued_tnrp`), so a task's value on a spot offering is
 
-    TNRP(τ) − λ · (C/2 + R) · RP(τ)           (`spot_task_value`)
+    TNRP(τ) − λ · (C/2 + R) · V(τ)            (`spot_task_value`)
 
 with λ the offering's interruption rate per hour, C the checkpoint interval and R the
-restart delay (hours). Summed over tasks filling an instance whose RP it sets, the
-expected loss per hour is λ·L times the instance's own effective price, so the
-planner is handed the **effective price** `p / (1 − λ·L)` (`effective_price`), and
+restart delay (hours). Summed over the tasks filling an instance, the expected loss
+per hour is λ·L·V with V the on-demand price of the capacity they fill, so the planner
+is handed the **effective price** `p + λ·L·V` (`effective_price`), and
 everything that compares costs — Algorithm 1's cost-efficiency test, Full/Partial
 (§4.5), the migration criterion, the fluid LP and the clairvoyant bound — compares
 on-demand and spot on that one footing, with no other change. An offering with
@@ -78,23 +79,51 @@ def spot_task_value(
     tnrp: float, rp: float, rate_per_hour: float, checkpoint_every_s: float | None, restart_s: float
 ) -> float:
     """A task's hourly value on a spot offering: its TNRP minus the expected
-    interruption cost, `λ · (C/2 + R) · RP(τ)`."""
+    interruption cost, `λ · (C/2 + R) · rp` (`rp`: the value its time is priced at, its
+    on-demand value V(τ) when spot is offered)."""
     loss = expected_loss_hours(checkpoint_every_s, restart_s)
     return tnrp - interruption_cost_per_hour(rate_per_hour, loss, rp)
 
 
-def effective_price(price: float, rate_per_hour: float, loss_hours: float) -> float:
-    """What an hour on the offering costs once reclaims are paid for: `p / (1 − λ·L)`.
+def effective_price(
+    price: float, rate_per_hour: float, loss_hours: float, value: float | None
+) -> float:
+    """What an hour on the offering costs once reclaims are paid for: `p + λ·L·V`.
 
-    The work lost is priced at the reservation price of the tasks that fill the
-    instance, which is this very effective price when the offering is their cheapest:
-    `p_eff = p + λ·L·p_eff`. Infinite when λ·L ≥ 1 (it loses more than it runs)."""
+    Each hour on the offering loses λ·L hours of its tasks' time to reclaims. An hour
+    of a job's time is worth its on-demand value V — what running it without the risk
+    costs — as a slowdown is charged at V (`pricing.valued_tnrp`), not at the cheaper
+    price spot happens to give its instance: so the lost time is charged λ·L·V, with V
+    for the offering alone the cheapest on-demand price of its capacity (`value`; None:
+    no on-demand offering holds it, and the tasks' value is this very effective price,
+    `p_eff = p + λ·L·p_eff`, that is `p / (1 − λ·L)`, as before). Charged at the spot
+    price instead, the loss was undercharged by the spot discount (p/V, a half to a
+    tenth), so spot looked cheap at rates where its reclaims cost more than it saves.
+    An offering is worth its risk only while `p + λ·L·V < V`. Infinite when λ·L ≥ 1
+    (it loses more than it runs)."""
     if rate_per_hour == 0.0:
         return price  # never reclaimed: nothing to lose, whatever the loss per reclaim
     exposure = rate_per_hour * loss_hours
     if exposure >= 1.0:
         return math.inf
-    return price / (1.0 - exposure)
+    if value is None:
+        return price / (1.0 - exposure)
+    return price + exposure * value
+
+
+def on_demand_value_of(itype: InstanceType, catalog: Catalog) -> float | None:
+    """V of a spot offering alone: the cheapest on-demand offering of its family whose
+    capacity holds its capacity, else its EC2 type's on-demand price (None: neither)."""
+    best = None
+    for t in catalog:
+        if (
+            not t.is_spot
+            and t.family == itype.family
+            and itype.capacity.fits_in(t.capacity)
+            and (best is None or t.hourly_cost < best)
+        ):
+            best = t.hourly_cost
+    return best if best is not None else on_demand_price(catalog, itype.launch_type)
 
 
 def restart_seconds(itype: InstanceType) -> float:
@@ -113,17 +142,25 @@ class SpotPolicy:
     slack kept beyond the restart when deciding to pin a deadline job to on-demand
     (a round interval and a reclaim's loss, by default). `spread_fraction`: at most
     this share of a type's spot instances on one offering when another one of that
-    type is within `price_tolerance` of it. `max_reclaims`: see below."""
+    type is within `price_tolerance` of it. `reclaim_alpha`, `max_reclaims`: when a
+    job's own reclaims move it to on-demand (`reclaims_pin`)."""
 
     checkpoint_every_s: float | None = DEFAULT_CHECKPOINT_EVERY_S
     restart_s: float | None = None
     deadline_margin_s: float = 900.0
     spread_fraction: float = 0.5
     price_tolerance: float = 0.10
-    # A job whose tasks lost this many attempts to the infrastructure (reclaims, lost
-    # workers) runs on on-demand from then on: whatever the rates said, its own history
-    # says spot does not suit it, and every job then finishes (None: never).
-    max_reclaims: int | None = 2
+    # A job runs on on-demand once its own reclaims are more than the rate it was
+    # planned at explains, at this significance level (`reclaims_pin`) ...
+    reclaim_alpha: float = 0.01
+    # ... and, whatever the test says, once one of its tasks lost this many attempts to
+    # the infrastructure (reclaims, lost workers): the hard ceiling that makes every job
+    # finish (None: no ceiling).
+    max_reclaims: int | None = 10
+    # A reclaim loses the job's whole attempt (no checkpoints: the SkyPilot-like
+    # baseline): a reclaimed job of known length then moves as soon as its price says
+    # spot no longer pays (`from_scratch_pins`).
+    from_scratch: bool = False
     _catalogs: dict[tuple[str, ...], tuple[Catalog, Catalog]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -166,12 +203,129 @@ class SpotPolicy:
             if not t.is_spot:
                 types.append(t)
                 continue
-            price = effective_price(t.hourly_cost, t.interruption_per_hour, self.loss_hours(t))
+            price = effective_price(
+                t.hourly_cost,
+                t.interruption_per_hour,
+                self.loss_hours(t),
+                on_demand_value_of(t, catalog),
+            )
             if math.isfinite(price):
                 types.append(replace(t, hourly_cost=price, family=t.family + SPOT_FAMILY_SUFFIX))
         planned = Catalog(types, catalog.region)
         self._catalogs[key] = (catalog, planned)
         return planned
+
+
+def poisson_sf(k: int, mean: float) -> float:
+    """P(X ≥ k) for X ~ Poisson(`mean`)."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0.0:
+        return 0.0
+    term = math.exp(-mean)
+    below = term
+    for i in range(1, k):
+        term *= mean / i
+        below += term
+    return max(0.0, 1.0 - below)
+
+
+def reclaims_pin(
+    reclaims: int, exposure_hours: float, rate_per_hour: float, tasks: int, policy: SpotPolicy
+) -> bool:
+    """Whether a job's own reclaims move it to on-demand for good.
+
+    `reclaims` is the most attempts one of its `tasks` lost to the infrastructure,
+    `exposure_hours` the hours each task could have spent on spot, `rate_per_hour` the
+    interruption rate it was planned at. The rule: pin when that many reclaims are
+    unlikely at the planned rate — a one-sided Poisson test, `tasks · P(X ≥ k) <
+    reclaim_alpha` with X ~ Poisson(λ · exposure) (Bonferroni over the tasks, each
+    reclaimed at λ on its own) — or when `reclaims ≥ max_reclaims`, the hard ceiling.
+    A job reclaimed as often as its price assumed stays on spot, whose price already
+    pays for its reclaims; one reclaimed more often has the rate wrong, and moves.
+
+    Every job finishes: with checkpoints, each reclaim loses at most a checkpoint
+    interval and a restart, and after `max_reclaims` the job runs on on-demand, which is
+    never reclaimed. A job that loses everything on a reclaim is pinned sooner when that
+    is what its price says (`from_scratch_pins`; and without periodic checkpoints,
+    `checkpoint_every_s` None, an offering is planned only at λ = 0, where one reclaim
+    already fails the test). The test is not also required to find spot dearer than
+    on-demand at the rate the job saw: on bursty availability traces that kept jobs on
+    capacity that kept vanishing, moving back and forth and idle for hours."""
+    if reclaims <= 0:
+        return False
+    if policy.max_reclaims is not None and reclaims >= policy.max_reclaims:
+        return True
+    mean = rate_per_hour * max(0.0, exposure_hours)
+    return max(1, tasks) * poisson_sf(reclaims, mean) < policy.reclaim_alpha
+
+
+def from_scratch_pins(
+    solo_h: float, restart_h: float, rate_per_hour: float, discount: float
+) -> bool:
+    """Whether a job that restarts from scratch on a reclaim, just reclaimed (its
+    progress back at zero, so moving now loses nothing more), should finish on on-demand.
+
+    On spot its `solo_h` hours expect λ·solo_h reclaims, each losing about half the run
+    and a restart: λ·(solo_h/2 + R) of its time per hour, worth its on-demand value V.
+    So spot costs `p + λ·(solo_h/2 + R)·V` an hour against on-demand's V: pin when
+    `λ·(solo_h/2 + R) ≥ 1 − p/V` (`discount`) — the effective price of `effective_price`
+    with the loss of a job that keeps no checkpoint."""
+    return rate_per_hour * (solo_h / 2.0 + restart_h) >= discount
+
+
+def spot_discount(job: JobSpec, catalog: Catalog) -> float | None:
+    """1 − p/V over the job's tasks: each task's cheapest spot offering against its
+    cheapest on-demand one (None: some task has no spot or no on-demand offering)."""
+    spot = value = 0.0
+    for task in job.tasks:
+        prices: dict[bool, float] = {}
+        for itype in catalog:
+            demand = task.demand_on(itype.family)
+            if demand is not None and demand.fits_in(itype.capacity):
+                best = prices.get(itype.is_spot)
+                if best is None or itype.hourly_cost < best:
+                    prices[itype.is_spot] = itype.hourly_cost
+        if True not in prices or False not in prices:
+            return None
+        spot += prices[True]
+        value += prices[False]
+    return 1.0 - spot / value if value > 0.0 else None
+
+
+def exposure_hours(
+    solo_s: float | None, reclaims: int, started_at: float | None, now: float, policy: SpotPolicy
+) -> float:
+    """The hours a job's task is taken to be exposed to reclaims in `reclaims_pin`.
+
+    When the job's length is known: its whole run — its time alone at full speed plus a
+    checkpoint interval redone per reclaim — so that the test asks whether the job has
+    had more reclaims than its *whole* run on spot plausibly brings. That exposure
+    never changes as the job runs on, so the verdict only changes with a new reclaim:
+    a job pinned stays pinned (its hours on on-demand are no evidence for spot) without
+    the store having to keep when it was pinned. Unknown length: the hours since it
+    first ran (`started_at`; its submission when no moment saw all its tasks run), an
+    upper bound on its spot hours so far."""
+    if solo_s is not None:
+        redone = policy.checkpoint_every_s or 0.0
+        return (solo_s + reclaims * redone) / 3600.0
+    if started_at is None:
+        return 0.0
+    return max(0.0, now - started_at) / 3600.0
+
+
+def planned_rate(job: JobSpec, catalog: Catalog) -> float:
+    """The interruption rate a job was planned at: the highest of the spot offerings of
+    `catalog` that one of its tasks fits (0: none)."""
+    rate = 0.0
+    for itype in catalog:
+        if itype.is_spot and itype.interruption_per_hour > rate:
+            for task in job.tasks:
+                demand = task.demand_on(itype.family)
+                if demand is not None and demand.fits_in(itype.capacity):
+                    rate = itype.interruption_per_hour
+                    break
+    return rate
 
 
 def is_spot_family(family: str) -> bool:

@@ -148,7 +148,8 @@ def spot_variant(name: str, base: SpotReplay) -> tuple[str, bool, SpotReplay]:
     if name == "eva-on-demand":
         return "eva", False, replace(base, policy=None)
     if name == "spot-restart":
-        return "no-packing", True, replace(base, policy=raw, checkpoints=False)
+        no_checkpoints = replace(raw, from_scratch=True)
+        return "no-packing", True, replace(base, policy=no_checkpoints, checkpoints=False)
     if name == "spot-checkpoint":
         return "no-packing", True, replace(base, policy=raw, checkpoints=True)
     if name == "no-packing":

@@ -16,11 +16,17 @@ from autoscaler.spot import (
     SpotPolicy,
     effective_price,
     expected_loss_hours,
+    exposure_hours,
+    from_scratch_pins,
     hourly_rate,
     interruption_cost_per_hour,
     pinned_on_demand,
+    planned_rate,
+    poisson_sf,
+    reclaims_pin,
     restrict_job,
     restricted_demands,
+    spot_discount,
     spot_task_value,
     spread,
     without_misfits,
@@ -57,10 +63,13 @@ def test_the_interruption_cost_of_a_hand_computed_case() -> None:
     assert interruption_cost_per_hour(0.01, loss, 3.0) == pytest.approx(0.00625)
     # TNRP 0.95 × 3 = 2.85, minus that
     assert spot_task_value(2.85, 3.0, 0.01, 900.0, 300.0) == pytest.approx(2.84375)
-    # the effective price p / (1 − λL): λL = 0.5 × 0.2 = 0.1 → 1 / 0.9
-    assert effective_price(1.0, 0.5, 0.2) == pytest.approx(1.0 / 0.9)
-    assert effective_price(1.0, 5.0, 0.2) == math.inf  # loses more than it runs
-    assert effective_price(1.0, 0.0, math.inf) == 1.0  # on-demand: nothing to lose
+    # the effective price p + λ·L·V: λL = 0.5 × 0.2 = 0.1 hours of the tasks' time lost
+    # per hour, worth V = $3/h on on-demand → 1 + 0.1 × 3 = 1.3
+    assert effective_price(1.0, 0.5, 0.2, 3.0) == pytest.approx(1.3)
+    # no on-demand offering holds it: the lost time is worth the effective price itself
+    assert effective_price(1.0, 0.5, 0.2, None) == pytest.approx(1.0 / 0.9)
+    assert effective_price(1.0, 5.0, 0.2, 3.0) == math.inf  # loses more than it runs
+    assert effective_price(1.0, 0.0, math.inf, 3.0) == 1.0  # on-demand: nothing to lose
     # the advisor's 5–10% band at its midpoint: 7.5% of instances a month, Poisson
     assert hourly_rate(0.075) == pytest.approx(-math.log(0.925) / 730.0)
     assert expected_loss_hours(None, 300.0) == math.inf
@@ -71,9 +80,9 @@ def test_spot_is_preferred_while_cheap_to_lose_and_avoided_as_its_rate_rises() -
     policy = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0)
     calm = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0).planning_catalog(offerings(0.01))
     assert cheapest_type(task, calm).name == "g:spot"
-    # λL = 3.6 × 0.2083 = 0.75 → 1 / 0.25 = $4/h effective, above on-demand's $3
+    # λL = 3.6 × 0.2083 = 0.75 → 1 + 0.75 × $3 = $3.25/h effective, above on-demand's $3
     stormy = policy.planning_catalog(offerings(3.6))
-    assert stormy["g:spot"].hourly_cost == pytest.approx(4.0)
+    assert stormy["g:spot"].hourly_cost == pytest.approx(3.25)
     assert cheapest_type(task, stormy).name == "g"
     # a rate it cannot survive removes the offering from planning altogether
     assert "g:spot" not in policy.planning_catalog(offerings(10.0))
@@ -200,3 +209,99 @@ def test_a_slowdown_on_spot_is_charged_at_the_jobs_on_demand_value() -> None:
     planning, jobs = _spot_pair(0.35)
     packed = full_reconfiguration(ClusterView(planning, jobs, throughput=table))
     assert [(i.type.name, len(i.tasks)) for i in packed] == [("b:spot", 2)]
+
+
+def test_the_poisson_tail_of_hand_computed_cases() -> None:
+    # P(X ≥ 2 | 0.5) = 1 − e^−0.5 (1 + 0.5); P(X ≥ 4 | 0.5) = 1 − e^−0.5 (1 + .5 + .125 + .0208)
+    assert poisson_sf(2, 0.5) == pytest.approx(1.0 - math.exp(-0.5) * 1.5)
+    assert poisson_sf(4, 0.5) == pytest.approx(1.0 - math.exp(-0.5) * (1.625 + 0.5**3 / 6))
+    assert poisson_sf(0, 0.5) == 1.0
+    assert poisson_sf(1, 0.0) == 0.0  # any reclaim where none was expected
+
+
+def test_a_job_reclaimed_as_often_as_planned_stays_on_spot_and_one_reclaimed_more_moves() -> None:
+    policy = SpotPolicy()  # α = 0.01, ceiling 10
+    # Planned at 0.05/h over 10 h: 0.5 reclaims expected. Three: P(X ≥ 3) = 0.0144 ≥ α,
+    # within what the rate explains; four: 0.00175 < α, the rate is wrong for it.
+    assert not reclaims_pin(3, 10.0, 0.05, 1, policy)
+    assert reclaims_pin(4, 10.0, 0.05, 1, policy)
+    # Two reclaims moved every job before; at that rate they are no evidence.
+    assert not reclaims_pin(2, 10.0, 0.05, 1, policy)
+    # At an advisor band's 1e-4/h, one reclaim in 10 h is (P = 0.001) ...
+    assert reclaims_pin(1, 10.0, 1e-4, 1, policy)
+    # ... but not for a 20-task job, one of whose tasks is that likely to see one
+    # (Bonferroni: 20 × 0.001 ≥ α).
+    assert not reclaims_pin(1, 10.0, 1e-4, 20, policy)
+    # The ceiling, whatever the rate: every job ends up on on-demand after ten.
+    assert reclaims_pin(10, 1000.0, 1.0, 1, policy)
+    assert not reclaims_pin(10, 1000.0, 1.0, 1, replace(policy, max_reclaims=None))
+    assert not reclaims_pin(0, 0.0, 0.0, 1, policy)
+
+
+def test_the_exposure_is_the_whole_run_when_known_so_a_pinned_job_stays_pinned() -> None:
+    policy = SpotPolicy(checkpoint_every_s=900.0)
+    # Known length: 10 h alone plus one checkpoint interval redone per reclaim, whatever
+    # the time — the verdict changes only with a new reclaim.
+    assert exposure_hours(36_000.0, 2, 0.0, 5.0, policy) == pytest.approx(10.5)
+    assert exposure_hours(36_000.0, 2, 0.0, 1e6, policy) == pytest.approx(10.5)
+    # Unknown length: the hours since it first ran (none before it ran).
+    assert exposure_hours(None, 2, 3600.0, 3 * 3600.0, policy) == pytest.approx(2.0)
+    assert exposure_hours(None, 2, None, 3600.0, policy) == 0.0
+
+
+def test_the_planned_rate_is_the_highest_of_the_spot_offerings_the_job_fits() -> None:
+    small = InstanceType("c", "c", Resources(0, 2, 4), 0.2, DELAYS)
+    catalog = Catalog(
+        [
+            *offerings(0.02),
+            replace(small, name="c:spot", market=SPOT, ec2_type="c", interruption_per_hour=0.3),
+        ]
+    )
+    assert planned_rate(job("a", (1, 4, 10)), catalog) == 0.02  # fits the GPU offering only
+    assert planned_rate(job("b", (0, 1, 2)), catalog) == 0.3  # fits both
+    assert planned_rate(job("a", (1, 4, 10)), offerings(0.0)) == 0.0
+
+
+def test_the_planner_prices_a_spot_offering_at_p_plus_its_loss_at_the_on_demand_value() -> None:
+    # g:spot at $1/h beside g on-demand at $3/h, λ = 0.01/h; checkpoints every 900 s and
+    # a restart of 300 s: L = 750/3600 h. p + λ·L·V = 1 + 0.01 × 0.208333 × 3 = 1.00625
+    policy = SpotPolicy(checkpoint_every_s=900.0, restart_s=300.0)
+    planned = policy.planning_catalog(offerings(0.01))
+    assert planned["g:spot"].hourly_cost == pytest.approx(1.00625)
+    assert planned["g"].hourly_cost == 3.0
+    # the smallest on-demand offering of the family that holds it sets V
+    big = InstanceType("g2", "p", Resources(2, 16, 120), 5.0, DELAYS)
+    planned = policy.planning_catalog(Catalog([*offerings(0.01), big]))
+    assert planned["g:spot"].hourly_cost == pytest.approx(1.00625)
+
+
+def test_a_job_without_checkpoints_leaves_spot_when_its_price_says_a_restart_costs_too_much():
+    # g:spot at $1/h beside g at $3/h: spot saves 1 − 1/3 of the on-demand value.
+    assert spot_discount(job("a", (1, 4, 10)), offerings(0.05)) == pytest.approx(2.0 / 3.0)
+    assert spot_discount(job("c", (0, 64, 10)), offerings(0.05)) is None  # fits nothing
+    # At 0.05/h a 10-hour job restarting from scratch loses 0.05 × (5 + 0.1) = 0.255 of
+    # its time per hour, below the 2/3 saved: it stays; a 40-hour one loses 1.005: it goes.
+    assert not from_scratch_pins(10.0, 0.1, 0.05, 2.0 / 3.0)
+    assert from_scratch_pins(40.0, 0.1, 0.05, 2.0 / 3.0)
+
+
+def test_a_job_of_known_length_is_judged_on_its_whole_run_and_stays_pinned() -> None:
+    from autoscaler.decide import pinned_by_reclaims
+    from autoscaler.jobs import TraceFacts
+    from autoscaler.store import TaskRecord
+
+    policy = SpotPolicy(checkpoint_every_s=900.0)
+    catalog = offerings(0.05)
+    ten_hours = job("a", (1, 4, 10), trace=TraceFacts(duration_s=36_000.0))
+
+    def reclaimed(n: int) -> list[TaskRecord]:
+        return [TaskRecord("a/0", "a", retries=n)]
+
+    # 10 h alone, 0.75 h redone: 0.05 × 10.75 = 0.54 expected; 3 reclaims P = 0.017,
+    # 4 reclaims P = 0.0023 < α: pinned, and at any later time (its exposure is fixed).
+    assert not pinned_by_reclaims(policy, ten_hours, reclaimed(3), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, ten_hours, reclaimed(4), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, ten_hours, reclaimed(4), 0.0, 1e7, catalog)
+    # An attempt the job itself failed is not a reclaim.
+    failed = [TaskRecord("a/0", "a", retries=4, failures=1)]
+    assert not pinned_by_reclaims(policy, ten_hours, failed, 0.0, 3600.0, catalog)

@@ -6,9 +6,9 @@ test: c7i.large on-demand from Eva's `ec2_config.json` ($0.08925/h, [0 GPU, 1 CP
 4 GiB]); its spot price from `provisioners/data/spot-us-east-1.json`, the regional
 offering at the median of its zones' prices; its interruption rate from that file's
 default advisor band (a monthly fraction p: λ = −ln(1 − p) / 730 per hour). The planner
-prices spot at its effective price p_spot / (1 − λ·L), L = (checkpoint interval / 2 +
-restart) in hours (`autoscaler.spot`, stated there), so the spot quote is the on-demand
-one times the bundled price ratio, divided by (1 − λ·L).
+prices spot at its effective price p_spot + λ·L·V, L = (checkpoint interval / 2 +
+restart) in hours, V the on-demand price of the capacity (`autoscaler.spot`, stated
+there), so the spot quote is the on-demand one times the bundled price ratio, plus λ·L.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ CHECKPOINT_S, RESTART_S = 900.0, 300.0
 
 
 def expected_spot_hourly(ec2_type: str) -> float:
+    """The effective spot price of `ec2_type` where it is the family's only type."""
     price = statistics.median(SPOT_DATA["prices"][ec2_type].values())
+    value = ON_DEMAND["instance_types"][ec2_type]["cost"]
     bands = SPOT_DATA["interruption"]
     band = bands["types"].get(ec2_type, bands["default_band"])
     rate = -math.log(1.0 - bands["bands"][band]) / 730.0
     loss_h = (CHECKPOINT_S / 2 + RESTART_S) / 3600.0
-    return price / (1.0 - rate * loss_h)
+    return price + rate * loss_h * value
 
 
 def with_spot_offerings(catalog: Catalog) -> Catalog:
@@ -88,10 +90,10 @@ def test_a_spot_job_is_quoted_at_spot_and_an_on_demand_job_at_on_demand(spot_api
     assert [i["type"] for i in sp["instances"]] == ["c7i.large:spot"]
     # The spot quote is the on-demand one by the bundled price ratio, reclaims paid for.
     ratio = statistics.median(SPOT_DATA["prices"]["c7i.large"].values()) / on_demand
-    scale = spot / (ratio * on_demand)  # 1 / (1 − λ·L), a little over 1
-    assert 1.0 < scale < 1.01
+    exposure = spot / on_demand - ratio  # λ·L: a small positive share of V
+    assert 0.0 < exposure < 0.01
     assert sp["hourly_cost_no_packing"] / od["hourly_cost_no_packing"] == pytest.approx(
-        ratio * scale, rel=1e-4
+        ratio + exposure, rel=1e-4
     )
     assert sp["total_no_packing"] == pytest.approx(spot, abs=1e-6)  # one hour
     # auto takes the cheaper market.

@@ -263,3 +263,34 @@ def test_a_regional_spot_offering_is_priced_by_ec2_over_the_zones_the_cluster_la
     )
     r7i = snapshot.prices["r7i.large"]
     assert priced["r7i.large:spot"].hourly_cost == pytest.approx(statistics.median(r7i.values()))
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("reclaim_alpha = 0", "field 'reclaim_alpha' = 0: must be a number > 0"),
+        ("reclaim_alpha = 1.5", "field 'reclaim_alpha' = 1.5: must be a number < 1"),
+        ('reclaim_alpha = "x"', "field 'reclaim_alpha' = 'x': must be a number"),
+        ("max_reclaims = -1", "field 'max_reclaims' = -1: must be a whole number >= 0"),
+    ],
+)
+def test_a_bad_reclaim_setting_is_one_line_naming_file_field_and_value(
+    tmp_path, capsys, line, says
+):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + f"\n[spot]\nenabled = true\n{line}\n")
+    capsys.readouterr()
+    assert main(["status", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert str(path) in err and "[spot]" in err and says in err
+
+
+def test_the_reclaim_test_level_reaches_the_policy(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    path.write_text(path.read_text() + "\n[spot]\nenabled = true\nreclaim_alpha = 0.05\n")
+    policy = load_cluster_config(path).control_options().spot
+    assert policy is not None
+    assert (policy.reclaim_alpha, policy.max_reclaims) == (0.05, 10)
