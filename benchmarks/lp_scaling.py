@@ -64,7 +64,9 @@ SEED_INDEX = {s: i for i, s in enumerate(sorted(list(HELD_OUT)[:4]) + list(HELD_
 
 def tightest_bound(view: ClusterView, plan: Plan, exact: bool = False) -> tuple[float, str]:
     """The tightest lower bound computed for `view` and which it is: the whole-task LP's
-    (`autoscaler.bounds.whole_task_bound`) and the configuration LP's up to
+    (`autoscaler.bounds.whole_task_bound`) and the pooled LP's at any size
+    (`autoscaler.pooled`: exclusive pools, dual-feasible-function rows); the
+    configuration LP's up to
     `STATIC_BOUNDS_MAX_CLASSES` classes, the grouped configuration LP's (demands rounded
     down, the rest fluid) at any size where the configuration LP is not computed or did
     not converge, the fluid one; with `exact` (small inputs), the MIP optimum when
@@ -90,6 +92,8 @@ def tightest_bound(view: ClusterView, plan: Plan, exact: bool = False) -> tuple[
         )
     if bounds.grouped is not None:
         named.append((bounds.grouped.lower_bound, "grouped configuration"))
+    if bounds.pooled is not None:
+        named.append((bounds.pooled.lower_bound, "pooled LP"))
     if bounds.mip is not None:
         named.append((bounds.mip.lower_bound, "MIP bound"))
     return max(named, key=lambda v: v[0])
