@@ -9,6 +9,12 @@ their instances it is loose (tasks of 0.6 of an instance: the fluid bound pays
   per type, resource and dual feasible function of bin packing; as small as
   the fluid LP, it counts tasks larger than half an instance whole.
 
+- **The pooled LP** (`autoscaler.pooled`): the whole-task LP's rows with the
+  instances of each type split in two pools, those hosting a task that fills a
+  resource on every type it fits (no other task needing it shares that
+  instance) and the rest; solved on aggregated tasks and its duals applied to
+  the true demands, so it is computed at any size.
+
 - **The configuration LP** (Gilmore–Gomory): a column is a pattern, an
   instance type and a multiset of task classes that fits it, of cost C_k;
   minimise Σ C_k y_p subject to Σ_p a_cp y_p ≥ n_c. Solved by column
@@ -59,6 +65,7 @@ from autoscaler.patterns import (
     best_composition,
     covering_model,
 )
+from autoscaler.pooled import PooledBound, pooled_bound
 from autoscaler.resources import EPSILON, fits
 from autoscaler.stopwatch import cpu_stopwatch, stopwatch
 
@@ -786,6 +793,7 @@ class StaticBounds:
     mip: MipOptimum | None = None
     whole_tasks: float | None = None  # the fluid LP with dual-feasible-function rows
     grouped: ConfigurationBound | None = None  # demands rounded down, the rest fluid
+    pooled: PooledBound | None = None  # the fluid LP with exclusive pools and DFF rows
 
     @property
     def tightest(self) -> float:
@@ -798,6 +806,8 @@ class StaticBounds:
             values.append(self.configuration.lower_bound)
         if self.grouped is not None:
             values.append(self.grouped.lower_bound)
+        if self.pooled is not None:
+            values.append(self.pooled.lower_bound)
         if self.mip is not None:
             values.append(self.mip.lower_bound)
         return max(values)
@@ -826,6 +836,15 @@ class StaticBounds:
                 "converged": self.grouped.converged,
                 "seconds": self.grouped.seconds,
             },
+            "pooled": None
+            if self.pooled is None
+            else {
+                "lower_bound": self.pooled.lower_bound,
+                "exclusive_resource": self.pooled.resource,
+                "exclusive_tasks": self.pooled.exclusive_tasks,
+                "groups": self.pooled.groups,
+                "seconds": self.pooled.seconds,
+            },
             "mip": None
             if mip is None
             else {
@@ -849,20 +868,26 @@ def static_bounds(
     mip_time_limit_s: float = MIP_TIME_LIMIT_S,
     mip_max_tasks: int = MIP_MAX_TASKS,
     grouped_time_limit_s: float | None = None,
+    pooled: bool = True,
 ) -> StaticBounds:
-    """Beside the `fluid` bound: up to `STATIC_BOUNDS_MAX_CLASSES` classes, the whole-task
-    LP's and (with `configuration`) the configuration LP's; with `exact` and at most
-    `mip_max_tasks` tasks, the MIP optimum (`upper_bound`: a known plan's cost). Above
-    the class limit, or where the configuration LP did not converge (with
-    `configuration`), the grouped configuration LP's too (`grouped_configuration_bound`),
-    whose size does not grow with the classes (`grouped_time_limit_s`: its column
-    generation's time, `GROUPED_TIME_LIMIT_S` unless given)."""
+    """Beside the `fluid` bound: with `pooled`, at any size, the pooled LP's
+    (`autoscaler.pooled`: exclusive pools and dual-feasible-function rows); up to
+    `STATIC_BOUNDS_MAX_CLASSES` classes, the whole-task LP's and (with
+    `configuration`) the configuration LP's; with `exact` and at most `mip_max_tasks`
+    tasks, the MIP optimum (`upper_bound`: a known plan's cost). Above the class
+    limit, or where the configuration LP did not converge (with `configuration`), the
+    grouped configuration LP's too (`grouped_configuration_bound`), whose size does
+    not grow with the classes (`grouped_time_limit_s`: its column generation's time,
+    `GROUPED_TIME_LIMIT_S` unless given)."""
     grouped_s = GROUPED_TIME_LIMIT_S if grouped_time_limit_s is None else grouped_time_limit_s
+    pool = pooled_bound(catalog, classes) if pooled else None
     if len(classes) > STATIC_BOUNDS_MAX_CLASSES:
         if not configuration:
-            return StaticBounds(fluid)
+            return StaticBounds(fluid, pooled=pool)
         return StaticBounds(
-            fluid, grouped=grouped_configuration_bound(catalog, classes, time_limit_s=grouped_s)
+            fluid,
+            grouped=grouped_configuration_bound(catalog, classes, time_limit_s=grouped_s),
+            pooled=pool,
         )
     whole = whole_task_bound(catalog, classes)
     config = configuration_bound(catalog, classes, time_limit_s) if configuration else None
@@ -876,9 +901,10 @@ def static_bounds(
             whole,
             config.lower_bound if config is not None else 0.0,
             grouped.lower_bound if grouped is not None else 0.0,
+            pool.lower_bound if pool is not None else 0.0,
         )
         mip = mip_optimum(catalog, classes, upper_bound, mip_time_limit_s, known)
-    return StaticBounds(fluid, config, mip, whole, grouped)
+    return StaticBounds(fluid, config, mip, whole, grouped, pool)
 
 
 #: The grouped configuration LP: finest grid tried (steps per largest capacity of a

@@ -28,6 +28,11 @@ CvxCluster's two stages (§3–4) made to scale with what is distinct:
    again together: the step is linear in the tasks.
 4. **Downsize.** Each instance becomes the cheapest type that holds its tasks.
 
+At full speed (no interference) instances already packed offer their spare room
+to the later, cheaper types' items (`_PaidRoom`), and items the LP dealt to a
+type selling a priced resource they do not need (CPU-only tasks dealt to a GPU
+type) may wait for that room instead of sharing its bins (`_deferrable`).
+
 Measured by `python -m benchmarks scale` on 100k distinct vectors of five
 shapes, without interference: 1.006–1.021× the bound, against 1.013–1.092×
 when each type the LP chose was packed apart, by shares alone (at Eva's
@@ -181,13 +186,15 @@ def fluid_pack(
     cheapest = np.argmin(np.where(fits, costs[None, :], np.inf), axis=1)
     type_of = shapes.hosts(type_of, demand, fits, costs[cheapest], max_items, throughput)
     paid = _PaidRoom(demand, caps, family_of_type, max_items) if throughput >= 1.0 else None
+    later, later_price = None, None
+    if paid is not None:
+        prices_by_type = np.array([shadow[t.name] for t in types], dtype=float)
+        later, later_price = _deferrable(type_of, demand, fits, family_of_type, prices_by_type)
     instances: list[tuple[int, list[int]]] = []
-    for k, f in enumerate(family_of_type):
-        items = np.flatnonzero(type_of == k)
-        if paid is not None and len(items):
-            items = paid.fill(items, caps[k], np.random.default_rng(k))
-        if not len(items):
-            continue
+
+    def pack(k: int, items: np.ndarray) -> tuple[float, list[np.ndarray], np.ndarray]:
+        """`items` packed on type k by the cheaper of the two orders, downsized."""
+        f = family_of_type[k]
         best: tuple[float, list[np.ndarray], np.ndarray] | None = None
         for size in _sizes(caps[k], np.array(shadow[types[k].name], dtype=float)):
             rng = np.random.default_rng(k)
@@ -199,15 +206,70 @@ def fluid_pack(
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, bins, targets)
         assert best is not None
-        _, bins, targets = best
-        if paid is not None:
-            paid.add(bins, targets)
-        else:
+        return best
+
+    for k in range(len(types)):
+        items = np.flatnonzero(type_of == k)
+        if paid is not None and len(items):
+            items = paid.fill(items, caps[k], np.random.default_rng(k))
+        if not len(items):
+            continue
+        cost, bins, targets = pack(k, items)
+        if paid is None:
             instances += [(t, b.tolist()) for t, b in zip(targets.tolist(), bins, strict=True)]
+            continue
+        assert later is not None and later_price is not None
+        movable = later[items] > k  # once moved there, an item stays
+        if movable.any() and not movable.all():
+            # the other way: k's own items alone, the movable ones in their room, the
+            # rest moved on (costed at their LP price there until packed)
+            own_cost, own_bins, own_targets = pack(k, items[~movable])
+            room = _PaidRoom(demand, caps, family_of_type, max_items)
+            room.add(own_bins, own_targets)
+            rest = room.fill(items[movable], caps[k], np.random.default_rng(k))
+            if own_cost + float(later_price[rest].sum()) < cost - 1e-9:
+                paid.absorb(room)
+                type_of[rest] = later[rest]
+                continue
+        paid.add(bins, targets)
     if paid is not None:
         instances = paid.instances()
     prices = replace(solution, lower_bound=lower_bound, class_prices=(), shadow_prices=shadow)
     return FluidPacking(instances, lower_bound, prices, cheapest, len(first), bits)
+
+
+def _deferrable(
+    type_of: np.ndarray,
+    demand: np.ndarray,
+    fits: np.ndarray,
+    family_of_type: np.ndarray,
+    prices: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per item dealt to a type that sells a priced resource it does not need (a
+    CPU-only task dealt to a GPU type): the later (cheaper) type that prices it
+    lowest, where that prices it no higher than its own type does (else −1), and
+    that price.
+
+    The LP deals such items to a GPU type in proportions that fill its CPUs exactly
+    beside the GPU tasks; packed together with them, whole tasks cannot fill both,
+    and GPUs are left idle on instances whose CPUs are full (the held-out
+    `lognormal` mix: 6% of its GPU instances). The packer may instead pack the GPU
+    tasks alone, put these items in the room they leave, and move the rest on to
+    that later type; the LP is indifferent where they go (equal prices).
+    """
+    n, n_types = fits.shape
+    price = np.full((n, n_types), np.inf)
+    for k, f in enumerate(family_of_type):
+        price[:, k] = np.where(fits[:, k], np.nan_to_num(demand[:, f, :]) @ prices[k], np.inf)
+    rows = np.arange(n)
+    own = price[rows, type_of]
+    unneeded = (np.nan_to_num(demand[rows, family_of_type[type_of], :]) <= 0) & (
+        prices[type_of] > 0
+    )
+    later = np.where(np.arange(n_types)[None, :] > type_of[:, None], price, np.inf)
+    target = np.argmin(later, axis=1)  # ties: the first, the dearest (largest of a shape)
+    move = unneeded.any(axis=1) & (later[rows, target] <= own * (1 + 1e-9) + 1e-12)
+    return np.where(move, target, -1), np.where(move, later[rows, target], 0.0)
 
 
 def _deal(
@@ -421,6 +483,12 @@ class _PaidRoom:
         self.free = np.concatenate([self.free, self.caps[targets] - used])
         self.bins += [b.tolist() for b in bins]
         self.targets += targets.tolist()
+
+    def absorb(self, other: _PaidRoom) -> None:
+        """Take over `other`'s instances and their room."""
+        self.free = np.concatenate([self.free, other.free])
+        self.bins += other.bins
+        self.targets += other.targets
 
     def instances(self) -> list[tuple[int, list[int]]]:
         return list(zip(self.targets, self.bins, strict=True))

@@ -291,3 +291,35 @@ def test_plan_json_reports_the_whole_task_bounds_beside_the_fluid_one(tmp_path, 
     assert "Optimum (MIP)           $12.80/h" in capsys.readouterr().out
     assert main([*args, "--bounds", "fluid", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bounds"] is None
+
+
+def test_plan_reports_the_pooled_bound_of_tasks_that_fill_an_instance_s_gpus(tmp_path, capsys):
+    # Two 8-GPU tasks fill the one GPU type's GPUs alone; four 1-GPU tasks of 16 CPUs
+    # need two more instances: $32. The fluid LP puts their CPUs beside the 8-GPU
+    # tasks (98 CPUs: $24.50); the pooled LP keeps them apart, and says so.
+    catalog = write(
+        tmp_path,
+        "catalog.json",
+        {"instance_types": {"p": {"family": "p", "capacity": [8, 32, 488], "cost": 8}}},
+    )
+    tasks = [[8, 2, 10]] * 2 + [[1, 16, 10]] * 4 + [[0, 15, 10]] * 2
+    jobs = write(
+        tmp_path,
+        "jobs.json",
+        {
+            str(i): {"name": f"j[{i}]", "tasks": {str(i): {"name": "n", "demand": {"any": d}}}}
+            for i, d in enumerate(tasks)
+        },
+    )
+    args = ["plan", "--catalog", str(catalog), "--jobs", str(jobs), "--default-throughput", "1"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pooled = doc["bounds"]["pooled"]
+    assert doc["bounds"]["fluid"] == pytest.approx(24.5)
+    assert pooled["lower_bound"] == pytest.approx(32.0)
+    assert pooled["exclusive_resource"] == "gpu" and pooled["exclusive_tasks"] == 2
+    assert doc["tightest_lower_bound_hourly_cost"] == pytest.approx(32.0)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Pooled LP bound         $32.00/h" in out
+    assert "2 tasks filling the gpu of every type they fit pooled apart" in " ".join(out.split())

@@ -258,3 +258,22 @@ def test_cpu_tasks_fill_the_room_gpu_instances_leave(filler: tuple, count: int) 
     for k, members in packing.instances:
         used = demand[members, family_of_type[k], :].sum(axis=0)
         assert np.all(used <= np.array(catalog.types[k].capacity.as_tuple()) + 1e-6)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cpu_only_tasks_do_not_crowd_gpu_tasks_off_a_gpu_type_s_instances(seed):
+    # The held-out lognormal mix (a tenth on 1, 2 or 4 GPUs): the LP deals CPU-only
+    # tasks to the GPU type in proportions that fill its CPUs beside the GPU tasks;
+    # packed together, whole tasks filled the CPUs first and left 3.0–3.7% of the
+    # GPUs paid for idle. Packed after the GPU tasks, in the room they leave, they
+    # leave fewer than 2.5% idle.
+    catalog, _ = pai_catalog_and_jobs()
+    jobs = distinct_jobs(5_000, seed=seed, shape="lognormal")
+    gpus = {t.task_id: t.demands[0][1].gpu for j in jobs for t in j.tasks}
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+    plan = EvaPlanner().plan(view)
+    placed = [t for inst in plan.configuration.instances for t in inst.tasks]
+    assert sorted(placed) == sorted(gpus)
+    paid_for = sum(inst.type.capacity.gpu for inst in plan.configuration.instances)
+    used = sum(gpus.values())
+    assert 1 - used / paid_for < 0.025

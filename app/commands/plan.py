@@ -301,6 +301,18 @@ def render_plan(
             f"Configuration bound     {money(value)}/h — {cost / value - 1:.2%} above it "
             "(configuration LP on demands rounded down, the rest fluid)"
         )
+    if bounds is not None and bounds.pooled is not None and bounds.pooled.lower_bound > 0:
+        pooled = bounds.pooled
+        apart = (
+            f", {pooled.exclusive_tasks:,} tasks filling the {pooled.resource} of every type "
+            "they fit pooled apart"
+            if pooled.resource
+            else ""
+        )
+        out.append(
+            f"Pooled LP bound         {money(pooled.lower_bound)}/h — "
+            f"{cost / pooled.lower_bound - 1:.2%} above it (the whole-task LP at any size{apart})"
+        )
     if bounds is not None and bounds.mip is not None:
         mip = bounds.mip
         if mip.optimal:
