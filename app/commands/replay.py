@@ -736,12 +736,12 @@ def _run_in_workers(
                 name = waiting.pop(0)
                 process: multiprocessing.process.BaseProcess = context.Process(
                     target=_worker,
-                    args=(name, messages, inputs, board.tty),
+                    args=(name, messages, inputs, board.tty, os.getpid()),
                     name=f"replay {name}",
                 )
-                with _sigint_held():
+                with _sigint_held():  # a Ctrl-C held here is raised as this block ends,
                     process.start()
-                running[name] = process  # started: one Ctrl-C ends it below
+                    running[name] = process  # when the process has its handle to end it
             _receive(messages, board, finished, running, timeout=0.2)
             for name, process in list(running.items()):
                 if not process.is_alive():
@@ -750,9 +750,8 @@ def _run_in_workers(
                     if name in running:
                         raise _WorkerDied(name, process.exitcode)
     finally:
-        # On an error or Ctrl-C none goes on alone. A Ctrl-C that came just before a fork
-        # is raised inside `start()`: that process never got a handle (and, orphaned,
-        # ends itself at its next round: `_worker`).
+        # On an error or Ctrl-C none goes on alone; one this command cannot end (killed
+        # outright) ends itself (`_worker`).
         started = [p for p in running.values() if p.pid is not None]
         for process in started:
             process.terminate()
@@ -809,11 +808,14 @@ def _die_with_parent(parent: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _worker(name: str, messages, inputs: tuple, progress: bool) -> None:
-    """A replay's process: `_run_one`, its progress and result sent back on `messages`."""
+def _worker(name: str, messages, inputs: tuple, progress: bool, parent: int) -> None:
+    """A replay's process: `_run_one`, its progress and result sent back on `messages`.
+
+    `parent` is the command's pid as the command read it before the fork: read here,
+    after a Ctrl-C that ended the command during the fork, it would be the orphan's new
+    parent, and the worker — holding the command's output pipes — replayed on alone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held during the fork
-    parent = os.getppid()
     _die_with_parent(parent)
     last = [0.0]
 

@@ -352,6 +352,48 @@ def test_workers_of_a_replay_killed_outright_stop_too(long_trace):
             _wait_gone(pid)
 
 
+def test_a_worker_forked_as_its_command_died_ends_itself(long_trace, tmp_path):
+    # A Ctrl-C or a kill during the fork: the command is gone before its new worker
+    # asked who its parent is. Asked then, the answer is the orphan's new parent, and
+    # the worker replayed on alone for as long as the replay took, holding the
+    # command's output pipes (a caller waiting for them hung with it). Here the
+    # command (a forked process of this test) dies the moment its worker exists,
+    # and the worker looks only once it has gone.
+    said = tmp_path / "worker"
+    catalog = load_catalog(bundled("ec2_config.json"))
+    jobs = load_jobs(long_trace, catalog)
+    inputs = (jobs, catalog, ground_truth(None), 300.0, {}, None)
+
+    def command() -> None:
+        real = cli._worker
+
+        def late(*args):
+            first = os.getppid()
+            for _ in range(3000):  # until the command is gone (at most 5 minutes)
+                if os.getppid() != first:
+                    break
+                threading.Event().wait(0.1)
+            real(*args)
+
+        cli._worker = late  # this process's copy only
+
+        def die_once_forked() -> None:
+            while not (children := _children(os.getpid())):
+                threading.Event().wait(0.01)
+            said.write_text(str(children[0]))
+            os._exit(0)
+
+        threading.Thread(target=die_once_forked, daemon=True).start()
+        board = cli._Progress(["eva"], len(jobs))
+        cli._run_in_workers(["eva"], inputs, 1, board, {}, bound=False)
+
+    process = multiprocessing.get_context("fork").Process(target=command)
+    process.start()
+    process.join(timeout=300)
+    assert process.exitcode == 0, process.exitcode
+    _wait_gone(int(said.read_text()))  # eva on this trace needs minutes
+
+
 def test_an_error_in_a_replay_worker_is_raised_in_the_command(pai, monkeypatch):
     # The workers are forked, so a replay patched here runs in them too: owl's
     # fails as bad input would. The error reaches the command as itself (the
