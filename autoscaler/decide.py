@@ -578,7 +578,8 @@ def job_capacities(
 ) -> dict[str, str]:
     """The capacity each job is planned under this round: its own, or "on-demand" once
     pinned there — when its own reclaims are more than the rate it was planned at (that
-    of `catalog`'s spot offerings) explains, or reach the ceiling (`reclaims_pin`), or as
+    of `catalog`'s spot offerings) explains, or reach the ceiling (`reclaims_pin`; a job
+    that asked for spot, only the ceiling: `pinned_by_reclaims`), or as
     a deadline's slack runs out (`pinned_on_demand`). The one rule deciding which
     offerings a job may use: the planner (and with it the LP bound) and the reports'
     no-packing baseline read it alike."""
@@ -627,6 +628,10 @@ def pinned_by_reclaims(
     reclaims = max((t.retries - t.failures for t in tasks), default=0)
     if reclaims <= 0:
         return False
+    if job.capacity == "spot":
+        # Its owner chose spot, not its price: the test of the rate it was priced at
+        # does not apply, and only the ceiling (every job finishes) moves it.
+        return policy.max_reclaims is not None and reclaims >= policy.max_reclaims
     solo_s = _solo_s(job)
     rate = planned_rate(job, catalog)
     if policy.from_scratch and solo_s is not None:

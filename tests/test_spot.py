@@ -305,3 +305,26 @@ def test_a_job_of_known_length_is_judged_on_its_whole_run_and_stays_pinned() -> 
     # An attempt the job itself failed is not a reclaim.
     failed = [TaskRecord("a/0", "a", retries=4, failures=1)]
     assert not pinned_by_reclaims(policy, ten_hours, failed, 0.0, 3600.0, catalog)
+
+
+def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
+    # The test of the priced rate decides between markets for the planner; a job whose
+    # owner chose spot stays there, however improbable its reclaims, until the ceiling.
+    from autoscaler.decide import pinned_by_reclaims
+    from autoscaler.jobs import TraceFacts
+    from autoscaler.store import TaskRecord
+
+    policy = SpotPolicy(checkpoint_every_s=900.0, max_reclaims=5)
+    catalog = offerings(0.05)
+    facts = TraceFacts(duration_s=36_000.0)
+    auto = job("a", (1, 4, 10), trace=facts)
+    spot = replace(auto, capacity="spot")
+
+    def reclaimed(n: int) -> list[TaskRecord]:
+        return [TaskRecord("a/0", "a", retries=n)]
+
+    assert pinned_by_reclaims(policy, auto, reclaimed(4), 0.0, 3600.0, catalog)  # as above
+    assert not pinned_by_reclaims(policy, spot, reclaimed(4), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, spot, reclaimed(5), 0.0, 3600.0, catalog)
+    unbounded = replace(policy, max_reclaims=None)
+    assert not pinned_by_reclaims(unbounded, spot, reclaimed(50), 0.0, 3600.0, catalog)
