@@ -54,7 +54,7 @@ import highspy
 import numpy as np
 
 from autoscaler.catalog import Catalog
-from autoscaler.lp import LPClass
+from autoscaler.lp import LPClass, solve_optimal
 from autoscaler.patterns import (
     Demand,
     Pattern,
@@ -503,12 +503,7 @@ def whole_task_bound(catalog: Catalog, classes: Sequence[LPClass]) -> float:
     lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.array(values, dtype=np.float64)
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.passModel(lp)
-    highs.run()
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise RuntimeError("whole-task LP not solved to optimality")
+    highs = solve_optimal(lp, "whole-task LP")
     return float(highs.getObjectiveValue())
 
 

@@ -178,6 +178,18 @@ def _build(catalog: Catalog, classes: Sequence[LPClass]) -> tuple[highspy.Highs,
     return highs, _Layout(x_cols, z0, cap_rows, n_cls)
 
 
+def solve_optimal(lp: highspy.HighsLp, what: str) -> highspy.Highs:
+    """`lp` solved quietly by HiGHS, to optimality: a bound read from anything less would
+    not be one (RuntimeError naming `what`)."""
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.passModel(lp)
+    highs.run()
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError(f"{what} not solved to optimality")
+    return highs
+
+
 def _read(
     highs: highspy.Highs,
     layout: _Layout,

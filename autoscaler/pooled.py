@@ -67,7 +67,7 @@ import numpy as np
 
 from autoscaler.catalog import Catalog
 from autoscaler.fluid import grid_up
-from autoscaler.lp import LPClass
+from autoscaler.lp import LPClass, solve_optimal
 from autoscaler.resources import EPSILON, RESOURCE_NAMES
 from autoscaler.stopwatch import stopwatch
 
@@ -294,12 +294,7 @@ def _solve_pooled(
     lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
     lp.a_matrix_.index_ = rows[keep].astype(np.int32)
     lp.a_matrix_.value_ = vals[keep].astype(np.float64)
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.passModel(lp)
-    highs.run()
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise RuntimeError("pooled LP not solved to optimality")
+    highs = solve_optimal(lp, "pooled LP")
     dual = np.maximum(0.0, -np.array(highs.getSolution().row_dual))
     a, b = (dual[start : start + per * n_types].reshape(n_types, per) for start in pool_row)
     return a[:, :3], a[:, 3:-1], b[:, :3], b[:, 3:-1], b[:, -1]
