@@ -10,13 +10,14 @@ every one of them (its test checks each name against a rendered registry).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from autoscaler.catalog import ON_DEMAND, SPOT
 from autoscaler.decide import StepDecision
-from autoscaler.store import RoundRecord, StateSnapshot
+from autoscaler.store import RoundRecord, StateCounts, StateSnapshot
 
 
 class Metrics:
@@ -128,22 +129,24 @@ class Metrics:
         self.interruptions.labels(instance_type, capacity_type(instance_type)).inc()
 
     def observe_state(self, snapshot: StateSnapshot, hourly_cost: float) -> None:
-        self.hourly_cost.set(hourly_cost)
+        """The state's counts from a snapshot already read (`observe_counts`)."""
+        self.observe_counts(replace(StateCounts.of(snapshot), hourly_cost=hourly_cost))
+
+    def observe_counts(self, counts: StateCounts) -> None:
+        """The bill now, the live instances, the active jobs and their tasks by status."""
+        self.hourly_cost.set(counts.hourly_cost)
         self._set(
             self.instances,
-            (
-                (i.instance_type, capacity_type(i.instance_type), i.status)
-                for i in snapshot.instances
-            ),
+            {
+                (itype, capacity_type(itype), status): n
+                for (itype, status), n in counts.instances.items()
+            },
         )
-        self._set(self.jobs, ((j.status,) for j in snapshot.jobs))
-        self._set(self.tasks, ((t.status,) for t in snapshot.tasks.values()))
+        self._set(self.jobs, {(status,): n for status, n in counts.jobs.items()})
+        self._set(self.tasks, {(status,): n for status, n in counts.tasks.items()})
 
     @staticmethod
-    def _set(gauge: Gauge, keys: Iterable[tuple[str, ...]]) -> None:
-        counts: dict[tuple[str, ...], int] = {}
-        for key in keys:
-            counts[key] = counts.get(key, 0) + 1
+    def _set(gauge: Gauge, counts: Mapping[tuple[str, ...], int]) -> None:
         gauge.clear()
         for key, n in counts.items():
             gauge.labels(*key).set(n)

@@ -357,6 +357,50 @@ class StateSnapshot:
         return ReconfigurationHistory(elapsed, self.event_rounds, self.full_rounds)
 
 
+@dataclass(frozen=True, slots=True)
+class StateCounts:
+    """How many of each there are now, what the daemon's metrics show: the active jobs
+    and their tasks by status, the live instances by (type, status), and the $/h of the
+    billed ones at the prices recorded with their requests (summed in request order)."""
+
+    jobs: Mapping[str, int]
+    tasks: Mapping[str, int]
+    instances: Mapping[tuple[str, str], int]
+    hourly_cost: float
+
+    @classmethod
+    def of(cls, snapshot: StateSnapshot) -> StateCounts:
+        """The counts of a snapshot (what a binding without a cheaper query returns)."""
+        jobs: dict[str, int] = {}
+        for job in snapshot.jobs:
+            jobs[job.status] = jobs.get(job.status, 0) + 1
+        tasks: dict[str, int] = {}
+        for task in snapshot.tasks.values():
+            tasks[task.status] = tasks.get(task.status, 0) + 1
+        return cls(
+            jobs,
+            tasks,
+            *instance_counts(
+                (i.instance_type, i.status, i.hourly_price) for i in snapshot.instances
+            ),
+        )
+
+
+def instance_counts(
+    rows: Iterable[tuple[str, str, float]],
+) -> tuple[dict[tuple[str, str], int], float]:
+    """Live instances, each (type, status, hourly price) in request order: their counts by
+    (type, status), and the $/h of the billed ones."""
+    counts: dict[tuple[str, str], int] = {}
+    cost = 0.0
+    for instance_type, status, price in rows:
+        key = (instance_type, status)
+        counts[key] = counts.get(key, 0) + 1
+        if status in BILLED_STATUSES:
+            cost += price
+    return counts, cost
+
+
 @runtime_checkable
 class Store(Protocol):
     """Persistent state of the cluster, changed only by the transitions below."""
@@ -467,6 +511,11 @@ class Store(Protocol):
         """Everything a round reads, in one transaction (the throughput table only
         when asked: a step between rounds does not need it)."""
         ...
+
+    def state_counts(self) -> StateCounts:
+        """The counts the metrics show, now (`StateCounts`); bindings that can count in
+        one query override it. (Defined here once: bindings inherit it.)"""
+        return StateCounts.of(self.snapshot(with_throughput=False))
 
     def job(self, job_id: str) -> JobRecord | None: ...
 

@@ -46,6 +46,7 @@ import json
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Double,
@@ -172,6 +173,9 @@ class Job(Base):
     reason: Mapped[str] = mapped_column(Text, server_default="")
     #: Iterations per second alone, learned when the spec gave none.
     solo_throughput: Mapped[float | None] = mapped_column(Double)
+    #: Set by the database on every write (0013's triggers): a snapshot reads only the
+    #: rows written since the previous one.
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0", index=True)
 
 
 class Task(Base):
@@ -206,6 +210,9 @@ class Task(Base):
     failure: Mapped[str | None] = mapped_column(String(16))  # class of the latest failure
     retry_at: Mapped[float | None] = mapped_column(Double)  # transient back-off until
     drain_from: Mapped[str | None] = mapped_column(String)  # the operator moves it off
+    #: Set by the database on every write (0013's triggers): a snapshot reads only the
+    #: rows written since the previous one.
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0", index=True)
 
 
 class Instance(Base):
@@ -231,6 +238,9 @@ class Instance(Base):
     reclaimed_at: Mapped[float | None] = mapped_column(Double)
     # Its EC2 type's on-demand price at the request: spot savings are measured against it.
     on_demand_price: Mapped[float | None] = mapped_column(Double)
+    #: Set by the database on every write (0013's triggers): a snapshot reads only the
+    #: rows written since the previous one.
+    version: Mapped[int] = mapped_column(BigInteger, server_default="0", index=True)
 
 
 class InstanceTransition(Base):

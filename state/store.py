@@ -69,12 +69,14 @@ from autoscaler.store import (
     JobStatus,
     RoundIntents,
     RoundRecord,
+    StateCounts,
     StateSnapshot,
     Store,
     StoreError,
     TaskRecord,
     TaskUpdate,
     UnknownEntity,
+    instance_counts,
 )
 from autoscaler.store import Placement as PlacementRecord
 from autoscaler.store import UptimeInterval as UptimeRecord
@@ -167,6 +169,9 @@ class SqlStore(Store):
             self.close()
             raise
         self._specs: dict[int, JobSpec] = {}  # parsed specs of the active jobs, by row id
+        # The active jobs, tasks and live instances of the latest snapshot, which the
+        # next one merges what was written since into (None: the next reads them all).
+        self._active: _Active | None = None
 
     @property
     def engine(self) -> Engine:
@@ -731,10 +736,23 @@ class SqlStore(Store):
     def snapshot(
         self, default_throughput: float = DEFAULT_THROUGHPUT, *, with_throughput: bool = True
     ) -> StateSnapshot:
+        """Everything a round reads, in one read transaction. The active jobs, their
+        tasks and the live instances are the previous snapshot's with the rows written
+        since merged in (`_Active.merged`: the rows whose version, set by the database
+        on every write, is at or above the previous snapshot's mark), so a round reads
+        in proportion to what changed; a store's first snapshot (after a restart too)
+        reads them all."""
         with read_transaction(self._engine) as conn:
-            jobs = self._active_jobs(conn)
-            tasks = self._tasks(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
-            instances = self._instances(conn, INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES))
+            marks = _marks(conn)  # first, so it is of this transaction's snapshot
+            previous = self._active
+            if previous is None:
+                active = self._read_active(conn, marks)
+            else:
+                active = previous.merged(conn, self, marks)
+            self._active = active  # a snapshot older than the last is a sound base too
+            jobs = active.job_records()
+            tasks = active.task_records(jobs)
+            instances = active.instance_records()
             entries = (
                 {
                     (r.workload, colocated_from_key(r.colocated)): ThroughputEntry(
@@ -772,7 +790,7 @@ class SqlStore(Store):
             ).one()
         return StateSnapshot(
             tuple(jobs),
-            {t.task_id: t for t in tasks},
+            tasks,
             tuple(instances),
             ThroughputTable(entries, default_throughput),
             first_round_at,
@@ -782,6 +800,31 @@ class SqlStore(Store):
             int(submitted) + int(finished),
             last_round_job_events,
             delays,
+        )
+
+    def state_counts(self) -> StateCounts:
+        """Counted by the database: two aggregates and the live instances' three columns,
+        instead of a snapshot's every active job, task and instance history."""
+        active = JOBS.c.status.not_in(FINAL_JOB_STATUSES)
+        with read_transaction(self._engine) as conn:
+            jobs = conn.execute(
+                select(JOBS.c.status, func.count()).where(active).group_by(JOBS.c.status)
+            ).all()
+            tasks = conn.execute(
+                select(TASKS.c.status, func.count())
+                .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
+                .where(active)
+                .group_by(TASKS.c.status)
+            ).all()
+            instances = conn.execute(
+                select(INSTANCES.c.instance_type, INSTANCES.c.status, INSTANCES.c.hourly_price)
+                .where(INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES))
+                .order_by(INSTANCES.c.id)
+            ).all()
+        return StateCounts(
+            {status: int(n) for status, n in jobs},
+            {status: int(n) for status, n in tasks},
+            *instance_counts((t, s, p) for t, s, p in instances),
         )
 
     def job(self, job_id: str) -> JobRecord | None:
@@ -885,23 +928,49 @@ class SqlStore(Store):
         dialect = sqlite if self._engine.dialect.name == "sqlite" else postgresql
         return dialect.insert(table)
 
-    def _active_jobs(self, conn: Connection) -> list[JobRecord]:
-        """Queued and running jobs. A spec never changes once submitted, so the parsed
-        specs of active jobs are kept between snapshots (and only theirs: the cache
-        holds what is active, however long the daemon runs)."""
+    def _job_rows(
+        self,
+        conn: Connection,
+        where: ColumnElement[bool],
+        known: Mapping[str, JobRecord] | None = None,
+    ) -> tuple[list[tuple[int, JobRecord]], list[str]]:
+        """(row id, record) of the active jobs matching `where`, in submission order, and
+        the ids of the ended ones. A spec never changes once submitted: it is taken from
+        `known` records, else from the specs parsed at submission (`_specs`), and only
+        the rest are read and parsed."""
+        known = known or {}
         columns = [c for c in JOBS.c if c.name != "spec"]
-        rows = conn.execute(
-            select(*columns).where(JOBS.c.status.not_in(FINAL_JOB_STATUSES)).order_by(JOBS.c.id)
-        ).all()
+        rows = conn.execute(select(*columns).where(where).order_by(JOBS.c.id)).all()
+        ended = [r.job_id for r in rows if r.status in FINAL_JOB_STATUSES]
+        if ended:
+            rows = [r for r in rows if r.status not in FINAL_JOB_STATUSES]
+        specs = {r.id: known[r.job_id].spec for r in rows if r.job_id in known}
         cache = self._specs
-        missing = [r.id for r in rows if r.id not in cache]
+        missing = [r.id for r in rows if r.id not in specs and r.id not in cache]
         for chunk in _chunks(missing):
             for r in conn.execute(
                 select(JOBS.c.id, JOBS.c.spec).where(_among(conn, JOBS.c.id, chunk))
             ):
                 cache[r.id] = spec_from_document(r.spec)
-        self._specs = {r.id: cache[r.id] for r in rows}
-        return [_job(r, self._specs[r.id]) for r in rows]
+        return [(r.id, _job(r, specs.get(r.id) or cache[r.id])) for r in rows], ended
+
+    def _read_active(self, conn: Connection, marks: dict[str, int]) -> _Active:
+        """The active jobs, their tasks and the live instances, all read."""
+        jobs, _ = self._job_rows(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
+        tasks = self._tasks(conn, JOBS.c.status.not_in(FINAL_JOB_STATUSES))
+        instances = self._instance_rows(conn, INSTANCES.c.status.not_in(FINAL_INSTANCE_STATUSES))
+        self._keep_specs(jobs)
+        return _Active(
+            marks,
+            {j.job_id: (row_id, j) for row_id, j in jobs},
+            {t.task_id: t for t in tasks},
+            {i.instance_id: (row_id, i) for row_id, i in instances},
+        )
+
+    def _keep_specs(self, jobs: Iterable[tuple[int, JobRecord]]) -> None:
+        """Keep the parsed specs of these jobs only (the active ones): the cache holds what
+        is active, however long the daemon runs."""
+        self._specs = {row_id: j.spec for row_id, j in jobs}
 
     @staticmethod
     def _jobs(conn: Connection, where: ColumnElement[bool] | None) -> list[JobRecord]:
@@ -928,9 +997,19 @@ class SqlStore(Store):
             out.append(TaskRecord(*values))
         return out
 
-    @staticmethod
-    def _instances(conn: Connection, where: ColumnElement[bool] | None) -> list[InstanceRecord]:
+    @classmethod
+    def _instances(
+        cls, conn: Connection, where: ColumnElement[bool] | None
+    ) -> list[InstanceRecord]:
         """Instances matching `where`, in request order, each with its status history."""
+        return [inst for _, inst in cls._instance_rows(conn, where)]
+
+    @staticmethod
+    def _instance_rows(
+        conn: Connection, where: ColumnElement[bool] | None
+    ) -> list[tuple[int, InstanceRecord]]:
+        """(row id, record) of the instances matching `where`, in request order, each with
+        its status history."""
         query = select(INSTANCES).order_by(INSTANCES.c.id)
         history = (
             select(HISTORY.c.instance_id, HISTORY.c.status, HISTORY.c.at)
@@ -942,7 +1021,103 @@ class SqlStore(Store):
         histories: dict[str, list[tuple[str, float]]] = {}
         for instance_id, status, at in conn.execute(history).all():
             histories.setdefault(instance_id, []).append((status, at))
-        return [_instance(r, histories.get(r.instance_id, ())) for r in conn.execute(query).all()]
+        return [
+            (r.id, _instance(r, histories.get(r.instance_id, ())))
+            for r in conn.execute(query).all()
+        ]
+
+
+#: The tables whose rows carry a version the database sets on every write (0013).
+VERSIONED = ("jobs", "tasks", "instances")
+
+
+def _marks(conn: Connection) -> dict[str, int]:
+    """Per versioned table, the version from which rows may have been written after this
+    read transaction's snapshot: the next snapshot re-reads the rows at or above it.
+
+    PostgreSQL: the snapshot's xmin, the oldest transaction still running when it was
+    taken (a row's version is its writer's transaction id; transactions commit out of
+    order, so a writer below the newest seen may still commit, but never one below
+    xmin). SQLite: one above the table's largest version (writers are serialized, and
+    each row written later gets a larger one)."""
+    if conn.dialect.name == "postgresql":
+        xmin = conn.exec_driver_sql(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+        ).scalar_one()
+        return dict.fromkeys(VERSIONED, int(xmin))
+    return {
+        name: int(
+            conn.exec_driver_sql(f"SELECT coalesce(max(version), 0) FROM {name}").scalar_one()
+        )
+        + 1
+        for name in VERSIONED
+    }
+
+
+class _Active:
+    """The active jobs (row id, record), their tasks and the live instances (row id,
+    record) as of one snapshot, and its marks (`_marks`)."""
+
+    __slots__ = ("instances", "jobs", "marks", "tasks")
+
+    def __init__(
+        self,
+        marks: dict[str, int],
+        jobs: dict[str, tuple[int, JobRecord]],
+        tasks: dict[str, TaskRecord],
+        instances: dict[str, tuple[int, InstanceRecord]],
+    ) -> None:
+        self.marks, self.jobs, self.tasks, self.instances = marks, jobs, tasks, instances
+
+    def merged(self, conn: Connection, store: SqlStore, marks: dict[str, int]) -> _Active:
+        """This state with the rows written since it merged in, as of `conn`'s snapshot
+        (whose marks are `marks`): equal to reading them all (tested on both databases).
+        A row is never deleted, a job or instance that ends never comes back, and a job's
+        tasks are written in the transaction that submits it."""
+        jobs, tasks, instances = dict(self.jobs), dict(self.tasks), dict(self.instances)
+        known = {job_id: record for job_id, (_, record) in jobs.items()}
+        changed, ended = store._job_rows(conn, JOBS.c.version >= self.marks["jobs"], known)
+        for job_id in ended:
+            gone = jobs.pop(job_id, None)
+            if gone is not None:
+                for spec in gone[1].spec.tasks:
+                    tasks.pop(spec.task_id, None)
+        for row_id, job in changed:
+            jobs[job.job_id] = (row_id, job)
+        query = select(*(TASKS.c[name] for name in TASK_FIELDS)).where(
+            TASKS.c.version >= self.marks["tasks"]
+        )
+        for row in conn.execute(query).all():
+            if row.job_id in jobs:
+                values = list(row)
+                values[GPUS] = tuple(values[GPUS])
+                tasks[row.task_id] = TaskRecord(*values)
+        for row_id, inst in store._instance_rows(
+            conn, INSTANCES.c.version >= self.marks["instances"]
+        ):
+            if inst.status in FINAL_INSTANCE_STATUSES:
+                instances.pop(inst.instance_id, None)
+            else:
+                instances[inst.instance_id] = (row_id, inst)
+        store._keep_specs(jobs.values())
+        return _Active(marks, jobs, tasks, instances)
+
+    def job_records(self) -> list[JobRecord]:
+        """The active jobs in submission order."""
+        return [job for _, job in sorted(self.jobs.values(), key=_first)]
+
+    def task_records(self, jobs: Sequence[JobRecord]) -> dict[str, TaskRecord]:
+        """Their tasks in job order, then spec order (as a full read orders them)."""
+        tasks = self.tasks
+        return {spec.task_id: tasks[spec.task_id] for job in jobs for spec in job.spec.tasks}
+
+    def instance_records(self) -> list[InstanceRecord]:
+        """The live instances in request order."""
+        return [inst for _, inst in sorted(self.instances.values(), key=_first)]
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 def _job(row: Row[Any], spec: JobSpec) -> JobRecord:

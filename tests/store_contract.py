@@ -19,6 +19,7 @@ from autoscaler.store import (
     IllegalTransition,
     RoundIntents,
     RoundRecord,
+    StateCounts,
     TaskUpdate,
     UnknownEntity,
 )
@@ -646,3 +647,34 @@ def test_an_instance_keeps_the_on_demand_price_of_its_request(store):
     store.transition_instance("i-1", "terminated", 30.0)
     kept = {i.instance_id: i.on_demand_price for i in store.instances(include_finished=True)}
     assert kept == {"i-1": 0.09, "i-2": None}
+
+
+def test_state_counts_are_the_snapshots_counts_and_the_bill_now(store):
+    submit(store, "queued", n_tasks=2)
+    submit(store, "running", n_tasks=3)
+    submit(store, "done", n_tasks=1)
+    submit(store, "gone", n_tasks=2)
+    store.update_tasks(
+        [TaskUpdate(f"running/{i}", status="running", instance_id="i-1") for i in range(3)], 5.0
+    )
+    store.job_started("running", 5.0)
+    store.job_finished("done", 6.0)
+    store.cancel_job("gone", 6.0)
+    request(store, "i-1", "c7i.large", 0.5, at=1.0)
+    request(store, "i-2", "c7i.large", 0.25, at=1.0)
+    request(store, "i-3", "p3.2xlarge", 3.0, at=1.0)  # requested: not billed yet
+    request(store, "i-4", "p3.2xlarge", 3.0, at=1.0)
+    store.transition_instance("i-1", "running", 2.0)
+    store.transition_instance("i-2", "pending", 2.0)
+    store.transition_instance("i-4", "failed", 2.0)  # not live
+    counts = store.state_counts()
+    assert dict(counts.jobs) == {"queued": 1, "running": 1}
+    assert dict(counts.tasks) == {"pending": 2, "running": 3}
+    assert dict(counts.instances) == {
+        ("c7i.large", "running"): 1,
+        ("c7i.large", "pending"): 1,
+        ("p3.2xlarge", "requested"): 1,
+    }
+    assert counts.hourly_cost == 0.75
+    # The same figures as counting a snapshot (what the metrics counted before).
+    assert counts == StateCounts.of(store.snapshot(with_throughput=False))
