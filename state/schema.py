@@ -111,9 +111,14 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+#: One encoder for every document: `json.dumps` with options builds a new one per call,
+#: and a round stores one document per action (thousands in a first round).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_plain, allow_nan=True)
+
+
 def dump_json(value: Any) -> str:
     """JSON text whose floats read back bit for bit, infinities and NaN included."""
-    return json.dumps(value, separators=(",", ":"), default=_plain, allow_nan=True)
+    return _ENCODER.encode(value)
 
 
 class JsonText(TypeDecorator[Any]):

@@ -38,6 +38,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
+    String,
     Table,
     any_,
     bindparam,
@@ -1225,7 +1226,7 @@ def _unnest(
             # An array holds values of one type: a time given as 30 beside 30.5 is 30.0.
             column_values = [None if v is None else number(v) for v in column_values]
         params[f"a{i}"] = column_values
-        arrays.append(f"%(a{i})s::{kind.compile(dialect=dialect)}[]")
+        arrays.append(f"%(a{i})b::{kind.compile(dialect=dialect)}[]")
     names = ", ".join(_quoted(conn, c) for c in order)
     return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
 
@@ -1238,11 +1239,13 @@ def _python_type(kind: Any) -> type | None:
 
 
 def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
-    """`column IN values`; on PostgreSQL `column = ANY(array)`, one parameter however many
-    values (an `IN` list of thousands is thousands of parameters to bind and parse)."""
+    """`column IN values` with one parameter however many values (an `IN` list of
+    thousands is thousands of parameters to bind, expand and parse): on PostgreSQL
+    `column = ANY(array)`, on SQLite `column IN (SELECT value FROM json_each(list))`."""
     if conn.dialect.name == "postgresql":
         return cast(ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type))))
-    return cast(ColumnElement[bool], column.in_(values))
+    each = func.json_each(literal(json.dumps(list(values)), String())).table_valued("value")
+    return cast(ColumnElement[bool], column.in_(select(each.c.value)))
 
 
 def _quoted(conn: Connection, name: str) -> str:
