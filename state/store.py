@@ -132,6 +132,9 @@ INSTANCE_COLUMNS = (
     "reason",
     "reclaimed_at",
 )
+#: The instance record's fields stored in its row (its history is in its own table).
+INSTANCE_FIELDS = tuple(f.name for f in fields(InstanceRecord) if f.name != "history")
+HISTORY_FIELD = [f.name for f in fields(InstanceRecord)].index("history")
 LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
 #: table -> (its key, the columns transitions change).
 WRITTEN = {
@@ -1011,7 +1014,9 @@ class SqlStore(Store):
     ) -> list[tuple[int, InstanceRecord]]:
         """(row id, record) of the instances matching `where`, in request order, each with
         its status history."""
-        query = select(INSTANCES).order_by(INSTANCES.c.id)
+        query = select(INSTANCES.c.id, *(INSTANCES.c[n] for n in INSTANCE_FIELDS)).order_by(
+            INSTANCES.c.id
+        )
         history = (
             select(HISTORY.c.instance_id, HISTORY.c.status, HISTORY.c.at)
             .join(INSTANCES, INSTANCES.c.instance_id == HISTORY.c.instance_id)
@@ -1022,10 +1027,13 @@ class SqlStore(Store):
         histories: dict[str, list[tuple[str, float]]] = {}
         for instance_id, status, at in conn.execute(history).all():
             histories.setdefault(instance_id, []).append((status, at))
-        return [
-            (r.id, _instance(r, histories.get(r.instance_id, ())))
-            for r in conn.execute(query).all()
-        ]
+        # The columns in the record's field order, the history spliced in: a first round's
+        # launches are thousands of instances, and lookups by name were most of it.
+        out = []
+        for row_id, *values in conn.execute(query).all():
+            values.insert(HISTORY_FIELD, tuple(histories.get(values[0], ())))
+            out.append((row_id, InstanceRecord(*values)))
+        return out
 
 
 #: The tables whose rows carry a version the database sets on every write (0013).
@@ -1158,10 +1166,15 @@ def _insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any
     `executemany`, which runs in process."""
     if not rows:
         return
-    if conn.dialect.name != "postgresql":
-        conn.execute(insert(table), list(rows))
-        return
     order = tuple(rows[0])
+    if conn.dialect.name != "postgresql":
+        names = ", ".join(_quoted(conn, c) for c in order)
+        marks = ", ".join("?" * len(order))
+        conn.exec_driver_sql(
+            f"INSERT INTO {table.name} ({names}) VALUES ({marks})",
+            _sqlite_params(conn, table, order, rows),
+        )
+        return
     source, params = _unnest(conn, table, order, rows)
     names = ", ".join(_quoted(conn, c) for c in order)
     # In the rows' order, so ids drawn from a sequence follow it (request order).
@@ -1186,12 +1199,13 @@ def _update_rows(
     if not rows:
         return
     if conn.dialect.name != "postgresql":
-        statement = update(table).where(*(table.c[k] == bindparam(f"b_{k}") for k in keys))
+        sets = ", ".join(f"{_quoted(conn, n)} = ?" for n in names)
+        found = [f"{_quoted(conn, k)} = ?" for k in keys]
         if where_null is not None:
-            statement = statement.where(table.c[where_null].is_(None))
-        conn.execute(
-            statement.values(**{n: bindparam(f"b_{n}") for n in names}),
-            [{f"b_{c}": row[c] for c in (*keys, *names)} for row in rows],
+            found.append(f"{_quoted(conn, where_null)} IS NULL")
+        conn.exec_driver_sql(
+            f"UPDATE {table.name} SET {sets} WHERE {' AND '.join(found)}",
+            _sqlite_params(conn, table, (*names, *keys), rows),
         )
         return
     # One row per key, the last winning, as in a sequence of single-row updates.
@@ -1204,6 +1218,22 @@ def _update_rows(
     conn.exec_driver_sql(
         f"UPDATE {table.name} SET {sets} FROM {source} WHERE {' AND '.join(found)}", params
     )
+
+
+def _sqlite_params(
+    conn: Connection, table: Table, order: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> list[tuple[Any, ...]]:
+    """The rows as SQLite `executemany` parameters in `order`, each value through its
+    column type's bind processing (as `conn.execute(insert(table), rows)` sends them,
+    without its per-row, per-parameter work)."""
+    processors = [table.c[name].type.bind_processor(conn.dialect) for name in order]
+    if not any(processors):
+        return [tuple(row[name] for name in order) for row in rows]
+    steps = list(zip(order, processors, strict=True))
+    return [
+        tuple(row[name] if process is None else process(row[name]) for name, process in steps)
+        for row in rows
+    ]
 
 
 def _unnest(
