@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
+from operator import itemgetter
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -502,13 +503,13 @@ class SqlStore(Store):
         # entries are written.
         current: dict[str, InstanceRecord] = {}
         for chunk in _chunks(ids):
-            for row in conn.execute(
-                select(INSTANCES)
+            for values in conn.execute(
+                select(*(INSTANCES.c[n] for n in INSTANCE_FIELDS))
                 .where(_among(conn, INSTANCES.c.instance_id, chunk))
                 .order_by(INSTANCES.c.instance_id)
                 .with_for_update()
-            ):
-                current[row.instance_id] = _instance(row, ())
+            ).all():
+                current[values[0]] = _instance_of(list(values), ())
         seqs: dict[str, int] = {}
         for chunk in _chunks(ids):
             seqs.update(
@@ -1029,11 +1030,10 @@ class SqlStore(Store):
             histories.setdefault(instance_id, []).append((status, at))
         # The columns in the record's field order, the history spliced in: a first round's
         # launches are thousands of instances, and lookups by name were most of it.
-        out = []
-        for row_id, *values in conn.execute(query).all():
-            values.insert(HISTORY_FIELD, tuple(histories.get(values[0], ())))
-            out.append((row_id, InstanceRecord(*values)))
-        return out
+        return [
+            (row_id, _instance_of(values, histories.get(values[0], ())))
+            for row_id, *values in conn.execute(query).all()
+        ]
 
 
 #: The tables whose rows carry a version the database sets on every write (0013).
@@ -1226,14 +1226,22 @@ def _sqlite_params(
     """The rows as SQLite `executemany` parameters in `order`, each value through its
     column type's bind processing (as `conn.execute(insert(table), rows)` sends them,
     without its per-row, per-parameter work)."""
-    processors = [table.c[name].type.bind_processor(conn.dialect) for name in order]
-    if not any(processors):
-        return [tuple(row[name] for name in order) for row in rows]
-    steps = list(zip(order, processors, strict=True))
-    return [
-        tuple(row[name] if process is None else process(row[name]) for name, process in steps)
-        for row in rows
+    get = itemgetter(*order) if len(order) > 1 else lambda row: (row[order[0]],)
+    values = [get(row) for row in rows]
+    processed = [
+        (i, process)
+        for i, name in enumerate(order)
+        if (process := table.c[name].type.bind_processor(conn.dialect)) is not None
     ]
+    if not processed:
+        return values
+    out = []
+    for row in values:
+        items = list(row)
+        for i, process in processed:
+            items[i] = process(items[i])
+        out.append(tuple(items))
+    return out
 
 
 def _unnest(
@@ -1323,6 +1331,12 @@ def _instance(row: Row[Any], history: Iterable[tuple[str, float]]) -> InstanceRe
         row.reclaimed_at,
         row.on_demand_price,
     )
+
+
+def _instance_of(values: list[Any], history: Iterable[tuple[str, float]]) -> InstanceRecord:
+    """An instance record from its row's `INSTANCE_FIELDS` values, in that order."""
+    values.insert(HISTORY_FIELD, tuple(history))
+    return InstanceRecord(*values)
 
 
 def _interval(row: Row[Any]) -> UptimeRecord:
