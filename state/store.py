@@ -21,6 +21,11 @@ processes (the daemon's round, a submission API, the CLI) can use it at once:
 - **Snapshots are consistent**: `snapshot()` reads every table in one read
   transaction (REPEATABLE READ on PostgreSQL; on SQLite in WAL mode a read
   transaction sees the database as of its first read), without blocking writers.
+- **Snapshots read in proportion to change**: the database versions every row of
+  jobs, tasks and instances on every write (triggers, migration 0013), and a
+  snapshot merges only the rows written since the store's previous one into it —
+  equal to reading them all, whichever process wrote them. A new store (a restart)
+  reads everything once.
 
 Opening a database whose schema is missing or not at the head revision raises
 `SchemaOutdated`, whose message says to run `autoscaler db upgrade --url …`.
