@@ -123,6 +123,17 @@ class SpotWorld:
 
     def __post_init__(self) -> None:
         self._intervals: dict[str, float | None] = {}
+        # (when, offering) of every reclaim, oldest first: the interruption history the
+        # daemon keeps in its state, which the replay's learned rates read (`reclaims_since`)
+        self.reclaimed: list[tuple[float, str]] = []
+
+    def reclaims_since(self, since: float) -> dict[str, int]:
+        """Reclaims per offering at or after `since` (as `Store.interruption_counts`)."""
+        counts: dict[str, int] = {}
+        for at, offering in self.reclaimed:
+            if at >= since:
+                counts[offering] = counts.get(offering, 0) + 1
+        return counts
 
     def _trace(self, itype: InstanceType) -> AvailabilityTrace | None:
         for key, trace in self.traces.items():
@@ -199,6 +210,7 @@ class SpotWorld:
         if inst.state in ("shutting-down", "terminated"):
             return
         self.stats.interruptions += 1
+        self.reclaimed.append((world.engine.now(), inst.itype.name))
         hit: dict[str, SimJob] = {}
         for task_id in list(inst.tasks):
             task = world.tasks[task_id]

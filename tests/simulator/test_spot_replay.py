@@ -289,3 +289,45 @@ def test_pai_jobs_load_with_spot_offerings_in_the_catalog() -> None:
         spot=SpotReplay(policy=SpotPolicy()),
     )
     assert result.finished and result.spot["spot_share"] > 0.5
+
+
+def test_the_planner_learns_a_harsh_trace_s_rate_from_the_replay_s_reclaims() -> None:
+    # Capacity for 1200 s of every 2400: each spot instance is reclaimed within the
+    # hour, far more than the band's 0.001 per hour, and the rate the replay's planner
+    # prices the offering at rises towards what the reclaims show, as the daemon's would.
+    band = 0.001
+    trace = AvailabilityTrace(1200.0, (0, 1))
+    jobs = [job(f"j{i}", 4000.0, arrival=300.0 * i) for i in range(4)]
+    store = InMemoryStore()
+    result = replay(
+        jobs,
+        catalog(band),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    reclaims = result.spot["interruptions"]
+    assert reclaims >= 1
+    learned = result.spot["learned_rates"]["small:spot"]
+    spot_h = sum(
+        ((u.end if u.end is not None else result.end_time_s) - u.start) / 3600.0
+        for u in store.uptime()
+        if u.instance_type == "small:spot"
+    )
+    # (band · 100 + reclaims) / (100 + spot hours): the band counts as 100 hours
+    assert learned == pytest.approx((band * 100.0 + reclaims) / (100.0 + spot_h), rel=1e-6)
+    assert learned > band
+
+
+def test_without_learning_a_replay_plans_at_the_catalog_s_rates() -> None:
+    trace = AvailabilityTrace(1200.0, (0, 1))
+    result = replay(
+        [job("a", 4000.0)],
+        catalog(0.001),
+        NO_INTERFERENCE,
+        "eva",
+        spot=SpotReplay(traces={"small": trace}, learn_rates=False),
+    )
+    assert result.finished and "learned_rates" not in result.spot
