@@ -18,7 +18,7 @@ from autoscaler.spot import SpotPolicy
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
-from simulator.spot import AvailabilityTrace, parse_trace, parse_trace_flag
+from simulator.spot import AvailabilityTrace, SpotWorld, parse_trace, parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
 
@@ -331,3 +331,35 @@ def test_without_learning_a_replay_plans_at_the_catalog_s_rates() -> None:
         spot=SpotReplay(traces={"small": trace}, learn_rates=False),
     )
     assert result.finished and "learned_rates" not in result.spot
+
+
+def test_a_refused_launch_marks_the_offering_until_the_trace_has_capacity_again() -> None:
+    # Out in [600, 2400) (three intervals), then back: a launch refused at 700 waits
+    # for 2400, not for the end of its own interval (1200), so the planner does not
+    # retry, and move jobs between markets, every interval of one long outage.
+    trace = AvailabilityTrace(600.0, (0, 1, 1, 1, 0, 0))
+    assert trace.next_available(100.0) == 100.0
+    assert trace.next_available(700.0) == 2400.0
+    assert trace.next_available(4300.0) == 6000.0  # repeats: out again in [4200, 6000)
+    assert AvailabilityTrace(600.0, (1, 1)).next_available(0.0) is None
+    world = SpotWorld(world=None, traces={"small": trace})  # type: ignore[arg-type]
+    spot = catalog()["small:spot"]
+    assert world.outage_left_s(spot, 700.0) == pytest.approx(1700.0)
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 3000.0, arrival=700.0)],
+        catalog(),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    spot_requests = [
+        i.requested_at
+        for i in store.instances(include_finished=True)
+        if i.instance_type == "small:spot"
+    ]
+    # one refused request during the outage (at the job's arrival), none retried in it
+    assert len([t for t in spot_requests if 700.0 <= t < 2400.0]) == 1
+    assert any(t >= 2400.0 for t in spot_requests)  # back on spot once capacity is
