@@ -380,6 +380,20 @@ def job_deadline_s(job: JobSpec, solo_s: float | None) -> float | None:
     return None
 
 
+def rollback_s(job: JobSpec, policy: SpotPolicy) -> float:
+    """The most running time a reclaim can take back from the job: its periodic
+    checkpoint interval (its tasks' shortest, else the policy's; 0 when the policy
+    prices no checkpoint loss). What `pinned_on_demand` keeps beyond the restart: the
+    rule promises the job can still finish on on-demand after one more reclaim, and
+    that reclaim can land just before a checkpoint — kept at half the interval (the
+    expectation) or not at all, short jobs reclaimed near their end missed their
+    deadlines by minutes."""
+    if not policy.checkpoint_every_s:
+        return 0.0
+    every = [t.run.checkpoint_every_s for t in job.tasks if t.run.checkpoint_every_s]
+    return min(every) if every else policy.checkpoint_every_s
+
+
 def pinned_on_demand(
     *,
     now: float,
