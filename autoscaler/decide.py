@@ -59,6 +59,7 @@ from autoscaler.spot import (
     pinned_on_demand,
     planned_rate,
     reclaims_pin,
+    rollback_s,
     spot_discount,
     spread,
     without_misfits,
@@ -607,7 +608,7 @@ def job_capacities(
                 deadline_s=deadline,
                 remaining_s=remaining,
                 restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
-                margin_s=policy.deadline_margin_s,
+                margin_s=policy.deadline_margin_s + rollback_s(job, policy),
             )
         out[job.job_id] = job_capacity(job, pinned)
     return out

@@ -317,6 +317,22 @@ class Packer:
             current = best_value
         return comp, current
 
+    def _holds(self, k: int, classes: Iterable[int]) -> bool:
+        """Whether an instance of type k holds one task of each of `classes` (repeated
+        as often as they come). A running instance can hold more than it has room for
+        while a move is under way — a task that waits for its new instance still runs
+        there beside the one placed in its stead — and such a composition is no column
+        for the pattern LP: seeded, the LP could keep it, and the task placed there
+        would wait for room that never comes."""
+        free = self.types[k].capacity.as_tuple()
+        used = [0.0, 0.0, 0.0]
+        for c in classes:
+            d = self.demand[k][c]
+            if d is None:
+                return False
+            used = [u + x for u, x in zip(used, d, strict=True)]
+        return fits((used[0], used[1], used[2]), free)
+
     def _downsize(self, k: int, comp: tuple[int, ...]) -> int:
         """Index of the cheapest type that still fits `comp` (k itself if none is cheaper)."""
         key = (k, comp)
@@ -497,7 +513,7 @@ class Packer:
         for inst in seeds:
             k = self.type_index.get(inst.type.name)
             hosted = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
-            if k is not None and hosted:
+            if k is not None and hosted and self._holds(k, [live[c] for c in hosted.elements()]):
                 columns.append(Pattern(k, tuple(sorted(hosted.items()))))
 
         def loss(comp: tuple[int, ...], k: int) -> float:

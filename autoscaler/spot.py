@@ -28,7 +28,7 @@ families its capacity allows. Launches spread over a type's zones (`spread`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, Catalog, InstanceType
@@ -380,6 +380,20 @@ def job_deadline_s(job: JobSpec, solo_s: float | None) -> float | None:
     return None
 
 
+def rollback_s(job: JobSpec, policy: SpotPolicy) -> float:
+    """The most running time a reclaim can take back from the job: its periodic
+    checkpoint interval (its tasks' shortest, else the policy's; 0 when the policy
+    prices no checkpoint loss). What `pinned_on_demand` keeps beyond the restart: the
+    rule promises the job can still finish on on-demand after one more reclaim, and
+    that reclaim can land just before a checkpoint — kept at half the interval (the
+    expectation) or not at all, short jobs reclaimed near their end missed their
+    deadlines by minutes."""
+    if not policy.checkpoint_every_s:
+        return 0.0
+    every = [t.run.checkpoint_every_s for t in job.tasks if t.run.checkpoint_every_s]
+    return min(every) if every else policy.checkpoint_every_s
+
+
 def pinned_on_demand(
     *,
     now: float,
@@ -540,3 +554,57 @@ def with_rates(catalog: Catalog, rates: Mapping[str, float]) -> Catalog:
             changed = True
         types.append(t)
     return Catalog(types, catalog.region) if changed else catalog
+
+
+class LearnedRates:
+    """A catalog's spot offerings at their learned rates, as the daemon's rounds see them.
+
+    Each offering's rate is `blended_rate` of its band and the history over the last
+    `history_s`: the reclaims `reclaims(since)` counts per offering and the spot
+    instance-hours of the billed uptime intervals `uptime()` gives (`spot_hours`), the
+    very computation of the daemon's `observed` rates; recomputed at most every
+    `refresh_s`. A replay hands it the simulated reclaims and its ledger, so a harsh
+    availability trace raises the rate its planner prices spot at, as it would the
+    daemon's. `catalog(base, now)` is the same object while the rates are the same
+    (planners reuse what they derived from a catalog object)."""
+
+    def __init__(
+        self,
+        reclaims: Callable[[float], Mapping[str, int]],
+        uptime: Callable[[], Iterable[tuple[str, float, float | None]]],
+        *,
+        prior_hours: float = 100.0,
+        history_s: float = 30 * 86400.0,
+        refresh_s: float = 600.0,
+    ) -> None:
+        self.reclaims = reclaims
+        self.uptime = uptime
+        self.prior_hours = prior_hours
+        self.history_s = history_s
+        self.refresh_s = refresh_s
+        self._at = -math.inf
+        self._base: Catalog | None = None
+        self._out: Catalog | None = None
+
+    def rates(self, base: Catalog, now: float) -> dict[str, float]:
+        """The blended rate of each spot offering of `base` at `now` (no caching)."""
+        since = now - self.history_s
+        hours = spot_hours(self.uptime(), since, now)
+        return observed_rates(base, self.reclaims(since), hours, self.prior_hours)
+
+    def catalog(self, base: Catalog, now: float) -> Catalog:
+        """`base` at the rates of the newest refresh."""
+        if not any(t.is_spot for t in base):
+            return base
+        if self._out is not None and base is self._base and 0.0 <= now - self._at < self.refresh_s:
+            return self._out
+        out = with_rates(base, self.rates(base, now))
+        if (
+            self._out is not None
+            and base is self._base
+            and tuple(t.interruption_per_hour for t in out)
+            == tuple(t.interruption_per_hour for t in self._out)
+        ):
+            out = self._out
+        self._base, self._out, self._at = base, out, now
+        return out

@@ -19,7 +19,7 @@ from autoscaler.fairshare import TeamPolicy
 from autoscaler.jobs import JobSpec
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
-from autoscaler.spot import SpotPolicy, job_deadline_s
+from autoscaler.spot import LearnedRates, SpotPolicy, job_deadline_s
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.work import check_work, solo_seconds
@@ -126,13 +126,20 @@ class SpotReplay:
     """How a replay treats spot offerings: the planner's `policy`, and the world's
     reclaims — seeded from each offering's rate (or `rate_per_hour` for all), or from
     availability `traces` by `TYPE[@ZONE]`; `checkpoints` False restarts every
-    reclaimed job from scratch (the SkyPilot-like baseline)."""
+    reclaimed job from scratch (the SkyPilot-like baseline). With `learn_rates` the
+    planner prices each spot offering at the rate the daemon would have learned from
+    the replay's own reclaims and spot hours (`autoscaler.spot.LearnedRates`, with the
+    daemon's `[spot]` defaults below); off, at the catalog's rates (the bands)."""
 
     policy: SpotPolicy | None = field(default_factory=SpotPolicy)  # None: plan prices as they are
     seed: int = 0
     traces: Mapping[str, AvailabilityTrace] = field(default_factory=dict)
     rate_per_hour: float | None = None
     checkpoints: bool = True
+    learn_rates: bool = True
+    prior_hours: float = 100.0  # `[spot] prior_hours`
+    history_s: float = 30 * 86400.0  # `[spot] history_days`
+    refresh_s: float = 600.0  # `[spot] refresh_minutes`
 
 
 #: What `replay --spot` compares: Eva pricing spot by its interruption risk, Eva on
@@ -206,9 +213,21 @@ def replay(
         spot=spot.policy if spot is not None else None,
     )
 
+    priced: Callable[[Catalog, float], Catalog] | None = None
+    learned: LearnedRates | None = None
+    if spot is not None and spot.learn_rates:
+        learned = LearnedRates(
+            lambda since: world.spot.reclaims_since(since) if world.spot is not None else {},
+            lambda: ((u.instance_type, u.start, u.end) for u in store.uptime()),
+            prior_hours=spot.prior_hours,
+            history_s=spot.history_s,
+            refresh_s=spot.refresh_s,
+        )
+        priced = learned.catalog
+
     def new_loop() -> ControlLoop:
         planner = make_planner(scheduler, truth, **(planner_options or {}))
-        return ControlLoop(planner, cloud, executor, store, engine, options)
+        return ControlLoop(planner, cloud, executor, store, engine, options, catalog=priced)
 
     kept = new_loop()
 
@@ -287,9 +306,13 @@ def replay(
     # speed it no longer runs at) may lie long after the last round: they change
     # nothing, and the replay ends with that round.
     engine.run(until=lambda: over[0])
-    return _result(
+    result = _result(
         scheduler, world, store, samples, planning, rounds[0], engine.now(), not stuck[0]
     )
+    if learned is not None and result.spot is not None:
+        rates = learned.rates(catalog, engine.now())
+        result.spot["learned_rates"] = {name: round(r, 9) for name, r in sorted(rates.items())}
+    return result
 
 
 def _sample(world: World, now: float) -> tuple[float, float, int, tuple[float, float, float], int]:

@@ -48,6 +48,19 @@ class AvailabilityTrace:
     def unavailable(self, t: float) -> bool:
         return self.data[int(t // self.gap_s) % len(self.data)] == 1
 
+    def next_available(self, t: float) -> float | None:
+        """The start of the first interval at or after the one holding `t` with capacity
+        (`t` itself when it has capacity; None: never)."""
+        if 0 not in self.data:
+            return None
+        index = int(t // self.gap_s)
+        if self.data[index % len(self.data)] == 0:
+            return t
+        for step in range(1, len(self.data) + 1):
+            if self.data[(index + step) % len(self.data)] == 0:
+                return (index + step) * self.gap_s
+        return None  # pragma: no cover - unreachable: a 0 exists
+
     def next_outage(self, t: float) -> float | None:
         """The start of the first interval after the one holding `t` with no capacity."""
         if 1 not in self.data:
@@ -123,6 +136,17 @@ class SpotWorld:
 
     def __post_init__(self) -> None:
         self._intervals: dict[str, float | None] = {}
+        # (when, offering) of every reclaim, oldest first: the interruption history the
+        # daemon keeps in its state, which the replay's learned rates read (`reclaims_since`)
+        self.reclaimed: list[tuple[float, str]] = []
+
+    def reclaims_since(self, since: float) -> dict[str, int]:
+        """Reclaims per offering at or after `since` (as `Store.interruption_counts`)."""
+        counts: dict[str, int] = {}
+        for at, offering in self.reclaimed:
+            if at >= since:
+                counts[offering] = counts.get(offering, 0) + 1
+        return counts
 
     def _trace(self, itype: InstanceType) -> AvailabilityTrace | None:
         for key, trace in self.traces.items():
@@ -141,11 +165,15 @@ class SpotWorld:
         return trace is not None and trace.unavailable(now)
 
     def outage_left_s(self, itype: InstanceType, now: float) -> float:
-        """Seconds until the end of the outage interval holding `now`."""
+        """Seconds until the trace has capacity again: the end of the run of outage
+        intervals holding `now` (a launch refused for lack of capacity marks the offering
+        that long, so the planner does not retry, and move jobs back and forth, every
+        interval of a long outage)."""
         trace = self._trace(itype)
         if trace is None:
             return 0.0
-        return trace.gap_s - (now % trace.gap_s)
+        back = trace.next_available(now)
+        return trace.gap_s - (now % trace.gap_s) if back is None else max(0.0, back - now)
 
     def interval(self, job: JobSpec) -> float | None:
         """Seconds of running time between the job's periodic checkpoints (None: none)."""
@@ -199,6 +227,7 @@ class SpotWorld:
         if inst.state in ("shutting-down", "terminated"):
             return
         self.stats.interruptions += 1
+        self.reclaimed.append((world.engine.now(), inst.itype.name))
         hit: dict[str, SimJob] = {}
         for task_id in list(inst.tasks):
             task = world.tasks[task_id]

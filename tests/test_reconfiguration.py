@@ -8,6 +8,7 @@ from app.bundled import bundled
 from app.files import load_catalog
 from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
+from autoscaler.patterns import PatternPricer
 from autoscaler.planner import EvaPlanner
 from autoscaler.reconfiguration import Packer, full_reconfiguration, partial_reconfiguration
 from autoscaler.reference import algorithm1
@@ -353,3 +354,20 @@ def test_a_catalog_restricted_to_all_its_types_is_itself():
     assert catalog.restricted_to({t.name for t in catalog}) is catalog
     fewer = catalog.restricted_to({t.name for t in catalog} - {"p3.2xlarge"})
     assert len(fewer) == len(catalog) - 1 and "p3.2xlarge" not in fewer
+
+
+def test_an_instance_holding_more_than_its_room_is_no_column_for_the_priced_packing():
+    # Mid-move, it1 (16 vCPU) runs a (1, 8) task that waits for its new instance beside
+    # the (1, 12) task placed in its stead: 20 vCPU. As a seed column the pattern LP
+    # could keep that composition, and the task placed there would never find room.
+    catalog = Catalog([itype("it1", 4, 16, 244, 12.0)])
+    jobs = [job("a", (1, 8, 30)), job("b", (1, 12, 30))]
+    current = configuration(running("i-1", catalog["it1"], "a/0", "b/0"))
+    packer = Packer(
+        view(jobs, current, catalog=catalog), pricer=PatternPricer(), pattern_min_tasks=0
+    )
+    plan = packer.full_placement().instances
+    assert sorted(t for i in plan for t in i.tasks) == ["a/0", "b/0"]
+    for inst in plan:
+        cpu = sum({"a/0": 8, "b/0": 12}[t] for t in inst.tasks)
+        assert cpu <= 16, (inst.instance_id, inst.tasks)

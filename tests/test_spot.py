@@ -328,3 +328,19 @@ def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
     assert pinned_by_reclaims(policy, spot, reclaimed(5), 0.0, 3600.0, catalog)
     unbounded = replace(policy, max_reclaims=None)
     assert not pinned_by_reclaims(unbounded, spot, reclaimed(50), 0.0, 3600.0, catalog)
+
+
+def test_a_reclaim_can_take_back_a_whole_checkpoint_interval_of_the_job() -> None:
+    from autoscaler.jobs import TaskRun
+    from autoscaler.spot import rollback_s
+
+    plain = job("a", (1, 4, 16))
+    assert rollback_s(plain, SpotPolicy()) == 900.0  # the policy's (the jobs' default)
+    tasks = tuple(
+        replace(t, run=TaskRun(image="i", checkpoint_every_s=every))
+        for t, every in zip(job("b", (1, 4, 16), (1, 4, 16)).tasks, (600.0, 300.0), strict=True)
+    )
+    assert rollback_s(replace(plain, tasks=tasks), SpotPolicy()) == 300.0  # its shortest
+    # the baselines price no checkpoint loss (L = 0): nothing kept for it
+    assert rollback_s(plain, SpotPolicy(checkpoint_every_s=0.0)) == 0.0
+    assert rollback_s(plain, SpotPolicy(checkpoint_every_s=None)) == 0.0

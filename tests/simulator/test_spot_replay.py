@@ -18,7 +18,7 @@ from autoscaler.spot import SpotPolicy
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
-from simulator.spot import AvailabilityTrace, parse_trace, parse_trace_flag
+from simulator.spot import AvailabilityTrace, SpotWorld, parse_trace, parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
 
@@ -132,14 +132,15 @@ def test_capacity_on_demand_is_never_placed_on_spot() -> None:
 
 
 def test_a_deadline_job_switches_to_on_demand_when_a_reclaim_eats_its_slack() -> None:
-    # 10,000 s of work due 11,400 s after arrival; the rule keeps 217 s of restart
-    # (Table 1's start-up and the job's init) and a 900 s margin: on spot at first
-    # (10,000 + 1,117 < 11,400); the reclaim at 2400 takes 480 s of work back, and
-    # then 8,200 + 1,117 ≥ 11,400 − 2,461: pinned to on-demand, where it finishes.
+    # 10,000 s of work due 12,300 s after arrival; the rule keeps 217 s of restart
+    # (Table 1's start-up and the job's init), a 900 s margin and the 900 s a reclaim
+    # can take back (its checkpoint interval): on spot at first (10,000 + 2,017 <
+    # 12,300); the reclaim at 2400 takes 480 s of work back, and then 8,200 + 2,017 ≥
+    # 12,300 − 2,461: pinned to on-demand, where it finishes.
     store = InMemoryStore()
     trace = AvailabilityTrace(2400.0, (0, 1))
     result = replay(
-        [job("a", 10_000.0, deadline_s=11_400.0)],
+        [job("a", 10_000.0, deadline_s=12_300.0)],
         catalog(0.0),
         NO_INTERFERENCE,
         "eva",
@@ -149,7 +150,7 @@ def test_a_deadline_job_switches_to_on_demand_when_a_reclaim_eats_its_slack() ->
     used = types_used(store)["a"]
     assert used[0] == "small:spot" and used[-1] == "small"
     assert result.spot["deadlines_met"] == result.spot["jobs_with_deadline"] == 1
-    assert result.jct_hours["a"] * 3600.0 <= 11_400.0
+    assert result.jct_hours["a"] * 3600.0 <= 12_300.0
 
 
 def test_every_job_completes_under_a_harsh_trace_and_harsh_rates() -> None:
@@ -289,3 +290,77 @@ def test_pai_jobs_load_with_spot_offerings_in_the_catalog() -> None:
         spot=SpotReplay(policy=SpotPolicy()),
     )
     assert result.finished and result.spot["spot_share"] > 0.5
+
+
+def test_the_planner_learns_a_harsh_trace_s_rate_from_the_replay_s_reclaims() -> None:
+    # Capacity for 1200 s of every 2400: each spot instance is reclaimed within the
+    # hour, far more than the band's 0.001 per hour, and the rate the replay's planner
+    # prices the offering at rises towards what the reclaims show, as the daemon's would.
+    band = 0.001
+    trace = AvailabilityTrace(1200.0, (0, 1))
+    jobs = [job(f"j{i}", 4000.0, arrival=300.0 * i) for i in range(4)]
+    store = InMemoryStore()
+    result = replay(
+        jobs,
+        catalog(band),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    reclaims = result.spot["interruptions"]
+    assert reclaims >= 1
+    learned = result.spot["learned_rates"]["small:spot"]
+    spot_h = sum(
+        ((u.end if u.end is not None else result.end_time_s) - u.start) / 3600.0
+        for u in store.uptime()
+        if u.instance_type == "small:spot"
+    )
+    # (band · 100 + reclaims) / (100 + spot hours): the band counts as 100 hours
+    assert learned == pytest.approx((band * 100.0 + reclaims) / (100.0 + spot_h), rel=1e-6)
+    assert learned > band
+
+
+def test_without_learning_a_replay_plans_at_the_catalog_s_rates() -> None:
+    trace = AvailabilityTrace(1200.0, (0, 1))
+    result = replay(
+        [job("a", 4000.0)],
+        catalog(0.001),
+        NO_INTERFERENCE,
+        "eva",
+        spot=SpotReplay(traces={"small": trace}, learn_rates=False),
+    )
+    assert result.finished and "learned_rates" not in result.spot
+
+
+def test_a_refused_launch_marks_the_offering_until_the_trace_has_capacity_again() -> None:
+    # Out in [600, 2400) (three intervals), then back: a launch refused at 700 waits
+    # for 2400, not for the end of its own interval (1200), so the planner does not
+    # retry, and move jobs between markets, every interval of one long outage.
+    trace = AvailabilityTrace(600.0, (0, 1, 1, 1, 0, 0))
+    assert trace.next_available(100.0) == 100.0
+    assert trace.next_available(700.0) == 2400.0
+    assert trace.next_available(4300.0) == 6000.0  # repeats: out again in [4200, 6000)
+    assert AvailabilityTrace(600.0, (1, 1)).next_available(0.0) is None
+    world = SpotWorld(world=None, traces={"small": trace})  # type: ignore[arg-type]
+    spot = catalog()["small:spot"]
+    assert world.outage_left_s(spot, 700.0) == pytest.approx(1700.0)
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 3000.0, arrival=700.0)],
+        catalog(),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    spot_requests = [
+        i.requested_at
+        for i in store.instances(include_finished=True)
+        if i.instance_type == "small:spot"
+    ]
+    # one refused request during the outage (at the job's arrival), none retried in it
+    assert len([t for t in spot_requests if 700.0 <= t < 2400.0]) == 1
+    assert any(t >= 2400.0 for t in spot_requests)  # back on spot once capacity is
