@@ -120,6 +120,7 @@ class Packer:
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
+        throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (without interference, with at least `pattern_min_tasks` tasks to pack);
@@ -134,7 +135,9 @@ class Packer:
         running instances, the configuration LP re-packs with fewer moves and
         less interference than Algorithm 1's greedy fill. Replaying the full
         Alibaba trace, eva costs 0.550 of no-packing with it and 0.607 without
-        (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704."""
+        (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704.
+        `throughputs`: lookups of `view.throughput` by (workload, co-located set) that
+        the caller keeps for a table equal to this one (they are filled in here)."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
@@ -206,7 +209,9 @@ class Packer:
             self.candidates.append([c for c, d in enumerate(row) if d is not None and fits(d, cap)])
         self.candidate_set = [set(cands) for cands in self.candidates]
         self._value_cache: dict[tuple[int, ...], float] = {}
-        self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = (
+            {} if throughputs is None else throughputs
+        )
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
         self._fill_cache: dict[
             tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]],
@@ -548,14 +553,29 @@ class Packer:
             return sum(self.rp[c] for c in real) - self.value(real)
 
         if self.neutral:
-            solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
+            solution = self.pricer.solve(self.shapes(), classes, seeds=columns, valued_as=())
         else:
             if self.stake is None:
                 at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
             else:
                 at_stake = [self.stake[c] for c in live]
+            # What `loss` reads of each class; the table and the rest are the pricer's scope.
+            valued_as = tuple(
+                (
+                    self.workload[c],
+                    self.rp[c],
+                    self.jrp[c],
+                    None if self.stake is None else self.stake[c],
+                )
+                for c in live
+            )
             solution = self.pricer.solve(
-                self.shapes(), classes, loss, (self.table.default, at_stake), columns
+                self.shapes(),
+                classes,
+                loss,
+                (self.table.default, at_stake),
+                columns,
+                valued_as,
             )
         # Round down: whole copies of each pattern while its tasks last. A
         # pattern that would not be cost-efficient (TNRP < cost) is never used.
