@@ -25,7 +25,7 @@ from autoscaler.view import ClusterView
 from benchmarks.workloads import HELD_OUT, distinct_jobs, pai_catalog_and_jobs, sample_jobs
 
 
-def _jobs(n: int, held_out: float, seed: int, prefix: str) -> list[JobSpec]:
+def churn_jobs(n: int, held_out: float, seed: int, prefix: str) -> list[JobSpec]:
     """`n` single-task jobs: a `held_out` share of held-out shapes, the rest from pai_200."""
     _, source = pai_catalog_and_jobs()
     rng = random.Random(seed)
@@ -44,7 +44,7 @@ def _jobs(n: int, held_out: float, seed: int, prefix: str) -> list[JobSpec]:
     return renamed
 
 
-def _running(plan: Plan, prefix: str) -> Configuration:
+def as_running(plan: Plan, prefix: str) -> Configuration:
     """The plan as it runs: every instance it wants has an id."""
     return Configuration(
         tuple(
@@ -54,7 +54,7 @@ def _running(plan: Plan, prefix: str) -> Configuration:
     )
 
 
-def _churn(
+def churned(
     view: ClusterView, fraction: float, held_out: float, step: int, rng: random.Random
 ) -> ClusterView:
     """`view` after `fraction` of its jobs finished and as many new ones arrived."""
@@ -63,7 +63,7 @@ def _churn(
     done = set(rng.sample(range(len(jobs)), n))
     finished = {t.task_id for i in done for t in jobs[i].tasks}
     kept = [j for i, j in enumerate(jobs) if i not in done]
-    arrived = _jobs(n, held_out, seed=10_000 + step, prefix=f"s{step}-")
+    arrived = churn_jobs(n, held_out, seed=10_000 + step, prefix=f"s{step}-")
     current = Configuration(
         tuple(
             Instance(inst.instance_id, inst.type, rest)
@@ -91,16 +91,16 @@ def main(argv: list[str] | None = None) -> None:
 
     catalog, _ = pai_catalog_and_jobs()
     table = ThroughputTable(default=args.default_throughput)
-    jobs = _jobs(args.tasks, args.held_out, seed=1, prefix="j")
+    jobs = churn_jobs(args.tasks, args.held_out, seed=1, prefix="j")
     view = ClusterView(catalog, tuple(jobs), throughput=table)
     planner = EvaPlanner()
     first_s, plan = _cpu(lambda: planner.plan(view))
     print(f"first round (empty cluster): {first_s:.2f} CPU-s, ${plan.hourly_cost:,.2f}/h")
-    view = replace(view, current=_running(plan, "i0-"))
+    view = replace(view, current=as_running(plan, "i0-"))
     rng = random.Random(7)
     ratios = []
     for step in range(1, args.repeats + 1):
-        view = _churn(view, args.churn, args.held_out, step, rng)
+        view = churned(view, args.churn, args.held_out, step, rng)
         steady_s, steady = _cpu(lambda view=view: planner.plan(view))
         fresh_s, fresh = _cpu(lambda view=view: EvaPlanner().plan(view))
         same = (
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             f"({'same plan' if same else 'DIFFERENT PLAN'})",
             flush=True,
         )
-        view = replace(view, current=_running(steady, f"i{step}-"))
+        view = replace(view, current=as_running(steady, f"i{step}-"))
     print(f"\nsteady ÷ from-scratch CPU time: best {min(ratios):.3f}, worst {max(ratios):.3f}")
 
 
