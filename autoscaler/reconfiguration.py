@@ -285,13 +285,13 @@ class Packer:
         key = self._fill_key(k, counts, residents)
         cached = self._fill_cache.get(key)
         if cached is not None:
-            comp, value, taken, clipped = cached
+            remembered, value, taken, clipped = cached
             if all(min(counts[c], m + 1) == n for (c, m), n in zip(taken, clipped, strict=True)):
                 for c, m in taken:
                     counts[c] -= m
                     if residents and residents[c] > 0:
                         residents[c] = max(0, residents[c] - m)
-                return list(comp), value
+                return list(remembered), value
         before = {c: counts[c] for c in self.candidates[k]}
         comp, value = self._fill_greedy(k, counts, residents)
         taken = tuple(sorted(Counter(comp).items()))

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import JobSpec
@@ -23,6 +25,8 @@ from autoscaler.planner import EvaPlanner, Plan
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.workloads import HELD_OUT, distinct_jobs, pai_catalog_and_jobs, sample_jobs
+
+T = TypeVar("T")
 
 
 def churn_jobs(n: int, held_out: float, seed: int, prefix: str) -> list[JobSpec]:
@@ -74,7 +78,8 @@ def churned(
     return replace(view, jobs=tuple(kept + arrived), current=current)
 
 
-def _cpu(fn):  # type: ignore[no-untyped-def]
+def _cpu(fn: Callable[[], T]) -> tuple[float, T]:
+    """(CPU seconds of this process, result) of one call of `fn`."""
     started = time.process_time()
     result = fn()
     return time.process_time() - started, result
