@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 from autoscaler.configuration import Configuration, Instance
@@ -106,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     ratios = []
     for step in range(1, args.repeats + 1):
         view = churned(view, args.churn, args.held_out, step, rng)
-        steady_s, steady = _cpu(lambda view=view: planner.plan(view))
-        fresh_s, fresh = _cpu(lambda view=view: EvaPlanner().plan(view))
+        steady_s, steady = _cpu(partial(planner.plan, view))
+        fresh_s, fresh = _cpu(partial(EvaPlanner().plan, view))
         same = (
             round(steady.hourly_cost, 2) == round(fresh.hourly_cost, 2)
             and steady.configuration == fresh.configuration
