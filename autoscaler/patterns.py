@@ -40,6 +40,9 @@ from autoscaler.stopwatch import stopwatch
 
 Demand = tuple[float, float, float]
 
+#: Solves a `PatternPricer` remembers (within one `scope`), oldest forgotten first.
+MEMORY = 64
+
 
 @dataclass(frozen=True, slots=True)
 class TypeShape:
@@ -86,9 +89,11 @@ class PatternSolution:
 class PatternPricer:
     """Column generation for the configuration LP.
 
-    It keeps nothing between solves: a plan must depend on the snapshot alone
+    It keeps no columns between solves: a plan must depend on the snapshot alone
     (a restarted daemon decides the same), so columns found in earlier rounds
     come back only as `seeds` taken from the snapshot (the running instances).
+    What it does remember is whole solves by their exact inputs (`valued_as`,
+    `scope`): the same inputs give the same solve, so that changes no plan.
     A pool kept in memory did not: a planner that had packed 26 small tasks
     before packed 40 on one c7i.8xlarge ($1.428/h) where a fresh one found
     $1.160/h."""
@@ -120,6 +125,16 @@ class PatternPricer:
         self.interference_node_limit = interference_node_limit
         self.interference_node_budget = interference_node_budget
         self.max_iterations = max_iterations
+        self._solved: dict[Hashable, PatternSolution] = {}
+        self._scope: Hashable = None
+
+    def scope(self, token: Hashable) -> None:
+        """Declare what `loss` depends on beyond the `valued_as` of `solve` (the learned
+        throughputs, the catalog's prices): solves remembered under another token are
+        forgotten, so a remembered solve is reused only for the very same inputs."""
+        if token != self._scope:
+            self._solved.clear()
+            self._scope = token
 
     def solve(
         self,
@@ -128,6 +143,7 @@ class PatternPricer:
         loss: Callable[[tuple[int, ...], int], float] | None = None,
         linear: tuple[float, Sequence[float]] | None = None,
         seeds: Iterable[Pattern] = (),
+        valued_as: Hashable = None,
     ) -> PatternSolution:
         """Solve the configuration LP for `classes` (counts > 0) over the given types.
 
@@ -138,7 +154,41 @@ class PatternPricer:
         columns the loss-bounded search misses under interference.
         `seeds`: columns to start from besides the singletons (compositions the
         caller already knows good, such as the instances running now).
+        `valued_as`: what `loss` depends on per class (None: do not remember this
+        solve). Consecutive rounds often pack the same tasks beside the same
+        running instances (a Partial Reconfiguration re-places only what arrived):
+        a solve of the same types, classes, seeds, linearization and `valued_as`
+        in the same `scope` is the same solve, and is answered from memory.
         """
+        key: Hashable = None
+        if valued_as is not None:
+            seeds = tuple(seeds)
+            key = (
+                tuple(types),
+                tuple(classes),
+                None if linear is None else (linear[0], tuple(linear[1])),
+                loss is None,
+                seeds,
+                valued_as,
+            )
+            known = self._solved.get(key)
+            if known is not None:
+                return known
+        solution = self._solve(types, classes, loss, linear, seeds)
+        if key is not None:
+            if len(self._solved) >= MEMORY:
+                self._solved.pop(next(iter(self._solved)))  # the oldest
+            self._solved[key] = solution
+        return solution
+
+    def _solve(
+        self,
+        types: Sequence[TypeShape],
+        classes: Sequence[PatternClass],
+        loss: Callable[[tuple[int, ...], int], float] | None,
+        linear: tuple[float, Sequence[float]] | None,
+        seeds: Iterable[Pattern],
+    ) -> PatternSolution:
         elapsed = stopwatch()
         highs = covering_model([c.count for c in classes])
         columns: list[Pattern] = []

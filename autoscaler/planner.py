@@ -74,6 +74,9 @@ FLUID_MIN_CLASSES = 2_000
 #: (mostly GPU mixes) — in 2–27% of the time; at 100 it gains at most 1.5% and can
 #: lose 78%, and the bundled traces (36–94 vectors) stay below.
 FLUID_ALSO_MIN_CLASSES = 200
+#: Throughput lookups a planner keeps between rounds while the learned table stays the
+#: same; past it they are dropped and gathered again.
+MAX_REMEMBERED_THROUGHPUTS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,11 @@ class EvaPlanner:
         self._memo: tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int] | None = (
             None
         )
+        # What valued compositions when the pricer last solved (see `_valuation_epoch`).
+        self._basis: tuple[object, ...] | None = None
+        self._epoch = 0
+        # The table's lookups in this epoch, shared by the rounds' packers.
+        self._throughputs: dict[tuple[str, tuple[str, ...]], float] = {}
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
@@ -176,6 +184,9 @@ class EvaPlanner:
         d_hat = expected_duration_h(view.history)
         prices = self._prices = price_book_for(view.catalog, self._prices)
         key = _memo_key(view)
+        epoch = self._valuation_epoch(key)
+        if self._pricer is not None:
+            self._pricer.scope(epoch)
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
@@ -196,6 +207,18 @@ class EvaPlanner:
             parts,
         )
 
+    def _valuation_epoch(self, key: tuple[object, ...]) -> int:
+        """A number that changes whenever what values a composition may have changed: the
+        catalog (its prices) or the learned throughputs (`_memo_key`'s last three)."""
+        basis = (key[0], *key[4:])
+        if self._basis is None or self._basis[0] is not basis[0] or self._basis[1:] != basis[1:]:
+            self._basis = basis
+            self._epoch += 1
+            self._throughputs = {}
+        elif len(self._throughputs) > MAX_REMEMBERED_THROUGHPUTS:
+            self._throughputs = {}
+        return self._epoch
+
     def _candidates(
         self, view: ClusterView, prices: PriceBook
     ) -> tuple[list[_Outcome], PriceSolution | None, int]:
@@ -212,7 +235,9 @@ class EvaPlanner:
             outcomes = _combine_outcomes([outcomes for outcomes, _ in solved])
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
-            packer = Packer(view, prices, self._pricer, **self._packer_options())
+            packer = Packer(
+                view, prices, self._pricer, **self._packer_options(), throughputs=self._throughputs
+            )
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]

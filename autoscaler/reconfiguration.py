@@ -120,6 +120,7 @@ class Packer:
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
+        throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (without interference, with at least `pattern_min_tasks` tasks to pack);
@@ -134,7 +135,9 @@ class Packer:
         running instances, the configuration LP re-packs with fewer moves and
         less interference than Algorithm 1's greedy fill. Replaying the full
         Alibaba trace, eva costs 0.550 of no-packing with it and 0.607 without
-        (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704."""
+        (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704.
+        `throughputs`: lookups of `view.throughput` by (workload, co-located set) that
+        the caller keeps for a table equal to this one (they are filled in here)."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
@@ -206,8 +209,14 @@ class Packer:
             self.candidates.append([c for c, d in enumerate(row) if d is not None and fits(d, cap)])
         self.candidate_set = [set(cands) for cands in self.candidates]
         self._value_cache: dict[tuple[int, ...], float] = {}
-        self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = (
+            {} if throughputs is None else throughputs
+        )
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._fill_cache: dict[
+            tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]],
+            tuple[tuple[int, ...], float, tuple[tuple[int, int], ...], tuple[int, ...]],
+        ] = {}
 
     @property
     def task_class(self) -> dict[str, int]:
@@ -262,7 +271,46 @@ class Packer:
     def _fill(
         self, k: int, counts: list[int], residents: Counter[int] | None
     ) -> tuple[list[int], float]:
-        """Fill one instance of type k greedily; decrements `counts` for what it takes."""
+        """Fill one instance of type k greedily; decrements `counts` (and `residents`) for
+        what it takes.
+
+        Memoized: a fill depends on the counts only through which classes are
+        available at each step, so it is replayed from a fill of the same type, with
+        the same residents and the same candidates available, whose chosen classes
+        had as many tasks up to one past what it took (`_fill_key`). Instances that
+        run the same composition — most of them, a plan repeats its compositions —
+        are then filled once per round (a 10,000-task round: 5,945 fills, 409
+        distinct).
+        """
+        key = self._fill_key(k, counts, residents)
+        cached = self._fill_cache.get(key)
+        if cached is not None:
+            remembered, value, taken, clipped = cached
+            if all(min(counts[c], m + 1) == n for (c, m), n in zip(taken, clipped, strict=True)):
+                for c, m in taken:
+                    counts[c] -= m
+                    if residents and residents[c] > 0:
+                        residents[c] = max(0, residents[c] - m)
+                return list(remembered), value
+        before = {c: counts[c] for c in self.candidates[k]}
+        comp, value = self._fill_greedy(k, counts, residents)
+        taken = tuple(sorted(Counter(comp).items()))
+        clipped = tuple(min(before[c], m + 1) for c, m in taken)
+        self._fill_cache[key] = (tuple(comp), value, taken, clipped)
+        return comp, value
+
+    def _fill_key(
+        self, k: int, counts: list[int], residents: Counter[int] | None
+    ) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """What a fill of type k depends on besides the chosen classes' counts: the type,
+        the residents that are left and which candidate classes have tasks."""
+        held = tuple(sorted((c, n) for c, n in residents.items() if n > 0)) if residents else ()
+        return k, held, tuple([c for c in self.candidates[k] if counts[c] > 0])
+
+    def _fill_greedy(
+        self, k: int, counts: list[int], residents: Counter[int] | None
+    ) -> tuple[list[int], float]:
+        """Algorithm 1's fill of one instance of type k (§4.2), step by step."""
         cap = self.types[k].capacity.as_tuple()
         free = list(cap)
         comp: list[int] = []
@@ -521,14 +569,29 @@ class Packer:
             return sum(self.rp[c] for c in real) - self.value(real)
 
         if self.neutral:
-            solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
+            solution = self.pricer.solve(self.shapes(), classes, seeds=columns, valued_as=())
         else:
             if self.stake is None:
                 at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
             else:
                 at_stake = [self.stake[c] for c in live]
+            # What `loss` reads of each class; the table and the rest are the pricer's scope.
+            valued_as = tuple(
+                (
+                    self.workload[c],
+                    self.rp[c],
+                    self.jrp[c],
+                    None if self.stake is None else self.stake[c],
+                )
+                for c in live
+            )
             solution = self.pricer.solve(
-                self.shapes(), classes, loss, (self.table.default, at_stake), columns
+                self.shapes(),
+                classes,
+                loss,
+                (self.table.default, at_stake),
+                columns,
+                valued_as,
             )
         # Round down: whole copies of each pattern while its tasks last. A
         # pattern that would not be cost-efficient (TNRP < cost) is never used.

@@ -8,6 +8,7 @@ import sys
 from app.cli_io import silence_solver_banner
 from autoscaler.errors import InputError
 from benchmarks import (
+    churn,
     daemon_scale,
     dashboard,
     faults,
@@ -21,6 +22,7 @@ from benchmarks import (
 
 BENCHMARKS = {
     "plan": plan_scaling.main,
+    "churn": churn.main,
     "scale": lp_scaling.main,
     "replay": replay_speed.main,
     "daemon": daemon_scale.main,

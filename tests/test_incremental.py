@@ -1,0 +1,130 @@
+"""What a planner remembers between rounds and within one never changes a plan: a planner
+carried through a churn sequence plans each state exactly as a fresh planner does."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
+from autoscaler.planner import EvaPlanner, Plan
+from autoscaler.reconfiguration import Packer
+from autoscaler.throughput import ThroughputEntry, ThroughputTable
+from autoscaler.view import ClusterView
+from benchmarks.churn import as_running, churn_jobs, churned
+from benchmarks.workloads import pai_catalog_and_jobs
+
+
+def _same(a: Plan, b: Plan) -> None:
+    assert a.configuration == b.configuration
+    assert a.chosen == b.chosen
+    assert [c.summary() for c in a.candidates] == [c.summary() for c in b.candidates]
+    assert a.lower_bound_hourly_cost == b.lower_bound_hourly_cost
+
+
+def _learned(rng: random.Random, default: float) -> ThroughputTable:
+    """A table with a few learned pairs among the sampled workloads, drawn by `rng`."""
+    _, source = pai_catalog_and_jobs()
+    workloads = sorted({t.workload for j in source for t in j.tasks})
+    entries = {
+        (rng.choice(workloads), (rng.choice(workloads),)): ThroughputEntry(rng.uniform(0.6, 1.0))
+        for _ in range(6)
+    }
+    return ThroughputTable(entries, default=default)
+
+
+@pytest.mark.parametrize(("seed", "default"), [(1, 0.95), (2, 1.0), (3, 0.95)])
+def test_a_carried_planner_plans_every_churned_state_as_a_fresh_one(seed, default):
+    catalog, _ = pai_catalog_and_jobs()
+    rng = random.Random(seed)
+    table = ThroughputTable(default=default)
+    view = ClusterView(catalog, tuple(churn_jobs(400, 0.05, seed, "j")), throughput=table)
+    carried = EvaPlanner()
+    for step in range(1, 7):
+        plan = carried.plan(view)
+        _same(plan, EvaPlanner().plan(view))
+        view = churned(replace(view, current=as_running(plan, f"i{step}-")), 0.03, 0.05, step, rng)
+        if default < 1.0 and step % 3 == 0:
+            # the learned throughputs move: what was remembered under the old ones is not used
+            view = replace(view, throughput=_learned(rng, default))
+
+
+def test_an_instance_is_filled_from_memory_exactly_as_step_by_step():
+    catalog, _ = pai_catalog_and_jobs()
+    jobs = churn_jobs(300, 0.1, 5, "j")
+    packer = Packer(ClusterView(catalog, tuple(jobs), throughput=ThroughputTable(default=0.95)))
+    rng = random.Random(11)
+    n = len(packer.class_tasks)
+    base = [len(tasks) for tasks in packer.class_tasks]
+    calls = 0
+    for _ in range(400):
+        # few tasks per class, from a small set of counts: fills repeat, and a class that
+        # runs short of what a remembered fill took must be filled anew
+        counts = [min(c, rng.choice((1, 2, 2, 3, 3))) for c in base]
+        k = rng.randrange(len(packer.types))
+        residents = (
+            Counter({rng.randrange(n): rng.randint(1, 2) for _ in range(rng.randint(1, 3))})
+            if rng.random() < 0.5
+            else None
+        )
+        mine_counts, mine_residents = (
+            list(counts),
+            None if residents is None else Counter(residents),
+        )
+        fresh_counts, fresh_residents = (
+            list(counts),
+            None if residents is None else Counter(residents),
+        )
+        got = packer._fill(k, mine_counts, mine_residents)
+        expected = packer._fill_greedy(k, fresh_counts, fresh_residents)
+        calls += 1
+        assert got == expected
+        assert mine_counts == fresh_counts
+        if residents is not None:
+            assert +mine_residents == +fresh_residents  # type: ignore[operator]
+    assert len(packer._fill_cache) < calls  # some fills were answered from memory
+
+
+def _small_problem() -> tuple[list[TypeShape], list[PatternClass]]:
+    types = [TypeShape("big", 1.0, (0.0, 8.0, 32.0)), TypeShape("small", 0.3, (0.0, 2.0, 8.0))]
+    classes = [
+        PatternClass(5, ((0.0, 1.0, 4.0), (0.0, 1.0, 4.0)), 0.15),
+        PatternClass(3, ((0.0, 3.0, 2.0), None), 0.6),
+    ]
+    return types, classes
+
+
+def test_a_pattern_solve_is_remembered_only_for_the_same_inputs_and_scope():
+    types, classes = _small_problem()
+    pricer = PatternPricer()
+    pricer.scope(1)
+    first = pricer.solve(types, classes, valued_as=())
+    assert pricer.solve(types, classes, valued_as=()) is first
+    other = [replace(classes[0], count=4), classes[1]]
+    assert pricer.solve(types, other, valued_as=()) is not first
+    pricer.scope(2)  # the values may have changed: solved anew, to the same optimum
+    again = pricer.solve(types, classes, valued_as=())
+    assert again is not first
+    assert again.objective == first.objective
+    assert pricer.solve(types, classes) is not pricer.solve(types, classes)  # not remembered
+
+
+def test_what_a_planner_remembers_is_scoped_by_the_learned_throughputs():
+    """Pattern solves are remembered while the learned table stays equal (a new but equal
+    table object each round, as the control loop builds it) and forgotten when it moves."""
+    catalog, _ = pai_catalog_and_jobs()
+    view = ClusterView(catalog, tuple(churn_jobs(200, 0.0, 4, "j")))
+    workloads = sorted({t.workload for j in view.jobs for t in j.tasks})
+    bad = {(a, (b,)): ThroughputEntry(0.3) for a in workloads for b in workloads if a != b}
+    carried = EvaPlanner()
+    assert carried._pricer is not None
+    carried.plan(replace(view, throughput=ThroughputTable(default=0.95)))
+    scope = carried._pricer._scope
+    carried.plan(replace(view, throughput=ThroughputTable(default=0.95)))
+    assert carried._pricer._scope == scope
+    after = replace(view, throughput=ThroughputTable(bad, default=0.95))
+    _same(carried.plan(after), EvaPlanner().plan(after))
+    assert carried._pricer._scope != scope
