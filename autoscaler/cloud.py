@@ -92,8 +92,10 @@ class UnavailableOffering:
     reason: str
 
 
-#: How long an offering that failed with a capacity error is avoided (Karpenter: 3 minutes).
+#: How long an offering that failed with a capacity error is first avoided (Karpenter:
+#: 3 minutes), and the most a run of failures doubles it to (`AvailabilityCache.mark`).
 UNAVAILABLE_COOLDOWN_S = 180.0
+MAX_UNAVAILABLE_COOLDOWN_S = 3600.0
 
 
 class AvailabilityCache:
@@ -103,11 +105,27 @@ class AvailabilityCache:
     there, skips it while it cools down, and reports it through
     `Cloud.unavailable()`; the round reads only that. Times are the caller's
     clock (injected in tests).
+
+    A failure soon after the previous cooldown ended (within that cooldown again)
+    continues a run and doubles the cooldown, up to `max_cooldown_s`: a spot pool
+    out of capacity for hours is then retried a handful of times, not every three
+    minutes, and the jobs waiting on it are not moved between markets at each retry
+    (capacity outages last minutes to hours; the cloud never says when one ends, so
+    this is the most a client can know). A failure after a longer quiet spell starts
+    a new run.
     """
 
-    def __init__(self, cooldown_s: float = UNAVAILABLE_COOLDOWN_S) -> None:
+    def __init__(
+        self,
+        cooldown_s: float = UNAVAILABLE_COOLDOWN_S,
+        max_cooldown_s: float = MAX_UNAVAILABLE_COOLDOWN_S,
+    ) -> None:
         self.cooldown_s = cooldown_s
+        self.max_cooldown_s = max(cooldown_s, max_cooldown_s)
         self._marks: dict[tuple[str, str | None], UnavailableOffering] = {}
+        # (until, cooldown) of each key's latest backed-off mark: kept after the mark
+        # expires, so the next failure can tell whether it continues the run.
+        self._runs: dict[tuple[str, str | None], tuple[float, float]] = {}
 
     def mark(
         self,
@@ -117,9 +135,18 @@ class AvailabilityCache:
         reason: str,
         cooldown_s: float | None = None,
     ) -> UnavailableOffering:
-        until = now + (self.cooldown_s if cooldown_s is None else cooldown_s)
-        offering = UnavailableOffering(instance_type, zone, until, reason)
-        self._marks[(instance_type, zone)] = offering
+        """Avoid this offering from `now`: for `cooldown_s` when given (a quota's fixed
+        wait), else for the backed-off cooldown of its run of failures."""
+        key = (instance_type, zone)
+        if cooldown_s is None:
+            run = self._runs.get(key)
+            if run is not None and now < run[0] + run[1]:
+                cooldown_s = min(self.max_cooldown_s, 2.0 * run[1])
+            else:
+                cooldown_s = self.cooldown_s
+            self._runs[key] = (now + cooldown_s, cooldown_s)
+        offering = UnavailableOffering(instance_type, zone, now + cooldown_s, reason)
+        self._marks[key] = offering
         return offering
 
     def is_unavailable(self, instance_type: str, zone: str | None, now: float) -> bool:

@@ -48,19 +48,6 @@ class AvailabilityTrace:
     def unavailable(self, t: float) -> bool:
         return self.data[int(t // self.gap_s) % len(self.data)] == 1
 
-    def next_available(self, t: float) -> float | None:
-        """The start of the first interval at or after the one holding `t` with capacity
-        (`t` itself when it has capacity; None: never)."""
-        if 0 not in self.data:
-            return None
-        index = int(t // self.gap_s)
-        if self.data[index % len(self.data)] == 0:
-            return t
-        for step in range(1, len(self.data) + 1):
-            if self.data[(index + step) % len(self.data)] == 0:
-                return (index + step) * self.gap_s
-        return None  # pragma: no cover - unreachable: a 0 exists
-
     def next_outage(self, t: float) -> float | None:
         """The start of the first interval after the one holding `t` with no capacity."""
         if 1 not in self.data:
@@ -163,17 +150,6 @@ class SpotWorld:
             return False
         trace = self._trace(itype)
         return trace is not None and trace.unavailable(now)
-
-    def outage_left_s(self, itype: InstanceType, now: float) -> float:
-        """Seconds until the trace has capacity again: the end of the run of outage
-        intervals holding `now` (a launch refused for lack of capacity marks the offering
-        that long, so the planner does not retry, and move jobs back and forth, every
-        interval of a long outage)."""
-        trace = self._trace(itype)
-        if trace is None:
-            return 0.0
-        back = trace.next_available(now)
-        return trace.gap_s - (now % trace.gap_s) if back is None else max(0.0, back - now)
 
     def interval(self, job: JobSpec) -> float | None:
         """Seconds of running time between the job's periodic checkpoints (None: none)."""

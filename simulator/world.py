@@ -388,14 +388,9 @@ class SimulatedCloud:
             raise InsufficientCapacity(request.instance_type, (), "cooling down")
         spot = self.world.spot
         if spot is not None and spot.unavailable(self.world.catalog[request.instance_type], now):
-            itype = self.world.catalog[request.instance_type]
-            self.availability.mark(
-                request.instance_type,
-                None,
-                now,
-                "InsufficientInstanceCapacity",
-                cooldown_s=spot.outage_left_s(itype, now),
-            )
+            # Backed off as the daemon's bindings do (`AvailabilityCache.mark`): the
+            # trace's outage end is not something a client of a cloud can know.
+            self.availability.mark(request.instance_type, None, now, "InsufficientInstanceCapacity")
             raise InsufficientCapacity(request.instance_type, (), "no spot capacity (trace)")
         if request.instance_type in self.world.no_capacity:
             self.availability.mark(request.instance_type, None, now, "InsufficientInstanceCapacity")

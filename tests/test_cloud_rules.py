@@ -72,6 +72,21 @@ def test_availability_cache_cools_an_offering_down_then_forgets_it():
     assert cache.offerings(400.0) == []
 
 
+def test_a_run_of_capacity_failures_doubles_the_cooldown_up_to_its_cap():
+    cache = AvailabilityCache(cooldown_s=100, max_cooldown_s=350)
+    until = [cache.mark("big", None, now=0.0, reason="ICE").until_s]
+    assert until == [100.0]
+    # each retry right after the cooldown fails again: 200, then 350 (capped), 350
+    for now in (100.0, 300.0, 650.0):
+        until.append(cache.mark("big", None, now=now, reason="ICE").until_s)
+    assert until == [100.0, 300.0, 650.0, 1000.0]
+    # a failure after a quiet spell longer than the last cooldown starts a new run
+    assert cache.mark("big", None, now=1000.0 + 351.0, reason="ICE").until_s == 1451.0
+    # runs are per offering, and a given cooldown (a quota's) is taken as it is
+    assert cache.mark("big", "zone-a", now=1400.0, reason="ICE").until_s == 1500.0
+    assert cache.mark("small", None, now=0.0, reason="quota", cooldown_s=900).until_s == 900.0
+
+
 def test_guardrails_allow_a_launch_within_every_limit():
     Guardrails(max_instances=3, max_hourly_spend=13.0).check_launch(
         "cpu.small", catalog(), ["gpu.big"]
