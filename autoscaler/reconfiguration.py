@@ -52,6 +52,8 @@ PATTERN_GAP = 0.02
 #: 500-job replays of the full and a synthetic trace it beat Algorithm 1 in 30
 #: of 2,692 packings of fewer tasks, and in 1,826 of 2,514 of more.
 INTERFERENCE_MIN_TASKS = 10
+#: Most passes of iterative rounding in `Packer.priced` (CvxCluster §6.4).
+ROUNDING_PASSES = 3
 #: Two alignment scores closer than this are a tie, broken by class order.
 ALIGNMENT_GRID = 1e-9
 
@@ -475,6 +477,13 @@ class Packer:
         """Price-guided packing: the configuration LP's patterns, rounded down, then
         Algorithm 1 for the few tasks left over (see `patterns.py`).
 
+        Rounding is iterative (CvxCluster §6.4): the tasks a rounding leaves over
+        are priced again by the configuration LP of what is left, up to
+        `ROUNDING_PASSES` passes while each places whole copies and at least
+        `INTERFERENCE_MIN_TASKS` tasks remain. A fifth of the tasks was left to
+        Algorithm 1 after one pass (replaying the full trace's first 300 jobs),
+        which fills greedily where the LP would price the leftovers together.
+
         The compositions of `seeds` are columns from the start. `pack` gives
         the running instances: they stand in for a warm start from earlier
         rounds, taken from the snapshot alone; under interference also
@@ -488,47 +497,24 @@ class Packer:
         tasks: $1.428/h against $1.160/h)."""
         assert self.pricer is not None
         counts = pools.counts
-        live, classes = self.pattern_classes(counts)
-        if not classes:
+        if not any(counts):
             return self.algorithm1(pools, existing)
-        local = {c: i for i, c in enumerate(live)}
         task_class = self.task_class
-        columns = []
+        seed_columns = []
         for inst in seeds:
             k = self.type_index.get(inst.type.name)
-            hosted = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
+            hosted = Counter(c for t in inst.tasks if (c := task_class.get(t)) is not None)
             if k is not None and hosted:
-                columns.append(Pattern(k, tuple(sorted(hosted.items()))))
-
-        def loss(comp: tuple[int, ...], k: int) -> float:
-            real = tuple(live[i] for i in comp)
-            return sum(self.rp[c] for c in real) - self.value(real)
-
-        if self.neutral:
-            solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
-        else:
-            if self.stake is None:
-                at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
-            else:
-                at_stake = [self.stake[c] for c in live]
-            solution = self.pricer.solve(
-                self.shapes(), classes, loss, (self.table.default, at_stake), columns
-            )
-        # Round down: whole copies of each pattern while its tasks last. A
-        # pattern that would not be cost-efficient (TNRP < cost) is never used.
+                seed_columns.append((k, hosted))
+        # Iterative rounding (CvxCluster §6.4): the tasks left over after rounding
+        # down are priced again, by the configuration LP of what is left, while
+        # a pass still places whole copies; Algorithm 1 packs the rest.
         chosen: list[_Copies] = []
-        for pattern, y in sorted(solution.patterns, key=lambda py: (-py[1], py[0].type_index)):
-            comp = [(live[i], n) for i, n in pattern.composition]
-            copies = min([int(y + 1e-9)] + [counts[c] // n for c, n in comp])
-            if copies <= 0:
-                continue
-            flat = tuple(sorted(c for c, n in comp for _ in range(n)))
-            margin = self.value(flat) - self.types[pattern.type_index].hourly_cost
-            if margin < -VALUE_TOLERANCE:
-                continue
-            for c, n in comp:
-                counts[c] -= copies * n
-            chosen.append(_Copies(pattern.type_index, comp, copies, margin))
+        for _ in range(ROUNDING_PASSES):
+            placed = self._round_patterns(counts, seed_columns)
+            chosen += placed
+            if not placed or sum(counts) < INTERFERENCE_MIN_TASKS:
+                break
 
         # Existing instances first take a copy of the pattern of their type that
         # keeps most of their tasks where they are.
@@ -562,6 +548,53 @@ class Packer:
                 result.append(Instance(None, self.types[entry.type_index], tasks))
             saving += entry.copies * entry.margin
         return Placement(result, saving).extend(self.algorithm1(pools, unmatched))
+
+    def _round_patterns(
+        self, counts: list[int], seed_columns: list[tuple[int, Counter[int]]]
+    ) -> list[_Copies]:
+        """One pass of `priced`: the configuration LP of the tasks `counts` holds, its
+        patterns rounded down to whole copies (taken out of `counts`)."""
+        assert self.pricer is not None
+        live, classes = self.pattern_classes(counts)
+        if not classes:
+            return []
+        local = {c: i for i, c in enumerate(live)}
+        columns = []
+        for k, hosted in seed_columns:
+            mine = Counter({local[c]: n for c, n in hosted.items() if c in local})
+            if mine:
+                columns.append(Pattern(k, tuple(sorted(mine.items()))))
+
+        def loss(comp: tuple[int, ...], k: int) -> float:
+            real = tuple(live[i] for i in comp)
+            return sum(self.rp[c] for c in real) - self.value(real)
+
+        if self.neutral:
+            solution = self.pricer.solve(self.shapes(), classes, seeds=columns)
+        else:
+            if self.stake is None:
+                at_stake = [jrp if (jrp := self.jrp[c]) is not None else self.rp[c] for c in live]
+            else:
+                at_stake = [self.stake[c] for c in live]
+            solution = self.pricer.solve(
+                self.shapes(), classes, loss, (self.table.default, at_stake), columns
+            )
+        # Round down: whole copies of each pattern while its tasks last. A
+        # pattern that would not be cost-efficient (TNRP < cost) is never used.
+        chosen: list[_Copies] = []
+        for pattern, y in sorted(solution.patterns, key=lambda py: (-py[1], py[0].type_index)):
+            comp = [(live[i], n) for i, n in pattern.composition]
+            copies = min([int(y + 1e-9)] + [counts[c] // n for c, n in comp])
+            if copies <= 0:
+                continue
+            flat = tuple(sorted(c for c, n in comp for _ in range(n)))
+            margin = self.value(flat) - self.types[pattern.type_index].hourly_cost
+            if margin < -VALUE_TOLERANCE:
+                continue
+            for c, n in comp:
+                counts[c] -= copies * n
+            chosen.append(_Copies(pattern.type_index, comp, copies, margin))
+        return chosen
 
     # -- the two reconfigurations ------------------------------------------------
 
