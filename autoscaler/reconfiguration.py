@@ -52,6 +52,8 @@ PATTERN_GAP = 0.02
 #: 500-job replays of the full and a synthetic trace it beat Algorithm 1 in 30
 #: of 2,692 packings of fewer tasks, and in 1,826 of 2,514 of more.
 INTERFERENCE_MIN_TASKS = 10
+#: Most passes of iterative rounding in `Packer.priced` (CvxCluster §6.4).
+ROUNDING_PASSES = 3
 #: Two alignment scores closer than this are a tie, broken by class order.
 ALIGNMENT_GRID = 1e-9
 
@@ -539,6 +541,13 @@ class Packer:
         """Price-guided packing: the configuration LP's patterns, rounded down, then
         Algorithm 1 for the few tasks left over (see `patterns.py`).
 
+        Rounding is iterative (CvxCluster §6.4): the tasks a rounding leaves over
+        are priced again by the configuration LP of what is left, up to
+        `ROUNDING_PASSES` passes while each places whole copies and at least
+        `INTERFERENCE_MIN_TASKS` tasks remain. A fifth of the tasks was left to
+        Algorithm 1 after one pass (replaying the full trace's first 300 jobs),
+        which fills greedily where the LP would price the leftovers together.
+
         The compositions of `seeds` are columns from the start. `pack` gives
         the running instances: they stand in for a warm start from earlier
         rounds, taken from the snapshot alone; under interference also
@@ -552,17 +561,73 @@ class Packer:
         tasks: $1.428/h against $1.160/h)."""
         assert self.pricer is not None
         counts = pools.counts
-        live, classes = self.pattern_classes(counts)
-        if not classes:
+        if not any(counts):
             return self.algorithm1(pools, existing)
-        local = {c: i for i, c in enumerate(live)}
         task_class = self.task_class
-        columns = []
+        seed_columns = []
         for inst in seeds:
             k = self.type_index.get(inst.type.name)
-            hosted = Counter(local[c] for t in inst.tasks if (c := task_class.get(t)) in local)
-            if k is not None and hosted and self._holds(k, [live[c] for c in hosted.elements()]):
-                columns.append(Pattern(k, tuple(sorted(hosted.items()))))
+            hosted = Counter(c for t in inst.tasks if (c := task_class.get(t)) is not None)
+            if k is not None and hosted and self._holds(k, list(hosted.elements())):
+                seed_columns.append((k, hosted))
+        # Iterative rounding (CvxCluster §6.4): the tasks left over after rounding
+        # down are priced again, by the configuration LP of what is left, while
+        # a pass still places whole copies; Algorithm 1 packs the rest.
+        chosen: list[_Copies] = []
+        for _ in range(ROUNDING_PASSES):
+            placed = self._round_patterns(counts, seed_columns)
+            chosen += placed
+            if not placed or sum(counts) < INTERFERENCE_MIN_TASKS:
+                break
+
+        # Existing instances first take a copy of the pattern of their type that
+        # keeps most of their tasks where they are.
+        result: list[Instance] = []
+        saving = 0.0
+        unmatched: list[Instance] = []
+        for inst in sorted(existing, key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or "")):
+            k = self.type_index.get(inst.type.name)
+            residents = pools.resident_counts(inst.instance_id)
+            best, best_overlap = None, 0
+            for entry in chosen:
+                if entry.type_index != k or entry.copies <= 0:
+                    continue
+                overlap = sum(min(residents[c], n) for c, n in entry.composition)
+                if overlap > best_overlap:
+                    best, best_overlap = entry, overlap
+            if best is None:
+                unmatched.append(inst)
+                continue
+            best.copies -= 1
+            saving += best.margin
+            members = [c for c, n in best.composition for _ in range(n)]
+            result.append(
+                Instance(
+                    inst.instance_id, inst.type, pools.take_all(members, prefer=inst.instance_id)
+                )
+            )
+            pools.orphan(inst.instance_id)
+        for entry in chosen:
+            for tasks in pools.take_copies(entry.composition, entry.copies):
+                result.append(Instance(None, self.types[entry.type_index], tasks))
+            saving += entry.copies * entry.margin
+        return Placement(result, saving).extend(self.algorithm1(pools, unmatched))
+
+    def _round_patterns(
+        self, counts: list[int], seed_columns: list[tuple[int, Counter[int]]]
+    ) -> list[_Copies]:
+        """One pass of `priced`: the configuration LP of the tasks `counts` holds, its
+        patterns rounded down to whole copies (taken out of `counts`)."""
+        assert self.pricer is not None
+        live, classes = self.pattern_classes(counts)
+        if not classes:
+            return []
+        local = {c: i for i, c in enumerate(live)}
+        columns = []
+        for k, hosted in seed_columns:
+            mine = Counter({local[c]: n for c, n in hosted.items() if c in local})
+            if mine:
+                columns.append(Pattern(k, tuple(sorted(mine.items()))))
 
         def loss(comp: tuple[int, ...], k: int) -> float:
             real = tuple(live[i] for i in comp)
@@ -608,39 +673,7 @@ class Packer:
             for c, n in comp:
                 counts[c] -= copies * n
             chosen.append(_Copies(pattern.type_index, comp, copies, margin))
-
-        # Existing instances first take a copy of the pattern of their type that
-        # keeps most of their tasks where they are.
-        result: list[Instance] = []
-        saving = 0.0
-        unmatched: list[Instance] = []
-        for inst in sorted(existing, key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or "")):
-            k = self.type_index.get(inst.type.name)
-            residents = pools.resident_counts(inst.instance_id)
-            best, best_overlap = None, 0
-            for entry in chosen:
-                if entry.type_index != k or entry.copies <= 0:
-                    continue
-                overlap = sum(min(residents[c], n) for c, n in entry.composition)
-                if overlap > best_overlap:
-                    best, best_overlap = entry, overlap
-            if best is None:
-                unmatched.append(inst)
-                continue
-            best.copies -= 1
-            saving += best.margin
-            members = [c for c, n in best.composition for _ in range(n)]
-            result.append(
-                Instance(
-                    inst.instance_id, inst.type, pools.take_all(members, prefer=inst.instance_id)
-                )
-            )
-            pools.orphan(inst.instance_id)
-        for entry in chosen:
-            for tasks in pools.take_copies(entry.composition, entry.copies):
-                result.append(Instance(None, self.types[entry.type_index], tasks))
-            saving += entry.copies * entry.margin
-        return Placement(result, saving).extend(self.algorithm1(pools, unmatched))
+        return chosen
 
     # -- the two reconfigurations ------------------------------------------------
 

@@ -265,3 +265,36 @@ def test_a_seed_that_breaks_anti_affinity_is_not_a_column():
     pricer = PatternPricer(interference_node_limit=1, interference_node_budget=1)
     seeded = pricer.solve([shape], classes, loss, (0.95, [1.0]), [Pattern(0, ((0, 2),))])
     assert seeded.objective == pytest.approx(2.0)
+
+
+def test_tasks_left_after_rounding_down_are_priced_again(monkeypatch):
+    # 7 tasks of 5 CPU and 11 of 2 CPU, every pair at the default 0.95: the
+    # configuration LP's patterns round down to whole copies that leave tasks
+    # over; packing those by Algorithm 1 alone costs more than pricing them again
+    # (iterative rounding, CvxCluster §6.4).
+    import autoscaler.reconfiguration as reconfiguration
+
+    catalog = Catalog(
+        [
+            InstanceType("t0", "any", Resources(0, 12, 48), 1.612),
+            InstanceType("t1", "any", Resources(0, 8, 32), 0.899),
+            InstanceType("t2", "any", Resources(0, 6, 24), 0.814),
+        ]
+    )
+    jobs = tuple(job(f"j{i}", (0, 5, 5)) for i in range(7)) + tuple(
+        job(f"j{i}", (0, 2, 2)) for i in range(7, 18)
+    )
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable())
+
+    def packed() -> tuple[float, float]:
+        packer = Packer(view, pricer=PatternPricer())
+        placement = packer.priced(fresh_pools(packer), [])
+        config = Configuration(tuple(placement.instances))
+        assert_valid(config, jobs)
+        return placement.saving, config.hourly_cost
+
+    saving, cost = packed()
+    monkeypatch.setattr(reconfiguration, "ROUNDING_PASSES", 1)
+    once_saving, once_cost = packed()
+    assert saving > once_saving + 0.1
+    assert cost < once_cost - 0.1
