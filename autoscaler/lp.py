@@ -67,7 +67,11 @@ class ShadowPricer:
         self._structure: tuple[object, ...] | None = None
         self._layout: _Layout | None = None
 
-    def solve(self, catalog: Catalog, classes: Sequence[LPClass]) -> PriceSolution:
+    def solve(
+        self, catalog: Catalog, classes: Sequence[LPClass], solver: str = "choose"
+    ) -> PriceSolution:
+        """The LP's optimum and duals; `solver` is HiGHS's ("choose": its dual simplex
+        here; "ipm": interior point, then crossover to a vertex)."""
         elapsed = stopwatch()
         structure = (
             tuple(t.name for t in catalog.types),
@@ -85,6 +89,7 @@ class ShadowPricer:
         else:
             highs, layout = _build(catalog, classes)
             self._highs, self._structure, self._layout = highs, structure, layout
+        highs.setOptionValue("solver", solver)
         highs.run()
         status = highs.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:

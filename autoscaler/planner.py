@@ -430,7 +430,15 @@ def _fluid_candidates(
     tasks = [t for j in view.jobs for t in j.tasks]
     spec = {t.task_id: t for t in tasks}
     job_of = {t.task_id: j for j in view.jobs for t in j.tasks}
-    charge = {j.job_id: slowdown_charge(j, prices.job_rp(j), job_slowdown) for j in view.jobs}
+    # a job's slowdown charge, priced when first asked for (only under interference):
+    # by then `pack` has remembered its tasks' cheapest types, found vectorized
+    charges: dict[str, float | None] = {}
+
+    def charge(job: JobSpec) -> float | None:
+        if job.job_id not in charges:
+            charges[job.job_id] = slowdown_charge(job, prices.job_rp(job), job_slowdown)
+        return charges[job.job_id]
+
     rp: dict[str, float] = {}
     cheapest: dict[str, int] = {}
     jobs = {j.job_id: j for j in view.jobs} if view.current.instances else {}
@@ -452,11 +460,11 @@ def _fluid_candidates(
             if tput < min_throughput:
                 return refused(rp[other] for other in task_ids)
             if prices.valued:
-                stake = charge[job.job_id]
+                stake = charge(job)
                 at_stake = prices.task_value(spec[t]) if stake is None else prices.job_value(job)
                 total += valued_tnrp(rp[t], tput, at_stake)
             else:
-                total += tnrp(rp[t], tput, charge[job.job_id])
+                total += tnrp(rp[t], tput, charge(job))
         return total
 
     def pack(subset: list[TaskSpec]) -> tuple[list[Instance], float, PriceSolution | None]:

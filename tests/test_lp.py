@@ -101,6 +101,29 @@ def test_duals_are_feasible_and_strong_duality_holds(problem):
         assert worth <= t.hourly_cost + 1e-6
 
 
+@settings(max_examples=40, deadline=None)
+@given(lp_problems())
+def test_interior_point_gives_the_simplex_optimum_and_a_feasible_assignment(problem):
+    # the fluid packer solves its large LPs by interior point (then crossover): the
+    # bound must be the simplex's, and the assignment it deals tasks by a feasible one
+    catalog, classes = problem
+    simplex = solve_lp(catalog, classes)
+    ipm = ShadowPricer().solve(catalog, classes, "ipm")
+    assert ipm.lower_bound == pytest.approx(simplex.lower_bound, rel=1e-6, abs=1e-6)
+    for c, cls in enumerate(classes):
+        dealt = sum(x for (cc, _), x in ipm.assignment.items() if cc == c)
+        assert dealt == pytest.approx(cls.count, rel=1e-6)
+    for k, t in enumerate(catalog.types):
+        z = ipm.type_usage.get(t.name, 0.0)
+        for r, cap in enumerate(t.capacity.as_tuple()):
+            used = sum(
+                x * classes[c].demands[k][r]
+                for (c, name), x in ipm.assignment.items()
+                if name == t.name
+            )
+            assert used <= cap * z + 1e-6
+
+
 def test_warm_start_gives_the_cold_answer_when_only_counts_change():
     catalog = table3_catalog()
     demands = [(2, 8, 24), (1, 4, 10), (0, 6, 20), (0, 4, 12)]
