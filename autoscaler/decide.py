@@ -67,6 +67,7 @@ from autoscaler.spot import (
 from autoscaler.store import (
     ActionRecord,
     InstanceRecord,
+    JobRecord,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
@@ -425,8 +426,13 @@ def decide(
         _probed(snapshot, learned, current),
         delays=snapshot.delays,
     )
-    alone = _unmeasured(snapshot, unknown, now) if options.learn else set()
-    plan = _plan(planner, view, alone)
+    unmeasured = _unmeasured(snapshot, unknown, now) if options.learn else set()
+    tight = (
+        out_of_slack(options.spot, snapshot, jobs, progress, now)
+        if options.spot is not None
+        else set()
+    )
+    plan = _plan(planner, view, unmeasured | tight, tight)
     drained = drained_off(plan.configuration, snapshot, planning)
     if options.spot is not None:
         drained = spread(
@@ -596,22 +602,56 @@ def job_capacities(
             now,
             catalog,
         )
-        deadline = job_deadline_s(job, _solo_s(job))
-        if deadline is not None and not pinned:
-            work = _known_work(job)
-            remaining = None
-            if work is not None:
-                remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
-            pinned = pinned_on_demand(
-                now=now,
-                submitted_at=now if record is None else record.submitted_at,
-                deadline_s=deadline,
-                remaining_s=remaining,
-                restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
-                margin_s=policy.deadline_margin_s + rollback_s(job, policy),
-            )
+        if not pinned:
+            pinned = _slack_out(policy, job, record, progress, now) is not False
         out[job.job_id] = job_capacity(job, pinned)
     return out
+
+
+def _slack_out(
+    policy: SpotPolicy,
+    job: JobSpec,
+    record: JobRecord | None,
+    progress: Mapping[str, float],
+    now: float,
+) -> bool | None:
+    """Whether the job's deadline slack has run out (`spot.pinned_on_demand`): True,
+    False, or None when it cannot be told (no deadline: False; unknown work: None)."""
+    deadline = job_deadline_s(job, _solo_s(job))
+    if deadline is None:
+        return False
+    work = _known_work(job)
+    if work is None:
+        return None
+    remaining = max(0.0, work.iterations - progress.get(job.job_id, 0.0)) / work.speed
+    return pinned_on_demand(
+        now=now,
+        submitted_at=now if record is None else record.submitted_at,
+        deadline_s=deadline,
+        remaining_s=remaining,
+        restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
+        margin_s=policy.deadline_margin_s + rollback_s(job, policy),
+    )
+
+
+def out_of_slack(
+    policy: SpotPolicy,
+    snapshot: StateSnapshot,
+    jobs: Sequence[JobSpec],
+    progress: Mapping[str, float],
+    now: float,
+) -> set[str]:
+    """The jobs of known work whose deadline slack has run out (`_slack_out`): they run
+    alone where they are from now on (`_plan`). The slack rule promised them one more
+    restart at full speed, not a co-location slowdown nor the migrations of later
+    reconfigurations — a job moved between on-demand instances ten times missed its
+    deadline under a bursty availability trace while it never ran on spot."""
+    records = {j.job_id: j for j in snapshot.jobs}
+    return {
+        job.job_id
+        for job in jobs
+        if _has_deadline(job) and _slack_out(policy, job, records.get(job.job_id), progress, now)
+    }
 
 
 def pinned_by_reclaims(
@@ -958,12 +998,18 @@ def _probed(
     )
 
 
-def _plan(planner: Planner, view: ClusterView, alone: set[str]) -> Plan:
+def _plan(
+    planner: Planner,
+    view: ClusterView,
+    alone: set[str],
+    tight: frozenset[str] | set[str] = frozenset(),
+) -> Plan:
     """The planner's plan, with the tasks of the jobs in `alone` each on an instance of its own.
 
     Those stay where they are if they are alone there already, else each gets its
     cheapest type (its reservation price, what no packing would pay); the planner
-    places every other job, on the instances that are left.
+    places every other job, on the instances that are left. `alone` holds the jobs
+    whose solo speed is being measured and those of `tight`, out of deadline slack.
     """
     if not alone:
         return planner.plan(view)
@@ -987,8 +1033,15 @@ def _plan(planner: Planner, view: ClusterView, alone: set[str]) -> Plan:
     solo = kept + launched
     at_rp = sum(itype.hourly_cost for itype in cheapest.values())  # their RPs
     others = tuple(j for j in view.jobs if j.job_id not in alone)
-    names = ", ".join(sorted(alone)[:5]) + (", …" if len(alone) > 5 else "")
-    note = f"{len(alone)} job(s) alone until their solo speed is measured: {names}"
+    notes = []
+    for group, why in (
+        (alone - tight, "alone until their solo speed is measured"),
+        (tight & alone, "alone and not moved, out of deadline slack"),
+    ):
+        if group:
+            names = ", ".join(sorted(group)[:5]) + (", …" if len(group) > 5 else "")
+            notes.append(f"{len(group)} job(s) {why}: {names}")
+    note = "; ".join(notes)
     if not others:  # nothing else to plan: the instances left are drained
         d_hat = expected_duration_h(view.history)
         return Plan(Configuration(tuple(solo)), "partial", (), d_hat, at_rp, note)

@@ -359,3 +359,34 @@ def test_a_long_outage_is_retried_with_backoff_and_the_job_returns_to_spot() -> 
     refused = [t for t in spot_requests if 600.0 <= t < 12600.0]
     assert 2 <= len(refused) <= 7  # 180 + 360 + … doubling to the cap: 6 tries cover it
     assert any(t >= 12600.0 for t in spot_requests)  # back on spot once capacity is
+
+
+def test_a_job_out_of_deadline_slack_runs_alone_and_is_not_moved() -> None:
+    # "pair" holds two tasks for less than two "small" (4 against 6): packing pays on
+    # on-demand, where the other jobs ask to run, and without interference the planner
+    # would pack the deadline job with them.
+    # "tight" has 10,000 s of work due in 11,500 s: the slack rule keeps 217 s of
+    # restart, a 900 s margin and a 900 s checkpoint interval, so it is out of slack
+    # at once (10,000 + 2,017 ≥ 11,500) and runs alone, where it is, from then on —
+    # though the later arrivals would pack beside it — and meets its deadline; the
+    # jobs without a deadline are packed as before.
+    base = catalog(0.0)
+    pair = InstanceType("pair", "f", Resources(2, 8, 32), 4.0, DELAYS)
+    both = Catalog([*base, pair])
+    jobs = [
+        job("tight", 10_000.0, deadline_s=11_500.0),
+        job("loose", 10_000.0, capacity="on-demand"),
+        job("late1", 4_000.0, arrival=2_000.0, capacity="on-demand"),
+        job("late2", 4_000.0, arrival=2_000.0, capacity="on-demand"),
+    ]
+    store = InMemoryStore()
+    result = replay(jobs, both, NO_INTERFERENCE, "eva", store=store, spot=SpotReplay())
+    assert result.finished and result.spot["deadlines_met"] == 1
+    placements = [p for p in store.placements() if p.job_id == "tight"]
+    assert len(placements) == 1  # placed once, never moved
+    alone_on = placements[0].instance_id
+    sharing = [p.job_id for p in store.placements() if p.instance_id == alone_on]
+    assert sharing == ["tight"]
+    kinds = {i.instance_id: i.instance_type for i in store.instances(include_finished=True)}
+    assert "pair" in {kinds[p.instance_id] for p in store.placements() if p.job_id != "tight"}
+    assert any("out of deadline slack: tight" in r.reason for r in store.rounds())
