@@ -13,7 +13,7 @@ from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.fluid import fluid_pack, grid_up
 from autoscaler.lp import LPClass, solve_lp
-from autoscaler.planner import EvaPlanner
+from autoscaler.planner import EvaPlanner, Plan
 from autoscaler.reconfiguration import Packer
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
@@ -260,6 +260,20 @@ def test_cpu_tasks_fill_the_room_gpu_instances_leave(filler: tuple, count: int) 
         assert np.all(used <= np.array(catalog.types[k].capacity.as_tuple()) + 1e-6)
 
 
+def _plan_and_idle_gpus(shape: str, seed: int) -> tuple[Plan, float]:
+    """Eva's plan of 5,000 held-out tasks of `shape` at full speed (every task placed),
+    and the share of the GPUs it pays for that no task uses."""
+    catalog, _ = pai_catalog_and_jobs()
+    jobs = distinct_jobs(5_000, seed=seed, shape=shape)
+    gpus = {t.task_id: t.demands[0][1].gpu for j in jobs for t in j.tasks}
+    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
+    plan = EvaPlanner().plan(view)
+    placed = [t for inst in plan.configuration.instances for t in inst.tasks]
+    assert sorted(placed) == sorted(gpus)
+    paid_for = sum(inst.type.capacity.gpu for inst in plan.configuration.instances)
+    return plan, 1 - sum(gpus.values()) / paid_for
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_cpu_only_tasks_do_not_crowd_gpu_tasks_off_a_gpu_type_s_instances(seed):
     # The held-out lognormal mix (a tenth on 1, 2 or 4 GPUs): the LP deals CPU-only
@@ -267,16 +281,8 @@ def test_cpu_only_tasks_do_not_crowd_gpu_tasks_off_a_gpu_type_s_instances(seed):
     # packed together, whole tasks filled the CPUs first and left 3.0–3.7% of the
     # GPUs paid for idle. Packed after the GPU tasks, in the room they leave, they
     # leave fewer than 2.5% idle.
-    catalog, _ = pai_catalog_and_jobs()
-    jobs = distinct_jobs(5_000, seed=seed, shape="lognormal")
-    gpus = {t.task_id: t.demands[0][1].gpu for j in jobs for t in j.tasks}
-    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
-    plan = EvaPlanner().plan(view)
-    placed = [t for inst in plan.configuration.instances for t in inst.tasks]
-    assert sorted(placed) == sorted(gpus)
-    paid_for = sum(inst.type.capacity.gpu for inst in plan.configuration.instances)
-    used = sum(gpus.values())
-    assert 1 - used / paid_for < 0.025
+    _, idle = _plan_and_idle_gpus("lognormal", seed)
+    assert idle < 0.025
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -287,14 +293,7 @@ def test_big_cpu_only_tasks_the_lp_put_beside_gpu_tasks_do_not_idle_its_gpus(see
     # they left 0.6–0.8% of the GPUs paid for idle and cost 1.021–1.023x the fluid
     # bound. Moved on when that is cheaper, and the GPU tasks packed into the bins
     # they leave least of the LP's prices free (whole GPUs), under 0.5% stays idle.
-    catalog, _ = pai_catalog_and_jobs()
-    jobs = distinct_jobs(5_000, seed=seed, shape="bimodal")
-    gpus = {t.task_id: t.demands[0][1].gpu for j in jobs for t in j.tasks}
-    view = ClusterView(catalog, jobs, throughput=ThroughputTable(default=1.0))
-    plan = EvaPlanner().plan(view)
-    placed = [t for inst in plan.configuration.instances for t in inst.tasks]
-    assert sorted(placed) == sorted(gpus)
-    paid_for = sum(inst.type.capacity.gpu for inst in plan.configuration.instances)
-    assert 1 - sum(gpus.values()) / paid_for < 0.005
+    plan, idle = _plan_and_idle_gpus("bimodal", seed)
+    assert idle < 0.005
     assert plan.lower_bound_hourly_cost is not None
     assert plan.hourly_cost <= 1.02 * plan.lower_bound_hourly_cost
