@@ -48,6 +48,9 @@ class CloudInstance:
     # Its address in the cluster's network (EC2: the private IPv4 address), as the cloud
     # reports it; workers prove their instance with it (`provisioners.identity`).
     private_address: str | None = None
+    # What the cloud bills it per hour where that is known only once it landed (EC2: a
+    # spot instance at the spot price of the zone it landed in); None: its request's.
+    hourly_price: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,6 +242,7 @@ def _sync_instances(
             seen.zone if seen else None,
             reason,
             seen.private_address if seen else None,
+            seen.hourly_price if seen else None,
         )
         store.transition_instances([change], now)
     return gone, wrote or bool(changes)
@@ -693,6 +694,7 @@ def ask_cloud(
         got.zone,
         f"launched as {got.cloud_id}",
         got.private_address,
+        got.hourly_price,
     )
     return "done", got.cloud_id, change
 

@@ -192,6 +192,9 @@ class InstanceChange:
     zone: str | None = None
     reason: str = ""
     private_address: str | None = None  # as the cloud reports it (kept once known)
+    # The price the cloud bills it at, when it says (`CloudInstance.hourly_price`): taken
+    # when the instance enters billing, so its uptime is billed at it.
+    hourly_price: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +208,9 @@ class InstanceRecord:
     instance_id: str
     instance_type: str
     status: InstanceStatus
-    hourly_price: float  # at the time of the request; the ledger bills this
+    # At the time of the request, or the price the cloud named when it landed (a spot
+    # instance's zone price); the ledger bills this.
+    hourly_price: float
     requested_at: float
     cloud_id: str | None = None
     zone: str | None = None
@@ -234,7 +239,7 @@ class InstanceRecord:
 
 @dataclass(frozen=True, slots=True)
 class UptimeInterval:
-    """A stretch of billed uptime of one instance, at the price of its request."""
+    """A stretch of billed uptime of one instance, at its record's price (`InstanceRecord`)."""
 
     instance_id: str
     instance_type: str

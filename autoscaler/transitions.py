@@ -16,7 +16,8 @@ The rules (the contract of `autoscaler.store`):
   the job's, their targets are cleared, their placements close).
 - **Instances follow `TRANSITIONS`** and keep the history of their statuses.
 - **Billing** runs while an instance is in a `BILLED_STATUSES` status, from its
-  launch request (the cloud bills from then on) at the price of the request.
+  launch request (the cloud bills from then on) at the price of the request, or at
+  the price the cloud named when the instance landed (a spot zone's).
 - **Placements**: a task whose instance changes leaves the one it was on and
   enters the next, so reports know what ran where, when.
 """
@@ -230,8 +231,11 @@ def transition_instance(
     """Move an instance along `TRANSITIONS` (None: it is in that status already).
 
     Entering billing opens an uptime interval from its request at its request's
-    price; leaving billing closes it. A cloud id, zone or private address the change
-    does not give is kept. Raises IllegalTransition for a move the status machine forbids.
+    price, or at the price the cloud named for it when it landed (`change.hourly_price`:
+    a spot instance is billed at the price of the zone it landed in, not at the regional
+    figure it was planned at); leaving billing closes it. A cloud id, zone or private
+    address the change does not give is kept. Raises IllegalTransition for a move the
+    status machine forbids.
     """
     if inst.status == change.status:
         return None
@@ -249,9 +253,11 @@ def transition_instance(
     billed_before = inst.status in BILLED_STATUSES
     billed_after = change.status in BILLED_STATUSES
     if billed_after and not billed_before:
+        if change.hourly_price is not None:  # billing starts once: from "requested"
+            new = replace(new, hourly_price=change.hourly_price)
         # From the request, at its price: the cloud bills from the launch on.
         start = inst.requested_at
-        opens = UptimeInterval(inst.instance_id, inst.instance_type, inst.hourly_price, start)
+        opens = UptimeInterval(inst.instance_id, inst.instance_type, new.hourly_price, start)
         return InstanceStep(new, opens=opens)
     return InstanceStep(new, closes=billed_before and not billed_after)
 

@@ -465,7 +465,21 @@ class EC2Cloud:
                 self._forget(request.instance_id)
                 raise
             self._forget(request.instance_id)
-            return launched
+            return self._billed(launched)
+
+    def _billed(self, inst: CloudInstance) -> CloudInstance:
+        """The instance with what EC2 bills it per hour when that depends on where it
+        landed: a spot instance at the spot price in force in its zone (by AZ ID, from
+        `spot_prices`). A regional offering is planned at the median of the cluster's
+        zones, but EC2 bills the zone it chose; on-demand is the same in every zone."""
+        if not inst.spot or inst.zone is None or inst.dry_run:
+            return inst
+        table = self.spot_prices()
+        if table is None:
+            return inst
+        zone_id = {name: zid for zid, name in self._zone_by_id.items()}.get(inst.zone)
+        price = table.price(inst.instance_type, zone_id) if zone_id is not None else None
+        return inst if price is None else replace(inst, hourly_price=price)
 
     def _forget(self, instance_id: str) -> None:
         """Drop what a launch kept for its retries once it will not be retried."""
@@ -912,13 +926,16 @@ class EC2Cloud:
     # --- list, terminate -----------------------------------------------------------
 
     def list(self) -> list[CloudInstance]:
-        """This cluster's instances (by cluster tag) that are not terminated, by id."""
-        return self._describe(
+        """This cluster's instances (by cluster tag) that are not terminated, by id, each
+        with its zone's spot price if it is spot (`_billed`): one adopted by listing, its
+        launch's answer lost, is billed as it would have been."""
+        found = self._describe(
             [
                 {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_id]},
                 {"Name": "instance-state-name", "Values": list(_NOT_TERMINATED)},
             ]
         )
+        return [self._billed(i) if i.spot else i for i in found]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         """Terminate these instances of this cluster, by id.

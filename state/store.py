@@ -137,6 +137,7 @@ INSTANCE_COLUMNS = (
     "lost_at",
     "reason",
     "reclaimed_at",
+    "hourly_price",  # the price the cloud named when it landed (`transition_instance`)
 )
 #: The instance record's fields stored in its row (its history is in its own table).
 INSTANCE_FIELDS = tuple(f.name for f in fields(InstanceRecord) if f.name != "history")

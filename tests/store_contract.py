@@ -17,6 +17,7 @@ from autoscaler.store import (
     ActionRecord,
     DuplicateJob,
     IllegalTransition,
+    InstanceChange,
     RoundIntents,
     RoundRecord,
     StateCounts,
@@ -155,6 +156,26 @@ def test_instance_status_machine_keeps_its_history(store):
         store.transition_instance("i-1", "running", 60.0)
     assert store.instances() == []
     assert [i.instance_id for i in store.instances(include_finished=True)] == ["i-1"]
+
+
+def test_a_price_the_cloud_names_at_landing_is_billed_from_the_request(store):
+    # A regional spot offering planned at the median of its zones lands in one of them,
+    # where EC2 bills that zone's price: the instance and its ledger take it, from the
+    # request on. A later change naming a price does not reprice billed uptime.
+    request(store, "i-1", "c7i.large:spot", 0.030, at=HOUR)
+    store.transition_instances(
+        [InstanceChange("i-1", "pending", "ec2-1", "z-b", hourly_price=0.021)], HOUR + 5
+    )
+    store.transition_instances([InstanceChange("i-1", "running", hourly_price=0.5)], HOUR + 60)
+    assert store.instance("i-1").hourly_price == 0.021
+    store.transition_instance("i-1", "terminated", 3 * HOUR)
+    [interval] = store.uptime()
+    assert (interval.start, interval.end, interval.hourly_price) == (HOUR, 3 * HOUR, 0.021)
+    assert store.cost_between(0, 10 * HOUR) == pytest.approx(2 * 0.021)
+    # none named: the request's price stands
+    request(store, "i-2", "c7i.large:spot", 0.030, at=HOUR)
+    store.transition_instances([InstanceChange("i-2", "running", "ec2-2", "z-a")], HOUR + 5)
+    assert store.instance("i-2").hourly_price == 0.030
 
 
 def test_request_is_idempotent_by_launch_token(store):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import statistics
 
 import pytest
 
@@ -47,18 +46,13 @@ def _with_capacity(job, capacity: str):
     return job
 
 
-def _live_spot_price(endpoint: str, subnet_ids: tuple[str, ...], ec2_type: str) -> float:
-    """What EC2 (moto) quotes for spot `ec2_type` now, over the zones of the cluster's
-    subnets (where its instances are bought): the median of their prices, as a regional
-    offering is priced."""
+def _live_spot_price(endpoint: str, zone: str | None, ec2_type: str) -> float:
+    """What EC2 (moto) quotes for spot `ec2_type` now in `zone`, where the instance
+    landed: what EC2 bills it, whatever the regional figure it was planned at."""
     ec2 = client("ec2", endpoint)
-    zones = {
-        s["AvailabilityZone"] for s in ec2.describe_subnets(SubnetIds=list(subnet_ids))["Subnets"]
-    }
     history = ec2.describe_spot_price_history(InstanceTypes=[ec2_type])["SpotPriceHistory"]
-    prices = [float(p["SpotPrice"]) for p in history if p["AvailabilityZone"] in zones]
-    assert len(prices) == len(zones), history
-    return statistics.median(prices)
+    [price] = {float(p["SpotPrice"]) for p in history if p["AvailabilityZone"] == zone}
+    return price
 
 
 def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_prices(
@@ -157,7 +151,7 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
         assert {offering_parts(records[i].instance_type)[1] for i in shards_on} == {ON_DEMAND}
 
         # Billing: each spot instance at the spot price EC2 quotes for its type in the
-        # cluster's zones (not the bundled snapshot's), below on-demand, with its type's
+        # zone it landed in (not the bundled snapshot's), below on-demand, with its type's
         # on-demand price recorded beside it; each on-demand instance at its on-demand
         # price. The ledger bills those.
         for record in records.values():
@@ -166,7 +160,7 @@ def test_a_spot_job_launches_as_spot_survives_a_reclaim_and_is_billed_at_spot_pr
             ec2_type, market, _ = offering_parts(record.instance_type)
             assert record.on_demand_price == pytest.approx(on_demand[ec2_type]), record
             if market == SPOT:
-                live = _live_spot_price(aws, config.provisioner.ec2.subnet_ids, ec2_type)
+                live = _live_spot_price(aws, record.zone, ec2_type)
                 assert record.hourly_price == pytest.approx(live), record
                 assert record.hourly_price < on_demand[ec2_type], record
             else:

@@ -314,3 +314,30 @@ def test_spot_prices_in_force_are_those_of_the_zones_the_cluster_launches_in(
     priced = {p["AvailabilityZone"] for p in history["SpotPriceHistory"]}
     assert set(two) <= priced and len(priced) > len(two)  # EC2 priced more zones than ours
     assert table is not None and set(table.prices["c7i.large"]) == ids
+
+
+def test_a_regional_spot_instance_is_billed_at_the_price_of_the_zone_it_landed_in(
+    config, ec2, client, network, clock, sleeps
+):
+    # `c7i.large:spot` is planned at the median of the cluster's zones; EC2 places it in
+    # one of them and bills that zone's price, which the launch's answer (and a listing
+    # of it, should that answer be lost) carries. Prices as EC2 gives them, by zone name,
+    # each zone its own.
+    cfg = spot_on(config, "c7i")
+    zones = sorted(network.subnets)
+    assert len(zones) >= 3
+    prices = {zone: round(0.010 + 0.004 * i, 3) for i, zone in enumerate(zones)}
+    table = SpotPriceTable(REGION, {"c7i.large": prices}, clock())
+    save_spot_prices(table, spot_prices_path(cfg.cache_dir, REGION))
+    cloud = make_cloud(cfg, ec2, clock, sleeps, iam=client("iam"))
+
+    launched = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+
+    assert launched.spot and launched.zone in prices
+    assert launched.hourly_price == prices[launched.zone]
+    [listed] = cloud.list()
+    assert listed.hourly_price == prices[launched.zone]
+    again = cloud.launch(LaunchRequest(offering_name("c7i.large", SPOT), "tok-1"))
+    assert again.hourly_price == prices[launched.zone]  # found by its token: the same
+    on_demand = cloud.launch(LaunchRequest("c7i.large", "tok-2"))
+    assert not on_demand.spot and on_demand.hourly_price is None  # its request's stands
