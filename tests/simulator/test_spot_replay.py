@@ -18,7 +18,7 @@ from autoscaler.spot import SpotPolicy
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
-from simulator.spot import AvailabilityTrace, SpotWorld, parse_trace, parse_trace_flag
+from simulator.spot import AvailabilityTrace, parse_trace, parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
 
