@@ -9,6 +9,7 @@ SQLAlchemy and Alembic are imported only when a `db` command runs, so
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from app.cli_io import add_json, print_json
@@ -50,23 +51,38 @@ def _database_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="database URL: sqlite:////path/state.db or postgresql+psycopg://USER@HOST:PORT/DB "
-        f"(default: [state] in --config, else sqlite:///{default_state_path()})",
+        "(default: [state] in the configuration file, else "
+        f"sqlite:///{default_state_path()})",
     )
     parser.add_argument(
         "--config",
         type=Path,
         default=None,
         metavar="TOML",
-        help="daemon configuration file whose [state] table names the database",
+        help="daemon configuration file whose [state] table names the database (default: "
+        "$AUTOSCALER_CONFIG, else ./autoscaler.toml if it exists, as the daemon reads them)",
     )
     add_json(parser)
+
+
+def _config(given: Path | None) -> Path | None:
+    """The configuration file whose `[state]` names the database: `--config`, else
+    $AUTOSCALER_CONFIG, else ./autoscaler.toml when there is one — the file the daemon
+    reads, so `db upgrade` in a cluster's directory upgrades that cluster's database, not
+    the per-user default (None: no file, the default)."""
+    from app.config import CONFIG_ENV, config_path
+
+    if given is not None or os.environ.get(CONFIG_ENV):
+        return config_path(given)
+    found = config_path(None)
+    return found if found.exists() else None
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from state.database import create_state_engine
     from state.migrate import upgrade
 
-    engine = create_state_engine(database_url_for(args.url, args.config))
+    engine = create_state_engine(database_url_for(args.url, _config(args.config)))
     try:
         shown = engine.url.render_as_string(hide_password=True)
         before, after = upgrade(engine)
@@ -87,7 +103,7 @@ def cmd_db_status(args: argparse.Namespace) -> int:
     from state.database import create_state_engine
     from state.migrate import missing_columns, schema_status
 
-    engine = create_state_engine(database_url_for(args.url, args.config))
+    engine = create_state_engine(database_url_for(args.url, _config(args.config)))
     try:
         status = schema_status(engine)
         missing = missing_columns(engine) if status.up_to_date else []

@@ -110,6 +110,31 @@ def test_db_upgrade_reads_the_state_table_of_the_config(
         assert store.jobs() == []
 
 
+def test_db_upgrade_in_a_cluster_directory_upgrades_that_cluster_s_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Run where `autoscaler init` wrote the cluster's file, as the daemon's refusal
+    # suggests, `db upgrade` upgrades the database the daemon will open, not the
+    # per-user default; $AUTOSCALER_CONFIG, which the daemon also reads, comes first.
+    monkeypatch.delenv("AUTOSCALER_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "autoscaler.toml").write_text('[state]\npath = "var/state.db"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["db", "upgrade"]) == 0
+    assert f"sqlite:///{tmp_path / 'var' / 'state.db'}: schema created" in capsys.readouterr().out
+    assert not default_state_path().exists()
+    other = tmp_path / "elsewhere" / "c.toml"
+    other.parent.mkdir()
+    other.write_text('[state]\npath = "other.db"\n')
+    monkeypatch.setenv("AUTOSCALER_CONFIG", str(other))
+    assert main(["db", "upgrade"]) == 0
+    assert (other.parent / "other.db").exists() and not default_state_path().exists()
+    (tmp_path / "autoscaler.toml").unlink()  # no file at all: the per-user default
+    monkeypatch.delenv("AUTOSCALER_CONFIG")
+    assert main(["db", "upgrade"]) == 0
+    assert default_state_path().exists()
+
+
 def test_state_table_url_path_and_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = "postgresql+psycopg://autoscaler@db:5432/autoscaler"
     assert parse_state_config({"state": {"url": url}}) == StateConfig(url, "config")
