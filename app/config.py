@@ -28,7 +28,7 @@ from autoscaler.errors import InputError
 from autoscaler.failures import Backoff
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
 from autoscaler.period import ROUND_INTERVAL_S
-from autoscaler.spot import SpotPolicy
+from autoscaler.spot import RATE_HISTORY_S, RATE_PRIOR_HOURS, RATE_REFRESH_S, SpotPolicy
 from provisioners.config import (
     MAX_HOURLY_SPEND,
     ClusterId,
@@ -426,9 +426,9 @@ class SpotTable(Strict, frozen=True):
     # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
     # spot instance-hours), recomputed at most every `refresh_minutes`; a rebalance
     # recommendation prices its instance's offering at rebalance_rate_per_hour at least.
-    prior_hours: Annotated[float, number(ge=0.0, le=1e6)] = 100.0
-    history_days: Annotated[float, number(gt=0.0, le=3650.0)] = 30.0
-    refresh_minutes: Annotated[float, number(ge=0.0, le=1440.0)] = 10.0
+    prior_hours: Annotated[float, number(ge=0.0, le=1e6)] = RATE_PRIOR_HOURS
+    history_days: Annotated[float, number(gt=0.0, le=3650.0)] = RATE_HISTORY_S / 86400.0
+    refresh_minutes: Annotated[float, number(ge=0.0, le=1440.0)] = RATE_REFRESH_S / 60.0
     rebalance_rate_per_hour: Annotated[float, number(ge=0.0, le=3600.0)] = 1.0
     types: Annotated[tuple[FamilyOrType, ...], msgspec.Meta(max_length=1024)] = ()
     reclaim_alpha: Annotated[float, number(gt=0.0, lt=1.0)] = 0.01

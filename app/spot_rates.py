@@ -29,7 +29,15 @@ from typing import Any
 
 from autoscaler.catalog import Catalog, InstanceType
 from autoscaler.errors import InputError
-from autoscaler.spot import observed_rates, restart_seconds, spot_hours, with_rates
+from autoscaler.spot import (
+    RATE_HISTORY_S,
+    RATE_PRIOR_HOURS,
+    RATE_REFRESH_S,
+    observed_rates,
+    restart_seconds,
+    spot_hours,
+    with_rates,
+)
 from autoscaler.work import job_work
 
 log = logging.getLogger("autoscaler.daemon")
@@ -45,9 +53,9 @@ class SpotRates:
         self,
         store: Any,
         *,
-        prior_hours: float = 100.0,
-        history_days: float = 30.0,
-        refresh_s: float = 600.0,
+        prior_hours: float = RATE_PRIOR_HOURS,
+        history_days: float = RATE_HISTORY_S / 86400.0,
+        refresh_s: float = RATE_REFRESH_S,
         rebalance_rate_per_hour: float = 1.0,
     ) -> None:
         self.store = store

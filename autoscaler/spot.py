@@ -500,6 +500,14 @@ def capacity_of(market: str) -> str:
     return "on-demand" if market == ON_DEMAND else "spot"
 
 
+#: How the daemon learns an offering's interruption rate (`[spot]`'s defaults, and the
+#: replay's): its band counts as this many spot instance-hours of evidence, beside the
+#: reclaims and hours of the last `RATE_HISTORY_S`, recomputed at most every `RATE_REFRESH_S`.
+RATE_PRIOR_HOURS = 100.0
+RATE_HISTORY_S = 30 * 86400.0
+RATE_REFRESH_S = 600.0
+
+
 def blended_rate(prior_per_hour: float, reclaims: int, hours: float, prior_hours: float) -> float:
     """An offering's interruption rate from its band and the cluster's own history: the
     Gamma–Poisson posterior mean `(λ_band · H0 + n) / (H0 + h)` — the band counted as
@@ -573,9 +581,9 @@ class LearnedRates:
         reclaims: Callable[[float], Mapping[str, int]],
         uptime: Callable[[], Iterable[tuple[str, float, float | None]]],
         *,
-        prior_hours: float = 100.0,
-        history_s: float = 30 * 86400.0,
-        refresh_s: float = 600.0,
+        prior_hours: float = RATE_PRIOR_HOURS,
+        history_s: float = RATE_HISTORY_S,
+        refresh_s: float = RATE_REFRESH_S,
     ) -> None:
         self.reclaims = reclaims
         self.uptime = uptime

@@ -19,7 +19,14 @@ from autoscaler.fairshare import TeamPolicy
 from autoscaler.jobs import JobSpec
 from autoscaler.period import ROUND_INTERVAL_S
 from autoscaler.planner import PLANNER_NAMES, planner_by_name
-from autoscaler.spot import LearnedRates, SpotPolicy, job_deadline_s
+from autoscaler.spot import (
+    RATE_HISTORY_S,
+    RATE_PRIOR_HOURS,
+    RATE_REFRESH_S,
+    LearnedRates,
+    SpotPolicy,
+    job_deadline_s,
+)
 from autoscaler.store import Store
 from autoscaler.throughput import DEFAULT_THROUGHPUT, ThroughputTable
 from autoscaler.work import check_work, solo_seconds
@@ -137,9 +144,9 @@ class SpotReplay:
     rate_per_hour: float | None = None
     checkpoints: bool = True
     learn_rates: bool = True
-    prior_hours: float = 100.0  # `[spot] prior_hours`
-    history_s: float = 30 * 86400.0  # `[spot] history_days`
-    refresh_s: float = 600.0  # `[spot] refresh_minutes`
+    prior_hours: float = RATE_PRIOR_HOURS  # `[spot] prior_hours`
+    history_s: float = RATE_HISTORY_S  # `[spot] history_days`
+    refresh_s: float = RATE_REFRESH_S  # `[spot] refresh_minutes`
 
 
 #: What `replay --spot` compares: Eva pricing spot by its interruption risk, Eva on
