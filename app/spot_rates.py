@@ -33,9 +33,8 @@ from autoscaler.spot import (
     RATE_HISTORY_S,
     RATE_PRIOR_HOURS,
     RATE_REFRESH_S,
-    observed_rates,
+    LearnedRates,
     restart_seconds,
-    spot_hours,
     with_rates,
 )
 from autoscaler.work import job_work
@@ -62,6 +61,13 @@ class SpotRates:
         self.prior_hours = prior_hours
         self.history_s = history_days * 86400.0
         self.refresh_s = refresh_s
+        # The blend itself, as replays learn it: from the state's reclaims and ledger.
+        self._learned = LearnedRates(
+            store.interruption_counts,
+            lambda: ((u.instance_type, u.start, u.end) for u in store.uptime()),
+            prior_hours=prior_hours,
+            history_s=self.history_s,
+        )
         self.rebalance_rate = rebalance_rate_per_hour
         self._observed: dict[str, float] = {}
         self._base: Catalog | None = None
@@ -94,13 +100,9 @@ class SpotRates:
         return out
 
     def observed(self, base: Catalog, now: float) -> dict[str, float]:
-        """The blended rate of each spot offering over the history window."""
-        since = now - self.history_s
-        reclaims = self.store.interruption_counts(since)
-        hours = spot_hours(
-            ((u.instance_type, u.start, u.end) for u in self.store.uptime()), since, now
-        )
-        return observed_rates(base, reclaims, hours, self.prior_hours)
+        """The blended rate of each spot offering over the history window
+        (`LearnedRates.rates`)."""
+        return self._learned.rates(base, now)
 
     def rebalancing(self, base: Catalog, now: float) -> set[str]:
         """Offerings of live instances recommended for rebalancing within `1 / rate` hours
