@@ -41,6 +41,7 @@ from autoscaler.jobs import (
     Demands,
     JobSpec,
 )
+from autoscaler.store import PriceChange, UptimeInterval
 
 #: Hours in the month the Spot Instance Advisor's frequency-of-interruption bands count.
 MONTH_HOURS = 730.0
@@ -616,3 +617,80 @@ class LearnedRates:
             out = self._out
         self._base, self._out, self._at = base, out, now
         return out
+
+
+# --- billing at the price in effect ------------------------------------------------------------
+
+
+def offering_parts(name: str) -> tuple[str, str, str | None]:
+    """(EC2 type, market, zone) of an offering's catalog name (`catalog.offering_name`:
+    `TYPE`, `TYPE:spot`, `TYPE@ZONE`, `TYPE:spot@ZONE`)."""
+    base, _, zone = name.partition("@")
+    ec2_type, _, market = base.partition(":")
+    return ec2_type, market or ON_DEMAND, zone or None
+
+
+@dataclass(frozen=True, slots=True)
+class Repricing:
+    """What one price change does to an instance's open ledger stretch: close it at
+    `closes_at` and open `opens`; `closes_at` None re-prices the open stretch in place."""
+
+    closes_at: float | None
+    opens: UptimeInterval
+
+
+def repriced(stretch: UptimeInterval, change: PriceChange) -> Repricing | None:
+    """The ledger rule of a running instance's price change (what AWS bills a spot
+    instance: the spot price in effect, hour by hour, "Spot Instance pricing", EC2 User
+    Guide). A change after the open stretch's start closes it then and opens one at the
+    new price; a change at its very start re-prices it in place (it landed at a price
+    already superseded); one before its start (older than the stretch: a replay), at the
+    price already billed, or to a closed stretch does nothing — so applying a refresh
+    twice writes nothing twice."""
+    if (
+        stretch.end is not None
+        or change.instance_id != stretch.instance_id
+        or change.hourly_price == stretch.hourly_price
+        or change.at < stretch.start
+    ):
+        return None
+    if change.at == stretch.start:
+        return Repricing(None, replace(stretch, hourly_price=change.hourly_price))
+    return Repricing(
+        change.at,
+        UptimeInterval(stretch.instance_id, stretch.instance_type, change.hourly_price, change.at),
+    )
+
+
+#: A spot price history: EC2 type -> zone -> ((epoch seconds it took effect, USD/hour), ...)
+#: in time order (`DescribeSpotPriceHistory`'s entries, the zone as the instance reports it).
+PriceHistory = Mapping[str, Mapping[str, Sequence[tuple[float, float]]]]
+
+
+def price_changes(
+    open_stretches: Iterable[tuple[UptimeInterval, str | None]], history: PriceHistory
+) -> list[PriceChange]:
+    """The price changes a history means for running spot instances, each given by its
+    open ledger stretch and the zone it runs in. Per instance: the history's last entry at
+    or before the stretch's start is the price in effect when it began (a change at that
+    start when it differs from the one billed); each later entry is a change at **the
+    history's time** (when EC2 says the price moved, not when we asked). On-demand
+    offerings, instances without a zone and types or zones the history lacks get none.
+    In time order per instance, for `Store.reprice_instances`."""
+    changes: list[PriceChange] = []
+    for stretch, zone in open_stretches:
+        ec2_type, market, _ = offering_parts(stretch.instance_type)
+        if stretch.end is not None or market == ON_DEMAND or zone is None:
+            continue
+        entries = sorted(history.get(ec2_type, {}).get(zone, ()))
+        if not entries:
+            continue
+        before = [price for at, price in entries if at <= stretch.start]
+        if before and before[-1] != stretch.hourly_price:
+            changes.append(PriceChange(stretch.instance_id, before[-1], stretch.start))
+        changes.extend(
+            PriceChange(stretch.instance_id, price, at)
+            for at, price in entries
+            if at > stretch.start
+        )
+    return changes

@@ -19,7 +19,11 @@ The contract every binding honours (checked by `tests/store_contract.py`):
 - **The cost ledger is written by instance transitions**: an uptime interval
   opens when an instance starts billing (`pending`) at the price recorded at
   its request, and closes when it is `terminated` or `failed`. Reports
-  read the ledger, so they stay right when catalog prices change.
+  read the ledger, so they stay right when catalog prices change. A running
+  spot instance is billed at the spot price in effect, which moves while it
+  runs: `reprice_instances` closes its stretch when the price changed and opens
+  one at the new price (`autoscaler.spot.repriced`), so the ledger is a chain
+  of price segments whose sum is what the provider bills.
 - **Snapshots are consistent**: `snapshot()` reads everything the planner
   needs in one transaction.
 - **A round is recorded with its intents, at once.** `record_round` stores the
@@ -254,6 +258,28 @@ class UptimeInterval:
         return seconds / 3600.0 * self.hourly_price
 
 
+@dataclass(frozen=True, slots=True)
+class PriceChange:
+    """The price a running instance is billed at changed at `at` (its spot offering's
+    price in its zone moved): for `reprice_instances`."""
+
+    instance_id: str
+    hourly_price: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshedPrices:
+    """The spot prices a cluster last refreshed from its provider (USD/hour by type and
+    zone, as the cloud binding names zones), dated: kept in the state so a restarted
+    daemon plans and quotes with them rather than with a bundled snapshot."""
+
+    region: str
+    prices: Mapping[str, Mapping[str, float]]
+    retrieved_at: float
+    source: str = ""
+
+
 #: What an interruption record may be: the provider reclaimed the instance (its two-minute
 #: notice), or recommended rebalancing away from it.
 InterruptionKind = Literal["reclaim", "rebalance"]
@@ -461,6 +487,25 @@ class Store(Protocol):
         (Defined here once: bindings subclass `Store` and inherit it.)"""
         change = InstanceChange(instance_id, status, cloud_id, zone, reason)
         return instance_id in self.transition_instances([change], at)
+
+    def reprice_instances(self, changes: Iterable[PriceChange]) -> set[str]:
+        """Bill running instances at new prices, in one transaction: each change closes
+        the instance's open uptime stretch at its time and opens one at its price (the
+        rule, `autoscaler.spot.repriced`: a change at the stretch's own start re-prices
+        it in place, one before it or at the price already billed writes nothing, so a
+        replayed refresh writes nothing twice); the instance's record takes the price.
+        Changes apply in time order; an instance without an open stretch is left alone.
+        Returns the instances whose ledger changed."""
+        ...
+
+    def record_spot_prices(self, prices: RefreshedPrices) -> bool:
+        """Keep `prices` as the region's last refreshed spot prices, unless those kept are
+        as new or newer (False then)."""
+        ...
+
+    def spot_prices(self, region: str) -> RefreshedPrices | None:
+        """The region's last refreshed spot prices kept, None when none are."""
+        ...
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from autoscaler import transitions
+from autoscaler import spot, transitions
 from autoscaler.jobs import JobSpec
 from autoscaler.store import (
     FINAL_INSTANCE_STATUSES,
@@ -23,6 +23,8 @@ from autoscaler.store import (
     JobRecord,
     JobStatus,
     Placement,
+    PriceChange,
+    RefreshedPrices,
     RoundIntents,
     RoundRecord,
     StateSnapshot,
@@ -51,6 +53,7 @@ class InMemoryStore(Store):
         self._rounds: list[RoundRecord] = []
         self._uptime: list[UptimeInterval] = []
         self._open: dict[str, int] = {}  # instance id -> index of its open interval
+        self._spot_prices: dict[str, RefreshedPrices] = {}  # region -> last refreshed
         self._first_round_at: float | None = None
         self._event_rounds = 0
         self._full_rounds = 0
@@ -244,6 +247,42 @@ class InMemoryStore(Store):
                 index = self._open.pop(instance_id)
                 self._uptime[index] = replace(self._uptime[index], end=at)
         return set(instances)
+
+    def reprice_instances(self, changes: Iterable[PriceChange]) -> set[str]:
+        with self._lock:
+            changed: set[str] = set()
+            for change in sorted(changes, key=lambda c: (c.instance_id, c.at)):
+                index = self._open.get(change.instance_id)
+                inst = self._instances.get(change.instance_id)
+                if index is None or inst is None:
+                    continue
+                step = spot.repriced(self._uptime[index], change)
+                if step is None:
+                    continue
+                if step.closes_at is None:
+                    self._uptime[index] = step.opens
+                else:
+                    self._uptime[index] = replace(self._uptime[index], end=step.closes_at)
+                    self._open[change.instance_id] = len(self._uptime)
+                    self._uptime.append(step.opens)
+                self._instances[inst.instance_id] = replace(
+                    inst, hourly_price=step.opens.hourly_price
+                )
+                changed.add(inst.instance_id)
+            return changed
+
+    def record_spot_prices(self, prices: RefreshedPrices) -> bool:
+        with self._lock:
+            kept = self._spot_prices.get(prices.region)
+            if kept is not None and kept.retrieved_at >= prices.retrieved_at:
+                return False
+            frozen = {t: dict(z) for t, z in prices.prices.items()}
+            self._spot_prices[prices.region] = replace(prices, prices=frozen)
+            return True
+
+    def spot_prices(self, region: str) -> RefreshedPrices | None:
+        with self._lock:
+            return self._spot_prices.get(region)
 
     # -- learning ---------------------------------------------------------
     def record_throughput(

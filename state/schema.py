@@ -19,6 +19,8 @@ One table per fact, in the problem's words:
   it, and each action with its reason and outcome.
 - `uptime_intervals`: the cost ledger — billed stretches of instance uptime at the
   price of the time, so reports stay right when catalog prices change.
+- `spot_prices`: the spot prices the cluster last refreshed from its provider, per
+  region, type and zone, dated: a restarted daemon plans and quotes with them.
 - `phase_delays`: how long each phase of a task's attempt (fetch, build, start,
   init, checkpoint, upload) took on each instance type, as a bounded running mean:
   the migration criterion's delays where measured (Eva §4.5).
@@ -378,6 +380,20 @@ class Interruption(Base):
     at: Mapped[float] = mapped_column(Double)
     kind: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, server_default="")
+
+
+class SpotPrice(Base):
+    """One (type, zone)'s spot price of the cluster's last refresh in a region, dated
+    (`retrieved_at`, the same on every row of the refresh) and with its source (0014)."""
+
+    __tablename__ = "spot_prices"
+
+    region: Mapped[str] = mapped_column(String, primary_key=True)
+    instance_type: Mapped[str] = mapped_column(String, primary_key=True)
+    zone: Mapped[str] = mapped_column(String, primary_key=True)
+    price: Mapped[float] = mapped_column(Double)
+    retrieved_at: Mapped[float] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(Text, server_default="")
 
 
 class PhaseDelay(Base):

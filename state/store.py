@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from operator import itemgetter
 from typing import Any, cast
 
@@ -61,7 +61,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from autoscaler import transitions
+from autoscaler import spot, transitions
 from autoscaler.jobs import JobSpec, spec_document, spec_from_document
 from autoscaler.store import (
     FINAL_INSTANCE_STATUSES,
@@ -74,6 +74,8 @@ from autoscaler.store import (
     InterruptionRecord,
     JobRecord,
     JobStatus,
+    PriceChange,
+    RefreshedPrices,
     RoundIntents,
     RoundRecord,
     StateCounts,
@@ -101,6 +103,7 @@ from state.schema import (
     Placement,
     Round,
     RoundAction,
+    SpotPrice,
     Task,
     Throughput,
     UptimeInterval,
@@ -122,6 +125,7 @@ LEDGER = cast(Table, UptimeInterval.__table__)
 PLACEMENTS = cast(Table, Placement.__table__)
 DELAYS = cast(Table, PhaseDelay.__table__)
 INTERRUPTIONS = cast(Table, Interruption.__table__)
+SPOT_PRICES = cast(Table, SpotPrice.__table__)
 
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
@@ -607,6 +611,95 @@ class SqlStore(Store):
                 )
             )
             return True
+
+    def reprice_instances(self, changes: Iterable[PriceChange]) -> set[str]:
+        ordered = sorted(changes, key=lambda c: (c.instance_id, c.at))
+        if not ordered:
+            return set()
+        ids = sorted({c.instance_id for c in ordered})
+        with write_transaction(self._engine) as conn:
+            current: dict[str, InstanceRecord] = {}
+            for chunk in _chunks(ids):
+                for values in conn.execute(
+                    select(*(INSTANCES.c[n] for n in INSTANCE_FIELDS))
+                    .where(_among(conn, INSTANCES.c.instance_id, chunk))
+                    .order_by(INSTANCES.c.instance_id)
+                    .with_for_update()
+                ).all():
+                    current[values[0]] = _instance_of(list(values), ())
+            stretches: dict[str, tuple[int, UptimeRecord]] = {}
+            for chunk in _chunks(ids):
+                for row in conn.execute(
+                    select(LEDGER).where(
+                        _among(conn, LEDGER.c.instance_id, chunk), LEDGER.c.end.is_(None)
+                    )
+                ):
+                    stretches[row.instance_id] = (row.id, _interval(row))
+            changed: dict[str, InstanceRecord] = {}
+            for change in ordered:
+                held = stretches.get(change.instance_id)
+                inst = current.get(change.instance_id)
+                step = spot.repriced(held[1], change) if held is not None else None
+                if held is None or inst is None or step is None:
+                    continue
+                row_id = held[0]
+                if step.closes_at is None:
+                    conn.execute(
+                        update(LEDGER)
+                        .where(LEDGER.c.id == row_id)
+                        .values(hourly_price=step.opens.hourly_price)
+                    )
+                else:
+                    conn.execute(
+                        update(LEDGER).where(LEDGER.c.id == row_id).values(end=step.closes_at)
+                    )
+                    row_id = conn.execute(
+                        insert(LEDGER).values(**_columns(step.opens, LEDGER_COLUMNS))
+                    ).inserted_primary_key[0]
+                stretches[change.instance_id] = (row_id, step.opens)
+                current[inst.instance_id] = changed[inst.instance_id] = replace(
+                    inst, hourly_price=step.opens.hourly_price
+                )
+            _write(conn, INSTANCES, list(changed.values()))
+            return set(changed)
+
+    def record_spot_prices(self, prices: RefreshedPrices) -> bool:
+        with write_transaction(self._engine) as conn:
+            kept = conn.execute(
+                select(func.max(SPOT_PRICES.c.retrieved_at)).where(
+                    SPOT_PRICES.c.region == prices.region
+                )
+            ).scalar_one()
+            if kept is not None and kept >= prices.retrieved_at:
+                return False
+            conn.execute(delete(SPOT_PRICES).where(SPOT_PRICES.c.region == prices.region))
+            _insert_rows(
+                conn,
+                SPOT_PRICES,
+                [
+                    {
+                        "region": prices.region,
+                        "instance_type": itype,
+                        "zone": zone,
+                        "price": price,
+                        "retrieved_at": prices.retrieved_at,
+                        "source": prices.source,
+                    }
+                    for itype, by_zone in sorted(prices.prices.items())
+                    for zone, price in sorted(by_zone.items())
+                ],
+            )
+            return True
+
+    def spot_prices(self, region: str) -> RefreshedPrices | None:
+        with read_transaction(self._engine) as conn:
+            rows = conn.execute(select(SPOT_PRICES).where(SPOT_PRICES.c.region == region)).all()
+        if not rows:
+            return None
+        prices: dict[str, dict[str, float]] = {}
+        for row in rows:
+            prices.setdefault(row.instance_type, {})[row.zone] = row.price
+        return RefreshedPrices(region, prices, rows[0].retrieved_at, rows[0].source)
 
     def interruption_counts(self, since: float) -> dict[str, int]:
         with read_transaction(self._engine) as conn:

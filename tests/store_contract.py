@@ -18,6 +18,8 @@ from autoscaler.store import (
     DuplicateJob,
     IllegalTransition,
     InstanceChange,
+    PriceChange,
+    RefreshedPrices,
     RoundIntents,
     RoundRecord,
     StateCounts,
@@ -699,3 +701,82 @@ def test_state_counts_are_the_snapshots_counts_and_the_bill_now(store):
     assert counts.hourly_cost == 0.75
     # The same figures as counting a snapshot (what the metrics counted before).
     assert counts == StateCounts.of(store.snapshot(with_throughput=False))
+
+
+def _ledger(store):
+    return [(u.instance_id, u.hourly_price, u.start, u.end) for u in store.uptime()]
+
+
+def test_a_spot_price_change_closes_the_stretch_and_opens_one_at_the_new_price(store):
+    """A running spot instance is billed at the price in effect: each change closes its
+    open stretch at the change's time and opens one at the new price; the report, the
+    guardrail's sum and the instance's record follow; a replayed change writes nothing."""
+    request(store, "i-1", "c7i.large:spot@use1-az1", 0.03, at=HOUR)
+    store.transition_instances([InstanceChange("i-1", "running", "c-1", "us-east-1a")], HOUR + 5)
+    before = store.snapshot()  # a snapshot taken before: the next one sees the new price
+    assert store.reprice_instances([PriceChange("i-1", 0.04, 2 * HOUR)]) == {"i-1"}
+    assert _ledger(store) == [("i-1", 0.03, HOUR, 2 * HOUR), ("i-1", 0.04, 2 * HOUR, None)]
+    assert store.instance("i-1").hourly_price == 0.04
+    assert [i.hourly_price for i in store.snapshot().instances] == [0.04]
+    assert [i.hourly_price for i in before.instances] == [0.03]
+    assert store.cost_between(0, 3 * HOUR) == pytest.approx(0.03 + 0.04)
+    # The same refresh again (a restarted daemon): nothing is written twice.
+    assert store.reprice_instances([PriceChange("i-1", 0.04, 2 * HOUR)]) == set()
+    # A change older than the open stretch (a replay of an earlier refresh): nothing.
+    assert store.reprice_instances([PriceChange("i-1", 0.05, 1.5 * HOUR)]) == set()
+    # A change at the stretch's very start re-prices it in place (no empty stretch).
+    assert store.reprice_instances([PriceChange("i-1", 0.045, 2 * HOUR)]) == {"i-1"}
+    assert _ledger(store) == [("i-1", 0.03, HOUR, 2 * HOUR), ("i-1", 0.045, 2 * HOUR, None)]
+    store.transition_instance("i-1", "terminated", 4 * HOUR)
+    assert _ledger(store)[-1] == ("i-1", 0.045, 2 * HOUR, 4 * HOUR)
+    assert store.cost_between(0, 10 * HOUR) == pytest.approx(0.03 + 2 * 0.045)
+    assert store.cost_between(1.5 * HOUR, 2.5 * HOUR) == pytest.approx(0.5 * 0.03 + 0.5 * 0.045)
+    # A terminated instance, or one the store does not know, is left alone.
+    assert store.reprice_instances([PriceChange("i-1", 1.0, 5 * HOUR)]) == set()
+    assert store.reprice_instances([PriceChange("nope", 1.0, 5 * HOUR)]) == set()
+    assert store.cost_between(0, 10 * HOUR) == pytest.approx(0.03 + 2 * 0.045)
+
+
+def test_price_changes_apply_in_time_order_per_instance_in_one_call(store):
+    request(store, "a", "p3.2xlarge:spot", 0.9, at=0.0)
+    request(store, "b", "p3.2xlarge:spot", 0.9, at=0.0)
+    for name in ("a", "b"):
+        store.transition_instances([InstanceChange(name, "running", name, "us-east-1b")], 1.0)
+    changed = store.reprice_instances(
+        [
+            PriceChange("a", 1.1, 3 * HOUR),  # listed first, applied second
+            PriceChange("a", 1.0, 2 * HOUR),
+            PriceChange("b", 0.9, 2 * HOUR),  # the price already billed
+        ]
+    )
+    assert changed == {"a"}
+    assert [row for row in _ledger(store) if row[0] == "a"] == [
+        ("a", 0.9, 0.0, 2 * HOUR),
+        ("a", 1.0, 2 * HOUR, 3 * HOUR),
+        ("a", 1.1, 3 * HOUR, None),
+    ]
+    assert [row for row in _ledger(store) if row[0] == "b"] == [("b", 0.9, 0.0, None)]
+    assert store.cost_between(0, 4 * HOUR) == pytest.approx(2 * 0.9 + 1.0 + 1.1 + 4 * 0.9)
+
+
+def test_refreshed_spot_prices_are_kept_dated_and_only_newer_ones_replace_them(store):
+    assert store.spot_prices("us-east-1") is None
+    first = RefreshedPrices(
+        "us-east-1",
+        {"p3.2xlarge": {"use1-az1": 0.95, "use1-az2": 0.91}, "c7i.large": {"use1-az1": 0.03}},
+        1000.5,
+        "EC2 DescribeSpotPriceHistory",
+    )
+    assert store.record_spot_prices(first) is True
+    assert store.spot_prices("us-east-1") == first
+    assert store.spot_prices("eu-west-1") is None
+    older = RefreshedPrices("us-east-1", {"p3.2xlarge": {"use1-az1": 2.0}}, 999.0, "old")
+    assert store.record_spot_prices(older) is False
+    assert store.record_spot_prices(first) is False  # the same refresh again
+    assert store.spot_prices("us-east-1") == first
+    newer = RefreshedPrices("us-east-1", {"p3.2xlarge": {"use1-az2": 0.8}}, 2000.0, "again")
+    assert store.record_spot_prices(newer) is True
+    assert store.spot_prices("us-east-1") == newer  # the whole table: az1's old price is gone
+    other = RefreshedPrices("eu-west-1", {"c7i.large": {"euw1-az1": 0.04}}, 10.0)
+    assert store.record_spot_prices(other) is True
+    assert store.spot_prices("us-east-1") == newer and store.spot_prices("eu-west-1") == other
