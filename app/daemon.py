@@ -49,7 +49,8 @@ from autoscaler.control import ControlLoop
 from autoscaler.decide import StepDecision
 from autoscaler.execution import Executor, InstanceNotice
 from autoscaler.failures import AttemptEnd
-from autoscaler.store import RoundRecord
+from autoscaler.spot import price_changes
+from autoscaler.store import RefreshedPrices, RoundRecord
 
 log = logging.getLogger("autoscaler.daemon")
 
@@ -158,6 +159,9 @@ class Daemon:
         self._reclaims_at: float | None = None
         self._reclaims_seen: set[tuple[str, float]] = set()
         self._observe_interruptions(counting=False)
+        # The spot prices whose history the ledger was last brought up to (their retrieval).
+        self._prices_recorded: float | None = None
+        self._seed_spot_prices()
         if hasattr(bindings.executor, "on_notice"):  # workers report their providers' notices
             bindings.executor.on_notice = self.noticed
         self.dashboard: Any = None  # the DashboardServer, when [dashboard] enabled
@@ -186,6 +190,7 @@ class Daemon:
             started = time.perf_counter()
             try:
                 self._team_limits()
+                self.record_spot_prices()
                 outcome = self.loop.schedule()
             except Exception:
                 log.exception("round failed; the next one starts from the database")
@@ -229,6 +234,50 @@ class Daemon:
                 except Exception:
                     log.exception("notifications of the round failed; the next round retries")
             return record
+
+    def _seed_spot_prices(self) -> None:
+        """Hand the cloud the spot prices the cluster last refreshed, kept in the state, so
+        quotes and the first plan after a (re)start — on this machine or another — use
+        them. The rule: the kept prices are used when they are younger than `[spot]
+        history_days` (the span the cluster's own spot history counts over), and until a
+        refresh brings newer ones; with none kept, or older, the bundled snapshot prices
+        the offerings until the first refresh, as before."""
+        seed = getattr(self.bindings.cloud, "seed_spot_prices", None)
+        if seed is None or not self.config.spot.enabled:
+            return
+        kept = self.bindings.store.spot_prices(self.config.cluster.region)
+        if kept is None:
+            return
+        age_s = self.clock.now() - kept.retrieved_at
+        if age_s > self.config.spot.history_days * 86400.0:
+            log.info("spot: the kept spot prices are %.1f days old: not used", age_s / 86400)
+            return
+        from provisioners.spot_prices import SpotPriceTable
+
+        seed(SpotPriceTable(kept.region, kept.prices, kept.retrieved_at, kept.source))
+
+    def record_spot_prices(self) -> set[str]:
+        """Bring the ledger and the state up to the cloud's latest spot price refresh,
+        before a round relies on it: each running spot instance whose offering's price
+        moved gets a new price segment from the time the price history says it moved
+        (`autoscaler.spot.price_changes`, `Store.reprice_instances`), then the prices are
+        kept in the state, dated. Idempotent: a refresh applied again (after a kill, by a
+        restarted daemon) writes nothing twice. Returns the instances re-priced."""
+        refresh = getattr(self.bindings.cloud, "spot_prices", None)
+        if refresh is None or not self.config.spot.enabled:
+            return set()
+        try:
+            table = refresh()
+            if table is None or table.retrieved_s == self._prices_recorded:
+                return set()
+            repriced = record_refresh(self.bindings.store, table)
+        except Exception:
+            log.exception("spot prices not recorded; the next round tries again")
+            return set()
+        self._prices_recorded = table.retrieved_s
+        if repriced:
+            _event("spot_repriced", instances=sorted(repriced), retrieved=table.retrieved_s)
+        return repriced
 
     def _team_limits(self) -> None:
         """The teams' limits this round decides by: `team set`'s over the config's
@@ -543,6 +592,22 @@ def resuming_event(store: Any) -> dict[str, Any] | None:
         "reason": f"{len(unfinished)} unfinished job(s) in the database are planned again "
         "at the first round, each task from its newest checkpoint",
     }
+
+
+def record_refresh(store: Any, table: Any) -> set[str]:
+    """One spot price refresh (a `provisioners.spot_prices.SpotPriceTable`: prices, and the
+    history behind them by zone name) into the state: first the running spot instances'
+    price segments at the history's times (`autoscaler.spot.price_changes`,
+    `Store.reprice_instances`), then the prices, dated (`Store.record_spot_prices`). In that
+    order, and each idempotent, so a process killed between the two, or a refresh applied
+    again, leaves the ledger as once. Returns the instances re-priced."""
+    zones = {i.instance_id: i.zone for i in store.instances()}
+    running = [(u, zones.get(u.instance_id)) for u in store.uptime() if u.end is None]
+    repriced: set[str] = store.reprice_instances(price_changes(running, table.history))
+    store.record_spot_prices(
+        RefreshedPrices(table.region, table.prices, table.retrieved_s, table.source)
+    )
+    return repriced
 
 
 def _event(event: str, **fields: Any) -> None:

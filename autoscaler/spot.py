@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, Catalog, InstanceType
+from autoscaler.cloud import offering_parts
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import (
     DEFAULT_BUILD_IMAGE_S,
@@ -620,14 +621,6 @@ class LearnedRates:
 
 
 # --- billing at the price in effect ------------------------------------------------------------
-
-
-def offering_parts(name: str) -> tuple[str, str, str | None]:
-    """(EC2 type, market, zone) of an offering's catalog name (`catalog.offering_name`:
-    `TYPE`, `TYPE:spot`, `TYPE@ZONE`, `TYPE:spot@ZONE`)."""
-    base, _, zone = name.partition("@")
-    ec2_type, _, market = base.partition(":")
-    return ec2_type, market or ON_DEMAND, zone or None
 
 
 @dataclass(frozen=True, slots=True)

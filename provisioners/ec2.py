@@ -412,9 +412,15 @@ class EC2Cloud:
         types = [t.name for t in self.ec2_catalog().catalog if config.spot_for(t.name)]
         if not types:
             return self._spot_prices
+        known = self._spot_prices
         try:
             table, note = refreshed_spot_prices(
-                config.cache_dir, config.region, self._ec2, types, now
+                config.cache_dir,
+                config.region,
+                self._ec2,
+                types,
+                now,
+                since_s=known.retrieved_s if known is not None else None,
             )
             self._subnets()
         except CloudError as exc:  # the zones' IDs could not be read: the prices wait
@@ -422,8 +428,8 @@ class EC2Cloud:
             return self._spot_prices
         if note:
             log.warning("spot: %s", note)
-        if table is None:
-            return self._spot_prices
+        if table is None or (known is not None and table.retrieved_s <= known.retrieved_s):
+            return self._spot_prices  # none, or older than those held (kept in the state)
         zone_id = {name: zid for zid, name in self._zone_by_id.items()}
         self._spot_prices = SpotPriceTable(
             table.region,
@@ -435,8 +441,23 @@ class EC2Cloud:
             },
             table.retrieved_s,
             table.source,
+            table.history,  # by zone name, as the instances report their zones
         )
         return self._spot_prices
+
+    def seed_spot_prices(self, table: SpotPriceTable) -> bool:
+        """Start from spot prices refreshed before (by AZ ID, as `spot_prices` gives them:
+        those the daemon kept in its state), unless newer ones are held: until a refresh
+        succeeds the offerings, quotes and `_billed` use them, and the first refresh asks
+        for the history since they were retrieved. False when they were not taken."""
+        with self._lock:
+            known = self._spot_prices
+            if table.region != self.config.region or (
+                known is not None and known.retrieved_s >= table.retrieved_s
+            ):
+                return False
+            self._spot_prices = table
+            return True
 
     # --- launch -------------------------------------------------------------------------------
 

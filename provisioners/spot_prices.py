@@ -8,14 +8,19 @@ kept when a refresh fails — a stale price with its date beats none. Spot price
 move within a day (AWS changes them gradually with supply and demand), so the
 table is dated to the second, not the day.
 
-One price per (type, zone): the newest `Linux/UNIX` entry of each, asked for
-from `StartTime` = now, which EC2 answers with the price in force now (the
-latest change before it). moto returns dummy prices: tests check the parsing
-and the caching, never the figures.
+One price per (type, zone): the newest `Linux/UNIX` entry of each. The table is
+asked for from `StartTime` = the previous refresh (at most `SPOT_HISTORY_WINDOW_S`
+back; now when there was none), which EC2 answers with every change since and the
+price in force at that start (the last change before it, "DescribeSpotPriceHistory",
+EC2 API Reference): the table keeps those entries, dated, as its `history`. moto
+returns dummy prices: tests check the parsing and the caching, never the figures.
 
-The price an instance is bought at is recorded with its request (`instances.
-hourly_price`) from the catalog, so the ledger, the budget guardrail and the
-spend brakes charge what the instance costs, whatever the table says later.
+The price an instance lands at is recorded with it (`instances.hourly_price`); a
+running spot instance is then billed at the price in effect, which moves while it
+runs: the daemon turns each refresh's `history` into price segments of the ledger
+(`autoscaler.spot.price_changes`, `Store.reprice_instances`), each change at the
+history's time, so the ledger, the budget guardrail and the spend brakes charge what
+EC2 bills.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +50,9 @@ SPOT_PRICES_STALE_AFTER_S = 3600.0
 #: either way).
 PRODUCT = "Linux/UNIX"
 PRODUCTS = frozenset({PRODUCT, "Linux/UNIX (Amazon VPC)"})
+#: How far back a refresh asks for the changes since the previous one (a daemon down longer
+#: bills the gap from the price in force at this bound; EC2 keeps 90 days).
+SPOT_HISTORY_WINDOW_S = 7 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,12 @@ class SpotPriceTable:
     prices: Mapping[str, Mapping[str, float]]  # type -> zone -> USD/hour
     retrieved_s: float  # epoch seconds of the fetch
     source: str = "EC2 DescribeSpotPriceHistory"
+    # The fetch's entries: type -> zone (as EC2 names it, as instances report theirs) ->
+    # ((epoch seconds the price took effect, USD/hour), ...) in time order; empty when the
+    # table has no history (the bundled snapshot, a table cached before it was kept).
+    history: Mapping[str, Mapping[str, tuple[tuple[float, float], ...]]] = field(
+        default_factory=dict
+    )
 
     def price(self, instance_type: str, zone: str | None = None) -> float | None:
         """The spot price of a type in a zone; without a zone, the cheapest zone's."""
@@ -79,6 +93,10 @@ class SpotPriceTable:
             "retrieved": datetime.fromtimestamp(self.retrieved_s, UTC).isoformat(),
             "source": self.source,
             "prices": {t: dict(sorted(z.items())) for t, z in sorted(self.prices.items())},
+            "history": {
+                t: {z: [list(e) for e in entries] for z, entries in sorted(zones.items())}
+                for t, zones in sorted(self.history.items())
+            },
         }
 
 
@@ -90,7 +108,21 @@ def prices_from_history(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[
     """The newest price of each (type, zone) among `DescribeSpotPriceHistory` entries
     (`InstanceType`, `AvailabilityZone`, `SpotPrice` as a string, `Timestamp`); entries of
     other products (Windows, SUSE, ...), or without a positive price, are left out."""
-    newest: dict[tuple[str, str], tuple[datetime, float]] = {}
+    return {
+        itype: {zone: changes[-1][1] for zone, changes in zones.items()}
+        for itype, zones in history_from_entries(entries).items()
+    }
+
+
+def history_from_entries(
+    entries: Iterable[Mapping[str, Any]],
+) -> dict[str, dict[str, tuple[tuple[float, float], ...]]]:
+    """Each (type, zone)'s prices among `DescribeSpotPriceHistory` entries, as (epoch
+    seconds it took effect, USD/hour) in time order, one per time (a repeated entry, as
+    paging can give, counts once; of two prices at one time the later listed wins);
+    entries of other products, or without a positive price, are left out. An entry
+    without a time is taken as the oldest."""
+    found: dict[tuple[str, str], dict[float, float]] = {}
     for entry in entries:
         if entry.get("ProductDescription", PRODUCT) not in PRODUCTS:
             continue
@@ -108,24 +140,34 @@ def prices_from_history(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[
             when = datetime.min.replace(tzinfo=UTC)
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        key = (itype, zone)
-        if key not in newest or when > newest[key][0]:
-            newest[key] = (when, price)
-    prices: dict[str, dict[str, float]] = {}
-    for (itype, zone), (_, price) in sorted(newest.items()):
-        prices.setdefault(itype, {})[zone] = price
-    return prices
+        found.setdefault((itype, zone), {})[_epoch(when)] = price
+    history: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {}
+    for (itype, zone), by_time in sorted(found.items()):
+        history.setdefault(itype, {})[zone] = tuple(sorted(by_time.items()))
+    return history
+
+
+def _epoch(when: datetime) -> float:
+    return -float("inf") if when == datetime.min.replace(tzinfo=UTC) else when.timestamp()
 
 
 def fetch_spot_prices(
-    ec2: AwsCaller, region: str, instance_types: Iterable[str], now_s: float
+    ec2: AwsCaller,
+    region: str,
+    instance_types: Iterable[str],
+    now_s: float,
+    since_s: float | None = None,
 ) -> SpotPriceTable:
-    """The region's current spot prices of `instance_types` (`ec2:DescribeSpotPriceHistory`)."""
+    """The region's current spot prices of `instance_types` (`ec2:DescribeSpotPriceHistory`),
+    with the changes since `since_s` (none: now; at most `SPOT_HISTORY_WINDOW_S` back) and
+    the price in force then as the table's `history`. An entry dated after `now_s` (a
+    clock ahead of ours) is taken as of `now_s`."""
     types = sorted(set(instance_types))
     if not types:
         raise CloudRequestError("no instance types to ask spot prices for")
     entries: list[Mapping[str, Any]] = []
-    start = datetime.fromtimestamp(now_s, UTC)
+    since = now_s if since_s is None else min(now_s, max(since_s, now_s - SPOT_HISTORY_WINDOW_S))
+    start = datetime.fromtimestamp(since, UTC)
     for first in range(0, len(types), 100):  # a generous batch per request
         for page in ec2.pages(
             "describe_spot_price_history",
@@ -134,13 +176,29 @@ def fetch_spot_prices(
             StartTime=start,
         ):
             entries.extend(page.get("SpotPriceHistory", []))
-    prices = prices_from_history(entries)
-    if not prices:
+    history = {
+        itype: {zone: _as_of(changes, now_s) for zone, changes in zones.items()}
+        for itype, zones in history_from_entries(entries).items()
+    }
+    if not history:
         raise CloudRequestError(
             f"DescribeSpotPriceHistory returned no {PRODUCT} spot price in {region} for "
             f"{', '.join(types)}"
         )
-    return SpotPriceTable(region, prices, now_s)
+    prices = {t: {z: c[-1][1] for z, c in zones.items()} for t, zones in history.items()}
+    return SpotPriceTable(region, prices, now_s, history=history)
+
+
+def _as_of(
+    changes: tuple[tuple[float, float], ...], now_s: float
+) -> tuple[tuple[float, float], ...]:
+    """Changes no later than `now_s`: one dated after it is taken as of `now_s` (the
+    last such wins), so no ledger segment starts in the future."""
+    kept = [(at, price) for at, price in changes if at <= now_s]
+    later = [price for at, price in changes if at > now_s]
+    if later:
+        kept = [c for c in kept if c[0] < now_s] + [(now_s, later[-1])]
+    return tuple(kept)
 
 
 def load_spot_prices(path: Path) -> SpotPriceTable:
@@ -160,6 +218,13 @@ def load_spot_prices(path: Path) -> SpotPriceTable:
             for t, zones in dict(data["prices"]).items()
         }
         region = str(data["region"])
+        history = {
+            str(t): {
+                str(z): tuple((float(at), float(p)) for at, p in entries)
+                for z, entries in zones.items()
+            }
+            for t, zones in dict(data.get("history") or {}).items()
+        }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"malformed spot price table: {exc}", source=str(path)) from None
     if retrieved.tzinfo is None:
@@ -167,7 +232,9 @@ def load_spot_prices(path: Path) -> SpotPriceTable:
     bad = [f"{t}@{z}" for t, zones in prices.items() for z, p in zones.items() if not p > 0]
     if bad:
         raise InputError(f"spot prices must be positive: {', '.join(bad)}", source=str(path))
-    return SpotPriceTable(region, prices, retrieved.timestamp(), str(data.get("source", "")))
+    return SpotPriceTable(
+        region, prices, retrieved.timestamp(), str(data.get("source", "")), history
+    )
 
 
 def save_spot_prices(table: SpotPriceTable, path: Path) -> None:
@@ -192,10 +259,13 @@ def refreshed_spot_prices(
     now_s: float,
     *,
     stale_after_s: float = SPOT_PRICES_STALE_AFTER_S,
+    since_s: float | None = None,
 ) -> tuple[SpotPriceTable | None, str | None]:
     """The cached spot prices of the region, fetched again first when there are none or
-    they are older than `stale_after_s`; a failed fetch keeps the cached table. The second
-    value is a warning to show with the prices (None when they are fresh)."""
+    they are older than `stale_after_s`; a failed fetch keeps the cached table. A fetch
+    asks for the history since `since_s`, else since the cached table's retrieval (the
+    changes in between). The second value is a warning to show with the prices (None
+    when they are fresh)."""
     path = spot_prices_path(cache_dir, region)
     cached: SpotPriceTable | None = None
     if path.exists():
@@ -210,7 +280,8 @@ def refreshed_spot_prices(
     if ec2 is None:
         return cached, _stale_note(cached, region, now_s, "no EC2 client to refresh them")
     try:
-        fresh = fetch_spot_prices(ec2, region, instance_types, now_s)
+        since = since_s if since_s is not None else (cached.retrieved_s if cached else None)
+        fresh = fetch_spot_prices(ec2, region, instance_types, now_s, since)
     except CloudError as exc:
         log.warning("spot prices not refreshed: %s", exc)
         return cached, _stale_note(cached, region, now_s, f"DescribeSpotPriceHistory: {exc}")
@@ -230,6 +301,7 @@ def _stale_note(table: SpotPriceTable | None, region: str, now_s: float, why: st
 __all__ = [
     "SpotPriceTable",
     "fetch_spot_prices",
+    "history_from_entries",
     "load_spot_prices",
     "prices_from_history",
     "refreshed_spot_prices",
