@@ -10,9 +10,20 @@ from dataclasses import replace
 import pytest
 
 from app.daemon import Daemon
-from autoscaler.store import InstanceChange, RefreshedPrices
+from app.reports import cost_report
+from autoscaler.catalog import Catalog
+from autoscaler.store import (
+    InstanceChange,
+    PriceChange,
+    RefreshedPrices,
+    RoundIntents,
+    RoundRecord,
+    TaskUpdate,
+)
 from provisioners.spot_prices import SpotPriceTable
+from state.memory import InMemoryStore
 from tests.app.simulated_daemon import SimulatedDaemon
+from tests.builders import job as spec
 from tests.simulator.test_hand_computed import job
 from tests.store_writes import request
 
@@ -159,3 +170,28 @@ def test_without_spot_nothing_is_seeded_or_recorded(tmp_path):
         assert cluster.store.spot_prices(REGION).retrieved_at == 0.0
     finally:
         cluster.close()
+
+
+def test_cost_report_and_the_daily_guardrail_sum_the_price_segments():
+    """The report's spend, its split among jobs, its spot savings and the 24-hour spend the
+    guardrail reads are each the sum over the instance's price segments."""
+
+    store = InMemoryStore()
+    store.submit_job(spec("j", (1, 4, 8)), owner="ana", at=0.0)
+    intents_request = (("i1", "c7i.large:spot", 0.03),)
+
+    store.record_round(
+        RoundRecord(0.0, "test", "none", False, "set up"),
+        RoundIntents(requests=intents_request, on_demand_prices={"i1": 0.09}),
+    )
+    store.transition_instances([InstanceChange("i1", "running", "c-1", "us-east-1a")], 0.0)
+    store.update_tasks([TaskUpdate("j/0", status="running", instance_id="i1", attempt=1)], 0.0)
+    store.reprice_instances([PriceChange("i1", 0.06, HOUR)])
+    report = cost_report(store, Catalog([]), 3 * HOUR)
+    assert report["spend"] == pytest.approx(0.03 + 2 * 0.06)
+    assert report["spend_by_job"] == {"j": pytest.approx(0.03 + 2 * 0.06)}
+    assert report["hourly_cost_now"] == pytest.approx(0.06)
+    spot = report["spot"]
+    assert spot["spot_spend"] == pytest.approx(0.15)
+    assert spot["savings_vs_on_demand"] == pytest.approx((0.09 - 0.03) + 2 * (0.09 - 0.06))
+    assert store.cost_between(3 * HOUR - 86400.0, 3 * HOUR) == pytest.approx(0.15)
