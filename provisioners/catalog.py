@@ -926,6 +926,12 @@ class SpotSnapshot:
     bands: Mapping[str, float] = field(default_factory=lambda: dict(ADVISOR_BANDS))
     default_band: str = "5-10%"
     type_bands: Mapping[str, str] = field(default_factory=dict)
+    # The Spot Instance Advisor's own band per type, dated (`advisor_as_of`) and with its
+    # source: bundled as data, not applied (`band_of` reads `type_bands`, then the default),
+    # so replays keep their figures; `[spot.bands]` takes any of them per type.
+    advisor_bands: Mapping[str, str] = field(default_factory=dict)
+    advisor_as_of: str = ""
+    advisor_source: str = ""
 
     def band_of(self, ec2_type: str, overrides: Mapping[str, str] | None = None) -> str:
         if overrides and ec2_type in overrides:
@@ -961,11 +967,13 @@ def load_spot_snapshot(path: Path) -> SpotSnapshot:
         bands = {str(k): float(v) for k, v in (interruption.get("bands") or ADVISOR_BANDS).items()}
         default = str(interruption.get("default_band", "5-10%"))
         types = {str(k): str(v) for k, v in (interruption.get("types") or {}).items()}
+        advisor = interruption.get("advisor") or {}
+        advised = {str(k): str(v) for k, v in (advisor.get("types") or {}).items()}
     except (KeyError, AttributeError, TypeError, ValueError) as exc:
         raise InputError(f"malformed spot price snapshot: {exc}", source=source) from exc
     if any(not 0 < p <= MAX_HOURLY_COST for zones in prices.values() for p in zones.values()):
         raise InputError("a spot price is not a positive USD/hour", source=source)
-    for band in (default, *types.values()):
+    for band in (default, *types.values(), *advised.values()):
         if band not in bands:
             raise InputError(f"unknown interruption band {band!r}", source=source)
     return SpotSnapshot(
@@ -976,6 +984,9 @@ def load_spot_snapshot(path: Path) -> SpotSnapshot:
         bands=bands,
         default_band=default,
         type_bands=types,
+        advisor_bands=advised,
+        advisor_as_of=str(advisor.get("as_of", "")),
+        advisor_source=str(advisor.get("source", "")),
     )
 
 

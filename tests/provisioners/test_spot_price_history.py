@@ -284,3 +284,39 @@ def test_prices_kept_in_the_state_price_the_offerings_until_a_refresh_succeeds(
     assert faults.calls["DescribeSpotPriceHistory"][-1]["StartTime"] == at(kept.retrieved_s)
     # Seeded after a refresh: the newer refresh stands.
     assert not cloud.seed_spot_prices(kept)
+
+
+def test_the_advisors_bands_are_bundled_dated_for_every_priced_type_and_not_applied():
+    """The Spot Instance Advisor's band of each of the 21 bundled types, from a dated copy
+    of its data (cited in provisioners/data/README.md), is data beside the default band:
+    the offerings' rates — and so the replays' figures — still come from `default_band`
+    and `[spot.bands]`."""
+    from autoscaler.spot import hourly_rate
+    from provisioners.catalog import bundled_spot_snapshot
+
+    snapshot = bundled_spot_snapshot(REGION)
+    assert snapshot is not None
+    assert set(snapshot.advisor_bands) == set(snapshot.prices) and len(snapshot.prices) == 21
+    assert set(snapshot.advisor_bands.values()) <= set(snapshot.bands)
+    assert dt.date.fromisoformat(snapshot.advisor_as_of) == dt.date(2025, 6, 28)
+    assert "alexei-led/spotinfo" in snapshot.advisor_source
+    assert "5bdc33cee2e185c2f62df29dd9c4ad0ad7102a74" in snapshot.advisor_source
+    for ec2_type in snapshot.prices:
+        assert snapshot.band_of(ec2_type) == snapshot.default_band
+    assert hourly_rate(snapshot.monthly_fraction("p3.2xlarge", {"p3.2xlarge": ">20%"})) > (
+        hourly_rate(snapshot.monthly_fraction("p3.2xlarge"))
+    )
+    readme = (Path(__file__).parents[2] / "provisioners" / "data" / "README.md").read_text()
+    assert "5bdc33cee2e185c2f62df29dd9c4ad0ad7102a74" in readme and "2025-06-28" in readme
+
+
+def test_an_advisor_band_the_file_does_not_define_is_refused(tmp_path):
+    from autoscaler.errors import InputError
+    from provisioners.catalog import bundled_spot_snapshot_path, load_spot_snapshot
+
+    data = json.loads(bundled_spot_snapshot_path(REGION).read_text())
+    data["interruption"]["advisor"]["types"]["p3.2xlarge"] = "30-40%"
+    path = tmp_path / "spot.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="30-40%"):
+        load_spot_snapshot(path)
