@@ -654,8 +654,10 @@ class SqlStore(Store):
                         update(LEDGER).where(LEDGER.c.id == row_id).values(end=step.closes_at)
                     )
                     row_id = conn.execute(
-                        insert(LEDGER).values(**_columns(step.opens, LEDGER_COLUMNS))
-                    ).inserted_primary_key[0]
+                        insert(LEDGER)
+                        .values(**_columns(step.opens, LEDGER_COLUMNS))
+                        .returning(LEDGER.c.id)
+                    ).scalar_one()
                 stretches[change.instance_id] = (row_id, step.opens)
                 current[inst.instance_id] = changed[inst.instance_id] = replace(
                     inst, hourly_price=step.opens.hourly_price
