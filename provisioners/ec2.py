@@ -34,9 +34,12 @@ How it keeps money safe:
   only. Before the first spot launch the spot service-linked role
   (`AWSServiceRoleForEC2Spot`) is ensured, once: a new account has none, and
   AWS requires it before a spot request made through the API.
-  The price paid is the one recorded with the request (the spot price of the
-  catalog, refreshed from `DescribeSpotPriceHistory` by `provisioners.
-  spot_prices`).
+  An instance lands at the spot price in force in its zone (`_billed`, from
+  `DescribeSpotPriceHistory` via `provisioners.spot_prices`); each hourly refresh
+  carries the history since the previous one, from which the daemon bills a
+  running instance's later price changes as ledger segments (`app.daemon.
+  record_refresh`). Prices kept in the state seed a restarted binding
+  (`seed_spot_prices`).
 - **Guardrails** (instance cap, hourly budget) are the round's: `decide`
   checks every launch against the state before asking for it. This binding
   checks only the region, when it is built, and refuses types its `[ec2]`
