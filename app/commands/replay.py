@@ -173,9 +173,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument(
         "--wait-min-saving",
         type=number_arg(0.0, 1.0),
-        default=WaitPolicy.min_saving,
+        default=WaitPolicy().min_saving,
         metavar="S",
-        help=f"see --wait-jct-factor (default {WaitPolicy.min_saving:g})",
+        help=f"see --wait-jct-factor (default {WaitPolicy().min_saving:g})",
     )
     rp.add_argument(
         "--workers",
