@@ -530,12 +530,18 @@ def _wait_until(snapshot: StateSnapshot, policy: WaitPolicy, now: float) -> dict
     return until
 
 
-def _left_s(spec: JobSpec, progress: float) -> float:
-    """Seconds a job has left alone at full speed (infinite when its work is unknown)."""
-    work = _known_work(spec)
+def _left_s(job: JobRecord, progress: float, now: float) -> float:
+    """Seconds a job is expected to have left (infinite when its work is unknown): its
+    iterations left at the pace it has kept since it started (slowdowns, moves and all),
+    at most its full speed; at full speed before it has progressed."""
+    work = _known_work(job.spec)
     if work is None:
         return math.inf
-    return max(0.0, work.iterations - progress) / work.speed
+    left = max(0.0, work.iterations - progress)
+    speed = work.speed
+    if job.started_at is not None and progress > 0 and now > job.started_at:
+        speed = min(speed, progress / (now - job.started_at))
+    return left / speed
 
 
 def hold_for_room(
@@ -559,6 +565,7 @@ def hold_for_room(
     if not until:
         return plan, {}
     specs = {t.task_id: t for rec in snapshot.jobs for t in rec.spec.tasks}
+    records = {rec.job_id: rec for rec in snapshot.jobs}
     jobs = {rec.job_id: rec.spec for rec in snapshot.jobs}
 
     def poorly_filled(inst: Instance) -> bool:
@@ -580,7 +587,7 @@ def hold_for_room(
             ends[task_id] = (
                 math.inf
                 if spec is None or task is None
-                else now + _left_s(jobs[spec.job_id], task.progress)
+                else now + _left_s(records[spec.job_id], task.progress, now)
             )
     claimed: dict[int, list[Resources]] = {}
     placed_in_new = {t: i for i, inst in enumerate(new) for t in inst.tasks}
