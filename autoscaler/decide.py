@@ -569,7 +569,7 @@ def hold_for_room(
     jobs = {rec.job_id: rec.spec for rec in snapshot.jobs}
 
     def poorly_filled(inst: Instance) -> bool:
-        if not all(specs[t].job_id in until for t in inst.tasks):
+        if not all(t in specs and specs[t].job_id in until for t in inst.tasks):
             return False
         rp = sum(reservation_price(specs[t], catalog) for t in inst.tasks)
         return inst.hourly_cost > (1.0 - policy.min_saving) * rp
