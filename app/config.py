@@ -23,7 +23,7 @@ import msgspec
 from app.files import CONFIG_LIMIT, Name, read_toml
 from app.state_config import StateConfig, StateTable, state_config_from
 from autoscaler.cloud import Guardrails, OrphanPolicy
-from autoscaler.decide import BootBackoff, ControlOptions, Timeouts
+from autoscaler.decide import BootBackoff, ControlOptions, Timeouts, WaitPolicy
 from autoscaler.errors import InputError
 from autoscaler.failures import Backoff
 from autoscaler.fairshare import MAX_PRIORITY, TeamLimits, TeamPolicy
@@ -240,6 +240,17 @@ class PlannerTable(Strict, frozen=True):
     default_throughput: Annotated[float, number(gt=0, le=1)] = _DEFAULTS.default_throughput
     # No task is co-located where it is expected below this share of its full speed.
     min_throughput: Annotated[float, number(ge=0, le=1)] = 0.0
+    # A newly arrived job without a deadline may wait for room a departure frees, up to
+    # (wait_jct_factor - 1) × its solo duration, rather than open an instance that saves
+    # less than wait_min_saving of its reservation price (`decide.WaitPolicy`); 1.0: never.
+    wait_jct_factor: Annotated[float, number(ge=1.0, le=10.0)] = 1.0
+    wait_min_saving: Annotated[float, number(ge=0.0, le=1.0)] = 0.1
+
+    def waiting(self) -> WaitPolicy | None:
+        """The round's waiting rule (None: every job is placed at once)."""
+        if self.wait_jct_factor <= 1.0:
+            return None
+        return WaitPolicy(self.wait_jct_factor, self.wait_min_saving)
 
     def planner(self) -> EvaPlanner:
         """The planner this table names, with its options."""
@@ -629,6 +640,7 @@ class ClusterConfig:
             if self.teams
             else None,
             spot=self.spot.policy(),
+            waiting=self.planner.waiting(),
         )
 
     @property

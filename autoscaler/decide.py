@@ -47,7 +47,7 @@ from autoscaler.fairshare import Admission, Claim, TeamPolicy, admit
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
 from autoscaler.planner import Plan
 from autoscaler.pricing import cheapest_type, reservation_price
-from autoscaler.resources import Resources
+from autoscaler.resources import Resources, total
 from autoscaler.spend import Spending
 from autoscaler.spot import (
     SpotPolicy,
@@ -139,6 +139,32 @@ class BootBackoff:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitPolicy:
+    """When a newly arrived job waits for room rather than opening an instance for it.
+
+    Packing only what is present pays for poorly filled instances opened for jobs that
+    arrive alone; a job allowed to wait a little can start in the room a departing job
+    leaves instead (the waiting limit of `benchmarks limits` lies below the
+    present-only one by exactly that). A new instance of the plan is held back —
+    its tasks stay pending, the round launches nothing for them — when all of:
+
+    - its tasks are of jobs that have not started, without deadlines (`deadline_s`,
+      `max_jct_factor`), whose work the spec states (the budget is measured in it);
+    - it saves less than `min_saving` of its tasks' reservation prices (Eva §4.2):
+      packing them now gains little over running each alone;
+    - each of its tasks fits, on an instance the plan keeps, in room that residents
+      expected to finish (alone at full speed, from their progress) leave before the
+      job's wait budget runs out: `(jct_factor - 1)` × its solo duration since it
+      was submitted.
+
+    Past its budget a job is planned as any other, so no job waits longer.
+    """
+
+    jct_factor: float = 1.05
+    min_saving: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
 class ControlOptions:
     """Everything a round and a step decide by, besides the snapshot."""
 
@@ -167,6 +193,9 @@ class ControlOptions:
     # Spot offerings priced by their interruption risk, jobs' capacity and deadlines
     # (`autoscaler.spot`); None: every offering is planned at its price, as it is.
     spot: SpotPolicy | None = None
+    # Newly arrived jobs may wait within a JCT budget for room a departure frees, rather
+    # than open a poorly filled instance (`WaitPolicy`); None: every job is placed at once.
+    waiting: WaitPolicy | None = None
 
 
 # -- a round --------------------------------------------------------------------------------
@@ -440,6 +469,9 @@ def decide(
         )
     if drained is not plan.configuration:
         plan = dataclasses.replace(plan, configuration=drained)
+    waiting: dict[str, str] = {}
+    if options.waiting is not None:
+        plan, waiting = hold_for_room(plan, snapshot, planning, options.waiting, now)
     diff = _diff(
         snapshot,
         plan.configuration,
@@ -472,9 +504,154 @@ def decide(
             **_admission_numbers(admission),
             **_cost_numbers(over_cost, stopped),
             **_reclaimed_numbers(snapshot),
+            **({"waiting_for_room": waiting} if waiting else {}),
         },
         stopped=stopped,
     )
+
+
+def _wait_until(snapshot: StateSnapshot, policy: WaitPolicy, now: float) -> dict[str, float]:
+    """The jobs that may still wait for room, each with the time its wait budget ends."""
+    until: dict[str, float] = {}
+    for rec in snapshot.jobs:
+        if rec.started_at is not None or _has_deadline(rec.spec):
+            continue
+        if any(
+            (task := snapshot.tasks[t.task_id]).status != "pending" or task.progress > 0
+            for t in rec.spec.tasks
+        ):
+            continue
+        solo = _solo_s(rec.spec)
+        if solo is None:
+            continue
+        end = rec.submitted_at + (policy.jct_factor - 1.0) * solo
+        if end > now:
+            until[rec.job_id] = end
+    return until
+
+
+def _left_s(job: JobRecord, progress: float, now: float) -> float:
+    """Seconds a job is expected to have left (infinite when its work is unknown): its
+    iterations left at the pace it has kept since it started (slowdowns, moves and all),
+    at most its full speed; at full speed before it has progressed."""
+    work = _known_work(job.spec)
+    if work is None:
+        return math.inf
+    left = max(0.0, work.iterations - progress)
+    speed = work.speed
+    if job.started_at is not None and progress > 0 and now > job.started_at:
+        speed = min(speed, progress / (now - job.started_at))
+    return left / speed
+
+
+def hold_for_room(
+    plan: Plan,
+    snapshot: StateSnapshot,
+    catalog: Catalog,
+    policy: WaitPolicy,
+    now: float,
+) -> tuple[Plan, dict[str, str]]:
+    """The plan without the new instances whose jobs wait for room instead (`WaitPolicy`),
+    and for each job held, why.
+
+    `catalog` is the one the plan was made on (reservation prices). Room is counted
+    per instance the plan keeps: its capacity less the demands of the residents not
+    expected to have left by the job's budget, less what jobs held before it in this
+    round count on there (tasks in plan order, first fit)."""
+    new = [inst for inst in plan.configuration if inst.instance_id is None]
+    if not new:
+        return plan, {}
+    until = _wait_until(snapshot, policy, now)
+    if not until:
+        return plan, {}
+    specs = {t.task_id: t for rec in snapshot.jobs for t in rec.spec.tasks}
+    records = {rec.job_id: rec for rec in snapshot.jobs}
+    jobs = {rec.job_id: rec.spec for rec in snapshot.jobs}
+
+    def poorly_filled(inst: Instance) -> bool:
+        if not all(t in specs and specs[t].job_id in until for t in inst.tasks):
+            return False
+        rp = sum(reservation_price(specs[t], catalog) for t in inst.tasks)
+        return inst.hourly_cost > (1.0 - policy.min_saving) * rp
+
+    candidates = [inst for inst in new if inst.tasks and poorly_filled(inst)]
+    if not candidates:
+        return plan, {}
+    # residents of kept instances: (expected end, task) — the room each leaves
+    kept = [inst for inst in plan.configuration if inst.instance_id is not None]
+    ends: dict[str, float] = {}
+    for inst in kept:
+        for task_id in inst.tasks:
+            spec = specs.get(task_id)
+            task = snapshot.tasks.get(task_id)
+            ends[task_id] = (
+                math.inf
+                if spec is None or task is None
+                else now + _left_s(records[spec.job_id], task.progress, now)
+            )
+    claimed: dict[int, list[Resources]] = {}
+    placed_in_new = {t: i for i, inst in enumerate(new) for t in inst.tasks}
+    candidate_ids = {id(inst) for inst in candidates}
+    held: dict[str, str] = {}
+    for inst in candidates:
+        job_ids = {specs[t].job_id for t in inst.tasks}
+        # a job is held whole: every task of it on a new instance that may be held
+        if any(
+            t.task_id not in placed_in_new or id(new[placed_in_new[t.task_id]]) not in candidate_ids
+            for j in job_ids
+            for t in jobs[j].tasks
+        ):
+            continue
+        trial = {k: list(v) for k, v in claimed.items()}
+        ok = True
+        for task_id in inst.tasks:
+            deadline = until[specs[task_id].job_id]
+            found = False
+            for k, room_inst in enumerate(kept):
+                demand = specs[task_id].demand_on(room_inst.type.family)
+                if demand is None:
+                    continue
+                used = total(
+                    [
+                        d
+                        for t in room_inst.tasks
+                        if ends[t] > deadline
+                        and (d := _demand_of(specs.get(t), room_inst)) is not None
+                    ]
+                    + trial.get(k, [])
+                )
+                if demand.plus(used).fits_in(room_inst.type.capacity):
+                    trial.setdefault(k, []).append(demand)
+                    found = True
+                    break
+            if not found:
+                ok = False
+                break
+        if not ok:
+            continue
+        claimed = trial
+        for j in job_ids:
+            held[j] = "waits for room a departure frees (within its wait budget)"
+    if not held:
+        return plan, {}
+    remaining = tuple(
+        inst
+        for inst in plan.configuration
+        if not (inst.instance_id is None and any(specs[t].job_id in held for t in inst.tasks))
+    )
+    names = ", ".join(sorted(held)[:5]) + (", …" if len(held) > 5 else "")
+    return (
+        dataclasses.replace(
+            plan,
+            configuration=Configuration(remaining),
+            reason=f"{plan.reason}; {len(held)} job(s) wait for room: {names}",
+        ),
+        held,
+    )
+
+
+def _demand_of(spec: TaskSpec | None, inst: Instance) -> Resources | None:
+    return None if spec is None else spec.demand_on(inst.type.family)
 
 
 def over_max_cost(snapshot: StateSnapshot, spending: Spending | None) -> dict[str, str]:

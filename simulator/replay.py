@@ -15,6 +15,7 @@ from typing import Any
 from autoscaler.catalog import Catalog
 from autoscaler.cloud import Guardrails
 from autoscaler.control import ControlLoop, ControlOptions, Planner
+from autoscaler.decide import WaitPolicy
 from autoscaler.fairshare import TeamPolicy
 from autoscaler.jobs import JobSpec
 from autoscaler.period import ROUND_INTERVAL_S
@@ -185,6 +186,7 @@ def replay(
     max_hourly_spend: float | None = None,
     teams: TeamPolicy | None = None,
     spot: SpotReplay | None = None,
+    waiting: WaitPolicy | None = None,
 ) -> ReplayResult:
     """Run the trace with one scheduler and measure cost, JCT and the rest.
 
@@ -200,7 +202,9 @@ def replay(
     A job whose work the trace does not give, or gives twice in disagreement,
     is refused before anything runs (`autoscaler.work`). With `spot`, spot offerings
     of the catalog are planned by their interruption risk and reclaimed as it says
-    (`simulator.spot`); the result gains its `spot` figures.
+    (`simulator.spot`); the result gains its `spot` figures. With `waiting`, newly
+    arrived jobs may wait within a JCT budget for room rather than open a poorly filled
+    instance (`autoscaler.decide.WaitPolicy`).
     """
     check_work(jobs)
     engine = EventLoop()
@@ -218,6 +222,7 @@ def replay(
         guardrails=Guardrails(max_hourly_spend=max_hourly_spend),
         teams=teams,
         spot=spot.policy if spot is not None else None,
+        waiting=waiting,
     )
 
     priced: Callable[[Catalog, float], Catalog] | None = None

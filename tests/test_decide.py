@@ -24,11 +24,12 @@ from autoscaler.decide import (
     RoundDecision,
     StepDecision,
     Timeouts,
+    WaitPolicy,
     advance,
     decide,
 )
 from autoscaler.execution import ResourceLimits
-from autoscaler.jobs import JobSpec
+from autoscaler.jobs import JobSpec, TraceFacts
 from autoscaler.planner import Plan
 from autoscaler.store import (
     InstanceRecord,
@@ -258,6 +259,100 @@ def test_an_instance_the_plan_no_longer_uses_is_drained():
 def test_a_round_with_no_jobs_and_no_instances_plans_nothing():
     decision = round_at(snapshot([]), 100.0)
     assert (decision.chosen, decision.reason, decision.plan) == ("none", "no jobs", None)
+
+
+# -- a round: waiting for room a departure frees ---------------------------------------------------
+
+WAIT = dataclasses.replace(OPTIONS, waiting=WaitPolicy(jct_factor=1.05, min_saving=0.1))
+
+
+def worked(job_id: str, demand: tuple[float, float, float], seconds: float, **fields) -> JobSpec:
+    """A one-task job whose work the trace states: `seconds` alone at one iteration a second."""
+    return unmeasured_job(
+        job_id,
+        demand,
+        full_throughput=1.0,
+        trace=TraceFacts(total_iters=seconds),
+        **fields,
+    )
+
+
+def resident_leaving_in(left_s: float, *others: JobRecord, now: float = 1000.0) -> StateSnapshot:
+    """inst-1 (cpu8) runs r/0 (6 of its 8 CPUs), which has `left_s` seconds of work left;
+    `others` are newly arrived jobs, pending."""
+    resident = worked("r", (0, 6, 8), 100_000.0)
+    return snapshot(
+        [JobRecord(resident, "running", "alice", 0.0, started_at=1.0), *others],
+        [
+            dataclasses.replace(
+                task("r/0", "running", on="inst-1", target="inst-1"), progress=100_000.0 - left_s
+            )
+        ],
+        [instance("inst-1")],
+    )
+
+
+def newcomer(job_id: str = "n", cpus: float = 4, seconds: float = 100_000.0, **fields) -> JobRecord:
+    """A job submitted at 0 whose budget at factor 1.05 is 5% of `seconds`."""
+    return JobRecord(worked(job_id, (0, cpus, 8), seconds, **fields), "queued", "bob", 0.0)
+
+
+def cpu4_for_new(task_id: str) -> str:
+    return "inst-1" if task_id.startswith("r/") else "cpu4"
+
+
+def test_a_new_job_waits_for_room_a_departure_frees_within_its_budget():
+    # n/0 would open a cpu4 at exactly its reservation price; r/0 leaves in 1,000 s, well
+    # inside n's 5,000 s budget, and then inst-1 has room for it
+    snap = resident_leaving_in(1000.0, newcomer())
+    decision = round_at(snap, 1000.0, planner=Placing(cpu4_for_new), options=WAIT)
+    assert decision.launches == ()
+    assert decision.targets["n/0"] is None and decision.targets["r/0"] == "inst-1"
+    assert set(decision.numbers["waiting_for_room"]) == {"n"}
+    # without the rule the same round launches it
+    plain = round_at(snap, 1000.0, planner=Placing(cpu4_for_new))
+    assert [launch.tasks for launch in plain.launches] == [("n/0",)]
+
+
+@pytest.mark.parametrize(
+    ("left_s", "arrival", "now", "fields", "policy"),
+    [
+        (6000.0, {}, 1000.0, {}, WaitPolicy(1.05, 0.1)),  # r/0 leaves after n's budget
+        (1000.0, {}, 5500.0, {}, WaitPolicy(1.05, 0.1)),  # n has waited its budget out
+        (1000.0, {}, 1000.0, {"max_jct_factor": 3.0}, WaitPolicy(1.05, 0.1)),  # a deadline
+        (1000.0, {}, 1000.0, {}, WaitPolicy(1.05, 0.0)),  # the cpu4 saves what is asked
+        (1000.0, {"cpus": 6}, 1000.0, {}, WaitPolicy(1.05, 0.1)),  # 6 CPUs: no room even then
+        (1000.0, {"seconds": 10_000.0}, 1000.0, {}, WaitPolicy(1.05, 0.1)),  # budget 500 s
+    ],
+)
+def test_a_new_job_is_placed_at_once_when_waiting_is_not_worth_it(
+    left_s, arrival, now, fields, policy
+):
+    snap = resident_leaving_in(left_s, newcomer(**arrival, **fields))
+    options = dataclasses.replace(OPTIONS, waiting=policy)
+    decision = round_at(snap, now, planner=Placing(cpu4_for_new), options=options)
+    assert [launch.tasks for launch in decision.launches] == [("n/0",)]
+    assert "waiting_for_room" not in decision.numbers
+
+
+def test_a_job_that_has_started_is_never_held_back():
+    n = newcomer()
+    snap = resident_leaving_in(1000.0, dataclasses.replace(n, started_at=500.0))
+    decision = round_at(snap, 1000.0, planner=Placing(cpu4_for_new), options=WAIT)
+    assert [launch.tasks for launch in decision.launches] == [("n/0",)]
+
+
+def test_two_new_jobs_do_not_both_count_on_the_same_room():
+    # once r/0 leaves, inst-1's 8 CPUs take two 4-CPU tasks, not three
+    snap = resident_leaving_in(1000.0, newcomer("n"), newcomer("m"), newcomer("k"))
+    types = {"r": "inst-1", "n": "cpu4", "m": "cpu8", "k": "gpu4"}  # one new instance each
+    decision = round_at(
+        snap, 1000.0, planner=Placing(lambda t: types[t.split("/")[0]]), options=WAIT
+    )
+    assert set(decision.numbers["waiting_for_room"]) == {"n", "m"}  # in the plan's order
+    assert [(launch.instance_type, launch.tasks) for launch in decision.launches] == [
+        ("gpu4", ("k/0",))
+    ]
 
 
 # -- a round: what cannot be planned -----------------------------------------------------------

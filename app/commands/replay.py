@@ -38,8 +38,10 @@ from app.validation import (
     seconds_arg,
     write_atomically,
 )
+from autoscaler.decide import WaitPolicy
 from autoscaler.errors import InputError
 from autoscaler.period import ROUND_INTERVAL_S
+from autoscaler.planner import PLANNER_NAMES
 from autoscaler.spot import SpotPolicy, planning_inputs
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.work import check_work
@@ -158,6 +160,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"unmeasured (default {DEFAULT_THROUGHPUT}, as Eva's simulator)",
     )
     add_min_throughput(rp)
+    rp.add_argument(
+        "--wait-jct-factor",
+        type=number_arg(1.0, 10.0),
+        default=1.0,
+        metavar="F",
+        help="Eva's planners let a newly arrived job without a deadline wait for room a "
+        "departure frees, up to (F - 1) x its solo duration, rather than open an instance "
+        "saving less than --wait-min-saving of its reservation price (default 1.0: never; "
+        "the [planner] table's wait_jct_factor)",
+    )
+    rp.add_argument(
+        "--wait-min-saving",
+        type=number_arg(0.0, 1.0),
+        default=WaitPolicy().min_saving,
+        metavar="S",
+        help=f"see --wait-jct-factor (default {WaitPolicy().min_saving:g})",
+    )
     rp.add_argument(
         "--workers",
         type=number_arg(1, 256, integer=True),
@@ -323,6 +342,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if spot_only and spot is None:
         raise InputError(f"--scheduler {' '.join(spot_only)}: replays with --spot only")
 
+    waiting = (
+        WaitPolicy(args.wait_jct_factor, args.wait_min_saving)
+        if args.wait_jct_factor > 1.0
+        else None
+    )
     try:
         results, limit = _run_replays(
             names,
@@ -333,6 +357,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             args.min_throughput,
             args.workers,
             spot=spot,
+            waiting=waiting,
         )
     except _WorkerDied as exc:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
@@ -348,6 +373,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 min_throughput=args.min_throughput,
                 clairvoyant_bound=round(limit, 6),
                 **({"spot": spot.describe()} if spot else {}),
+                **({"waiting": dataclasses.asdict(waiting)} if waiting else {}),
             )
         )
     else:
@@ -601,6 +627,7 @@ def _run_replays(
     *,
     bound: bool = True,
     spot: SpotInputs | None = None,
+    waiting: WaitPolicy | None = None,
 ) -> tuple[dict[str, ReplayResult], float]:
     """Each scheduler's replay, and the clairvoyant bound (0 without `bound`): in
     parallel processes.
@@ -609,10 +636,12 @@ def _run_replays(
     is deterministic), so running them side by side changes no figure, only
     the wall time: the command takes about as long as its slowest replay
     rather than the sum (on the full trace, eva's 4 minutes instead of 5).
+    `waiting` applies to Eva's planners only: the baselines, no-packing the yardstick
+    among them, place every job at once as their papers do.
     """
     board = _Progress(names, len(jobs))
     workers = min(workers or _cores(), len(names) + bound)
-    inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput}, spot)
+    inputs = (jobs, catalog, truth, interval_s, {"min_throughput": min_throughput}, spot, waiting)
     finished: dict[str, object] = {}
     if workers <= 1:
         for name in [*names, *([_BOUND] if bound else [])]:
@@ -686,7 +715,7 @@ def _run_one(
     name: str, inputs: tuple, on_round: Callable[[float, int, int], None]
 ) -> tuple[object, float]:
     """One scheduler's replay (or, for `_BOUND`, the bound), and its wall time."""
-    jobs, catalog, truth, interval_s, options, spot = inputs
+    jobs, catalog, truth, interval_s, options, spot, waiting = inputs
     started = time.perf_counter()
     if name == _BOUND:
         if spot is not None:  # spot offerings at their effective price (`autoscaler.spot`)
@@ -703,10 +732,18 @@ def _run_one(
             on_round=on_round,
             planner_options=options,
             spot=settings,
+            waiting=waiting if scheduler in PLANNER_NAMES else None,
         )
     else:
         result = replay(
-            jobs, catalog, truth, name, interval_s, on_round=on_round, planner_options=options
+            jobs,
+            catalog,
+            truth,
+            name,
+            interval_s,
+            on_round=on_round,
+            planner_options=options,
+            waiting=waiting if name in PLANNER_NAMES else None,
         )
     return result, time.perf_counter() - started
 

@@ -11,6 +11,7 @@ from cryptography import x509
 from app.cli import main
 from app.config import load_cluster_config
 from app.init import init_cluster
+from autoscaler.decide import WaitPolicy
 from autoscaler.errors import InputError
 from autoscaler.fairshare import TeamLimits
 from executor.security import Authority, certificate_names, issued_by
@@ -130,6 +131,14 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
             ("min_throughput = 0.0", "min_throughput = -0.1"),
             "[planner]: field 'min_throughput' = -0.1",
         ),
+        (
+            ("min_throughput = 0.0", "min_throughput = 0.0\nwait_jct_factor = 0.5"),
+            "[planner]: field 'wait_jct_factor' = 0.5: must be a number >= 1",
+        ),
+        (
+            ("min_throughput = 0.0", "min_throughput = 0.0\nwait_min_saving = 1.5"),
+            "[planner]: field 'wait_min_saving' = 1.5: must be a number <= 1",
+        ),
         (('name = "c1"', 'name = "bad/name"'), "[cluster]: field 'name' = 'bad/name'"),
         (
             ("heartbeat_s = 10 ", "heartbeat_s = 4 "),
@@ -174,6 +183,17 @@ def test_the_planner_table_names_the_planner_and_its_minimum_throughput(tmp_path
     path.write_text(edited)
     planner = load_cluster_config(path).planner.planner()
     assert (planner.name, planner.min_throughput) == ("eva-plain", 0.8)
+
+
+def test_the_planner_table_sets_the_waiting_rule_off_unless_asked(tmp_path):
+    main(["init", "--dir", str(tmp_path), "--local", "--name", "c1"])
+    path = tmp_path / "autoscaler.toml"
+    assert load_cluster_config(path).control_options().waiting is None
+    text = path.read_text()
+    path.write_text(
+        text.replace("min_throughput = 0.0", "min_throughput = 0.0\nwait_jct_factor = 1.05")
+    )
+    assert load_cluster_config(path).control_options().waiting == WaitPolicy(1.05, 0.1)
 
 
 def test_a_silent_worker_is_lost_within_two_heartbeats_by_default(tmp_path):

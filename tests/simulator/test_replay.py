@@ -18,10 +18,13 @@ import pytest
 from app.bundled import bundled
 from app.commands import replay as cli
 from app.files import jobs_from_eva, load_catalog, load_contention_matrix, load_jobs
+from autoscaler.decide import WaitPolicy
 from autoscaler.errors import InputError
+from autoscaler.work import solo_seconds
 from simulator.replay import MAX_SLOWDOWN, SCHEDULERS, replay
 from simulator.traces import start_at_first_arrival, synthesize
 from simulator.world import ground_truth
+from state.memory import InMemoryStore
 from tests.simulator.harsh import harsh_world
 
 REFERENCE_NO_PACKING = 35_858.0  # Eva's own simulator on pai_200 (EuroSys '25 artifact)
@@ -162,6 +165,31 @@ def test_every_replay_keeps_the_invariants(pai, small_synthetic, scheduler):
     assert result.total_cost == pytest.approx(result.billed, rel=1e-9)
     assert result.timeline[-1][2] == 0  # no instance left
     assert all(h > 0 for h in result.jct_hours.values())
+
+
+def test_jobs_that_wait_for_room_start_within_their_budget(pai):
+    # Allowed to wait 30% of its solo duration, no job starts later than that plus what
+    # the same jobs' starts take without the rule (a round's wait, a boot, a setup).
+    catalog, jobs, truth = pai
+    delays = {}
+    for policy in (None, WaitPolicy(jct_factor=1.3, min_saving=0.1)):
+        store = InMemoryStore()
+        result = replay(jobs[:60], catalog, truth, "eva", store=store, waiting=policy)
+        assert result.finished and result.jobs_completed == 60
+        records = store.jobs()
+        delays[policy] = {r.job_id: r.started_at - r.submitted_at for r in records}
+        if policy is not None:
+            held = [r for r in store.rounds() if r.numbers.get("waiting_for_room")]
+            assert held, "the rule never held a job back on these 60 jobs"
+            budgets = {r.job_id: 0.3 * solo_seconds(r.spec) for r in records}
+    usual = max(delays[None].values())
+    late = {
+        job_id: waited
+        for job_id, waited in delays[policy].items()
+        if waited > budgets[job_id] + usual
+    }
+    assert not late
+    assert max(delays[policy].values()) > usual  # some job did wait
 
 
 def run_replay(args: list[str], tmp_path, name: str, hash_seed: str) -> bytes:
