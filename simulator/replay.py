@@ -389,7 +389,10 @@ def _result(
 def _spot_figures(world: World, jct: Mapping[str, float]) -> dict[str, Any]:
     """The spot figures of a replay: the share of instance-hours (and of dollars) on
     spot, reclaims, work lost (task-, GPU- and CPU-hours, and its share of the jobs'
-    task-hours alone), and deadlines met."""
+    task-hours alone), deadlines met, and market moves — a job's restarts on the other
+    market than its previous start (spot to on-demand or back; the most of its tasks'),
+    per job on average and the most of one job: each is a restart the job waits out,
+    which a reclaim forces one way and the planner chooses the other."""
     assert world.spot is not None
     end = world.engine.now()
     hours = {False: 0.0, True: 0.0}
@@ -409,6 +412,9 @@ def _spot_figures(world: World, jct: Mapping[str, float]) -> dict[str, Any]:
         with_deadline += 1
         if job_id in jct and jct[job_id] * 3600.0 <= deadline + 1e-6:
             met += 1
+    moves = [
+        max(world.tasks[t.task_id].market_moves for t in j.spec.tasks) for j in world.jobs.values()
+    ]
     total_h = hours[False] + hours[True]
     total_d = dollars[False] + dollars[True]
     return {
@@ -421,4 +427,6 @@ def _spot_figures(world: World, jct: Mapping[str, float]) -> dict[str, Any]:
         "lost_cpu_hours": round(stats.lost_cpu_seconds / 3600, 6),
         "jobs_with_deadline": with_deadline,
         "deadlines_met": met,
+        "market_moves_per_job": round(sum(moves) / len(moves), 6) if moves else 0.0,
+        "max_market_moves": max(moves, default=0),
     }

@@ -84,6 +84,8 @@ class SimTask:
     failure: FailureClass | None = None  # and whose doing it was (None: not said)
     checkpoint: str | None = None  # where its latest checkpoint is
     epoch: int = 0  # invalidates pending events when the task is stopped or restarted
+    on_spot: bool | None = None  # the market of its latest start (None: never started)
+    market_moves: int = 0  # starts on the other market than the previous one (spot figures)
 
 
 @dataclass(slots=True)
@@ -221,6 +223,9 @@ class World:
         inst.tasks[task_id] = None
         task.state, task.instance = "starting", token
         task.starts += 1
+        if task.on_spot is not None and task.on_spot != inst.itype.is_spot:
+            task.market_moves += 1
+        task.on_spot = inst.itype.is_spot
         task.attempt = attempt
         task.epoch += 1
         self.reported[task_id] = None

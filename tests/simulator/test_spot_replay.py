@@ -3,6 +3,7 @@ and never fail a job, capacity and deadlines hold, availability traces parse and
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 
@@ -390,3 +391,32 @@ def test_a_job_out_of_deadline_slack_runs_alone_and_is_not_moved() -> None:
     kinds = {i.instance_id: i.instance_type for i in store.instances(include_finished=True)}
     assert "pair" in {kinds[p.instance_id] for p in store.placements() if p.job_id != "tight"}
     assert any("out of deadline slack: tight" in r.reason for r in store.rounds())
+
+
+def market_changes(types: list[str]) -> int:
+    """How often consecutive placements changed market (the spot suffix)."""
+    spot = [t.endswith(":spot") for t in types]
+    return sum(a != b for a, b in itertools.pairwise(spot))
+
+
+def test_market_moves_count_the_restarts_on_the_other_market() -> None:
+    # No spot capacity in [2400, 4800), then back for good: reclaimed at 2400, the job
+    # restarts on on-demand, and the planner takes it back to spot once it can (one
+    # reclaim is what its 0.05/h rate expects, so it is not pinned) — two market moves,
+    # as the placements the store recorded say; the calm job, none.
+    trace = AvailabilityTrace(2400.0, (0, 1) + (0,) * 100)
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 30000.0)],
+        catalog(0.05),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}, learn_rates=False),
+    )
+    assert result.finished and result.spot["interruptions"] == 1
+    placed = types_used(store)["a"]
+    assert market_changes(placed) == 2, placed
+    assert result.spot["market_moves_per_job"] == result.spot["max_market_moves"] == 2
+    calm = replay([job("b", 3000.0)], catalog(0.0), NO_INTERFERENCE, "eva", spot=SpotReplay())
+    assert calm.spot["market_moves_per_job"] == calm.spot["max_market_moves"] == 0
