@@ -917,7 +917,8 @@ ADVISOR_BANDS: Mapping[str, float] = {
 @dataclass(frozen=True, slots=True)
 class SpotSnapshot:
     """Spot prices per type and zone in one region, and the interruption band of each
-    type (the advisor's, else `default_band`), with where and when they came from."""
+    type (the file's own `types`, else the advisor's, else `default_band`), with where and
+    when they came from."""
 
     region: str
     prices: Mapping[str, Mapping[str, float]]  # type -> zone -> USD/hour
@@ -927,8 +928,8 @@ class SpotSnapshot:
     default_band: str = "5-10%"
     type_bands: Mapping[str, str] = field(default_factory=dict)
     # The Spot Instance Advisor's own band per type, dated (`advisor_as_of`) and with its
-    # source: bundled as data, not applied (`band_of` reads `type_bands`, then the default),
-    # so replays keep their figures; `[spot.bands]` takes any of them per type.
+    # source: what a type's rate starts from unless `[spot.bands]` or the file's `types`
+    # name it; the cluster's own interruption history refines it (`LearnedRates`).
     advisor_bands: Mapping[str, str] = field(default_factory=dict)
     advisor_as_of: str = ""
     advisor_source: str = ""
@@ -936,7 +937,9 @@ class SpotSnapshot:
     def band_of(self, ec2_type: str, overrides: Mapping[str, str] | None = None) -> str:
         if overrides and ec2_type in overrides:
             return overrides[ec2_type]
-        return self.type_bands.get(ec2_type, self.default_band)
+        if ec2_type in self.type_bands:
+            return self.type_bands[ec2_type]
+        return self.advisor_bands.get(ec2_type, self.default_band)
 
     def monthly_fraction(self, ec2_type: str, overrides: Mapping[str, str] | None = None) -> float:
         band = self.band_of(ec2_type, overrides)

@@ -41,7 +41,9 @@ def expected_spot_hourly(ec2_type: str) -> float:
     price = statistics.median(SPOT_DATA["prices"][ec2_type].values())
     value = ON_DEMAND["instance_types"][ec2_type]["cost"]
     bands = SPOT_DATA["interruption"]
-    band = bands["types"].get(ec2_type, bands["default_band"])
+    band = bands["types"].get(
+        ec2_type, bands["advisor"]["types"].get(ec2_type, bands["default_band"])
+    )
     rate = -math.log(1.0 - bands["bands"][band]) / 730.0
     loss_h = (CHECKPOINT_S / 2 + RESTART_S) / 3600.0
     return price + rate * loss_h * value

@@ -286,11 +286,13 @@ def test_prices_kept_in_the_state_price_the_offerings_until_a_refresh_succeeds(
     assert not cloud.seed_spot_prices(kept)
 
 
-def test_the_advisors_bands_are_bundled_dated_for_every_priced_type_and_not_applied():
+def test_the_advisors_bands_are_bundled_dated_and_rate_each_type_unless_overridden():
     """The Spot Instance Advisor's band of each of the 21 bundled types, from a dated copy
-    of its data (cited in provisioners/data/README.md), is data beside the default band:
-    the offerings' rates — and so the replays' figures — still come from `default_band`
-    and `[spot.bands]`."""
+    of its data (cited in provisioners/data/README.md), is what a type's rate starts from;
+    `[spot.bands]` and the file's own `types` take precedence, and a type the advisor's
+    copy lacks takes `default_band`."""
+    from dataclasses import replace
+
     from autoscaler.spot import hourly_rate
     from provisioners.catalog import bundled_spot_snapshot
 
@@ -301,11 +303,15 @@ def test_the_advisors_bands_are_bundled_dated_for_every_priced_type_and_not_appl
     assert dt.date.fromisoformat(snapshot.advisor_as_of) == dt.date(2025, 6, 28)
     assert "alexei-led/spotinfo" in snapshot.advisor_source
     assert "5bdc33cee2e185c2f62df29dd9c4ad0ad7102a74" in snapshot.advisor_source
-    for ec2_type in snapshot.prices:
-        assert snapshot.band_of(ec2_type) == snapshot.default_band
-    assert hourly_rate(snapshot.monthly_fraction("p3.2xlarge", {"p3.2xlarge": ">20%"})) > (
-        hourly_rate(snapshot.monthly_fraction("p3.2xlarge"))
-    )
+    for ec2_type, band in snapshot.advisor_bands.items():
+        assert snapshot.band_of(ec2_type) == band
+        other = next(b for b in snapshot.bands if b != band)
+        assert snapshot.band_of(ec2_type, {ec2_type: other}) == other
+        assert replace(snapshot, type_bands={ec2_type: other}).band_of(ec2_type) == other
+    assert snapshot.band_of("x9.unlisted") == snapshot.default_band
+    # The bands differ between types, so the rates do: not one band for all.
+    rates = {hourly_rate(snapshot.monthly_fraction(t)) for t in snapshot.prices}
+    assert len(rates) > 1
     readme = (Path(__file__).parents[2] / "provisioners" / "data" / "README.md").read_text()
     assert "5bdc33cee2e185c2f62df29dd9c4ad0ad7102a74" in readme and "2025-06-28" in readme
 

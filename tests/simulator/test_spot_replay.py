@@ -272,10 +272,12 @@ def test_bundled_spot_offerings_cover_the_bundled_catalog() -> None:
     assert p3 == ["p3.2xlarge:spot@use1-az1"]  # the snapshot prices no p3 in use1-az3
     observed = spot_offerings(base, snapshot, observed={"c7i.large:spot": 0.5})
     assert observed["c7i.large:spot"].interruption_per_hour == 0.5
-    worse = spot_offerings(base, snapshot, bands={"c7i.large": ">20%"})
+    # The advisor's band rates a type unless the cluster names another.
+    assert snapshot.band_of("c7i.large") == snapshot.advisor_bands["c7i.large"] == ">20%"
+    calmer = spot_offerings(base, snapshot, bands={"c7i.large": "<5%"})
     assert (
-        worse["c7i.large:spot"].interruption_per_hour
-        > regional["c7i.large:spot"].interruption_per_hour
+        calmer["c7i.large:spot"].interruption_per_hour
+        < regional["c7i.large:spot"].interruption_per_hour
     )
 
 
