@@ -649,7 +649,7 @@ def act(
             changes.append(change)
         if outcome != "planned":
             outcomes.append((index, outcome, message))
-        actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+        actions[index] = _answered(actions[index], outcome, message)
     if changes:
         store.transition_instances(changes, now)
     doomed = [
@@ -664,10 +664,23 @@ def act(
         for position, _ in doomed:
             index = decision.orphan_index(position)
             outcomes.append((index, outcome, message))
-            actions[index] = replace(actions[index], outcome=outcome, message=message)  # type: ignore[arg-type]
+            actions[index] = _answered(actions[index], outcome, message)
     if outcomes:
         store.record_action_outcomes(decision.round_id, outcomes)
     return tuple(actions)
+
+
+def _answered(action: ActionRecord, outcome: str, message: str) -> ActionRecord:
+    """The action with what came of it (built directly: `dataclasses.replace` inspects the
+    fields on every call, and a first round answers thousands of launches)."""
+    return ActionRecord(
+        action.kind,
+        action.target,
+        action.reason,
+        outcome,  # type: ignore[arg-type]
+        message,
+        action.detail,
+    )
 
 
 def ask_cloud(

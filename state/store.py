@@ -339,6 +339,16 @@ class SqlStore(Store):
                     moved[row.task_id] = row.job_id
         if not moved:
             return
+        if conn.dialect.name == "sqlite":
+            # The write transaction holds the database's write lock from its start (`BEGIN
+            # IMMEDIATE`): what was just read is as it is under the lock, and a first round
+            # that moves every task reads them once, not three times.
+            rows = [
+                {"task_id": task_id, "target_instance_id": targets[task_id], "updated_at": at}
+                for task_id in sorted(moved)
+            ]
+            _update_rows(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
+            return
         statuses = self._lock_jobs(conn, moved.values())
         rows = []
         for chunk in _chunks(sorted(moved)):  # as they are under the locks
