@@ -585,12 +585,24 @@ class Packer:
         result: list[Instance] = []
         saving = 0.0
         unmatched: list[Instance] = []
+        # Only a pattern of its type holding one of its residents' classes can keep
+        # any of an instance's tasks: chosen's positions by (type, class).
+        holding: dict[tuple[int, int], list[int]] = {}
+        for position, entry in enumerate(chosen):
+            for c, _ in entry.composition:
+                holding.setdefault((entry.type_index, c), []).append(position)
         for inst in sorted(existing, key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or "")):
             k = self.type_index.get(inst.type.name)
             residents = pools.resident_counts(inst.instance_id)
             best, best_overlap = None, 0
-            for entry in chosen:
-                if entry.type_index != k or entry.copies <= 0:
+            if k is None:
+                unmatched.append(inst)
+                continue
+            # In chosen's order, as they are weighed: the first of the most overlap wins.
+            positions = sorted({p for c in residents for p in holding.get((k, c), ())})
+            for position in positions:
+                entry = chosen[position]
+                if entry.copies <= 0:
                     continue
                 overlap = sum(min(residents[c], n) for c, n in entry.composition)
                 if overlap > best_overlap:
@@ -720,20 +732,25 @@ class Packer:
         self._add_unplaced(pools, on_instance)
 
         counts = pools.counts
-        if kept:
+        if kept and any(counts):
+            hosts = _KeptHosts(kept)
             # Larger tasks first, so they get the spare room they need.
             for c in sorted(range(len(counts)), key=lambda c: (-self.rp[c], c)):
                 while counts[c] > 0:
-                    host = self._best_kept_host(kept, c)
+                    host = self._best_kept_host(hosts, c)
                     if host is None:
                         break  # kept instances only fill up: none will take c later
                     counts[c] -= 1
-                    host.tasks.append(pools.take_all([c])[0])
-                    insort(host.composition, c)
-                    host.value = self.value(tuple(host.composition))
-                    d = self.demand[host.k][c]
+                    entry = kept[host]
+                    hosts.leave(host, entry)
+                    entry.tasks.append(pools.take_all([c])[0])
+                    insort(entry.composition, c)
+                    entry.value = self.value(tuple(entry.composition))
+                    d = self.demand[entry.k][c]
                     assert d is not None
-                    host.free = [host.free[0] - d[0], host.free[1] - d[1], host.free[2] - d[2]]
+                    free = entry.free
+                    entry.free = [free[0] - d[0], free[1] - d[1], free[2] - d[2]]
+                    hosts.join(host, entry)
         result = [Instance(e.instance.instance_id, e.instance.type, tuple(e.tasks)) for e in kept]
         saving = sum(e.value - e.instance.type.hourly_cost for e in kept)
         return Placement(result, saving).extend(self.pack(pools, released))
@@ -744,29 +761,35 @@ class Packer:
                 c, [t for t in tids if t not in on_instance] if on_instance else tids
             )
 
-    def _best_kept_host(self, kept: list[_KeptInstance], c: int) -> _KeptInstance | None:
-        """The kept instance where a task of class c adds the most TNRP (None if none gains)."""
+    def _best_kept_host(self, hosts: _KeptHosts, c: int) -> int | None:
+        """The kept instance where a task of class c adds the most TNRP (its index in
+        the kept list; None if none gains).
+
+        Ties go to the fullest instance, to keep room elsewhere for larger tasks,
+        then to the first kept. What a task adds to an instance depends only on its
+        type, its composition and its free room, so instances alike in all three are
+        weighed once, as a group (a steady round keeps thousands of instances of a
+        few hundred kinds, and places its new tasks one by one)."""
         best, best_key = None, None
-        for entry in kept:
-            d = self.demand[entry.k][c]
-            free = entry.free
+        for (k, composition, free), members in hosts.groups.items():
+            d = self.demand[k][c]
             if d is None or not fits(d, free):
                 continue
             g = self.group[c]
             if (
                 g is not None
-                and sum(self.group[x] == g for x in entry.composition) >= (self.group_limit[c])
+                and sum(self.group[x] == g for x in composition) >= (self.group_limit[c])
             ):
                 continue
-            trial = list(entry.composition)
+            trial = list(composition)
             insort(trial, c)
-            gain = self.value(tuple(trial)) - entry.value
+            gain = self.value(tuple(trial)) - self.value(composition)
             if gain <= VALUE_TOLERANCE:
                 continue
-            # ties: the fullest instance, to keep room elsewhere for larger tasks
-            key = (round(gain / VALUE_TOLERANCE), -(free[0] + free[1] + free[2]))
+            first = members[0]
+            key = (round(gain / VALUE_TOLERANCE), -(free[0] + free[1] + free[2]), -first)
             if best_key is None or key > best_key:
-                best, best_key = entry, key
+                best, best_key = first, key
         return best
 
     def _keep(self, inst: Instance, active: list[str]) -> _KeptInstance | None:
@@ -860,6 +883,33 @@ class _KeptInstance:
     free: list[float]
     value: float  # TNRP of its tasks
     tasks: list[str]
+
+
+class _KeptHosts:
+    """Partial's kept instances grouped by (type, composition, free room), each group
+    the kept indices in it, ascending: all a task needs to choose its host."""
+
+    def __init__(self, kept: list[_KeptInstance]) -> None:
+        self.groups: dict[tuple[int, tuple[int, ...], tuple[float, float, float]], list[int]] = {}
+        for i, entry in enumerate(kept):
+            self.groups.setdefault(self._key(entry), []).append(i)
+
+    @staticmethod
+    def _key(entry: _KeptInstance) -> tuple[int, tuple[int, ...], tuple[float, float, float]]:
+        free = entry.free
+        return entry.k, tuple(entry.composition), (free[0], free[1], free[2])
+
+    def leave(self, i: int, entry: _KeptInstance) -> None:
+        """Kept instance i is about to change: out of its group."""
+        key = self._key(entry)
+        members = self.groups[key]
+        members.remove(i)
+        if not members:
+            del self.groups[key]
+
+    def join(self, i: int, entry: _KeptInstance) -> None:
+        """Kept instance i has changed: into the group it now belongs to."""
+        insort(self.groups.setdefault(self._key(entry), []), i)
 
 
 class TaskPools:

@@ -128,3 +128,85 @@ def test_what_a_planner_remembers_is_scoped_by_the_learned_throughputs():
     after = replace(view, throughput=ThroughputTable(bad, default=0.95))
     _same(carried.plan(after), EvaPlanner().plan(after))
     assert carried._pricer._scope != scope
+
+
+@pytest.mark.parametrize(("seed", "default"), [(4, 0.95), (5, 1.0)])
+def test_a_carried_planner_with_the_fluid_path_plans_every_churned_state_as_a_fresh_one(
+    seed, default
+):
+    """As above, with many distinct shapes, so that the fluid path packs beside Algorithm 1
+    and the patterns, and Partial places each round's new tasks onto kept instances."""
+    catalog, _ = pai_catalog_and_jobs()
+    rng = random.Random(seed)
+    options = {"fluid_also_min_classes": 20}
+    view = ClusterView(
+        catalog,
+        tuple(churn_jobs(300, 0.3, seed, "j")),
+        throughput=ThroughputTable(default=default),
+    )
+    carried = EvaPlanner(**options)
+    for step in range(1, 6):
+        plan = carried.plan(view)
+        _same(plan, EvaPlanner(**options).plan(view))
+        view = churned(replace(view, current=as_running(plan, f"i{step}-")), 0.05, 0.3, step, rng)
+
+
+def _scanned_host(packer: Packer, kept: list, c: int) -> int | None:
+    """Partial's host for a task of class c, weighed instance by instance in kept order:
+    the most TNRP gained, then the least free room, then the first."""
+    best, best_key = None, None
+    for i, entry in enumerate(kept):
+        d = packer.demand[entry.k][c]
+        if d is None or any(x > f + 1e-9 for x, f in zip(d, entry.free, strict=True)):
+            continue
+        g = packer.group[c]
+        if (
+            g is not None
+            and sum(packer.group[x] == g for x in entry.composition) >= (packer.group_limit[c])
+        ):
+            continue
+        gain = packer.value(tuple(sorted([*entry.composition, c]))) - entry.value
+        if gain <= 1e-6:
+            continue
+        key = (round(gain / 1e-6), -sum(entry.free))
+        if best_key is None or key > best_key:
+            best, best_key = i, key
+    return best
+
+
+@pytest.mark.parametrize("default", [0.95, 1.0])
+def test_partial_weighs_kept_instances_by_kind_as_it_would_one_by_one(default):
+    """Kept instances alike in type, composition and free room are weighed once: the host
+    chosen is the one a scan of every kept instance in turn chooses, as tasks go in."""
+    from autoscaler.reconfiguration import _KeptHosts
+
+    catalog, _ = pai_catalog_and_jobs()
+    table = ThroughputTable(default=default)
+    view = ClusterView(catalog, tuple(churn_jobs(600, 0.1, 6, "j")), throughput=table)
+    plan = EvaPlanner().plan(view)
+    packer = Packer(replace(view, current=as_running(plan, "i-")))
+    kept = [
+        e
+        for inst in packer.view.current
+        if (e := packer._keep(inst, [t for t in inst.tasks if t in packer.task_class]))
+    ]
+    assert len(kept) > 50
+    hosts = _KeptHosts(kept)
+    assert len(hosts.groups) < len(kept)  # some instances are alike
+    rng = random.Random(8)
+    placed = 0
+    for _ in range(300):
+        c = rng.randrange(len(packer.class_tasks))
+        host = packer._best_kept_host(hosts, c)
+        assert host == _scanned_host(packer, kept, c)
+        if host is None:
+            continue
+        placed += 1
+        entry = kept[host]
+        hosts.leave(host, entry)
+        entry.composition = sorted([*entry.composition, c])
+        entry.value = packer.value(tuple(entry.composition))
+        d = packer.demand[entry.k][c]
+        entry.free = [f - x for f, x in zip(entry.free, d, strict=True)]
+        hosts.join(host, entry)
+    assert placed > 20  # the hosts filled up as tasks went in
