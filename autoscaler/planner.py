@@ -52,7 +52,7 @@ from autoscaler.pricing import (
     tnrp,
     valued_tnrp,
 )
-from autoscaler.reconfiguration import Packer, Placement
+from autoscaler.reconfiguration import FillMemory, Packer, Placement
 from autoscaler.view import ClusterView
 
 Mode = Literal["ensemble", "full", "partial"]
@@ -129,8 +129,9 @@ class EvaPlanner:
     """Eva's planner: Full and/or Partial Reconfiguration, chosen by the migration criterion.
 
     Keeps state between rounds only to make the next round faster (the bound's
-    LP and last round's candidates, reused when nothing changed); decisions
-    depend on the snapshot alone.
+    LP, last round's candidates, reused when nothing changed, and Algorithm 1's
+    fills, replayed where provably the same); decisions depend on the snapshot
+    alone.
     """
 
     def __init__(
@@ -177,6 +178,8 @@ class EvaPlanner:
         self._epoch = 0
         # The table's lookups in this epoch, shared by the rounds' packers.
         self._throughputs: dict[tuple[str, tuple[str, ...]], float] = {}
+        # Algorithm 1's fills in this epoch, replayed where provably the same.
+        self._fills = FillMemory()
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
@@ -187,6 +190,7 @@ class EvaPlanner:
         epoch = self._valuation_epoch(key)
         if self._pricer is not None:
             self._pricer.scope(epoch)
+        self._fills.scope(epoch)
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
@@ -236,7 +240,12 @@ class EvaPlanner:
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
             packer = Packer(
-                view, prices, self._pricer, **self._packer_options(), throughputs=self._throughputs
+                view,
+                prices,
+                self._pricer,
+                **self._packer_options(),
+                throughputs=self._throughputs,
+                fills=self._fills,
             )
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)

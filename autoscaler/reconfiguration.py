@@ -26,6 +26,9 @@ from bisect import insort
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import itemgetter
+from typing import Any
 
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
@@ -54,6 +57,9 @@ PATTERN_GAP = 0.02
 INTERFERENCE_MIN_TASKS = 10
 #: Most passes of iterative rounding in `Packer.priced` (CvxCluster §6.4).
 ROUNDING_PASSES = 3
+#: Classes available now but not when a remembered fill was made, beyond which it is
+#: filled anew rather than checked class by class (`Packer._replay`).
+MAX_REPLAY_CHECKS = 64
 #: Two alignment scores closer than this are a tie, broken by class order.
 ALIGNMENT_GRID = 1e-9
 
@@ -123,6 +129,7 @@ class Packer:
         job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
         throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
+        fills: FillMemory | None = None,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (without interference, with at least `pattern_min_tasks` tasks to pack);
@@ -139,7 +146,9 @@ class Packer:
         Alibaba trace, eva costs 0.550 of no-packing with it and 0.607 without
         (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704.
         `throughputs`: lookups of `view.throughput` by (workload, co-located set) that
-        the caller keeps for a table equal to this one (they are filled in here)."""
+        the caller keeps for a table equal to this one (they are filled in here).
+        `fills`: Algorithm 1's fills of earlier rounds valued the same way (the caller
+        scopes it), replayed where this round's classes cannot change them."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
@@ -194,6 +203,19 @@ class Packer:
                 else self.prices.job_value(sample[k][1])
                 for k, jrp in zip(keys, self.jrp, strict=True)
             ]
+        # Each class as the fill memory knows it across rounds: everything a fill reads
+        # of it besides the catalog and the table (the memory's scope).
+        self._fills = None if fills is None else fills
+        self.stable: list[int] = []
+        self.by_stable: dict[int, int] = {}
+        if fills is not None:
+            self.stable = [
+                fills.identify(
+                    (key, self.rp[c], self.jrp[c], None if self.stake is None else self.stake[c])
+                )
+                for c, key in enumerate(keys)
+            ]
+            self.by_stable = {s: c for c, s in enumerate(self.stable)}
         self.group: list[str | None] = [k[3][0] or None for k in keys]
         self.group_limit: list[int] = [k[3][1] for k in keys]
         self.has_groups = any(self.group)
@@ -215,8 +237,9 @@ class Packer:
             {} if throughputs is None else throughputs
         )
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._count_getters: dict[int, itemgetter[Any]] = {}
         self._fill_cache: dict[
-            tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]],
+            tuple[int, tuple[tuple[int, int], ...], bytes],
             tuple[tuple[int, ...], float, tuple[tuple[int, int], ...], tuple[int, ...]],
         ] = {}
 
@@ -294,25 +317,190 @@ class Packer:
                     if residents and residents[c] > 0:
                         residents[c] = max(0, residents[c] - m)
                 return list(remembered), value
+        remembered_fill = self._fills is not None and not self.has_groups
+        if remembered_fill:
+            replayed = self._replay(key, counts, residents)
+            if replayed is not None:
+                comp, value, taken, clipped = replayed
+                self._fill_cache[key] = (tuple(comp), value, taken, clipped)
+                return comp, value
         before = {c: counts[c] for c in self.candidates[k]}
-        comp, value = self._fill_greedy(k, counts, residents)
+        trace: list[_Step] | None = [] if remembered_fill else None
+        comp, value = self._fill_greedy(k, counts, residents, trace)
         taken = tuple(sorted(Counter(comp).items()))
         clipped = tuple(min(before[c], m + 1) for c, m in taken)
         self._fill_cache[key] = (tuple(comp), value, taken, clipped)
+        if trace is not None:
+            self._remember(key, comp, value, taken, clipped, trace)
         return comp, value
+
+    def _remember(
+        self,
+        key: tuple[int, tuple[tuple[int, int], ...], bytes],
+        comp: list[int],
+        value: float,
+        taken: tuple[tuple[int, int], ...],
+        clipped: tuple[int, ...],
+        trace: list[_Step],
+    ) -> None:
+        """Keep a step-by-step fill in the memory across rounds, by stable class ids."""
+        assert self._fills is not None
+        stable = self.stable
+        k, held, flags = key
+        available = self._available(k, flags)
+        steps = tuple(
+            (
+                tuple(stable[c] for c in before),
+                free,
+                current,
+                head,
+                align,
+                -1 if best < 0 else stable[best],
+            )
+            for before, free, current, head, align, best in trace
+        )
+        self._fills.remember(
+            (k, tuple((stable[c], n) for c, n in held)),
+            _RememberedFill(
+                frozenset(stable[c] for c in available),
+                tuple(stable[c] for c in comp),
+                value,
+                tuple((stable[c], m) for c, m in taken),
+                clipped,
+                steps,
+            ),
+        )
+
+    def _replay(
+        self,
+        key: tuple[int, tuple[tuple[int, int], ...], bytes],
+        counts: list[int],
+        residents: Counter[int] | None,
+    ) -> tuple[list[int], float, tuple[tuple[int, int], ...], tuple[int, ...]] | None:
+        """A remembered fill of the same type and residents that this one would repeat,
+        applied to `counts` and `residents`; None if there is none.
+
+        A greedy fill is the argmax, step by step, over the candidates available. A
+        class that was available then but is not now changes nothing unless it won a
+        step (then it was taken, and `clipped` tells) or was the best at the last step
+        (the one that would have lowered TNRP). A class available now but not then
+        changes the fill only if it beats, at some step, the class that won it, or
+        becomes the best at the last step without lowering TNRP — which is checked
+        step by step for those few classes alone.
+        """
+        assert self._fills is not None
+        k, held, flags = key
+        stable, by_stable = self.stable, self.by_stable
+        entries = self._fills.candidates((k, tuple((stable[c], n) for c, n in held)))
+        if not entries:
+            return None
+        now = frozenset(stable[c] for c in self._available(k, flags))
+        for entry in entries:
+            replayed = self._replayed(entry, k, counts, residents, now, by_stable)
+            if replayed is not None:
+                comp, taken = replayed
+                for c, m in taken:
+                    counts[c] -= m
+                    if residents and residents[c] > 0:
+                        residents[c] = max(0, residents[c] - m)
+                self._fills.replays += 1
+                return comp, entry.value, taken, entry.clipped
+        return None
+
+    def _replayed(
+        self,
+        entry: _RememberedFill,
+        k: int,
+        counts: list[int],
+        residents: Counter[int] | None,
+        now: frozenset[int],
+        by_stable: dict[int, int],
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | None:
+        """(composition, taken) in this round's class indices if `entry` is what a fill
+        from here would do, else None (see `_replay`)."""
+        taken = []
+        for (s, m), n in zip(entry.taken, entry.clipped, strict=True):
+            c = by_stable.get(s)
+            if c is None or min(counts[c], m + 1) != n:
+                return None
+            taken.append((c, m))
+        last = entry.steps[-1]
+        if last[5] >= 0 and last[5] not in now:
+            return None  # the best at the last step is gone: another may be taken
+        added = now - entry.available
+        if len(added) > MAX_REPLAY_CHECKS:
+            return None
+        if added:
+            demand = self.demand[k]
+            cap = self.types[k].capacity.as_tuple()
+            rp = self.rp
+            for s in added:
+                a = by_stable[s]
+                d = demand[a]
+                assert d is not None
+                resident = bool(residents and residents[a] > 0)
+                for i, (before, free, current, head, align, best) in enumerate(entry.steps):
+                    if not fits(d, free):
+                        continue
+                    if self.neutral:
+                        v = current + rp[a]
+                    else:
+                        trial = sorted([by_stable[x] for x in before])
+                        insort(trial, a)
+                        v = self.value(tuple(trial))
+                    a_head = (round(v / VALUE_TOLERANCE), resident)
+                    last_step = i == len(entry.steps) - 1
+                    if best >= 0:
+                        if a_head < head:
+                            continue
+                        a_align = alignment(d, free, cap)
+                        if (a_head, a_align, -a) < (head, align, -by_stable[best]):
+                            continue
+                    # a would be the best here: it changes the fill, unless this is the
+                    # last step and taking it would lower TNRP (the fill stops anyway)
+                    if not last_step or v >= current - VALUE_TOLERANCE:
+                        return None
+        comp = sorted(by_stable[s] for s in entry.composition)
+        return comp, tuple(taken)
 
     def _fill_key(
         self, k: int, counts: list[int], residents: Counter[int] | None
-    ) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]:
+    ) -> tuple[int, tuple[tuple[int, int], ...], bytes]:
         """What a fill of type k depends on besides the chosen classes' counts: the type,
-        the residents that are left and which candidate classes have tasks."""
+        the residents that are left and which candidate classes have tasks (one byte
+        per candidate of k, in order: taken in one pass at C speed, as every fill of a
+        round asks; counts are never negative)."""
         held = tuple(sorted((c, n) for c, n in residents.items() if n > 0)) if residents else ()
-        return k, held, tuple([c for c in self.candidates[k] if counts[c] > 0])
+        return k, held, bytes(map(bool, self._candidate_counts(k, counts)))
+
+    def _candidate_counts(self, k: int, counts: list[int]) -> Iterable[int]:
+        """The counts of type k's candidates, in order."""
+        getter = self._count_getters.get(k)
+        if getter is None:
+            cands = self.candidates[k]
+            if len(cands) > 1:
+                getter = self._count_getters[k] = itemgetter(*cands)
+            else:
+                return [counts[c] for c in cands]
+        return getter(counts)  # type: ignore[no-any-return]
+
+    def _available(self, k: int, flags: bytes) -> list[int]:
+        """The candidates of type k that `_fill_key`'s flags mark as having tasks."""
+        return list(compress(self.candidates[k], flags))
 
     def _fill_greedy(
-        self, k: int, counts: list[int], residents: Counter[int] | None
+        self,
+        k: int,
+        counts: list[int],
+        residents: Counter[int] | None,
+        trace: list[_Step] | None = None,
     ) -> tuple[list[int], float]:
-        """Algorithm 1's fill of one instance of type k (§4.2), step by step."""
+        """Algorithm 1's fill of one instance of type k (§4.2), step by step.
+
+        `trace`: each step is appended to it — the composition so far, the free
+        room, TNRP so far and the best candidate's (TNRP on its grid, resident),
+        alignment and class (-1: nothing fits) — the last step being the one that
+        stopped the fill."""
         cap = self.types[k].capacity.as_tuple()
         free = list(cap)
         comp: list[int] = []
@@ -351,6 +539,17 @@ class Packer:
                 align = alignment(d, free, cap)
                 if best_head is None or head > best_head or (align, -c) > (best_align, -best):
                     best, best_head, best_align, best_value = c, head, align, v
+            if trace is not None:
+                trace.append(
+                    (
+                        tuple(comp),
+                        (free[0], free[1], free[2]),
+                        current,
+                        best_head or (0, False),
+                        best_align,
+                        best,
+                    )
+                )
             if best < 0 or best_value < current - VALUE_TOLERANCE:
                 break  # nothing fits, or adding would lower TNRP (Algorithm 1, line 10)
             insort(comp, best)
@@ -883,6 +1082,77 @@ class _KeptInstance:
     free: list[float]
     value: float  # TNRP of its tasks
     tasks: list[str]
+
+
+#: A step of a greedy fill (`Packer._fill_greedy`'s trace): the classes taken so far,
+#: the free room, TNRP so far, and the best candidate's (grid TNRP, resident),
+#: alignment and class (-1: none fits).
+_Step = tuple[tuple[int, ...], tuple[float, float, float], float, tuple[int, bool], int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _RememberedFill:
+    """A greedy fill as `FillMemory` keeps it, in stable class ids: the candidates that
+    were available, the composition taken and its TNRP, what each chosen class had
+    (as `Packer._fill`'s memo) and the steps."""
+
+    available: frozenset[int]
+    composition: tuple[int, ...]
+    value: float
+    taken: tuple[tuple[int, int], ...]
+    clipped: tuple[int, ...]
+    steps: tuple[_Step, ...]
+
+
+class FillMemory:
+    """Algorithm 1's fills kept from round to round (Firmament's lesson: consecutive
+    rounds differ little), by the type, the residents left and the classes' stable ids.
+
+    A class's stable id stands for everything a fill reads of it (its key, RP, job
+    charge and stake); the catalog and the learned table are the `scope`, and a new
+    scope forgets everything. A remembered fill is used only where `Packer._replay`
+    proves the step-by-step fill would repeat it, so plans are exactly a fresh
+    planner's.
+    """
+
+    def __init__(self, per_key: int = 64, most: int = 50_000) -> None:
+        self.per_key = per_key
+        self.most = most
+        self._scope: object = None
+        self._ids: dict[object, int] = {}
+        self._fills: dict[tuple[int, tuple[tuple[int, int], ...]], list[_RememberedFill]] = {}
+        self._count = 0
+        self.replays = 0  # fills answered from memory, over its life
+
+    def scope(self, token: object) -> None:
+        """What values a composition (see `PatternPricer.scope`); a change forgets all."""
+        if token != self._scope:
+            self._scope = token
+            self._ids = {}
+            self._fills = {}
+            self._count = 0
+
+    def identify(self, cls: object) -> int:
+        """The stable id of a class (its key and valuation)."""
+        found = self._ids.get(cls)
+        if found is None:
+            found = self._ids[cls] = len(self._ids)
+        return found
+
+    def candidates(self, key: tuple[int, tuple[tuple[int, int], ...]]) -> list[_RememberedFill]:
+        """The fills remembered for (type, residents), the latest first."""
+        return self._fills.get(key, [])
+
+    def remember(self, key: tuple[int, tuple[tuple[int, int], ...]], fill: _RememberedFill) -> None:
+        if self._count >= self.most:
+            self._fills = {}
+            self._count = 0
+        bucket = self._fills.setdefault(key, [])
+        bucket.insert(0, fill)
+        self._count += 1
+        if len(bucket) > self.per_key:
+            bucket.pop()
+            self._count -= 1
 
 
 class _KeptHosts:

@@ -11,7 +11,7 @@ import pytest
 
 from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
 from autoscaler.planner import EvaPlanner, Plan
-from autoscaler.reconfiguration import Packer
+from autoscaler.reconfiguration import FillMemory, Packer
 from autoscaler.throughput import ThroughputEntry, ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.churn import as_running, churn_jobs, churned
@@ -210,3 +210,55 @@ def test_partial_weighs_kept_instances_by_kind_as_it_would_one_by_one(default):
         entry.free = [f - x for f, x in zip(entry.free, d, strict=True)]
         hosts.join(host, entry)
     assert placed > 20  # the hosts filled up as tasks went in
+
+
+@pytest.mark.parametrize("default", [0.95, 1.0])
+def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repeats(default):
+    """Rounds of churned views share one fill memory: every fill, answered from memory
+    or not, is the step-by-step one, while classes come and go between rounds and run
+    out within them (a class available now and not then may change the fill)."""
+    catalog, _ = pai_catalog_and_jobs()
+    table = ThroughputTable(default=default)
+    memory = FillMemory()
+    memory.scope(1)
+    rng = random.Random(12)
+    view = ClusterView(catalog, tuple(churn_jobs(300, 0.2, 7, "j")), throughput=table)
+    for step in range(4):
+        packer = Packer(view, fills=memory)
+        plain = Packer(view)
+        assert [len(t) for t in packer.class_tasks] == [len(t) for t in plain.class_tasks]
+        n = len(packer.class_tasks)
+        base = [len(tasks) for tasks in packer.class_tasks]
+        for _ in range(150):
+            # few tasks per class, some classes out: what was available differs
+            counts = [0 if rng.random() < 0.1 else min(c, rng.choice((1, 2, 3))) for c in base]
+            k = rng.randrange(len(packer.types))
+            residents = (
+                Counter({rng.randrange(n): 1 for _ in range(rng.randint(1, 2))})
+                if rng.random() < 0.3
+                else None
+            )
+            if residents:
+                for c in residents:
+                    counts[c] = max(counts[c], 1)
+            mine_counts = list(counts)
+            mine_residents = None if residents is None else Counter(residents)
+            fresh_counts = list(counts)
+            fresh_residents = None if residents is None else Counter(residents)
+            got = packer._fill(k, mine_counts, mine_residents)
+            assert got == plain._fill_greedy(k, fresh_counts, fresh_residents)
+            assert mine_counts == fresh_counts
+            if residents is not None:
+                assert +mine_residents == +fresh_residents  # type: ignore[operator]
+        view = churned(view, 0.2, 0.2, step + 1, rng)
+    assert memory.replays > 50  # fills answered from memory, also across rounds
+
+
+def test_a_fill_memory_forgets_when_its_scope_changes():
+    memory = FillMemory()
+    memory.scope(1)
+    first = memory.identify(("class", 1.0))
+    assert memory.identify(("class", 1.0)) == first
+    memory.scope(2)
+    assert memory._fills == {}
+    assert memory.identify(("other", 2.0)) == 0  # ids start over
