@@ -231,7 +231,7 @@ class EvaPlanner:
         distinct = _distinct_demands(view)
         if distinct > self.fluid_min_classes:
             return _fluid_candidates(
-                view, prices, self.mode, self.job_slowdown, self.min_throughput
+                view, prices, self.mode, self.job_slowdown, self.min_throughput, self._throughputs
             )
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
@@ -252,7 +252,12 @@ class EvaPlanner:
             parts = [view]
             if self.packing == "priced" and distinct > self.fluid_also_min_classes:
                 fluid, _, _ = _fluid_candidates(
-                    view, prices, self.mode, self.job_slowdown, self.min_throughput
+                    view,
+                    prices,
+                    self.mode,
+                    self.job_slowdown,
+                    self.min_throughput,
+                    self._throughputs,
                 )
                 outcomes = [
                     f if f.saving_per_hour > o.saving_per_hour + 1e-9 else o
@@ -422,8 +427,12 @@ def _fluid_candidates(
     mode: Mode,
     job_slowdown: JobSlowdown,
     min_throughput: float,
+    throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
     """Full and Partial Reconfiguration by the fluid packer.
+
+    `throughputs`: the table's lookups by (workload, all co-located workloads
+    sorted), as `Packer` keeps them, shared with it and filled in here.
 
     Under interference, instances hold at most 1/(1 − t) tasks for the default
     throughput t — where Algorithm 1 stops too: with equal RPs, one more task
@@ -456,16 +465,22 @@ def _fluid_candidates(
     # from an earlier round can move to another optimal vertex, and the plan must
     # depend on the snapshot alone. Full and Partial share it, in a fixed order.
     shadow = ShadowPricer()
+    tputs = {} if throughputs is None else throughputs
 
     def value(task_ids: Sequence[str]) -> float:
         """TNRP of tasks sharing one instance (§4.3–4.4)."""
         if table.is_neutral:
             return sum(rp[t] for t in task_ids)
         workloads = [spec[t].workload for t in task_ids]
+        together = tuple(sorted(workloads))
         total = 0.0
         for i, t in enumerate(task_ids):
             job = job_of[t]
-            tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
+            w = workloads[i]
+            tput = tputs.get((w, together))
+            if tput is None:
+                # the table sorts the co-located set: the same lookup as `Packer.value`'s
+                tput = tputs[w, together] = table.throughput(w, workloads[:i] + workloads[i + 1 :])
             if tput < min_throughput:
                 return refused(rp[other] for other in task_ids)
             if prices.valued:

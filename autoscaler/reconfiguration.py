@@ -237,6 +237,7 @@ class Packer:
             {} if throughputs is None else throughputs
         )
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._holds_cache: dict[tuple[int, tuple[int, ...]], bool] = {}
         self._count_getters: dict[int, itemgetter[Any]] = {}
         self._fill_cache: dict[
             tuple[int, tuple[tuple[int, int], ...], bytes],
@@ -573,14 +574,23 @@ class Packer:
         there beside the one placed in its stead — and such a composition is no column
         for the pattern LP: seeded, the LP could keep it, and the task placed there
         would wait for room that never comes."""
+        key = (k, tuple(classes))
+        known = self._holds_cache.get(key)
+        if known is not None:
+            return known
         free = self.types[k].capacity.as_tuple()
         used = [0.0, 0.0, 0.0]
-        for c in classes:
+        holds = True
+        for c in key[1]:
             d = self.demand[k][c]
             if d is None:
-                return False
+                holds = False
+                break
             used = [u + x for u, x in zip(used, d, strict=True)]
-        return fits((used[0], used[1], used[2]), free)
+        else:
+            holds = fits((used[0], used[1], used[2]), free)
+        self._holds_cache[key] = holds
+        return holds
 
     def _downsize(self, k: int, comp: tuple[int, ...]) -> int:
         """Index of the cheapest type that still fits `comp` (k itself if none is cheaper)."""
