@@ -319,15 +319,20 @@ class Packer:
                         residents[c] = max(0, residents[c] - m)
                 return list(remembered), value
         remembered_fill = self._fills is not None and not self.has_groups
+        resume: _Resume | None = None
         if remembered_fill:
             replayed = self._replay(key, counts, residents)
-            if replayed is not None:
+            if isinstance(replayed, tuple):
                 comp, value, taken, clipped = replayed
                 self._fill_cache[key] = (tuple(comp), value, taken, clipped)
                 return comp, value
+            resume = replayed
         before = {c: counts[c] for c in self.candidates[k]}
         trace: list[_Step] | None = [] if remembered_fill else None
-        comp, value = self._fill_greedy(k, counts, residents, trace)
+        start: tuple[list[int], tuple[float, float, float], float] | None = None
+        if resume is not None and trace is not None:
+            start = self._resume(resume, counts, residents, trace)
+        comp, value = self._fill_greedy(k, counts, residents, trace, start)
         taken = tuple(sorted(Counter(comp).items()))
         clipped = tuple(min(before[c], m + 1) for c, m in taken)
         self._fill_cache[key] = (tuple(comp), value, taken, clipped)
@@ -377,9 +382,10 @@ class Packer:
         key: tuple[int, tuple[tuple[int, int], ...], bytes],
         counts: list[int],
         residents: Counter[int] | None,
-    ) -> tuple[list[int], float, tuple[tuple[int, int], ...], tuple[int, ...]] | None:
+    ) -> tuple[list[int], float, tuple[tuple[int, int], ...], tuple[int, ...]] | _Resume | None:
         """A remembered fill of the same type and residents that this one would repeat,
-        applied to `counts` and `residents`; None if there is none.
+        applied to `counts` and `residents`; else the one whose first steps it repeats
+        furthest, with how many (`_resume` takes them), or None.
 
         A greedy fill is the argmax, step by step, over the candidates available. A
         class that was available then but is not now changes nothing unless it won a
@@ -396,8 +402,13 @@ class Packer:
         if not entries:
             return None
         now = frozenset(stable[c] for c in self._available(k, flags))
+        furthest: _Resume | None = None
         for entry in entries:
             replayed = self._replayed(entry, k, counts, residents, now, by_stable)
+            if isinstance(replayed, int):
+                if replayed > 0 and (furthest is None or replayed > furthest.steps):
+                    furthest = _Resume(entry, replayed)
+                continue
             if replayed is not None:
                 comp, taken = replayed
                 for c, m in taken:
@@ -406,7 +417,32 @@ class Packer:
                         residents[c] = max(0, residents[c] - m)
                 self._fills.replays += 1
                 return comp, entry.value, taken, entry.clipped
-        return None
+        return furthest
+
+    def _resume(
+        self,
+        resume: _Resume,
+        counts: list[int],
+        residents: Counter[int] | None,
+        trace: list[_Step],
+    ) -> tuple[list[int], tuple[float, float, float], float]:
+        """Take the first steps of a remembered fill that this one repeats (`_replayed`):
+        their classes out of `counts` and `residents`, their steps into `trace`; the
+        state the step-by-step fill goes on from (composition, free room, TNRP)."""
+        assert self._fills is not None
+        entry, steps = resume.entry, resume.steps
+        by_stable = self.by_stable
+        for before, free, current, head, align, best in entry.steps[:steps]:
+            c = by_stable[best]
+            counts[c] -= 1
+            if residents and residents[c] > 0:
+                residents[c] -= 1
+            trace.append(
+                (tuple(sorted(by_stable[x] for x in before)), free, current, head, align, c)
+            )
+        before, free, current, *_ = entry.steps[steps]
+        self._fills.resumed += 1
+        return sorted(by_stable[x] for x in before), free, current
 
     def _replayed(
         self,
@@ -416,9 +452,11 @@ class Packer:
         residents: Counter[int] | None,
         now: frozenset[int],
         by_stable: dict[int, int],
-    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | None:
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | int | None:
         """(composition, taken) in this round's class indices if `entry` is what a fill
-        from here would do, else None (see `_replay`)."""
+        from here would do; else how many of its first steps it would repeat, when its
+        chosen classes have the tasks they had (so differ only the classes available
+        now and not then, or the last step's best gone); else None (see `_replay`)."""
         taken = []
         for (s, m), n in zip(entry.taken, entry.clipped, strict=True):
             c = by_stable.get(s)
@@ -426,8 +464,10 @@ class Packer:
                 return None
             taken.append((c, m))
         last = entry.steps[-1]
+        # From this step on, the fill may differ from the remembered one.
+        diverges = len(entry.steps)
         if last[5] >= 0 and last[5] not in now:
-            return None  # the best at the last step is gone: another may be taken
+            diverges = len(entry.steps) - 1  # the last step's best is gone: another may be
         added = now - entry.available
         if len(added) > MAX_REPLAY_CHECKS:
             return None
@@ -441,6 +481,8 @@ class Packer:
                 assert d is not None
                 resident = bool(residents and residents[a] > 0)
                 for i, (before, free, current, head, align, best) in enumerate(entry.steps):
+                    if i >= diverges:
+                        break
                     if not fits(d, free):
                         continue
                     if self.neutral:
@@ -460,7 +502,10 @@ class Packer:
                     # a would be the best here: it changes the fill, unless this is the
                     # last step and taking it would lower TNRP (the fill stops anyway)
                     if not last_step or v >= current - VALUE_TOLERANCE:
-                        return None
+                        diverges = i
+                        break
+        if diverges < len(entry.steps):
+            return diverges
         comp = sorted(by_stable[s] for s in entry.composition)
         return comp, tuple(taken)
 
@@ -495,17 +540,22 @@ class Packer:
         counts: list[int],
         residents: Counter[int] | None,
         trace: list[_Step] | None = None,
+        start: tuple[list[int], tuple[float, float, float], float] | None = None,
     ) -> tuple[list[int], float]:
         """Algorithm 1's fill of one instance of type k (§4.2), step by step.
 
         `trace`: each step is appended to it — the composition so far, the free
         room, TNRP so far and the best candidate's (TNRP on its grid, resident),
         alignment and class (-1: nothing fits) — the last step being the one that
-        stopped the fill."""
+        stopped the fill. `start`: go on from this composition, free room and TNRP,
+        a remembered fill's first steps already taken (`_resume`; anti-affinity
+        never binds there)."""
         cap = self.types[k].capacity.as_tuple()
         free = list(cap)
         comp: list[int] = []
         current = 0.0
+        if start is not None:
+            comp, free, current = list(start[0]), list(start[1]), start[2]
         demand = self.demand[k]
         rp = self.rp
         neutral = self.neutral
@@ -1114,6 +1164,14 @@ class _RememberedFill:
     steps: tuple[_Step, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    """A remembered fill whose first `steps` steps a fill repeats (`Packer._resume`)."""
+
+    entry: _RememberedFill
+    steps: int
+
+
 class FillMemory:
     """Algorithm 1's fills kept from round to round (Firmament's lesson: consecutive
     rounds differ little), by the type, the residents left and the classes' stable ids.
@@ -1133,6 +1191,7 @@ class FillMemory:
         self._fills: dict[tuple[int, tuple[tuple[int, int], ...]], list[_RememberedFill]] = {}
         self._count = 0
         self.replays = 0  # fills answered from memory, over its life
+        self.resumed = 0  # fills that went on step by step from a remembered one's start
 
     def scope(self, token: object) -> None:
         """What values a composition (see `PatternPricer.scope`); a change forgets all."""

@@ -214,9 +214,10 @@ def test_partial_weighs_kept_instances_by_kind_as_it_would_one_by_one(default):
 
 @pytest.mark.parametrize("default", [0.95, 1.0])
 def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repeats(default):
-    """Rounds of churned views share one fill memory: every fill, answered from memory
-    or not, is the step-by-step one, while classes come and go between rounds and run
-    out within them (a class available now and not then may change the fill)."""
+    """Rounds of churned views share one fill memory: every fill, answered from memory,
+    resumed from a remembered one's first steps or not, is the step-by-step one, while
+    classes come and go between rounds and run out within them (a class available now
+    and not then may change the fill)."""
     catalog, _ = pai_catalog_and_jobs()
     table = ThroughputTable(default=default)
     memory = FillMemory()
@@ -252,6 +253,7 @@ def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repea
                 assert +mine_residents == +fresh_residents  # type: ignore[operator]
         view = churned(view, 0.2, 0.2, step + 1, rng)
     assert memory.replays > 50  # fills answered from memory, also across rounds
+    assert memory.resumed > 10  # and fills that went on from a remembered one's first steps
 
 
 def test_a_fill_memory_forgets_when_its_scope_changes():
