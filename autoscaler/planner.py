@@ -196,6 +196,7 @@ class EvaPlanner:
             # the candidates are the same; only D̂ moved, so only re-score them.
             _, outcomes, bound, parts = self._memo
         else:
+            self._fills.next_round()
             outcomes, bound, parts = self._candidates(view, prices)
             self._memo = (key, outcomes, bound, parts)
         candidates = [_finish(o, d_hat) for o in outcomes]

@@ -374,6 +374,7 @@ class Packer:
                 tuple((stable[c], m) for c, m in taken),
                 clipped,
                 steps,
+                self._fills.round,
             ),
         )
 
@@ -1162,6 +1163,7 @@ class _RememberedFill:
     taken: tuple[tuple[int, int], ...]
     clipped: tuple[int, ...]
     steps: tuple[_Step, ...]
+    round: int  # `FillMemory.round` when it was made
 
 
 @dataclass(frozen=True, slots=True)
@@ -1180,26 +1182,42 @@ class FillMemory:
     charge and stake); the catalog and the learned table are the `scope`, and a new
     scope forgets everything. A remembered fill is used only where `Packer._replay`
     proves the step-by-step fill would repeat it, so plans are exactly a fresh
-    planner's.
+    planner's. Fills are kept for the round that made them and the next
+    (`next_round`), at most `per_key` per type and residents.
     """
 
-    def __init__(self, per_key: int = 64, most: int = 50_000) -> None:
+    def __init__(self, per_key: int = 64, most_classes: int = 200_000) -> None:
         self.per_key = per_key
-        self.most = most
+        self.most_classes = most_classes
         self._scope: object = None
         self._ids: dict[object, int] = {}
         self._fills: dict[tuple[int, tuple[tuple[int, int], ...]], list[_RememberedFill]] = {}
-        self._count = 0
+        self._round = 0
         self.replays = 0  # fills answered from memory, over its life
         self.resumed = 0  # fills that went on step by step from a remembered one's start
 
     def scope(self, token: object) -> None:
-        """What values a composition (see `PatternPricer.scope`); a change forgets all."""
-        if token != self._scope:
+        """What values a composition (see `PatternPricer.scope`); a change forgets all,
+        as do more than `most_classes` classes seen in one scope."""
+        if token != self._scope or len(self._ids) > self.most_classes:
             self._scope = token
             self._ids = {}
             self._fills = {}
-            self._count = 0
+
+    def next_round(self) -> None:
+        """A round fills anew: fills older than the last round's are forgotten."""
+        self._round += 1
+        oldest = self._round - 1
+        kept = {}
+        for key, bucket in self._fills.items():
+            recent = [fill for fill in bucket if fill.round >= oldest]
+            if recent:
+                kept[key] = recent
+        self._fills = kept
+
+    @property
+    def round(self) -> int:
+        return self._round
 
     def identify(self, cls: object) -> int:
         """The stable id of a class (its key and valuation)."""
@@ -1213,15 +1231,10 @@ class FillMemory:
         return self._fills.get(key, [])
 
     def remember(self, key: tuple[int, tuple[tuple[int, int], ...]], fill: _RememberedFill) -> None:
-        if self._count >= self.most:
-            self._fills = {}
-            self._count = 0
         bucket = self._fills.setdefault(key, [])
         bucket.insert(0, fill)
-        self._count += 1
         if len(bucket) > self.per_key:
             bucket.pop()
-            self._count -= 1
 
 
 class _KeptHosts:

@@ -225,6 +225,7 @@ def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repea
     rng = random.Random(12)
     view = ClusterView(catalog, tuple(churn_jobs(300, 0.2, 7, "j")), throughput=table)
     for step in range(4):
+        memory.next_round()
         packer = Packer(view, fills=memory)
         plain = Packer(view)
         assert [len(t) for t in packer.class_tasks] == [len(t) for t in plain.class_tasks]
@@ -256,11 +257,21 @@ def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repea
     assert memory.resumed > 10  # and fills that went on from a remembered one's first steps
 
 
-def test_a_fill_memory_forgets_when_its_scope_changes():
+def test_a_fill_memory_keeps_two_rounds_and_forgets_when_its_scope_changes():
+    catalog, _ = pai_catalog_and_jobs()
+    view = ClusterView(catalog, tuple(churn_jobs(100, 0.2, 9, "j")))
     memory = FillMemory()
     memory.scope(1)
+    memory.next_round()
+    packer = Packer(view, fills=memory)
+    packer.full_placement()
+    made = sum(len(b) for b in memory._fills.values())
+    assert made > 0
+    memory.next_round()  # the last round's fills are kept for this one
+    assert sum(len(b) for b in memory._fills.values()) == made
+    memory.next_round()
+    assert memory._fills == {}
     first = memory.identify(("class", 1.0))
     assert memory.identify(("class", 1.0)) == first
     memory.scope(2)
-    assert memory._fills == {}
     assert memory.identify(("other", 2.0)) == 0  # ids start over
