@@ -11,7 +11,7 @@ import pytest
 
 from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
 from autoscaler.planner import EvaPlanner, Plan
-from autoscaler.reconfiguration import FillMemory, Packer
+from autoscaler.reconfiguration import FILL_ROUNDS, FillMemory, Packer
 from autoscaler.throughput import ThroughputEntry, ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.churn import as_running, churn_jobs, churned
@@ -267,8 +267,9 @@ def test_a_fill_memory_keeps_two_rounds_and_forgets_when_its_scope_changes():
     packer.full_placement()
     made = sum(len(b) for b in memory._fills.values())
     assert made > 0
-    memory.next_round()  # the last round's fills are kept for this one
-    assert sum(len(b) for b in memory._fills.values()) == made
+    for _ in range(FILL_ROUNDS - 1):  # kept for the next rounds
+        memory.next_round()
+        assert sum(len(b) for b in memory._fills.values()) == made
     memory.next_round()
     assert memory._fills == {}
     first = memory.identify(("class", 1.0))
