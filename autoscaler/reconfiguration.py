@@ -60,6 +60,8 @@ ROUNDING_PASSES = 3
 #: Classes available now but not when a remembered fill was made, beyond which it is
 #: filled anew rather than checked class by class (`Packer._replay`).
 MAX_REPLAY_CHECKS = 64
+#: Remembered fills checked for one fill (those with the fewest classes new since).
+MAX_REPLAY_TRIES = 8
 #: Rounds a remembered fill is kept for (`FillMemory`), the one that made it included.
 #: Measured on `python -m benchmarks churn` (10,000 tasks, 1% churn): 2 rounds answered
 #: 165-243 fills a round from memory (~10 MB), 4 rounds 266-342 (~16 MB).
@@ -407,21 +409,30 @@ class Packer:
         if not entries:
             return None
         now = frozenset(stable[c] for c in self._available(k, flags))
+        # The remembered fills whose chosen classes have the tasks they had, fewest
+        # classes new since first (each is checked step by step), a few of them.
+        ready = []
+        for order, entry in enumerate(entries):
+            taken = self._taken(entry, counts, by_stable)
+            if taken is not None:
+                added = now - entry.available
+                if len(added) <= MAX_REPLAY_CHECKS:
+                    ready.append((len(added), order, entry, taken, added))
+        ready.sort(key=lambda r: (r[0], r[1]))
         furthest: _Resume | None = None
-        for entry in entries:
-            replayed = self._replayed(entry, k, counts, residents, now, by_stable)
+        for _, _, entry, taken, added in ready[:MAX_REPLAY_TRIES]:
+            replayed = self._replayed(entry, k, taken, residents, now, added, by_stable)
             if isinstance(replayed, int):
                 if replayed > 0 and (furthest is None or replayed > furthest.steps):
                     furthest = _Resume(entry, replayed)
                 continue
-            if replayed is not None:
-                comp, taken = replayed
-                for c, m in taken:
-                    counts[c] -= m
-                    if residents and residents[c] > 0:
-                        residents[c] = max(0, residents[c] - m)
-                self._fills.replays += 1
-                return comp, entry.value, taken, entry.clipped
+            comp, took = replayed
+            for c, m in took:
+                counts[c] -= m
+                if residents and residents[c] > 0:
+                    residents[c] = max(0, residents[c] - m)
+            self._fills.replays += 1
+            return comp, entry.value, took, entry.clipped
         return furthest
 
     def _resume(
@@ -449,38 +460,46 @@ class Packer:
         self._fills.resumed += 1
         return sorted(by_stable[x] for x in before), free, current
 
-    def _replayed(
-        self,
-        entry: _RememberedFill,
-        k: int,
-        counts: list[int],
-        residents: Counter[int] | None,
-        now: frozenset[int],
-        by_stable: dict[int, int],
-    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | int | None:
-        """(composition, taken) in this round's class indices if `entry` is what a fill
-        from here would do; else how many of its first steps it would repeat, when its
-        chosen classes have the tasks they had (so differ only the classes available
-        now and not then, or the last step's best gone); else None (see `_replay`)."""
+    @staticmethod
+    def _taken(
+        entry: _RememberedFill, counts: list[int], by_stable: dict[int, int]
+    ) -> list[tuple[int, int]] | None:
+        """What `entry` took, in this round's class indices, if its chosen classes have
+        now as many tasks as then, up to one past what it took (else None)."""
         taken = []
         for (s, m), n in zip(entry.taken, entry.clipped, strict=True):
             c = by_stable.get(s)
             if c is None or min(counts[c], m + 1) != n:
                 return None
             taken.append((c, m))
+        return taken
+
+    def _replayed(
+        self,
+        entry: _RememberedFill,
+        k: int,
+        taken: list[tuple[int, int]],
+        residents: Counter[int] | None,
+        now: frozenset[int],
+        added: frozenset[int],
+        by_stable: dict[int, int],
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | int:
+        """(composition, taken) in this round's class indices if `entry` is what a fill
+        from here would do; else how many of its first steps it would repeat. Its
+        chosen classes have the tasks they had (`_taken`): only the classes `added`
+        (available now and not then) or the last step's best being gone can differ
+        (see `_replay`)."""
         last = entry.steps[-1]
         # From this step on, the fill may differ from the remembered one.
         diverges = len(entry.steps)
         if last[5] >= 0 and last[5] not in now:
             diverges = len(entry.steps) - 1  # the last step's best is gone: another may be
-        added = now - entry.available
-        if len(added) > MAX_REPLAY_CHECKS:
-            return None
         if added:
             demand = self.demand[k]
             cap = self.types[k].capacity.as_tuple()
             rp = self.rp
-            for s in added:
+            befores: list[list[int] | None] = [None] * len(entry.steps)
+            for s in sorted(added, key=by_stable.__getitem__):
                 a = by_stable[s]
                 d = demand[a]
                 assert d is not None
@@ -493,7 +512,10 @@ class Packer:
                     if self.neutral:
                         v = current + rp[a]
                     else:
-                        trial = sorted([by_stable[x] for x in before])
+                        trial = befores[i]
+                        if trial is None:
+                            trial = befores[i] = sorted([by_stable[x] for x in before])
+                        trial = list(trial)
                         insort(trial, a)
                         v = self.value(tuple(trial))
                     a_head = (round(v / VALUE_TOLERANCE), resident)
