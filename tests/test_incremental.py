@@ -50,6 +50,7 @@ def test_a_carried_planner_plans_every_churned_state_as_a_fresh_one(seed, defaul
         if default < 1.0 and step % 3 == 0:
             # the learned throughputs move: what was remembered under the old ones is not used
             view = replace(view, throughput=_learned(rng, default))
+    assert carried._fills.replays > 0  # the carried planner filled instances from memory
 
 
 def test_an_instance_is_filled_from_memory_exactly_as_step_by_step():
@@ -149,6 +150,9 @@ def test_a_carried_planner_with_the_fluid_path_plans_every_churned_state_as_a_fr
         plan = carried.plan(view)
         _same(plan, EvaPlanner(**options).plan(view))
         view = churned(replace(view, current=as_running(plan, f"i{step}-")), 0.05, 0.3, step, rng)
+    # the carried planner filled instances from memory, and went on from remembered steps
+    assert carried._fills.replays > 0
+    assert carried._fills.resumed > 0
 
 
 def _scanned_host(packer: Packer, kept: list, c: int) -> int | None:
