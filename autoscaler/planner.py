@@ -52,7 +52,7 @@ from autoscaler.pricing import (
     tnrp,
     valued_tnrp,
 )
-from autoscaler.reconfiguration import Packer, Placement
+from autoscaler.reconfiguration import FillMemory, Packer, Placement
 from autoscaler.view import ClusterView
 
 Mode = Literal["ensemble", "full", "partial"]
@@ -129,8 +129,9 @@ class EvaPlanner:
     """Eva's planner: Full and/or Partial Reconfiguration, chosen by the migration criterion.
 
     Keeps state between rounds only to make the next round faster (the bound's
-    LP and last round's candidates, reused when nothing changed); decisions
-    depend on the snapshot alone.
+    LP, last round's candidates, reused when nothing changed, and Algorithm 1's
+    fills, replayed where provably the same); decisions depend on the snapshot
+    alone.
     """
 
     def __init__(
@@ -177,6 +178,8 @@ class EvaPlanner:
         self._epoch = 0
         # The table's lookups in this epoch, shared by the rounds' packers.
         self._throughputs: dict[tuple[str, tuple[str, ...]], float] = {}
+        # Algorithm 1's fills in this epoch, replayed where provably the same.
+        self._fills = FillMemory()
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
@@ -187,11 +190,13 @@ class EvaPlanner:
         epoch = self._valuation_epoch(key)
         if self._pricer is not None:
             self._pricer.scope(epoch)
+        self._fills.scope(epoch)
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
             _, outcomes, bound, parts = self._memo
         else:
+            self._fills.next_round()
             outcomes, bound, parts = self._candidates(view, prices)
             self._memo = (key, outcomes, bound, parts)
         candidates = [_finish(o, d_hat) for o in outcomes]
@@ -227,7 +232,7 @@ class EvaPlanner:
         distinct = _distinct_demands(view)
         if distinct > self.fluid_min_classes:
             return _fluid_candidates(
-                view, prices, self.mode, self.job_slowdown, self.min_throughput
+                view, prices, self.mode, self.job_slowdown, self.min_throughput, self._throughputs
             )
         if self.pop_threshold is not None and n_tasks > self.pop_threshold and self.pop_parts > 1:
             parts = _pop_split(view, self.pop_parts, self.pop_seed)
@@ -236,14 +241,24 @@ class EvaPlanner:
             lp_classes = _merge_lp_classes([c for _, classes in solved for c in classes])
         else:
             packer = Packer(
-                view, prices, self._pricer, **self._packer_options(), throughputs=self._throughputs
+                view,
+                prices,
+                self._pricer,
+                **self._packer_options(),
+                throughputs=self._throughputs,
+                fills=self._fills,
             )
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]
             if self.packing == "priced" and distinct > self.fluid_also_min_classes:
                 fluid, _, _ = _fluid_candidates(
-                    view, prices, self.mode, self.job_slowdown, self.min_throughput
+                    view,
+                    prices,
+                    self.mode,
+                    self.job_slowdown,
+                    self.min_throughput,
+                    self._throughputs,
                 )
                 outcomes = [
                     f if f.saving_per_hour > o.saving_per_hour + 1e-9 else o
@@ -413,8 +428,12 @@ def _fluid_candidates(
     mode: Mode,
     job_slowdown: JobSlowdown,
     min_throughput: float,
+    throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
 ) -> tuple[list[_Outcome], PriceSolution | None, int]:
     """Full and Partial Reconfiguration by the fluid packer.
+
+    `throughputs`: the table's lookups by (workload, all co-located workloads
+    sorted), as `Packer` keeps them, shared with it and filled in here.
 
     Under interference, instances hold at most 1/(1 − t) tasks for the default
     throughput t — where Algorithm 1 stops too: with equal RPs, one more task
@@ -447,16 +466,22 @@ def _fluid_candidates(
     # from an earlier round can move to another optimal vertex, and the plan must
     # depend on the snapshot alone. Full and Partial share it, in a fixed order.
     shadow = ShadowPricer()
+    tputs = {} if throughputs is None else throughputs
 
     def value(task_ids: Sequence[str]) -> float:
         """TNRP of tasks sharing one instance (§4.3–4.4)."""
         if table.is_neutral:
             return sum(rp[t] for t in task_ids)
         workloads = [spec[t].workload for t in task_ids]
+        together = tuple(sorted(workloads))
         total = 0.0
         for i, t in enumerate(task_ids):
             job = job_of[t]
-            tput = table.throughput(workloads[i], workloads[:i] + workloads[i + 1 :])
+            w = workloads[i]
+            tput = tputs.get((w, together))
+            if tput is None:
+                # the table sorts the co-located set: the same lookup as `Packer.value`'s
+                tput = tputs[w, together] = table.throughput(w, workloads[:i] + workloads[i + 1 :])
             if tput < min_throughput:
                 return refused(rp[other] for other in task_ids)
             if prices.valued:

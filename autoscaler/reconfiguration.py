@@ -26,6 +26,9 @@ from bisect import insort
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import itemgetter
+from typing import Any
 
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import Demands, JobSpec, TaskSpec
@@ -54,6 +57,15 @@ PATTERN_GAP = 0.02
 INTERFERENCE_MIN_TASKS = 10
 #: Most passes of iterative rounding in `Packer.priced` (CvxCluster §6.4).
 ROUNDING_PASSES = 3
+#: Classes available now but not when a remembered fill was made, beyond which it is
+#: filled anew rather than checked class by class (`Packer._replay`).
+MAX_REPLAY_CHECKS = 64
+#: Remembered fills checked for one fill (those with the fewest classes new since).
+MAX_REPLAY_TRIES = 8
+#: Rounds a remembered fill is kept for (`FillMemory`), the one that made it included.
+#: Measured on `python -m benchmarks churn` (10,000 tasks, 1% churn): 2 rounds answered
+#: 165-243 fills a round from memory (~10 MB), 4 rounds 266-342 (~16 MB).
+FILL_ROUNDS = 4
 #: Two alignment scores closer than this are a tie, broken by class order.
 ALIGNMENT_GRID = 1e-9
 
@@ -123,6 +135,7 @@ class Packer:
         job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
         throughputs: dict[tuple[str, tuple[str, ...]], float] | None = None,
+        fills: FillMemory | None = None,
     ) -> None:
         """`pricer`: pack also by column generation and keep the better packing
         (without interference, with at least `pattern_min_tasks` tasks to pack);
@@ -139,7 +152,9 @@ class Packer:
         Alibaba trace, eva costs 0.550 of no-packing with it and 0.607 without
         (JCT 1.09x against 1.18x); pai_200 0.701 against 0.704.
         `throughputs`: lookups of `view.throughput` by (workload, co-located set) that
-        the caller keeps for a table equal to this one (they are filled in here)."""
+        the caller keeps for a table equal to this one (they are filled in here).
+        `fills`: Algorithm 1's fills of earlier rounds valued the same way (the caller
+        scopes it), replayed where this round's classes cannot change them."""
         self.view = view
         self.types = view.catalog.types  # descending cost
         self.type_index = {t.name: k for k, t in enumerate(self.types)}
@@ -194,6 +209,19 @@ class Packer:
                 else self.prices.job_value(sample[k][1])
                 for k, jrp in zip(keys, self.jrp, strict=True)
             ]
+        # Each class as the fill memory knows it across rounds: everything a fill reads
+        # of it besides the catalog and the table (the memory's scope).
+        self._fills = None if fills is None else fills
+        self.stable: list[int] = []
+        self.by_stable: dict[int, int] = {}
+        if fills is not None:
+            self.stable = [
+                fills.identify(
+                    (key, self.rp[c], self.jrp[c], None if self.stake is None else self.stake[c])
+                )
+                for c, key in enumerate(keys)
+            ]
+            self.by_stable = {s: c for c, s in enumerate(self.stable)}
         self.group: list[str | None] = [k[3][0] or None for k in keys]
         self.group_limit: list[int] = [k[3][1] for k in keys]
         self.has_groups = any(self.group)
@@ -215,8 +243,10 @@ class Packer:
             {} if throughputs is None else throughputs
         )
         self._downsize_cache: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._holds_cache: dict[tuple[int, tuple[int, ...]], bool] = {}
+        self._count_getters: dict[int, itemgetter[Any]] = {}
         self._fill_cache: dict[
-            tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]],
+            tuple[int, tuple[tuple[int, int], ...], bytes],
             tuple[tuple[int, ...], float, tuple[tuple[int, int], ...], tuple[int, ...]],
         ] = {}
 
@@ -294,29 +324,265 @@ class Packer:
                     if residents and residents[c] > 0:
                         residents[c] = max(0, residents[c] - m)
                 return list(remembered), value
+        remembered_fill = self._fills is not None and not self.has_groups
+        resume: _Resume | None = None
+        if remembered_fill:
+            replayed = self._replay(key, counts, residents)
+            if isinstance(replayed, tuple):
+                comp, value, taken, clipped = replayed
+                self._fill_cache[key] = (tuple(comp), value, taken, clipped)
+                return comp, value
+            resume = replayed
         before = {c: counts[c] for c in self.candidates[k]}
-        comp, value = self._fill_greedy(k, counts, residents)
+        trace: list[_Step] | None = [] if remembered_fill else None
+        start: tuple[list[int], tuple[float, float, float], float] | None = None
+        if resume is not None and trace is not None:
+            start = self._resume(resume, counts, residents, trace)
+        comp, value = self._fill_greedy(k, counts, residents, trace, start)
         taken = tuple(sorted(Counter(comp).items()))
         clipped = tuple(min(before[c], m + 1) for c, m in taken)
         self._fill_cache[key] = (tuple(comp), value, taken, clipped)
+        if trace is not None:
+            self._remember(key, comp, value, taken, clipped, trace)
         return comp, value
+
+    def _remember(
+        self,
+        key: tuple[int, tuple[tuple[int, int], ...], bytes],
+        comp: list[int],
+        value: float,
+        taken: tuple[tuple[int, int], ...],
+        clipped: tuple[int, ...],
+        trace: list[_Step],
+    ) -> None:
+        """Keep a step-by-step fill in the memory across rounds, by stable class ids."""
+        assert self._fills is not None
+        stable = self.stable
+        k, held, flags = key
+        available = self._available(k, flags)
+        steps = tuple(
+            (
+                tuple(stable[c] for c in before),
+                free,
+                current,
+                head,
+                align,
+                -1 if best < 0 else stable[best],
+            )
+            for before, free, current, head, align, best in trace
+        )
+        self._fills.remember(
+            (k, tuple((stable[c], n) for c, n in held)),
+            _RememberedFill(
+                frozenset(stable[c] for c in available),
+                tuple(stable[c] for c in comp),
+                value,
+                tuple((stable[c], m) for c, m in taken),
+                clipped,
+                steps,
+                self._fills.round,
+            ),
+        )
+
+    def _replay(
+        self,
+        key: tuple[int, tuple[tuple[int, int], ...], bytes],
+        counts: list[int],
+        residents: Counter[int] | None,
+    ) -> tuple[list[int], float, tuple[tuple[int, int], ...], tuple[int, ...]] | _Resume | None:
+        """A remembered fill of the same type and residents that this one would repeat,
+        applied to `counts` and `residents`; else the one whose first steps it repeats
+        furthest, with how many (`_resume` takes them), or None.
+
+        A greedy fill is the argmax, step by step, over the candidates available. A
+        class that was available then but is not now changes nothing unless it won a
+        step (then it was taken, and `clipped` tells) or was the best at the last step
+        (the one that would have lowered TNRP). A class available now but not then
+        changes the fill only if it beats, at some step, the class that won it, or
+        becomes the best at the last step without lowering TNRP — which is checked
+        step by step for those few classes alone.
+        """
+        assert self._fills is not None
+        k, held, flags = key
+        stable, by_stable = self.stable, self.by_stable
+        entries = self._fills.candidates((k, tuple((stable[c], n) for c, n in held)))
+        if not entries:
+            return None
+        now = frozenset(stable[c] for c in self._available(k, flags))
+        # The remembered fills whose chosen classes have the tasks they had, fewest
+        # classes new since first (each is checked step by step), a few of them.
+        ready = []
+        for order, entry in enumerate(entries):
+            taken = self._taken(entry, counts, by_stable)
+            if taken is not None:
+                added = now - entry.available
+                if len(added) <= MAX_REPLAY_CHECKS:
+                    ready.append((len(added), order, entry, taken, added))
+        ready.sort(key=lambda r: (r[0], r[1]))
+        furthest: _Resume | None = None
+        for _, _, entry, taken, added in ready[:MAX_REPLAY_TRIES]:
+            replayed = self._replayed(entry, k, taken, residents, now, added, by_stable)
+            if isinstance(replayed, int):
+                if replayed > 0 and (furthest is None or replayed > furthest.steps):
+                    furthest = _Resume(entry, replayed)
+                continue
+            comp, took = replayed
+            for c, m in took:
+                counts[c] -= m
+                if residents and residents[c] > 0:
+                    residents[c] = max(0, residents[c] - m)
+            self._fills.replays += 1
+            return comp, entry.value, took, entry.clipped
+        return furthest
+
+    def _resume(
+        self,
+        resume: _Resume,
+        counts: list[int],
+        residents: Counter[int] | None,
+        trace: list[_Step],
+    ) -> tuple[list[int], tuple[float, float, float], float]:
+        """Take the first steps of a remembered fill that this one repeats (`_replayed`):
+        their classes out of `counts` and `residents`, their steps into `trace`; the
+        state the step-by-step fill goes on from (composition, free room, TNRP)."""
+        assert self._fills is not None
+        entry, steps = resume.entry, resume.steps
+        by_stable = self.by_stable
+        for before, free, current, head, align, best in entry.steps[:steps]:
+            c = by_stable[best]
+            counts[c] -= 1
+            if residents and residents[c] > 0:
+                residents[c] -= 1
+            trace.append(
+                (tuple(sorted(by_stable[x] for x in before)), free, current, head, align, c)
+            )
+        before, free, current, *_ = entry.steps[steps]
+        self._fills.resumed += 1
+        return sorted(by_stable[x] for x in before), free, current
+
+    @staticmethod
+    def _taken(
+        entry: _RememberedFill, counts: list[int], by_stable: dict[int, int]
+    ) -> list[tuple[int, int]] | None:
+        """What `entry` took, in this round's class indices, if its chosen classes have
+        now as many tasks as then, up to one past what it took (else None)."""
+        taken = []
+        for (s, m), n in zip(entry.taken, entry.clipped, strict=True):
+            c = by_stable.get(s)
+            if c is None or min(counts[c], m + 1) != n:
+                return None
+            taken.append((c, m))
+        return taken
+
+    def _replayed(
+        self,
+        entry: _RememberedFill,
+        k: int,
+        taken: list[tuple[int, int]],
+        residents: Counter[int] | None,
+        now: frozenset[int],
+        added: frozenset[int],
+        by_stable: dict[int, int],
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]] | int:
+        """(composition, taken) in this round's class indices if `entry` is what a fill
+        from here would do; else how many of its first steps it would repeat. Its
+        chosen classes have the tasks they had (`_taken`): only the classes `added`
+        (available now and not then) or the last step's best being gone can differ
+        (see `_replay`)."""
+        last = entry.steps[-1]
+        # From this step on, the fill may differ from the remembered one.
+        diverges = len(entry.steps)
+        if last[5] >= 0 and last[5] not in now:
+            diverges = len(entry.steps) - 1  # the last step's best is gone: another may be
+        if added:
+            demand = self.demand[k]
+            cap = self.types[k].capacity.as_tuple()
+            rp = self.rp
+            befores: list[list[int] | None] = [None] * len(entry.steps)
+            for s in sorted(added, key=by_stable.__getitem__):
+                a = by_stable[s]
+                d = demand[a]
+                assert d is not None
+                resident = bool(residents and residents[a] > 0)
+                for i, (before, free, current, head, align, best) in enumerate(entry.steps):
+                    if i >= diverges:
+                        break
+                    if not fits(d, free):
+                        continue
+                    if self.neutral:
+                        v = current + rp[a]
+                    else:
+                        trial = befores[i]
+                        if trial is None:
+                            trial = befores[i] = sorted([by_stable[x] for x in before])
+                        trial = list(trial)
+                        insort(trial, a)
+                        v = self.value(tuple(trial))
+                    a_head = (round(v / VALUE_TOLERANCE), resident)
+                    last_step = i == len(entry.steps) - 1
+                    if best >= 0:
+                        if a_head < head:
+                            continue
+                        a_align = alignment(d, free, cap)
+                        if (a_head, a_align, -a) < (head, align, -by_stable[best]):
+                            continue
+                    # a would be the best here: it changes the fill, unless this is the
+                    # last step and taking it would lower TNRP (the fill stops anyway)
+                    if not last_step or v >= current - VALUE_TOLERANCE:
+                        diverges = i
+                        break
+        if diverges < len(entry.steps):
+            return diverges
+        comp = sorted(by_stable[s] for s in entry.composition)
+        return comp, tuple(taken)
 
     def _fill_key(
         self, k: int, counts: list[int], residents: Counter[int] | None
-    ) -> tuple[int, tuple[tuple[int, int], ...], tuple[int, ...]]:
+    ) -> tuple[int, tuple[tuple[int, int], ...], bytes]:
         """What a fill of type k depends on besides the chosen classes' counts: the type,
-        the residents that are left and which candidate classes have tasks."""
+        the residents that are left and which candidate classes have tasks (one byte
+        per candidate of k, in order: taken in one pass at C speed, as every fill of a
+        round asks; counts are never negative)."""
         held = tuple(sorted((c, n) for c, n in residents.items() if n > 0)) if residents else ()
-        return k, held, tuple([c for c in self.candidates[k] if counts[c] > 0])
+        return k, held, bytes(map(bool, self._candidate_counts(k, counts)))
+
+    def _candidate_counts(self, k: int, counts: list[int]) -> Iterable[int]:
+        """The counts of type k's candidates, in order."""
+        getter = self._count_getters.get(k)
+        if getter is None:
+            cands = self.candidates[k]
+            if len(cands) > 1:
+                getter = self._count_getters[k] = itemgetter(*cands)
+            else:
+                return [counts[c] for c in cands]
+        return getter(counts)  # type: ignore[no-any-return]
+
+    def _available(self, k: int, flags: bytes) -> list[int]:
+        """The candidates of type k that `_fill_key`'s flags mark as having tasks."""
+        return list(compress(self.candidates[k], flags))
 
     def _fill_greedy(
-        self, k: int, counts: list[int], residents: Counter[int] | None
+        self,
+        k: int,
+        counts: list[int],
+        residents: Counter[int] | None,
+        trace: list[_Step] | None = None,
+        start: tuple[list[int], tuple[float, float, float], float] | None = None,
     ) -> tuple[list[int], float]:
-        """Algorithm 1's fill of one instance of type k (§4.2), step by step."""
+        """Algorithm 1's fill of one instance of type k (§4.2), step by step.
+
+        `trace`: each step is appended to it — the composition so far, the free
+        room, TNRP so far and the best candidate's (TNRP on its grid, resident),
+        alignment and class (-1: nothing fits) — the last step being the one that
+        stopped the fill. `start`: go on from this composition, free room and TNRP,
+        a remembered fill's first steps already taken (`_resume`; anti-affinity
+        never binds there)."""
         cap = self.types[k].capacity.as_tuple()
         free = list(cap)
         comp: list[int] = []
         current = 0.0
+        if start is not None:
+            comp, free, current = list(start[0]), list(start[1]), start[2]
         demand = self.demand[k]
         rp = self.rp
         neutral = self.neutral
@@ -351,6 +617,17 @@ class Packer:
                 align = alignment(d, free, cap)
                 if best_head is None or head > best_head or (align, -c) > (best_align, -best):
                     best, best_head, best_align, best_value = c, head, align, v
+            if trace is not None:
+                trace.append(
+                    (
+                        tuple(comp),
+                        (free[0], free[1], free[2]),
+                        current,
+                        best_head or (0, False),
+                        best_align,
+                        best,
+                    )
+                )
             if best < 0 or best_value < current - VALUE_TOLERANCE:
                 break  # nothing fits, or adding would lower TNRP (Algorithm 1, line 10)
             insort(comp, best)
@@ -374,14 +651,23 @@ class Packer:
         there beside the one placed in its stead — and such a composition is no column
         for the pattern LP: seeded, the LP could keep it, and the task placed there
         would wait for room that never comes."""
+        key = (k, tuple(classes))
+        known = self._holds_cache.get(key)
+        if known is not None:
+            return known
         free = self.types[k].capacity.as_tuple()
         used = [0.0, 0.0, 0.0]
-        for c in classes:
+        holds = True
+        for c in key[1]:
             d = self.demand[k][c]
             if d is None:
-                return False
+                holds = False
+                break
             used = [u + x for u, x in zip(used, d, strict=True)]
-        return fits((used[0], used[1], used[2]), free)
+        else:
+            holds = fits((used[0], used[1], used[2]), free)
+        self._holds_cache[key] = holds
+        return holds
 
     def _downsize(self, k: int, comp: tuple[int, ...]) -> int:
         """Index of the cheapest type that still fits `comp` (k itself if none is cheaper)."""
@@ -585,12 +871,24 @@ class Packer:
         result: list[Instance] = []
         saving = 0.0
         unmatched: list[Instance] = []
+        # Only a pattern of its type holding one of its residents' classes can keep
+        # any of an instance's tasks: chosen's positions by (type, class).
+        holding: dict[tuple[int, int], list[int]] = {}
+        for position, entry in enumerate(chosen):
+            for c, _ in entry.composition:
+                holding.setdefault((entry.type_index, c), []).append(position)
         for inst in sorted(existing, key=lambda i: (-self.tnrp_of(i.tasks), i.instance_id or "")):
             k = self.type_index.get(inst.type.name)
             residents = pools.resident_counts(inst.instance_id)
             best, best_overlap = None, 0
-            for entry in chosen:
-                if entry.type_index != k or entry.copies <= 0:
+            if k is None:
+                unmatched.append(inst)
+                continue
+            # In chosen's order, as they are weighed: the first of the most overlap wins.
+            positions = sorted({p for c in residents for p in holding.get((k, c), ())})
+            for position in positions:
+                entry = chosen[position]
+                if entry.copies <= 0:
                     continue
                 overlap = sum(min(residents[c], n) for c, n in entry.composition)
                 if overlap > best_overlap:
@@ -720,20 +1018,25 @@ class Packer:
         self._add_unplaced(pools, on_instance)
 
         counts = pools.counts
-        if kept:
+        if kept and any(counts):
+            hosts = _KeptHosts(kept)
             # Larger tasks first, so they get the spare room they need.
             for c in sorted(range(len(counts)), key=lambda c: (-self.rp[c], c)):
                 while counts[c] > 0:
-                    host = self._best_kept_host(kept, c)
+                    host = self._best_kept_host(hosts, c)
                     if host is None:
                         break  # kept instances only fill up: none will take c later
                     counts[c] -= 1
-                    host.tasks.append(pools.take_all([c])[0])
-                    insort(host.composition, c)
-                    host.value = self.value(tuple(host.composition))
-                    d = self.demand[host.k][c]
+                    entry = kept[host]
+                    hosts.leave(host, entry)
+                    entry.tasks.append(pools.take_all([c])[0])
+                    insort(entry.composition, c)
+                    entry.value = self.value(tuple(entry.composition))
+                    d = self.demand[entry.k][c]
                     assert d is not None
-                    host.free = [host.free[0] - d[0], host.free[1] - d[1], host.free[2] - d[2]]
+                    free = entry.free
+                    entry.free = [free[0] - d[0], free[1] - d[1], free[2] - d[2]]
+                    hosts.join(host, entry)
         result = [Instance(e.instance.instance_id, e.instance.type, tuple(e.tasks)) for e in kept]
         saving = sum(e.value - e.instance.type.hourly_cost for e in kept)
         return Placement(result, saving).extend(self.pack(pools, released))
@@ -744,29 +1047,35 @@ class Packer:
                 c, [t for t in tids if t not in on_instance] if on_instance else tids
             )
 
-    def _best_kept_host(self, kept: list[_KeptInstance], c: int) -> _KeptInstance | None:
-        """The kept instance where a task of class c adds the most TNRP (None if none gains)."""
+    def _best_kept_host(self, hosts: _KeptHosts, c: int) -> int | None:
+        """The kept instance where a task of class c adds the most TNRP (its index in
+        the kept list; None if none gains).
+
+        Ties go to the fullest instance, to keep room elsewhere for larger tasks,
+        then to the first kept. What a task adds to an instance depends only on its
+        type, its composition and its free room, so instances alike in all three are
+        weighed once, as a group (a steady round keeps thousands of instances of a
+        few hundred kinds, and places its new tasks one by one)."""
         best, best_key = None, None
-        for entry in kept:
-            d = self.demand[entry.k][c]
-            free = entry.free
+        for (k, composition, free), members in hosts.groups.items():
+            d = self.demand[k][c]
             if d is None or not fits(d, free):
                 continue
             g = self.group[c]
             if (
                 g is not None
-                and sum(self.group[x] == g for x in entry.composition) >= (self.group_limit[c])
+                and sum(self.group[x] == g for x in composition) >= (self.group_limit[c])
             ):
                 continue
-            trial = list(entry.composition)
+            trial = list(composition)
             insort(trial, c)
-            gain = self.value(tuple(trial)) - entry.value
+            gain = self.value(tuple(trial)) - self.value(composition)
             if gain <= VALUE_TOLERANCE:
                 continue
-            # ties: the fullest instance, to keep room elsewhere for larger tasks
-            key = (round(gain / VALUE_TOLERANCE), -(free[0] + free[1] + free[2]))
+            first = members[0]
+            key = (round(gain / VALUE_TOLERANCE), -(free[0] + free[1] + free[2]), -first)
             if best_key is None or key > best_key:
-                best, best_key = entry, key
+                best, best_key = first, key
         return best
 
     def _keep(self, inst: Instance, active: list[str]) -> _KeptInstance | None:
@@ -860,6 +1169,126 @@ class _KeptInstance:
     free: list[float]
     value: float  # TNRP of its tasks
     tasks: list[str]
+
+
+#: A step of a greedy fill (`Packer._fill_greedy`'s trace): the classes taken so far,
+#: the free room, TNRP so far, and the best candidate's (grid TNRP, resident),
+#: alignment and class (-1: none fits).
+_Step = tuple[tuple[int, ...], tuple[float, float, float], float, tuple[int, bool], int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _RememberedFill:
+    """A greedy fill as `FillMemory` keeps it, in stable class ids: the candidates that
+    were available, the composition taken and its TNRP, what each chosen class had
+    (as `Packer._fill`'s memo) and the steps."""
+
+    available: frozenset[int]
+    composition: tuple[int, ...]
+    value: float
+    taken: tuple[tuple[int, int], ...]
+    clipped: tuple[int, ...]
+    steps: tuple[_Step, ...]
+    round: int  # `FillMemory.round` when it was made
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    """A remembered fill whose first `steps` steps a fill repeats (`Packer._resume`)."""
+
+    entry: _RememberedFill
+    steps: int
+
+
+class FillMemory:
+    """Algorithm 1's fills kept from round to round (Firmament's lesson: consecutive
+    rounds differ little), by the type, the residents left and the classes' stable ids.
+
+    A class's stable id stands for everything a fill reads of it (its key, RP, job
+    charge and stake); the catalog and the learned table are the `scope`, and a new
+    scope forgets everything. A remembered fill is used only where `Packer._replay`
+    proves the step-by-step fill would repeat it, so plans are exactly a fresh
+    planner's. Fills are kept for `FILL_ROUNDS` rounds (`next_round`), at most
+    `per_key` per type and residents.
+    """
+
+    def __init__(self, per_key: int = 64, most_classes: int = 200_000) -> None:
+        self.per_key = per_key
+        self.most_classes = most_classes
+        self._scope: object = None
+        self._ids: dict[object, int] = {}
+        self._fills: dict[tuple[int, tuple[tuple[int, int], ...]], list[_RememberedFill]] = {}
+        self._round = 0
+        self.replays = 0  # fills answered from memory, over its life
+        self.resumed = 0  # fills that went on step by step from a remembered one's start
+
+    def scope(self, token: object) -> None:
+        """What values a composition (see `PatternPricer.scope`); a change forgets all,
+        as do more than `most_classes` classes seen in one scope."""
+        if token != self._scope or len(self._ids) > self.most_classes:
+            self._scope = token
+            self._ids = {}
+            self._fills = {}
+
+    def next_round(self) -> None:
+        """A round fills anew: fills made more than `FILL_ROUNDS` − 1 rounds ago are
+        forgotten."""
+        self._round += 1
+        oldest = self._round - FILL_ROUNDS + 1
+        kept = {}
+        for key, bucket in self._fills.items():
+            recent = [fill for fill in bucket if fill.round >= oldest]
+            if recent:
+                kept[key] = recent
+        self._fills = kept
+
+    @property
+    def round(self) -> int:
+        return self._round
+
+    def identify(self, cls: object) -> int:
+        """The stable id of a class (its key and valuation)."""
+        found = self._ids.get(cls)
+        if found is None:
+            found = self._ids[cls] = len(self._ids)
+        return found
+
+    def candidates(self, key: tuple[int, tuple[tuple[int, int], ...]]) -> list[_RememberedFill]:
+        """The fills remembered for (type, residents), the latest first."""
+        return self._fills.get(key, [])
+
+    def remember(self, key: tuple[int, tuple[tuple[int, int], ...]], fill: _RememberedFill) -> None:
+        bucket = self._fills.setdefault(key, [])
+        bucket.insert(0, fill)
+        if len(bucket) > self.per_key:
+            bucket.pop()
+
+
+class _KeptHosts:
+    """Partial's kept instances grouped by (type, composition, free room), each group
+    the kept indices in it, ascending: all a task needs to choose its host."""
+
+    def __init__(self, kept: list[_KeptInstance]) -> None:
+        self.groups: dict[tuple[int, tuple[int, ...], tuple[float, float, float]], list[int]] = {}
+        for i, entry in enumerate(kept):
+            self.groups.setdefault(self._key(entry), []).append(i)
+
+    @staticmethod
+    def _key(entry: _KeptInstance) -> tuple[int, tuple[int, ...], tuple[float, float, float]]:
+        free = entry.free
+        return entry.k, tuple(entry.composition), (free[0], free[1], free[2])
+
+    def leave(self, i: int, entry: _KeptInstance) -> None:
+        """Kept instance i is about to change: out of its group."""
+        key = self._key(entry)
+        members = self.groups[key]
+        members.remove(i)
+        if not members:
+            del self.groups[key]
+
+    def join(self, i: int, entry: _KeptInstance) -> None:
+        """Kept instance i has changed: into the group it now belongs to."""
+        insort(self.groups.setdefault(self._key(entry), []), i)
 
 
 class TaskPools:

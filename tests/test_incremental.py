@@ -11,7 +11,7 @@ import pytest
 
 from autoscaler.patterns import PatternClass, PatternPricer, TypeShape
 from autoscaler.planner import EvaPlanner, Plan
-from autoscaler.reconfiguration import Packer
+from autoscaler.reconfiguration import FILL_ROUNDS, FillMemory, Packer
 from autoscaler.throughput import ThroughputEntry, ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.churn import as_running, churn_jobs, churned
@@ -50,6 +50,7 @@ def test_a_carried_planner_plans_every_churned_state_as_a_fresh_one(seed, defaul
         if default < 1.0 and step % 3 == 0:
             # the learned throughputs move: what was remembered under the old ones is not used
             view = replace(view, throughput=_learned(rng, default))
+    assert carried._fills.replays > 0  # the carried planner filled instances from memory
 
 
 def test_an_instance_is_filled_from_memory_exactly_as_step_by_step():
@@ -128,3 +129,154 @@ def test_what_a_planner_remembers_is_scoped_by_the_learned_throughputs():
     after = replace(view, throughput=ThroughputTable(bad, default=0.95))
     _same(carried.plan(after), EvaPlanner().plan(after))
     assert carried._pricer._scope != scope
+
+
+@pytest.mark.parametrize(("seed", "default"), [(4, 0.95), (5, 1.0)])
+def test_a_carried_planner_with_the_fluid_path_plans_every_churned_state_as_a_fresh_one(
+    seed, default
+):
+    """As above, with many distinct shapes, so that the fluid path packs beside Algorithm 1
+    and the patterns, and Partial places each round's new tasks onto kept instances."""
+    catalog, _ = pai_catalog_and_jobs()
+    rng = random.Random(seed)
+    options = {"fluid_also_min_classes": 20}
+    view = ClusterView(
+        catalog,
+        tuple(churn_jobs(300, 0.3, seed, "j")),
+        throughput=ThroughputTable(default=default),
+    )
+    carried = EvaPlanner(**options)
+    for step in range(1, 6):
+        plan = carried.plan(view)
+        _same(plan, EvaPlanner(**options).plan(view))
+        view = churned(replace(view, current=as_running(plan, f"i{step}-")), 0.05, 0.3, step, rng)
+    # the carried planner filled instances from memory, and went on from remembered steps
+    assert carried._fills.replays > 0
+    assert carried._fills.resumed > 0
+
+
+def _scanned_host(packer: Packer, kept: list, c: int) -> int | None:
+    """Partial's host for a task of class c, weighed instance by instance in kept order:
+    the most TNRP gained, then the least free room, then the first."""
+    best, best_key = None, None
+    for i, entry in enumerate(kept):
+        d = packer.demand[entry.k][c]
+        if d is None or any(x > f + 1e-9 for x, f in zip(d, entry.free, strict=True)):
+            continue
+        g = packer.group[c]
+        if (
+            g is not None
+            and sum(packer.group[x] == g for x in entry.composition) >= (packer.group_limit[c])
+        ):
+            continue
+        gain = packer.value(tuple(sorted([*entry.composition, c]))) - entry.value
+        if gain <= 1e-6:
+            continue
+        key = (round(gain / 1e-6), -sum(entry.free))
+        if best_key is None or key > best_key:
+            best, best_key = i, key
+    return best
+
+
+@pytest.mark.parametrize("default", [0.95, 1.0])
+def test_partial_weighs_kept_instances_by_kind_as_it_would_one_by_one(default):
+    """Kept instances alike in type, composition and free room are weighed once: the host
+    chosen is the one a scan of every kept instance in turn chooses, as tasks go in."""
+    from autoscaler.reconfiguration import _KeptHosts
+
+    catalog, _ = pai_catalog_and_jobs()
+    table = ThroughputTable(default=default)
+    view = ClusterView(catalog, tuple(churn_jobs(600, 0.1, 6, "j")), throughput=table)
+    plan = EvaPlanner().plan(view)
+    packer = Packer(replace(view, current=as_running(plan, "i-")))
+    kept = [
+        e
+        for inst in packer.view.current
+        if (e := packer._keep(inst, [t for t in inst.tasks if t in packer.task_class]))
+    ]
+    assert len(kept) > 50
+    hosts = _KeptHosts(kept)
+    assert len(hosts.groups) < len(kept)  # some instances are alike
+    rng = random.Random(8)
+    placed = 0
+    for _ in range(300):
+        c = rng.randrange(len(packer.class_tasks))
+        host = packer._best_kept_host(hosts, c)
+        assert host == _scanned_host(packer, kept, c)
+        if host is None:
+            continue
+        placed += 1
+        entry = kept[host]
+        hosts.leave(host, entry)
+        entry.composition = sorted([*entry.composition, c])
+        entry.value = packer.value(tuple(entry.composition))
+        d = packer.demand[entry.k][c]
+        entry.free = [f - x for f, x in zip(entry.free, d, strict=True)]
+        hosts.join(host, entry)
+    assert placed > 20  # the hosts filled up as tasks went in
+
+
+@pytest.mark.parametrize("default", [0.95, 1.0])
+def test_a_fill_remembered_from_an_earlier_round_is_replayed_only_where_it_repeats(default):
+    """Rounds of churned views share one fill memory: every fill, answered from memory,
+    resumed from a remembered one's first steps or not, is the step-by-step one, while
+    classes come and go between rounds and run out within them (a class available now
+    and not then may change the fill)."""
+    catalog, _ = pai_catalog_and_jobs()
+    table = ThroughputTable(default=default)
+    memory = FillMemory()
+    memory.scope(1)
+    rng = random.Random(12)
+    view = ClusterView(catalog, tuple(churn_jobs(300, 0.2, 7, "j")), throughput=table)
+    for step in range(4):
+        memory.next_round()
+        packer = Packer(view, fills=memory)
+        plain = Packer(view)
+        assert [len(t) for t in packer.class_tasks] == [len(t) for t in plain.class_tasks]
+        n = len(packer.class_tasks)
+        base = [len(tasks) for tasks in packer.class_tasks]
+        for _ in range(150):
+            # few tasks per class, some classes out: what was available differs
+            counts = [0 if rng.random() < 0.1 else min(c, rng.choice((1, 2, 3))) for c in base]
+            k = rng.randrange(len(packer.types))
+            residents = (
+                Counter({rng.randrange(n): 1 for _ in range(rng.randint(1, 2))})
+                if rng.random() < 0.3
+                else None
+            )
+            if residents:
+                for c in residents:
+                    counts[c] = max(counts[c], 1)
+            mine_counts = list(counts)
+            mine_residents = None if residents is None else Counter(residents)
+            fresh_counts = list(counts)
+            fresh_residents = None if residents is None else Counter(residents)
+            got = packer._fill(k, mine_counts, mine_residents)
+            assert got == plain._fill_greedy(k, fresh_counts, fresh_residents)
+            assert mine_counts == fresh_counts
+            if residents is not None:
+                assert +mine_residents == +fresh_residents  # type: ignore[operator]
+        view = churned(view, 0.2, 0.2, step + 1, rng)
+    assert memory.replays > 50  # fills answered from memory, also across rounds
+    assert memory.resumed > 10  # and fills that went on from a remembered one's first steps
+
+
+def test_a_fill_memory_keeps_two_rounds_and_forgets_when_its_scope_changes():
+    catalog, _ = pai_catalog_and_jobs()
+    view = ClusterView(catalog, tuple(churn_jobs(100, 0.2, 9, "j")))
+    memory = FillMemory()
+    memory.scope(1)
+    memory.next_round()
+    packer = Packer(view, fills=memory)
+    packer.full_placement()
+    made = sum(len(b) for b in memory._fills.values())
+    assert made > 0
+    for _ in range(FILL_ROUNDS - 1):  # kept for the next rounds
+        memory.next_round()
+        assert sum(len(b) for b in memory._fills.values()) == made
+    memory.next_round()
+    assert memory._fills == {}
+    first = memory.identify(("class", 1.0))
+    assert memory.identify(("class", 1.0)) == first
+    memory.scope(2)
+    assert memory.identify(("other", 2.0)) == 0  # ids start over
