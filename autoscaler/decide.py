@@ -1536,24 +1536,36 @@ def advance(
         snapshot, now, options.timeouts, options.max_attempts, options.backoff
     )
     leaving_tasks = moves_out(snapshot, ready_now, leaving, given_up.task_ids)
-    started = starts_on_ready(
-        snapshot,
-        catalog,
-        ready_now,
-        occupancy_of(snapshot, catalog),
-        set(given_up.failed_jobs),
-        now,
-    )
+    # What occupies each instance is read by the starts, and by the drained instances'
+    # check: a step where no task waits for a ready target and nothing drains (most of
+    # them, in a replay's thousands) skips that walk over every task.
+    if any(
+        t.status == "pending" and t.target_instance_id in ready_now for t in snapshot.tasks.values()
+    ) or any(i.status == "draining" for i in snapshot.instances):
+        started = starts_on_ready(
+            snapshot,
+            catalog,
+            ready_now,
+            occupancy_of(snapshot, catalog),
+            set(given_up.failed_jobs),
+            now,
+        )
+    else:
+        started = Starts((), (), frozenset())
     stray_stops = tuple(
         Stop(task_id, attempt, "its job is no longer active") for task_id, attempt in strays
     )
     # A task changes at most once a step; the changes keep the snapshot's task order.
-    order = {task_id: position for position, task_id in enumerate(snapshot.tasks)}
+    stops = given_up.stops + leaving_tasks.stops
+    updates = given_up.updates + leaving_tasks.updates + started.updates
+    if len(stops) > 1 or len(updates) > 1:  # most steps change one task or none
+        order = {task_id: position for position, task_id in enumerate(snapshot.tasks)}
+        stops, updates = _in_task_order(stops, order), _in_task_order(updates, order)
     return StepDecision(
         at=now,
         starts=started.launches,
-        stops=stray_stops + _in_task_order(given_up.stops + leaving_tasks.stops, order),
-        updates=_in_task_order(given_up.updates + leaving_tasks.updates + started.updates, order),
+        stops=stray_stops + stops,
+        updates=updates,
         failed_jobs=tuple(sorted(given_up.failed_jobs.items())),
         terminations=timed_out + drained_instances(snapshot, started.occupied, leaving),
         relaunch=unconfirmed_launches(snapshot),
@@ -1707,7 +1719,7 @@ def starts_on_ready(
     on the least-loaded GPUs; tasks of a job failing this step do not start, nor
     tasks waiting out a transient failure's back-off (`retry_at`)."""
     instances = {i.instance_id: i for i in snapshot.instances}
-    specs = _specs(snapshot)
+    specs: dict[str, TaskSpec] | None = None  # built once a task may start
     used = dict(occupied.used)
     gpu_load = {instance_id: dict(load) for instance_id, load in occupied.gpu_load.items()}
     launches: list[TaskLaunch] = []
@@ -1723,6 +1735,8 @@ def starts_on_ready(
         ):
             continue
         inst = instances[target]
+        if specs is None:
+            specs = _specs(snapshot)
         spec = specs[task.task_id]
         demand = _demand(spec, inst, catalog)
         if demand is None:

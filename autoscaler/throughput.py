@@ -153,6 +153,26 @@ class ThroughputTable:
             del entries[key]
         return ThroughputTable(entries, self._default), forgotten
 
+    def revised(
+        self, upserts: Iterable[tuple[Key, ThroughputEntry]], forget: Iterable[Key] = ()
+    ) -> ThroughputTable:
+        """This table with the keys in `forget` dropped, then `upserts` recorded as given:
+        what a store's table becomes after it records a round's learning. Equal to a
+        table built from the resulting entries, but its `estimates` are carried over
+        and patched rather than rebuilt from every entry (a store revises its table
+        every round that learns, and the planner reads the estimates every round)."""
+        entries = dict(self._entries)
+        estimates = dict(self.estimates())
+        for key in forget:
+            entries.pop(key, None)
+            estimates.pop(key, None)
+        for key, entry in upserts:
+            entries[key] = entry
+            estimates[key] = entry.throughput
+        table = ThroughputTable(entries, self._default)
+        table._estimates = estimates
+        return table
+
     def with_default(self, default: float) -> ThroughputTable:
         return ThroughputTable(self._entries, default)
 

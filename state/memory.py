@@ -44,12 +44,20 @@ class InMemoryStore(Store):
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._jobs: dict[str, JobRecord] = {}
-        self._active: dict[str, None] = {}  # unfinished jobs, in submission order
-        self._live: dict[str, None] = {}  # instances not yet terminated or failed
+        # What a snapshot copies, kept as the records change so that taking one is a
+        # few C-level copies rather than a walk over every job, task and instance
+        # (the replay takes one at every step): unfinished jobs in submission order,
+        # their tasks in the same order (each job's in its spec's), live instances.
+        self._active: dict[str, JobRecord] = {}
+        self._active_tasks: dict[str, TaskRecord] = {}
+        self._live: dict[str, InstanceRecord] = {}  # not yet terminated or failed
         self._tasks: dict[str, TaskRecord] = {}
         self._tasks_of: dict[str, list[str]] = {}
         self._instances: dict[str, InstanceRecord] = {}
         self._entries: dict[tuple[str, Colocated], ThroughputEntry] = {}
+        # The learned table as snapshots hand it out (immutable, so shared), revised
+        # as entries are recorded rather than rebuilt at every round.
+        self._table: ThroughputTable | None = None
         self._rounds: list[RoundRecord] = []
         self._uptime: list[UptimeInterval] = []
         self._open: dict[str, int] = {}  # instance id -> index of its open interval
@@ -70,9 +78,10 @@ class InMemoryStore(Store):
                 raise DuplicateJob(job.job_id)
             record, tasks = transitions.submitted_job(job, owner, at, team)
             self._jobs[job.job_id] = record
-            self._active[job.job_id] = None
+            self._active[job.job_id] = record
             self._tasks_of[job.job_id] = [t.task_id for t in tasks]
             self._tasks.update((t.task_id, t) for t in tasks)
+            self._active_tasks.update((t.task_id, t) for t in tasks)
             self._job_events += 1
             return record
 
@@ -85,7 +94,7 @@ class InMemoryStore(Store):
             started = None if job is None else transitions.start_job(job, at)
             if started is None:
                 return False
-            self._jobs[job_id] = started
+            self._put_job(started)
             return True
 
     def job_finished(
@@ -104,6 +113,8 @@ class InMemoryStore(Store):
             self._active.pop(job_id, None)
             self._job_events += 1
             self._tasks.update((t.task_id, t) for t in end.tasks)
+            for task_id in self._tasks_of[job_id]:
+                self._active_tasks.pop(task_id, None)
             for task_id in end.leaves:
                 self._leave(task_id, at)
             return True
@@ -113,8 +124,23 @@ class InMemoryStore(Store):
             learned = transitions.learn_solo_throughput(self._job(job_id), throughput)
             if learned is None:
                 return False
-            self._jobs[job_id] = learned
+            self._put_job(learned)
             return True
+
+    def _put_job(self, record: JobRecord) -> None:
+        self._jobs[record.job_id] = record
+        if record.job_id in self._active:
+            self._active[record.job_id] = record
+
+    def _put_task(self, record: TaskRecord) -> None:
+        self._tasks[record.task_id] = record
+        if record.task_id in self._active_tasks:
+            self._active_tasks[record.task_id] = record
+
+    def _put_instance(self, record: InstanceRecord) -> None:
+        self._instances[record.instance_id] = record
+        if record.instance_id in self._live:
+            self._live[record.instance_id] = record
 
     def _job(self, job_id: str) -> JobRecord:
         job = self._jobs.get(job_id)
@@ -130,7 +156,7 @@ class InMemoryStore(Store):
                 continue
             new = transitions.retarget_task(self._jobs[task.job_id].status, task, target, at)
             if new is not None:
-                self._tasks[task_id] = new
+                self._put_task(new)
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         with self._lock:
@@ -142,7 +168,7 @@ class InMemoryStore(Store):
                 step = transitions.update_task(self._jobs[task.job_id].status, task, change, at)
                 if step is None:
                     continue
-                self._tasks[change.task_id] = step.task
+                self._put_task(step.task)
                 if step.leaves:
                     self._leave(change.task_id, at)
                 if step.enters is not None:
@@ -173,7 +199,7 @@ class InMemoryStore(Store):
             instance_id, instance_type, hourly_price, at, on_demand_price
         )
         self._instances[instance_id] = record
-        self._live[instance_id] = None
+        self._live[instance_id] = record
 
     def instance_worker(
         self, instance_id: str, at: float, *, ready: bool, reason: str = ""
@@ -185,7 +211,7 @@ class InMemoryStore(Store):
             seen = transitions.instance_worker(inst, at, ready=ready, reason=reason)
             if seen is None:
                 return False
-            self._instances[instance_id] = seen
+            self._put_instance(seen)
             return True
 
     def instance_notice(
@@ -200,7 +226,7 @@ class InMemoryStore(Store):
             if kind == "reclaim":
                 seen = transitions.reclaim_instance(inst, at, reason)
                 if seen is not None:
-                    self._instances[instance_id] = seen
+                    self._put_instance(seen)
             record = InterruptionRecord(inst.instance_type, instance_id, at, kind, reason)
             self._interruptions.append(record)
             return True
@@ -237,7 +263,7 @@ class InMemoryStore(Store):
                 steps.append(step)
         for step in steps:
             instance_id = step.instance.instance_id
-            self._instances[instance_id] = step.instance
+            self._put_instance(step.instance)
             if step.instance.status in FINAL_INSTANCE_STATUSES:
                 self._live.pop(instance_id, None)
             if step.opens is not None:
@@ -291,10 +317,17 @@ class InMemoryStore(Store):
         forget: Iterable[tuple[str, Colocated]] = (),
     ) -> None:
         with self._lock:
-            for workload, colocated in forget:  # before the upserts, which win
-                self._entries.pop((workload, tuple(sorted(colocated))), None)
-            for workload, colocated, entry in entries:
-                self._entries[(workload, tuple(sorted(colocated)))] = entry
+            dropped = [(workload, tuple(sorted(colocated))) for workload, colocated in forget]
+            upserts = [
+                ((workload, tuple(sorted(colocated))), entry)
+                for workload, colocated, entry in entries
+            ]
+            for key in dropped:  # before the upserts, which win
+                self._entries.pop(key, None)
+            for key, entry in upserts:
+                self._entries[key] = entry
+            if self._table is not None:
+                self._table = self._table.revised(upserts, dropped)
 
     # -- rounds -----------------------------------------------------------
     def record_round(self, record: RoundRecord, intents: RoundIntents | None = None) -> int:
@@ -334,14 +367,13 @@ class InMemoryStore(Store):
         self, default_throughput: float = 0.95, *, with_throughput: bool = True
     ) -> StateSnapshot:
         with self._lock:
-            jobs = tuple(self._jobs[j] for j in self._active)
-            tasks = {tid: self._tasks[tid] for j in jobs for tid in self._tasks_of[j.job_id]}
-            instances = tuple(self._instances[i] for i in self._live)
             return StateSnapshot(
-                jobs,
-                tasks,
-                instances,
-                ThroughputTable(self._entries if with_throughput else {}, default_throughput),
+                tuple(self._active.values()),
+                dict(self._active_tasks),
+                tuple(self._live.values()),
+                self._learned(default_throughput)
+                if with_throughput
+                else ThroughputTable({}, default_throughput),
                 self._first_round_at,
                 self._event_rounds,
                 self._full_rounds,
@@ -350,6 +382,12 @@ class InMemoryStore(Store):
                 self._rounds[-1].job_events if self._rounds else None,
                 self._delays,
             )
+
+    def _learned(self, default_throughput: float) -> ThroughputTable:
+        table = self._table
+        if table is None or table.default != default_throughput:
+            table = self._table = ThroughputTable(self._entries, default_throughput)
+        return table
 
     def job(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -372,7 +410,7 @@ class InMemoryStore(Store):
         with self._lock:
             if include_finished:
                 return list(self._instances.values())
-            return [self._instances[i] for i in self._live]
+            return list(self._live.values())
 
     def rounds(self, limit: int | None = None) -> list[RoundRecord]:
         with self._lock:

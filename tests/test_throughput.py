@@ -5,7 +5,7 @@ import pytest
 from app.bundled import bundled
 from app.files import contention_matrix_from_csv, load_contention_matrix
 from autoscaler.errors import InputError
-from autoscaler.throughput import ThroughputTable
+from autoscaler.throughput import ThroughputEntry, ThroughputTable
 
 
 def test_alone_is_full_throughput():
@@ -174,3 +174,23 @@ def test_estimates_compare_values_not_observation_counts():
     twice = once.observe("a", ["b"], 0.8, at_s=2.0)
     assert once.estimates() == twice.estimates()
     assert once.estimates() != once.observe("a", ["b"], 0.7).estimates()
+
+
+def test_a_revised_table_equals_one_built_from_the_resulting_entries():
+    base = ThroughputTable().observe("a", ["b"], 0.9, at_s=1.0).observe("a", ["c"], 0.8)
+    base.estimates()  # built, then carried over and patched
+    upserts = [
+        (("a", ("b",)), ThroughputEntry(0.7, 2, 5.0)),
+        (("d", ("a", "b")), ThroughputEntry(0.6)),
+    ]
+    revised = base.revised(upserts, forget=[("a", ("c",)), ("x", ("y",))])
+    fresh = ThroughputTable(
+        {("a", ("b",)): ThroughputEntry(0.7, 2, 5.0), ("d", ("a", "b")): ThroughputEntry(0.6)}
+    )
+    assert list(revised.items()) == list(fresh.items())
+    assert revised.estimates() == fresh.estimates() == {("a", ("b",)): 0.7, ("d", ("a", "b")): 0.6}
+    assert revised.throughput("a", ["c"]) == 0.95  # forgotten: the default again
+    assert base.recorded("a", ["c"]) == 0.8  # the original is untouched
+    # an upsert of a key also forgotten wins, as in a store's `record_throughput`
+    back = base.revised([(("a", ("c",)), ThroughputEntry(0.5))], forget=[("a", ("c",))])
+    assert back.estimates() == {("a", ("b",)): 0.9, ("a", ("c",)): 0.5}
