@@ -291,9 +291,7 @@ class InMemoryStore(Store):
                     self._uptime[index] = replace(self._uptime[index], end=step.closes_at)
                     self._open[change.instance_id] = len(self._uptime)
                     self._uptime.append(step.opens)
-                self._instances[inst.instance_id] = replace(
-                    inst, hourly_price=step.opens.hourly_price
-                )
+                self._put_instance(replace(inst, hourly_price=step.opens.hourly_price))
                 changed.add(inst.instance_id)
             return changed
 
