@@ -153,9 +153,9 @@ class WaitPolicy:
     - it saves less than `min_saving` of its tasks' reservation prices (Eva §4.2):
       packing them now gains little over running each alone;
     - each of its tasks fits, on an instance the plan keeps, in room that residents
-      expected to finish (alone at full speed, from their progress) leave before the
-      job's wait budget runs out: `(jct_factor - 1)` × its solo duration since it
-      was submitted.
+      expected to finish (their work left at the pace their job has kept since it
+      started, at most full speed: `_left_s`) leave before the job's wait budget runs
+      out: `(jct_factor - 1)` × its solo duration since it was submitted.
 
     Past its budget a job is planned as any other, so no job waits longer.
     """

@@ -158,6 +158,21 @@ WRITTEN = {
 CHUNK = 5000
 
 
+def _locked_instances(conn: Connection, ids: Sequence[str]) -> dict[str, InstanceRecord]:
+    """These instances' records without their histories, their rows locked in id order
+    (so lockers never deadlock) for the transaction to change them."""
+    current: dict[str, InstanceRecord] = {}
+    for chunk in _chunks(ids):
+        for values in conn.execute(
+            select(*(INSTANCES.c[n] for n in INSTANCE_FIELDS))
+            .where(_among(conn, INSTANCES.c.instance_id, chunk))
+            .order_by(INSTANCES.c.instance_id)
+            .with_for_update()
+        ).all():
+            current[values[0]] = _instance_of(list(values), ())
+    return current
+
+
 def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), CHUNK):
         yield items[start : start + CHUNK]
@@ -521,15 +536,7 @@ class SqlStore(Store):
         ids = sorted({c.instance_id for c in changes})
         # Each record without its history: the rule appends to it, and only the new
         # entries are written.
-        current: dict[str, InstanceRecord] = {}
-        for chunk in _chunks(ids):
-            for values in conn.execute(
-                select(*(INSTANCES.c[n] for n in INSTANCE_FIELDS))
-                .where(_among(conn, INSTANCES.c.instance_id, chunk))
-                .order_by(INSTANCES.c.instance_id)
-                .with_for_update()
-            ).all():
-                current[values[0]] = _instance_of(list(values), ())
+        current = _locked_instances(conn, ids)
         seqs: dict[str, int] = {}
         for chunk in _chunks(ids):
             seqs.update(
@@ -628,15 +635,7 @@ class SqlStore(Store):
             return set()
         ids = sorted({c.instance_id for c in ordered})
         with write_transaction(self._engine) as conn:
-            current: dict[str, InstanceRecord] = {}
-            for chunk in _chunks(ids):
-                for values in conn.execute(
-                    select(*(INSTANCES.c[n] for n in INSTANCE_FIELDS))
-                    .where(_among(conn, INSTANCES.c.instance_id, chunk))
-                    .order_by(INSTANCES.c.instance_id)
-                    .with_for_update()
-                ).all():
-                    current[values[0]] = _instance_of(list(values), ())
+            current = _locked_instances(conn, ids)
             stretches: dict[str, tuple[int, UptimeRecord]] = {}
             for chunk in _chunks(ids):
                 for row in conn.execute(
