@@ -364,6 +364,8 @@ dir = "secrets"                    # the two CAs, certificates, the API token (0
 name = "eva"                       # eva, eva-plain, eva-full-only, eva-partial-only
 {throughput:<34} # assumed for a pair of workloads never seen together
 min_throughput = 0.0               # never co-locate a task expected below this share of its speed
+wait_jct_factor = 1.0              # > 1: a new job may wait (F - 1) x its solo run for freed room
+wait_min_saving = 0.1              # ... when a new instance for it would save less than this share
 
 [timeouts]
 {f"boot_s = {timeouts.boot_s:g}":<34} # launch request -> running, else the instance is given up

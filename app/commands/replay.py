@@ -448,6 +448,11 @@ def _replay_cluster(args: argparse.Namespace) -> int:
         return 0
     interval = args.interval if args.interval is not None else config.cluster.interval_s
     min_throughput = args.min_throughput or config.planner.min_throughput
+    waiting = (
+        WaitPolicy(args.wait_jct_factor, args.wait_min_saving)
+        if args.wait_jct_factor > 1.0
+        else config.planner.waiting()
+    )
     names = list(dict.fromkeys(args.scheduler or DEFAULT_SCHEDULERS))
     if history.scheduler in SCHEDULERS and history.scheduler not in names:
         names.insert(0, history.scheduler)  # the yardstick of the reproduction
@@ -463,6 +468,7 @@ def _replay_cluster(args: argparse.Namespace) -> int:
             interval,
             min_throughput,
             args.workers,
+            waiting=waiting,
         )
     except _WorkerDied as exc:
         print(f"autoscaler: error: {exc}", file=sys.stderr)
@@ -477,6 +483,7 @@ def _replay_cluster(args: argparse.Namespace) -> int:
                     seed=args.seed,
                     min_throughput=min_throughput,
                     clairvoyant_bound=round(limit, 6),
+                    **({"waiting": dataclasses.asdict(waiting)} if waiting else {}),
                 ),
                 "cluster": cluster_document(history, results),
             }

@@ -132,11 +132,11 @@ def test_a_local_cluster_keeps_storage_and_state_beside_its_configuration(tmp_pa
             "[planner]: field 'min_throughput' = -0.1",
         ),
         (
-            ("min_throughput = 0.0", "min_throughput = 0.0\nwait_jct_factor = 0.5"),
+            ("wait_jct_factor = 1.0", "wait_jct_factor = 0.5"),
             "[planner]: field 'wait_jct_factor' = 0.5: must be a number >= 1",
         ),
         (
-            ("min_throughput = 0.0", "min_throughput = 0.0\nwait_min_saving = 1.5"),
+            ("wait_min_saving = 0.1", "wait_min_saving = 1.5"),
             "[planner]: field 'wait_min_saving' = 1.5: must be a number <= 1",
         ),
         (('name = "c1"', 'name = "bad/name"'), "[cluster]: field 'name' = 'bad/name'"),
@@ -190,9 +190,8 @@ def test_the_planner_table_sets_the_waiting_rule_off_unless_asked(tmp_path):
     path = tmp_path / "autoscaler.toml"
     assert load_cluster_config(path).control_options().waiting is None
     text = path.read_text()
-    path.write_text(
-        text.replace("min_throughput = 0.0", "min_throughput = 0.0\nwait_jct_factor = 1.05")
-    )
+    assert "wait_jct_factor = 1.0 " in text  # init lists the rule, off
+    path.write_text(text.replace("wait_jct_factor = 1.0 ", "wait_jct_factor = 1.05"))
     assert load_cluster_config(path).control_options().waiting == WaitPolicy(1.05, 0.1)
 
 

@@ -155,6 +155,37 @@ def test_replaying_the_scheduler_the_cluster_ran_reproduces_its_ledger(recorded,
     assert abs(doc["results"]["stratus"]["total_cost"] - eva) > 0.05 * eva
 
 
+def test_the_clusters_waiting_rule_is_replayed_unless_the_command_names_one(recorded, capsys):
+    config, _, _ = recorded
+    # the same cluster, its [planner] letting new jobs wait (a sibling file: same database)
+    waiting = config.path.with_name("waiting.toml")
+    text = config.path.read_text()
+    assert "wait_jct_factor = 1.0 " in text
+    waiting.write_text(text.replace("wait_jct_factor = 1.0 ", "wait_jct_factor = 1.3 "))
+    args = ("--scheduler", "eva", "--workers", "1")
+    plain = from_cluster(capsys, config, *args)
+    assert "waiting" not in plain
+    code = main(["replay", "--from-cluster", "--config", str(waiting), "--json", *args])
+    assert code == 0
+    held = json.loads(capsys.readouterr().out)
+    assert held["waiting"] == {"jct_factor": 1.3, "min_saving": 0.1}
+    assert held["cluster"]["paid"] == plain["cluster"]["paid"]  # the same history
+    code = main(
+        [
+            "replay",
+            "--from-cluster",
+            "--config",
+            str(waiting),
+            "--json",
+            "--wait-jct-factor",
+            "1.2",
+            *args,
+        ]
+    )
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["waiting"]["jct_factor"] == 1.2
+
+
 def test_a_window_replays_the_jobs_submitted_within_it(recorded, capsys):
     config, jobs, run = recorded
     since = 3600.0  # the database's clock is the recorded run's virtual one
