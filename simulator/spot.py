@@ -18,12 +18,10 @@ checkpoints (the SkyPilot-like baseline) every restart starts from scratch.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoscaler.catalog import InstanceType
@@ -61,8 +59,12 @@ class AvailabilityTrace:
 
 def parse_trace(document: Any, source: str = "trace") -> AvailabilityTrace:
     """A trace from its JSON document; InputError saying what is wrong."""
-    if not isinstance(document, Mapping):
-        raise InputError("an availability trace is a JSON object", source=source)
+    if not isinstance(document, Mapping) or set(document) - {"metadata", "data"}:
+        raise InputError(
+            'an availability trace is {"metadata": {"gap_seconds": ...}, "data": [...]}'
+            " and nothing else",
+            source=source,
+        )
     meta = document.get("metadata")
     gap = meta.get("gap_seconds") if isinstance(meta, Mapping) else None
     if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
@@ -73,16 +75,15 @@ def parse_trace(document: Any, source: str = "trace") -> AvailabilityTrace:
     if not isinstance(data, list) or not data:
         raise InputError("data must be a non-empty list of 0 and 1", source=source, field="data")
     if any(isinstance(v, bool) or v not in (0, 1) for v in data):
-        raise InputError("data must hold only 0 (capacity) and 1 (none)", source=source)
+        bad = next(v for v in data if isinstance(v, bool) or v not in (0, 1))
+        raise InputError(
+            "must hold only 0 (capacity) and 1 (none)",
+            source=source,
+            field="data",
+            value=bad,
+            has_value=True,
+        )
     return AvailabilityTrace(float(gap), tuple(int(v) for v in data))
-
-
-def load_trace(path: str | Path) -> AvailabilityTrace:
-    try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the availability trace: {exc}", source=str(path)) from exc
-    return parse_trace(document, str(path))
 
 
 def parse_trace_flag(value: str) -> tuple[str, str]:

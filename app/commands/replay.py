@@ -24,7 +24,13 @@ import orjson
 
 from app.bundled import bundled
 from app.cli_io import add_json, add_min_throughput, load_inputs, note, print_json
-from app.files import check_workloads, jobs_from_eva, load_contention_matrix, load_jobs
+from app.files import (
+    check_workloads,
+    jobs_from_eva,
+    load_contention_matrix,
+    load_jobs,
+    read_json,
+)
 from app.replay_report import comparison_table, document, plot
 from app.table import output_width, wrap
 from app.validation import (
@@ -46,6 +52,7 @@ from autoscaler.spot import SpotPolicy, planning_inputs
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.work import check_work
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
+from provisioners.documents import MIB
 from simulator.bound import clairvoyant_bound
 from simulator.replay import (
     DEFAULT_SCHEDULERS,
@@ -57,7 +64,7 @@ from simulator.replay import (
     replay,
     spot_variant,
 )
-from simulator.spot import load_trace, parse_trace_flag, trace_key_matches
+from simulator.spot import parse_trace, parse_trace_flag, trace_key_matches
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 
@@ -403,6 +410,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The most an availability trace file may hold (a year of 60-s intervals is ~1.6 MB).
+TRACE_FILE_LIMIT = 64 * MIB
+
 #: The trace options --from-cluster replaces with the cluster's own records.
 _TRACE_OPTIONS = (
     ("--trace", "trace"),
@@ -713,7 +723,7 @@ def _spot_inputs(args: argparse.Namespace, catalog: Catalog) -> SpotInputs | Non
         key, path = parse_trace_flag(flag)
         if not any(t.is_spot and trace_key_matches(key, t) for t in with_spot):
             raise InputError(f"--spot-trace {key}: no spot offering of the catalog matches it")
-        traces[key] = load_trace(path)
+        traces[key] = parse_trace(read_json(path, "availability trace", TRACE_FILE_LIMIT), path)
     base = SpotReplay(seed=args.spot_seed, traces=traces, rate_per_hour=args.spot_rate)
     return SpotInputs(with_spot, base, f"{snapshot.source}; retrieved {snapshot.retrieved}")
 

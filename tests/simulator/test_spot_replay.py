@@ -209,11 +209,27 @@ def test_an_availability_trace_parses_and_repeats() -> None:
         {"metadata": {"gap_seconds": 600}, "data": []},
         {"metadata": {"gap_seconds": 600}, "data": [0, 2]},
         {"metadata": {"gap_seconds": 600}, "data": [True]},
+        {"metadata": {"gap_seconds": 600}, "data": [0, 1], "comment": "x"},
     ],
 )
 def test_a_malformed_trace_is_refused(document) -> None:
     with pytest.raises(InputError):
         parse_trace(document)
+
+
+def test_a_bad_trace_file_is_one_line_naming_file_field_and_value(tmp_path, capsys) -> None:
+    from app.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"metadata": {"gap_seconds": 600}, "data": [0, 1, 2, 0]}')
+    code = main(["replay", "--spot", "--spot-trace", f"p3.2xlarge={bad}", "--scheduler", "eva"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert str(bad) in err and "field 'data' = 2" in err
+    twice = tmp_path / "twice.json"  # a duplicate key is refused as the other inputs' are
+    twice.write_text('{"metadata": {"gap_seconds": 600}, "data": [0], "data": [1]}')
+    code = main(["replay", "--spot", "--spot-trace", f"p3.2xlarge={twice}", "--scheduler", "eva"])
+    assert code == 2 and str(twice) in capsys.readouterr().err
 
 
 def test_the_trace_flag_names_an_offering_and_a_file(tmp_path) -> None:
