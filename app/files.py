@@ -33,6 +33,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import Catalog
 from autoscaler.errors import InputError
 from autoscaler.jobs import (
@@ -73,6 +74,8 @@ from provisioners.documents import (
 CONFIG_LIMIT = 1 * MIB
 #: The largest trace read, after decompression: 1M jobs of Eva's format are ~330 MB.
 TRACE_LIMIT = 1024 * MIB
+#: The largest spot availability trace read (a year of 60-s intervals is ~1.6 MB).
+AVAILABILITY_TRACE_LIMIT = 64 * MIB
 #: The largest contention matrix read, and its longest cell.
 CSV_LIMIT = 16 * MIB
 CSV_CELL_LIMIT = 64 * 1024
@@ -94,6 +97,15 @@ def read_json(path: str | Path, what: str, limit: int = TRACE_LIMIT) -> Any:
     p = str(path)
     data = gunzip_bounded(read_regular_file(p, what, limit), p, limit)
     return parse_json(decode_utf8(data, what, p), p)
+
+
+def load_availability_trace(path: str | Path) -> AvailabilityTrace:
+    """A spot availability trace file (Can't Be Late's format), read bounded, duplicate keys
+    refused; an InputError naming the file, field and value otherwise."""
+    p = str(path)
+    return AvailabilityTrace.from_document(
+        read_json(p, "availability trace", AVAILABILITY_TRACE_LIMIT), p
+    )
 
 
 @contextlib.contextmanager

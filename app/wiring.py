@@ -418,13 +418,14 @@ def _check_advertised(config: ClusterConfig) -> None:
 
 def local_cloud(config: ClusterConfig) -> Any:
     """The cluster's local cloud: agents on this host, registered under the state's directory."""
+    from app.files import load_availability_trace
     from provisioners.local import LocalCloud
-    from provisioners.local_reclaims import AvailabilityTrace, ReclaimPlan
+    from provisioners.local_reclaims import ReclaimPlan
 
     cloud = config.cloud
     root = config.path.parent / "local-cloud"
     traces = {
-        offering: AvailabilityTrace.load(config.path.parent / path)  # relative: to the config
+        offering: load_availability_trace(config.path.parent / path)  # relative: to the config
         for offering, path in cloud.reclaim_traces.items()
     }
     return LocalCloud(

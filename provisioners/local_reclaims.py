@@ -38,86 +38,18 @@ import random
 import secrets
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.errors import InputError
 
 log = logging.getLogger(__name__)
 
 #: EC2's warning before a spot instance is reclaimed.
 NOTICE_WINDOW_S = 120.0
-#: Samples in an availability trace at most (a year of 10-minute samples is ~53k).
-MAX_TRACE_SAMPLES = 10_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class AvailabilityTrace:
-    """Spot capacity of one offering over time: `data[i]` is 1 when there was none in
-    [i·gap_s, (i+1)·gap_s) from the epoch; the trace repeats past its end."""
-
-    gap_s: float
-    data: tuple[int, ...]
-
-    @classmethod
-    def from_document(cls, document: Any, source: str = "trace") -> AvailabilityTrace:
-        """Read Can't Be Late's format, refusing anything else with where it is wrong."""
-        if not isinstance(document, dict) or set(document) - {"metadata", "data"}:
-            raise InputError(
-                'must be {"metadata": {"gap_seconds": ...}, "data": [...]}', source=source
-            )
-        metadata = document.get("metadata")
-        gap = metadata.get("gap_seconds") if isinstance(metadata, dict) else None
-        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < math.inf:
-            raise InputError(
-                "must be a positive number of seconds",
-                source=source,
-                field="metadata.gap_seconds",
-                value=gap,
-                has_value=True,
-            )
-        data = document.get("data")
-        if not isinstance(data, list) or not data or len(data) > MAX_TRACE_SAMPLES:
-            raise InputError(
-                f"must be a list of 1 to {MAX_TRACE_SAMPLES} samples", source=source, field="data"
-            )
-        for i, sample in enumerate(data):
-            if isinstance(sample, bool) or sample not in (0, 1):
-                raise InputError(
-                    "must be 0 (capacity) or 1 (no spot capacity)",
-                    source=source,
-                    field=f"data[{i}]",
-                    value=sample,
-                    has_value=True,
-                )
-        return cls(float(gap), tuple(int(s) for s in data))
-
-    @classmethod
-    def load(cls, path: Path) -> AvailabilityTrace:
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(
-                f"cannot read the availability trace: {exc}", source=str(path)
-            ) from None
-        return cls.from_document(document, str(path))
-
-    def available(self, t: float) -> bool:
-        """Whether there is spot capacity `t` seconds after the epoch."""
-        return self.data[int(max(t, 0.0) // self.gap_s) % len(self.data)] == 0
-
-    def next_unavailable(self, t: float) -> float | None:
-        """The start of the first interval without capacity after `t` (None: never)."""
-        if 1 not in self.data:
-            return None
-        index = int(max(t, 0.0) // self.gap_s) + 1
-        for step in range(len(self.data)):
-            if self.data[(index + step) % len(self.data)] == 1:
-                return (index + step) * self.gap_s
-        return None
 
 
 class ReclaimPlan:

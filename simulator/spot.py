@@ -22,8 +22,9 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import InstanceType
 from autoscaler.errors import InputError
 from autoscaler.jobs import DEFAULT_CHECKPOINT_EVERY_S, JobSpec
@@ -33,57 +34,6 @@ if TYPE_CHECKING:
 
 #: EC2's interruption notice: the instance goes this long after it is given.
 NOTICE_S = 120.0
-
-
-@dataclass(frozen=True, slots=True)
-class AvailabilityTrace:
-    """One offering's spot availability: `data[i]` = 1 when there is no capacity in
-    [i·gap, (i+1)·gap), repeating."""
-
-    gap_s: float
-    data: tuple[int, ...]
-
-    def unavailable(self, t: float) -> bool:
-        return self.data[int(t // self.gap_s) % len(self.data)] == 1
-
-    def next_outage(self, t: float) -> float | None:
-        """The start of the first interval after the one holding `t` with no capacity."""
-        if 1 not in self.data:
-            return None
-        index = int(t // self.gap_s) + 1
-        for step in range(len(self.data)):
-            if self.data[(index + step) % len(self.data)] == 1:
-                return (index + step) * self.gap_s
-        return None  # pragma: no cover - unreachable: a 1 exists
-
-
-def parse_trace(document: Any, source: str = "trace") -> AvailabilityTrace:
-    """A trace from its JSON document; InputError saying what is wrong."""
-    if not isinstance(document, Mapping) or set(document) - {"metadata", "data"}:
-        raise InputError(
-            'an availability trace is {"metadata": {"gap_seconds": ...}, "data": [...]}'
-            " and nothing else",
-            source=source,
-        )
-    meta = document.get("metadata")
-    gap = meta.get("gap_seconds") if isinstance(meta, Mapping) else None
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
-        raise InputError(
-            "metadata.gap_seconds must be a positive number", source=source, field="metadata"
-        )
-    data = document.get("data")
-    if not isinstance(data, list) or not data:
-        raise InputError("data must be a non-empty list of 0 and 1", source=source, field="data")
-    if any(isinstance(v, bool) or v not in (0, 1) for v in data):
-        bad = next(v for v in data if isinstance(v, bool) or v not in (0, 1))
-        raise InputError(
-            "must hold only 0 (capacity) and 1 (none)",
-            source=source,
-            field="data",
-            value=bad,
-            has_value=True,
-        )
-    return AvailabilityTrace(float(gap), tuple(int(v) for v in data))
 
 
 def parse_trace_flag(value: str) -> tuple[str, str]:
@@ -171,7 +121,7 @@ class SpotWorld:
         now = self.world.engine.now()
         trace = self._trace(inst.itype)
         if trace is not None:
-            at = trace.next_outage(now)
+            at = trace.next_unavailable(now)
             if at is None:
                 return
             notice = max(now, at - NOTICE_S)

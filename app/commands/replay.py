@@ -27,9 +27,9 @@ from app.cli_io import add_json, add_min_throughput, load_inputs, note, print_js
 from app.files import (
     check_workloads,
     jobs_from_eva,
+    load_availability_trace,
     load_contention_matrix,
     load_jobs,
-    read_json,
 )
 from app.replay_report import comparison_table, document, plot
 from app.table import output_width, wrap
@@ -52,7 +52,6 @@ from autoscaler.spot import SpotPolicy, planning_inputs
 from autoscaler.throughput import DEFAULT_THROUGHPUT
 from autoscaler.work import check_work
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
-from provisioners.documents import MIB
 from simulator.bound import clairvoyant_bound
 from simulator.replay import (
     DEFAULT_SCHEDULERS,
@@ -64,7 +63,7 @@ from simulator.replay import (
     replay,
     spot_variant,
 )
-from simulator.spot import parse_trace, parse_trace_flag, trace_key_matches
+from simulator.spot import parse_trace_flag, trace_key_matches
 from simulator.traces import check_replay_span, start_at_first_arrival, synthesize
 from simulator.world import ground_truth
 
@@ -410,9 +409,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The most an availability trace file may hold (a year of 60-s intervals is ~1.6 MB).
-TRACE_FILE_LIMIT = 64 * MIB
-
 #: The trace options --from-cluster replaces with the cluster's own records.
 _TRACE_OPTIONS = (
     ("--trace", "trace"),
@@ -723,7 +719,7 @@ def _spot_inputs(args: argparse.Namespace, catalog: Catalog) -> SpotInputs | Non
         key, path = parse_trace_flag(flag)
         if not any(t.is_spot and trace_key_matches(key, t) for t in with_spot):
             raise InputError(f"--spot-trace {key}: no spot offering of the catalog matches it")
-        traces[key] = parse_trace(read_json(path, "availability trace", TRACE_FILE_LIMIT), path)
+        traces[key] = load_availability_trace(path)
     base = SpotReplay(seed=args.spot_seed, traces=traces, rate_per_hour=args.spot_rate)
     return SpotInputs(with_spot, base, f"{snapshot.source}; retrieved {snapshot.retrieved}")
 

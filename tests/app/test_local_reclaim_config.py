@@ -10,8 +10,8 @@ import pytest
 
 from app.config import load_cluster_config
 from app.wiring import local_cloud
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.errors import InputError
-from provisioners.local_reclaims import AvailabilityTrace
 
 SETTINGS = """emulate_delays = false
 reclaim_rates = { "c7i.large:spot" = 0.5 }
@@ -53,3 +53,22 @@ def test_a_negative_rate_is_refused_naming_it(cluster_dir):
     path = configure(cluster_dir, 'reclaim_rates = { "c7i.large:spot" = -1.0 }')
     with pytest.raises(InputError, match="reclaim_rates"):
         load_cluster_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        # The same file reader as every other input: duplicate keys are refused ...
+        ('{"metadata": {"gap_seconds": 600}, "data": [0], "data": [1]}', "key 'data' appears twice"),
+        # ... and the sample at fault is named with its value.
+        ('{"metadata": {"gap_seconds": 600}, "data": [0, 0, 3]}', "field 'data[2]' = 3"),
+    ],
+)
+def test_a_bad_trace_file_of_the_local_cloud_is_refused_naming_it(cluster_dir, text, named):
+    (cluster_dir / "traces").mkdir()
+    (cluster_dir / "traces" / "c7i.json").write_text(text)
+    config = load_cluster_config(configure(cluster_dir, SETTINGS))
+    with pytest.raises(InputError) as refused:
+        local_cloud(config)
+    line = str(refused.value)
+    assert "c7i.json" in line and named in line and "\n" not in line

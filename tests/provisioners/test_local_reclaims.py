@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import SPOT, Catalog, InstanceType
 from autoscaler.cloud import InsufficientCapacity, LaunchRequest
 from autoscaler.errors import InputError
 from autoscaler.resources import Resources
 from executor.interruption import INSTANCE_ACTION, Notice, NoticeWatcher
 from provisioners.local import LocalCloud
-from provisioners.local_reclaims import AvailabilityTrace, ReclaimPlan
+from provisioners.local_reclaims import ReclaimPlan
 from tests.provisioners.test_local_cloud import Clock, wait_for
 
 
@@ -190,12 +191,6 @@ def test_without_reclaims_an_on_demand_agent_polls_nothing(tmp_path, fake_agent)
     finally:
         cloud.terminate_all()
         cloud.close()
-
-
-def test_a_trace_file_is_read_from_disk(tmp_path):
-    path = tmp_path / "c7i.json"
-    path.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0, 1]}))
-    assert AvailabilityTrace.load(path) == trace(600, 0, 1)
 
 
 def test_a_restarted_daemons_notice_reaches_an_agent_started_before(tmp_path, fake_agent):

@@ -11,6 +11,7 @@ import pytest
 
 from app.bundled import bundled
 from app.files import load_catalog, load_jobs
+from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, TaskRun, TaskSpec, TraceFacts
@@ -19,7 +20,7 @@ from autoscaler.spot import SpotPolicy
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
-from simulator.spot import AvailabilityTrace, parse_trace, parse_trace_flag
+from simulator.spot import parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
 
@@ -185,7 +186,7 @@ def test_seeded_reclaims_are_reproducible() -> None:
 
 
 def test_an_availability_trace_parses_and_repeats() -> None:
-    trace = parse_trace({"metadata": {"gap_seconds": 600}, "data": [0, 1, 1]})
+    trace = AvailabilityTrace.from_document({"metadata": {"gap_seconds": 600}, "data": [0, 1, 1]})
     assert [trace.unavailable(t) for t in (0, 599, 600, 1799, 1800, 2400)] == [
         False,
         False,
@@ -194,10 +195,10 @@ def test_an_availability_trace_parses_and_repeats() -> None:
         False,  # the trace repeats after 3 intervals
         True,
     ]
-    assert trace.next_outage(0.0) == 600.0
-    assert trace.next_outage(700.0) == 1200.0  # the next interval's start, not this one's
-    assert trace.next_outage(1300.0) == 2400.0
-    assert AvailabilityTrace(600.0, (0, 0)).next_outage(0.0) is None
+    assert trace.next_unavailable(0.0) == 600.0
+    assert trace.next_unavailable(700.0) == 1200.0  # the next interval's start, not this one's
+    assert trace.next_unavailable(1300.0) == 2400.0
+    assert AvailabilityTrace(600.0, (0, 0)).next_unavailable(0.0) is None
 
 
 @pytest.mark.parametrize(
@@ -214,7 +215,7 @@ def test_an_availability_trace_parses_and_repeats() -> None:
 )
 def test_a_malformed_trace_is_refused(document) -> None:
     with pytest.raises(InputError):
-        parse_trace(document)
+        AvailabilityTrace.from_document(document)
 
 
 def test_a_bad_trace_file_is_one_line_naming_file_field_and_value(tmp_path, capsys) -> None:
@@ -225,7 +226,7 @@ def test_a_bad_trace_file_is_one_line_naming_file_field_and_value(tmp_path, caps
     code = main(["replay", "--spot", "--spot-trace", f"p3.2xlarge={bad}", "--scheduler", "eva"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert str(bad) in err and "field 'data' = 2" in err
+    assert str(bad) in err and "field 'data[2]' = 2" in err
     twice = tmp_path / "twice.json"  # a duplicate key is refused as the other inputs' are
     twice.write_text('{"metadata": {"gap_seconds": 600}, "data": [0], "data": [1]}')
     code = main(["replay", "--spot", "--spot-trace", f"p3.2xlarge={twice}", "--scheduler", "eva"])
