@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
         if n <= args.baseline_max:
             base_s, literal = best_of(1, lambda jobs=jobs: algorithm1(jobs, catalog, table))
-            same = abs(literal.hourly_cost - plan.hourly_cost) < 1e-6
-            row += [f"{base_s:.3f}", f"{base_s / ours_s:,.0f}x", "yes" if same else "NO"]
+            ratio = plan.hourly_cost / literal.hourly_cost
+            row += [f"{base_s:.3f}", f"{base_s / ours_s:,.0f}x", f"{ratio:.4f}"]
         else:
             row += ["-", "-", "-"]
         rows.append(row)
@@ -64,15 +64,16 @@ def main(argv: list[str] | None = None) -> None:
                 "no-packing $/h",
                 "literal Alg.1 s",
                 "speed-up",
-                "same cost",
+                "$/h ÷ literal",
             ],
             rows,
-            [True, True, True, True, True, True, False],
+            [True, True, True, True, True, True, True],
         )
     )
     print(
         "\nplanner s: Eva ensemble (full + partial + criterion) on an empty cluster, best of "
-        f"{args.repeats}; literal Alg.1: one task-by-task run in the same process."
+        f"{args.repeats}; literal Alg.1: one task-by-task run in the same process; "
+        "$/h ÷ literal: below 1 where the LP-priced patterns beat Algorithm 1 alone."
     )
 
 
