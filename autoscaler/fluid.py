@@ -204,8 +204,8 @@ def fluid_pack(
         best: tuple[float, list[np.ndarray], np.ndarray] | None = None
         sizes = _sizes(caps[k], np.array(shadow[types[k].name], dtype=float))
         orders = [(size, False) for size in sizes]
-        if paid is not None:  # at full speed: bins balanced across resources, too
-            orders.append((sizes[0], True))
+        if paid is not None and _mixed(demand[items, f, :], caps[k], sizes[0]):
+            orders.append((sizes[0], True))  # at full speed: bins balanced, too
         for size, interleave in orders:
             rng = np.random.default_rng(k)
             bins = _pack_parts(
@@ -757,6 +757,20 @@ def _interleaved(demand: np.ndarray, cap: np.ndarray, size: np.ndarray) -> np.nd
         total = float(volume[-1])
         dealt[members] = (volume - key[members]) / total if total > 0 else 0.0
     return np.lexsort((-key, dealt))
+
+
+#: The interleaved order is tried on a type only where the items needing some other
+#: resource most than the largest group hold at least this share of the volume.
+MIXED_SHARE = 0.05
+
+
+def _mixed(demand: np.ndarray, cap: np.ndarray, size: np.ndarray) -> bool:
+    """Whether items needing different resources most are both there in volume (else
+    `_interleaved` order is decreasing size with few exceptions: not worth a pass)."""
+    dominant = np.argmax(demand * _per_unit(cap), axis=1)
+    volume = np.bincount(dominant, weights=demand @ size, minlength=3)
+    total = float(volume.sum())
+    return total > 0 and float(np.sort(volume)[-2]) >= MIXED_SHARE * total
 
 
 def _totals(demand: np.ndarray, bins: list[np.ndarray]) -> np.ndarray:
