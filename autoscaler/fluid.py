@@ -198,29 +198,44 @@ def fluid_pack(
         later, later_price = _deferrable(type_of, demand, fits, family_of_type, prices_by_type)
     instances: list[tuple[int, list[int]]] = []
 
+    def packed(
+        k: int, items: np.ndarray, size: np.ndarray, interleave: bool
+    ) -> tuple[float, list[np.ndarray], np.ndarray]:
+        bins = _pack_parts(
+            items,
+            demand[:, family_of_type[k], :],
+            caps[k],
+            size,
+            window,
+            max_items,
+            part_bins,
+            np.random.default_rng(k),
+            interleave,
+        )
+        targets = _downsize(demand, bins, caps, costs, family_of_type, k)
+        return float(costs[targets].sum()), bins, targets
+
+    def balance_pays(k: int, items: np.ndarray, size: np.ndarray) -> bool:
+        """Whether the interleaved order is worth a pass on type k (at full speed, items
+        needing different resources most, and cheaper on a sample of `TRIAL_ITEMS`)."""
+        if paid is None or not _mixed(demand[items, family_of_type[k], :], caps[k], size):
+            return False
+        if len(items) <= TRIAL_ITEMS:
+            return True
+        trial = np.sort(np.random.default_rng(k).choice(items, TRIAL_ITEMS, replace=False))
+        plain, _, _ = packed(k, trial, size, False)
+        balanced, _, _ = packed(k, trial, size, True)
+        return balanced < plain * (1 - BALANCE_GAIN)
+
     def pack(k: int, items: np.ndarray) -> tuple[float, list[np.ndarray], np.ndarray]:
-        """`items` packed on type k by the cheaper of the two orders, downsized."""
-        f = family_of_type[k]
+        """`items` packed on type k by the cheapest of the orders, downsized."""
         best: tuple[float, list[np.ndarray], np.ndarray] | None = None
         sizes = _sizes(caps[k], np.array(shadow[types[k].name], dtype=float))
         orders = [(size, False) for size in sizes]
-        if paid is not None and _mixed(demand[items, f, :], caps[k], sizes[0]):
-            orders.append((sizes[0], True))  # at full speed: bins balanced, too
+        if balance_pays(k, items, sizes[0]):
+            orders.append((sizes[0], True))  # bins balanced across resources, too
         for size, interleave in orders:
-            rng = np.random.default_rng(k)
-            bins = _pack_parts(
-                items,
-                demand[:, f, :],
-                caps[k],
-                size,
-                window,
-                max_items,
-                part_bins,
-                rng,
-                interleave,
-            )
-            targets = _downsize(demand, bins, caps, costs, family_of_type, k)
-            cost = float(costs[targets].sum())
+            cost, bins, targets = packed(k, items, size, interleave)
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, bins, targets)
         assert best is not None
@@ -759,6 +774,9 @@ def _interleaved(demand: np.ndarray, cap: np.ndarray, size: np.ndarray) -> np.nd
     return np.lexsort((-key, dealt))
 
 
+#: The interleaved order is packed in full only where a sample of `TRIAL_ITEMS` of the
+#: type's items shows it this much cheaper than decreasing size.
+BALANCE_GAIN = 0.002
 #: The interleaved order is tried on a type only where the items needing some other
 #: resource most than the largest group hold at least this share of the volume.
 MIXED_SHARE = 0.05
