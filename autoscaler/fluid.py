@@ -636,6 +636,10 @@ class _PaidRoom:
 #: Bins filled below this share (in their fullest resource) are loose ends: the
 #: last bins of each POP part, packed again together.
 LOOSE_FILL = 0.9
+#: Most times the loose ends are packed again. Items of a quarter to half a bin (an
+#: outsider's FFD worst case, 100k tasks) leave a fifth of the bins loose, and each
+#: round saved a few: 20 rounds, 40% of the planning time, the last 12 saving 0.2%.
+LOOSE_ROUNDS = 8
 
 
 def _pack_parts(
@@ -668,7 +672,7 @@ def _pack_parts(
         ]
 
     bins = pack(items)
-    while True:
+    for _ in range(LOOSE_ROUNDS):
         fill = np.max(_totals(demand, bins) * inv, axis=1)
         loose = fill < LOOSE_FILL
         if loose.sum() < 2:
@@ -677,6 +681,7 @@ def _pack_parts(
         if len(again) >= loose.sum():
             return bins
         bins = [b for b, x in zip(bins, loose, strict=True) if not x] + again
+    return bins
 
 
 def _best_fit(
