@@ -22,10 +22,12 @@ CvxCluster's two stages (§3–4) made to scale with what is distinct:
    saves most on a sample of the tasks). "Largest" is measured twice, by
    shares of the capacity and by the LP's prices, and the cheaper packing
    kept: prices put a GPU type's dear GPUs first, before cheap CPU-only tasks
-   take its CPUs. Best fit's cost per task grows with the open instances, so a
-   type's tasks are dealt at random into parts of about `POP_PART_BINS` bins
-   packed apart (POP, §ALGORITHMS), the parts' half-empty last bins packed
-   again together: the step is linear in the tasks.
+   take its CPUs; at full speed, where a sample shows it pays, also with the
+   resources' items interleaved (`_interleaved`), so that compute-bound and
+   memory-bound tasks share bins. Best fit's cost per task grows with the open
+   instances, so a type's tasks are dealt at random into parts of about
+   `POP_PART_BINS` bins packed apart (POP, §ALGORITHMS), the parts' half-empty
+   last bins packed again together: the step is linear in the tasks.
 4. **Downsize.** Each instance becomes the cheapest type that holds its tasks.
 
 At full speed (no interference) instances already packed offer their spare room
@@ -655,7 +657,8 @@ def _pack_parts(
 ) -> list[np.ndarray]:
     """Bins (arrays of item indices) for `items` on one type: best fit decreasing by
     `size` per POP part of about `part_bins` bins (`interleave`: in `_interleaved`
-    order), then the parts' loose ends together while that saves bins."""
+    order), then the parts' loose ends together while that saves bins (at most
+    `LOOSE_ROUNDS` times)."""
     inv = _per_unit(cap)
 
     def pack(pool: np.ndarray) -> list[np.ndarray]:
