@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -133,6 +134,44 @@ def _bimodal(rng: random.Random) -> tuple[float, float, float]:
     return 0, round(cpu, 3), round(min(1500.0, cpu * per_cpu), 3)
 
 
+def _compute_memory(rng: random.Random) -> tuple[float, float, float]:
+    if rng.random() < 0.5:  # compute-bound: 6–20 CPU at 0.5–2 GB per CPU
+        cpu = rng.uniform(6, 20)
+        return 0, round(cpu, 3), round(cpu * rng.uniform(0.5, 2), 3)
+    return 0, round(rng.uniform(0.5, 2), 3), round(rng.uniform(40, 240), 3)  # memory-bound
+
+
+def _ratio_grows(rng: random.Random) -> tuple[float, float, float]:
+    cpu = math.exp(rng.uniform(math.log(0.25), math.log(64)))  # log-uniform 0.25–64
+    per_cpu = 2 * math.sqrt(cpu / 0.25) * rng.uniform(0.8, 1.2)  # 2 GB/CPU small, ~32 large
+    return 0, round(cpu, 3), round(min(cpu * per_cpu, 1400.0), 3)
+
+
+def _zipf(rng: random.Random) -> tuple[float, float, float]:
+    # CPUs Zipf(1.3) by inversion of the continuous tail, capped at 90, 2/4/8 GB per CPU
+    cpu = min(90.0, (1 - rng.random()) ** (-1 / 0.3)) - rng.uniform(0, 0.2)
+    ram = cpu * rng.choice((2.0, 4.0, 8.0)) * rng.uniform(0.9, 1.1)
+    if rng.random() < 0.1:  # a tenth on GPUs: Zipf(2) counts up to 8, within a p3.16xlarge
+        gpu = min(8, int((1 - rng.random()) ** -1))
+        return gpu, round(min(cpu, 31.8), 3), round(min(ram, 480.0), 3)
+    return 0, round(max(cpu, 0.05), 3), round(max(ram, 0.1), 3)
+
+
+def _half_plus(rng: random.Random) -> tuple[float, float, float]:
+    # just over or just under half of the largest type in one resource: 1 GPU with
+    # 16 ± ε CPU (a p3.16xlarge's 32), 48 ± ε CPU (a 48xlarge's 96), 768 ± 15ε GB (an
+    # r7i.48xlarge's 1,536); a seventh are small fillers
+    kind, eps = rng.randrange(7), rng.uniform(0.01, 2.0)
+    sign = 1 if kind % 2 == 0 else -1
+    if kind <= 1:
+        return 1, round(16 + sign * eps / 2, 4), round(rng.uniform(4, 61), 3)
+    if kind <= 3:
+        return 0, round(48 + sign * eps, 4), round(rng.uniform(50, 150), 3)
+    if kind <= 5:
+        return 0, round(rng.uniform(1, 4), 3), round(768 + sign * 15 * eps, 4)
+    return 0, round(rng.uniform(0.2, 2), 3), round(rng.uniform(0.5, 8), 3)
+
+
 #: Held-out distributions the packer was not tuned on, drawn with seeds fixed per run:
 #: `uniform-gpu` GPUs 0/1/2/4/8, CPU uniform 0.5–32, RAM uniform 1–200 GB; `ram-heavy`
 #: 0.5–8 CPU at 16–64 GB per CPU; `power-law` CPU Pareto(1.5) × 0.5 (capped at 48) at
@@ -143,7 +182,13 @@ def _bimodal(rng: random.Random) -> tuple[float, float, float]:
 #: and the bounds' work was done, for evaluation only; `bimodal`, written after the
 #: packer's fill of paid room, for evaluation only: 30% with 1–8 GPUs (any count) at
 #: 0.5–4 CPU and 4–61 GB per GPU, the rest CPU-only, 60% small (0.25–2 CPU) and 40%
-#: large (12–64 CPU), at about 2 or about 16 GB per CPU.
+#: large (12–64 CPU), at about 2 or about 16 GB per CPU. Then four from an outsider's
+#: check (vectors it drew with numpy): `compute-memory` half compute-bound (6–20 CPU,
+#: 0.5–2 GB per CPU), half memory-bound (0.5–2 CPU, 40–240 GB) — the packer's
+#: interleaved order was written after it; `ratio-grows` CPU log-uniform 0.25–64 at
+#: 2·√(CPU/0.25) GB per CPU (±20%, at most 1,400 GB); `zipf` Zipf(1.3) CPUs up to 90 at
+#: 2, 4 or 8 GB per CPU, a tenth with Zipf(2) GPUs; `half-plus` tasks just over or just
+#: under half the largest type in GPU-type CPUs, CPUs or memory, and small fillers.
 HELD_OUT = {
     "uniform-gpu": _uniform_gpu,
     "ram-heavy": _ram_heavy,
@@ -151,5 +196,9 @@ HELD_OUT = {
     "tiny-and-huge": _tiny_and_huge,
     "lognormal": _lognormal,
     "bimodal": _bimodal,
+    "compute-memory": _compute_memory,
+    "ratio-grows": _ratio_grows,
+    "zipf": _zipf,
+    "half-plus": _half_plus,
 }
 SHAPES_ALL = {**SHAPES, **HELD_OUT}

@@ -16,6 +16,7 @@ from autoscaler.lp import LPClass, solve_lp
 from autoscaler.planner import planner_by_name, task_classes
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView
+from benchmarks.workloads import pai_catalog_and_jobs
 from tests.builders import itype, job, table3_catalog
 
 
@@ -200,3 +201,23 @@ def test_a_mip_stopped_at_once_keeps_the_bound_it_was_given(max_patterns):
     assert known - 1e-9 <= stopped.lower_bound <= optimum.hourly_cost + 1e-9
     if stopped.hourly_cost is not None:
         assert stopped.hourly_cost >= optimum.hourly_cost - 1e-9
+
+
+def test_a_knapsack_the_search_cuts_short_is_solved_as_a_mip_and_the_lp_converges():
+    # 40 tasks of a quarter to half of a c7i.48xlarge's 96 CPUs (Johnson's FFD worst
+    # case, each with its own ε): pricing a 48xlarge is a knapsack over 40 classes
+    # that the branch and bound, given few nodes, leaves open, and its LP relaxation
+    # put Farley's bound under the fluid one although the master was at the optimum.
+    rng = random.Random(7)
+    catalog, _ = pai_catalog_and_jobs()
+    classes = []
+    for share, k in ((0.5, 1), (0.25, 2), (0.25, 1), (0.25, -2)):
+        for _ in range(8 if k != -2 else 16):
+            cpu = 96 * (share + k * rng.uniform(0.001, 0.02))
+            ram = cpu * rng.uniform(0.9, 1.1)
+            classes.append(LPClass(tuple((0.0, cpu, ram) for _ in catalog.types), 1))
+    fluid = solve_lp(catalog, classes).lower_bound
+    config = configuration_bound(catalog, classes)
+    assert config.converged
+    assert config.lower_bound == pytest.approx(config.master)
+    assert config.lower_bound >= fluid - 1e-9
