@@ -364,7 +364,7 @@ def _sync_tasks(
     # answered here as `_task_change` answers it, without the call.
     quiet = not (with_throughput or options.progress_at_steps)
     for job in snap.jobs:
-        statuses = []
+        statuses: list[str] = []
         for spec in job.spec.tasks:
             task = snap.tasks[spec.task_id]
             seen = report.tasks.get(spec.task_id)

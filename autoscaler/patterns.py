@@ -671,8 +671,8 @@ def best_composition(
                     limit = limited[j]
                     if limit is not None:
                         most = min(most, limit - used_in_group.get(groups[j], 0))
-                if bounded_slots and max_items - count < most:  # type: ignore[operator]
-                    most = max_items - count  # type: ignore[operator]
+                if bounded_slots and max_items - count < most:
+                    most = max_items - count
                 stack.append([j, child, child_raw, most])
 
     if best is None:
