@@ -190,6 +190,8 @@ class PatternPricer:
         seeds: Iterable[Pattern],
     ) -> PatternSolution:
         elapsed = stopwatch()
+        if loss is not None:
+            loss = _remembered(loss)
         highs = covering_model([c.count for c in classes])
         columns: list[Pattern] = []
         seen: set[Pattern] = set()
@@ -230,6 +232,8 @@ class PatternPricer:
             self.interference_node_budget if by_cardinality else self.node_budget
         )
         fitting = [_fitting(k, shape, classes) for k, shape in enumerate(types)]
+        # What the searches read of the classes on each type, computed once per solve.
+        on_types: list[_OnType | None] = [None] * len(types)
         # Per cardinality (a search cut short anyway), a type whose search found
         # no column is not searched again in this solve: a heuristic — columns
         # coming in mostly lower the duals — that halves the searches.
@@ -242,16 +246,29 @@ class PatternPricer:
             duals = list(highs.getSolution().row_dual)
             added = 0
             found: list[int] = []  # types whose search added a column
+            values_by_m: dict[int, list[float]] = {}  # at these duals, for every type
             for k in active:
                 limit = min(node_limit, max(budget, 1))
+                on_type = on_types[k]
+                if on_type is None:
+                    on_type = on_types[k] = _OnType(k, types[k], classes)
                 if by_cardinality:
                     assert linear is not None and loss is not None
                     comp, value, complete, nodes = best_composition_by_cardinality(
-                        k, types[k], classes, duals, loss, limit, *linear, fitting[k]
+                        k,
+                        types[k],
+                        classes,
+                        duals,
+                        loss,
+                        limit,
+                        *linear,
+                        fitting[k],
+                        on_type,
+                        values_by_m,
                     )
                 else:
                     comp, value, complete, nodes = best_composition(
-                        k, types[k], classes, duals, loss, limit, None, fitting[k]
+                        k, types[k], classes, duals, loss, limit, None, fitting[k], on_type
                     )
                 budget -= nodes
                 exact = exact and complete
@@ -272,6 +289,23 @@ class PatternPricer:
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
         return PatternSolution(highs.getObjectiveValue(), used, iterations, exact, elapsed())
+
+
+def _remembered(
+    loss: Callable[[tuple[int, ...], int], float],
+) -> Callable[[tuple[int, ...], int], float]:
+    """`loss`, each composition valued once per solve (the searches of every type and
+    iteration value the same few compositions again and again)."""
+    known: dict[tuple[tuple[int, ...], int], float] = {}
+
+    def remembered(comp: tuple[int, ...], k: int) -> float:
+        key = (comp, k)
+        found = known.get(key)
+        if found is None:
+            found = known[key] = loss(comp, k)
+        return found
+
+    return remembered
 
 
 def covering_model(counts: Sequence[float]) -> highspy.Highs:
@@ -322,6 +356,38 @@ def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
     )
 
 
+class _OnType:
+    """What a solve computes once of its classes on one type k, for every search there:
+    each class's demand on k, its size (Σ_r d_r / capacity_r: `best_composition` orders
+    items by value per size), the resources that bound how many of it fit (with its
+    demand of each), and, once known, the most tasks k can hold (`most`). The same
+    numbers the searches computed themselves, by the same operations."""
+
+    __slots__ = ("demands", "grouped", "most", "needs", "sizes")
+
+    def __init__(
+        self, k: int, shape: TypeShape, classes: Sequence[PatternClass], only: Iterable[int] = ()
+    ) -> None:
+        capacity = shape.capacity
+        inv = [1.0 / x if x > 0 else 0.0 for x in capacity]
+        demands = [cls.demands[k] for cls in classes]
+        self.demands = demands
+        # `only`: the classes a lone search needs (its items), so that a caller without a
+        # solve's cache does no more than the search did before.
+        which = only or range(len(demands))
+        self.sizes: dict[int, float] = {}
+        self.needs: dict[int, tuple[tuple[int, float], ...]] = {}
+        for c in which:
+            d = demands[c]
+            if d is None:
+                continue
+            self.sizes[c] = d[0] * inv[0] + d[1] * inv[1] + d[2] * inv[2]
+            self.needs[c] = tuple((r, d[r]) for r in range(3) if d[r] > EPSILON)
+        self.most: int | None = None
+        # Whether any class has an anti-affinity limit (most have none).
+        self.grouped = any(cls.group is not None and cls.group_limit for cls in classes)
+
+
 def _root_bound(
     capacity: Demand,
     demands: Sequence[Demand | None],
@@ -354,6 +420,8 @@ def best_composition_by_cardinality(
     default: float,
     at_stake: Sequence[float],
     fitting: Sequence[int] | None = None,
+    on_type: _OnType | None = None,
+    values_by_m: dict[int, list[float]] | None = None,
 ) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """`best_composition` under interference, linearized per cardinality.
 
@@ -366,37 +434,49 @@ def best_composition_by_cardinality(
     each candidate is then valued exactly (Σ a_c u_c − loss: learned pairs and
     sets count as recorded); the best exact value wins. Larger m stop paying
     once no class has a positive value left. `fitting`: the classes with tasks
-    that fit type k alone, when the caller already knows them.
+    that fit type k alone, when the caller already knows them; `on_type`: what its
+    solve computed once of the classes on type k; `values_by_m`: the values per m
+    at these duals, shared by the searches of every type at them (filled here).
     """
     capacity = shape.capacity
     if fitting is None:
         fitting = _fitting(k, shape, classes)
     if not fitting:
         return None, 0.0, True, 0
-    demands = [cls.demands[k] for cls in classes]
+    if on_type is None:
+        on_type = _OnType(k, shape, classes)
+    demands = on_type.demands
     # No composition is worth more than Σ a_c u_c (the loss is never negative).
     positive = [c for c in fitting if duals[c] > 1e-12]
     if _root_bound(capacity, demands, duals, positive) <= shape.cost * (1 + 1e-9):
         return None, 0.0, True, 0
-    most = sum(classes[c].count for c in fitting)
-    for r in range(3):
-        smallest = min(demands[c][r] for c in fitting)  # type: ignore[index]
-        if smallest > EPSILON:
-            most = min(most, int((capacity[r] + EPSILON) // smallest))
+    most = on_type.most
+    if most is None:
+        most = sum(classes[c].count for c in fitting)
+        for r in range(3):
+            smallest = min(demands[c][r] for c in fitting)  # type: ignore[index]
+            if smallest > EPSILON:
+                most = min(most, int((capacity[r] + EPSILON) // smallest))
+        on_type.most = most
+    if values_by_m is None:
+        values_by_m = {}
     best: tuple[tuple[int, int], ...] | None = None
     comp: tuple[tuple[int, int], ...] | None
     best_value, complete, nodes = 0.0, True, 0
     for m in range(1, most + 1):
-        penalty = 1.0 - default ** (m - 1)
-        values = [u - penalty * w for u, w in zip(duals, at_stake, strict=True)]
-        if max(values[c] for c in fitting) <= 1e-12:
+        values = values_by_m.get(m)
+        if values is None:
+            penalty = 1.0 - default ** (m - 1)
+            values = [u - penalty * w for u, w in zip(duals, at_stake, strict=True)]
+            values_by_m[m] = values
+        if max([values[c] for c in fitting]) <= 1e-12:
             break
         if m == 1:  # no search: the single most valuable task
             top = max(fitting, key=lambda c: (values[c], -c))
             comp, done, used = ((top, 1),), True, 1
         else:
             comp, _, done, used = best_composition(
-                k, shape, classes, values, None, max(node_limit - nodes, 1), m, fitting
+                k, shape, classes, values, None, max(node_limit - nodes, 1), m, fitting, on_type
             )
         nodes += used
         complete = complete and done
@@ -420,6 +500,7 @@ def best_composition(
     node_limit: int,
     max_items: int | None = None,
     fitting: Sequence[int] | None = None,
+    on_type: _OnType | None = None,
 ) -> tuple[tuple[tuple[int, int], ...] | None, float, bool, int]:
     """The composition of type k maximizing Σ a_c u_c − loss (branch and bound).
 
@@ -431,7 +512,8 @@ def best_composition(
     is worth more than its r-demand at that rate, and the loss is never negative.
     With `max_items`, at most that many tasks: the bound is also the free slots
     times the best value left. `fitting`: the classes with tasks that fit type k
-    alone, when the caller already knows them.
+    alone, when the caller already knows them; `on_type`: what a solve computed once
+    of the classes on type k (`_OnType`), the same numbers as computed here.
     """
     capacity = shape.capacity
     cost = shape.cost
@@ -440,25 +522,21 @@ def best_composition(
     items = [c for c in fitting if duals[c] > 1e-12]
     if not items:
         return None, 0.0, True, 0
+    if on_type is None:
+        on_type = _OnType(k, shape, classes, items)
     # The root's bound (see `bound` below) in one pass, before sorting: most
     # searches of a column generation end here.
-    demands = [cls.demands[k] for cls in classes]
+    demands = on_type.demands
     root = _root_bound(capacity, demands, duals, items)
     if max_items is not None:
         root = min(root, max_items * max(duals[c] for c in items))
     if root <= cost * (1 + 1e-9):
         return None, 0.0, True, 0
-    inv = [1.0 / x if x > 0 else 0.0 for x in capacity]
-
-    def density(c: int) -> float:
-        d = classes[c].demands[k]
-        assert d is not None
-        size = d[0] * inv[0] + d[1] * inv[1] + d[2] * inv[2]
-        return duals[c] / size if size > 0 else math.inf
-
-    items.sort(key=lambda c: (-density(c), c))
+    sizes = on_type.sizes
+    inf = math.inf
+    items.sort(key=lambda c: (-(duals[c] / size if (size := sizes[c]) > 0 else inf), c))
     n = len(items)
-    demand = [classes[c].demands[k] for c in items]
+    demand = [demands[c] for c in items]
     value = [duals[c] for c in items]
     slots = math.inf if max_items is None else max_items
     # Per position i, the bound of items[i:]: `rates[i]`, the resources r that
@@ -467,30 +545,40 @@ def best_composition(
     # the best single value among them.
     rates: list[list[tuple[int, float]]] = [[]] * (n + 1)
     best_after = [0.0] * (n + 1)
-    per_unit: list[float | None] = [0.0, 0.0, 0.0]
+    # The best value per unit of each resource (None once an item needs none of it).
+    gpu: float | None = 0.0
+    cpu: float | None = 0.0
+    ram: float | None = 0.0
     top = 0.0
     for i in range(n - 1, -1, -1):
         d = demand[i]
         v = value[i]
         assert d is not None
-        for r in range(3):
-            after = per_unit[r]
-            if after is not None:
-                per_unit[r] = None if d[r] <= EPSILON else max(after, v / d[r])
-        rates[i] = [(r, x) for r, x in enumerate(per_unit) if x is not None]
+        if gpu is not None:
+            gpu = None if d[0] <= EPSILON else max(gpu, v / d[0])
+        if cpu is not None:
+            cpu = None if d[1] <= EPSILON else max(cpu, v / d[1])
+        if ram is not None:
+            ram = None if d[2] <= EPSILON else max(ram, v / d[2])
+        rates[i] = [(r, x) for r, x in ((0, gpu), (1, cpu), (2, ram)) if x is not None]
         if v > top:
             top = v
         best_after[i] = top
-    groups = [classes[c].group for c in items]
-    limits = {
-        classes[c].group: classes[c].group_limit
-        for c in items
-        if classes[c].group is not None and classes[c].group_limit
-    }
-
-    bounded_slots = max_items is not None
+    limits: dict[Hashable, int] = {}
+    if on_type.grouped:
+        limits = {
+            classes[c].group: classes[c].group_limit  # type: ignore[misc]
+            for c in items
+            if classes[c].group is not None and classes[c].group_limit
+        }
     has_groups = bool(limits)
+    groups = [classes[c].group for c in items] if has_groups else []
+    # Its anti-affinity group's limit (None: no limit).
+    limited = [limits.get(g) if g is not None else None for g in groups]
+    bounded_slots = max_items is not None
     count_of = [classes[c].count for c in items]
+    # What bounds how many tasks of item i fit: the resources it needs, with its demand.
+    needs = [on_type.needs[c] for c in items]
 
     best_value = 0.0
     best: list[int] | None = None
@@ -506,17 +594,15 @@ def best_composition(
 
     def most_of(i: int, free: list[float], count: int) -> int:
         """How many tasks of item i fit in `free` (and the anti-affinity limit allows)."""
-        d = demand[i]
         most = count_of[i]
-        for r in range(3):
-            if d[r] > EPSILON:  # type: ignore[index]
-                fit = int((free[r] + EPSILON) // d[r])  # type: ignore[index]
-                if fit < most:
-                    most = fit
+        for r, d in needs[i]:
+            fit = int((free[r] + EPSILON) // d)
+            if fit < most:
+                most = fit
         if has_groups:
-            g = groups[i]
-            if g in limits:
-                most = min(most, limits[g] - used_in_group.get(g, 0))  # type: ignore[operator]
+            limit = limited[i]
+            if limit is not None:
+                most = min(most, limit - used_in_group.get(groups[i], 0))
         if bounded_slots and max_items - count < most:  # type: ignore[operator]
             most = max_items - count  # type: ignore[operator]
         return most
@@ -526,6 +612,7 @@ def best_composition(
     # Each node (i, free, raw) is counted, recorded if best (the loss is never
     # negative: only a raw value above the best can improve it), and expanded
     # if its bound can beat the best.
+    # (`most_of` and `score` are inlined in the loop below, the hot path of a replay.)
     count = 0  # tasks chosen on the current path
     free = list(capacity)
     nodes = 1
@@ -538,19 +625,20 @@ def best_composition(
             b = free[r] * x
     if b > best_value + 1e-12:
         stack.append([0, free, 0.0, most_of(0, free, 0)])
+    no_loss = loss is None
     while stack:
         frame = stack[-1]
         i, free, raw, a = frame
-        g = groups[i]
         if a < 0 or nodes > node_limit:
-            if has_groups and g in limits:
-                used_in_group[g] -= chosen[i]
+            if has_groups and limited[i] is not None:
+                used_in_group[groups[i]] -= chosen[i]
             count -= chosen[i]
             chosen[i] = 0
             stack.pop()
             continue
         frame[3] = a - 1
-        if has_groups and g in limits:
+        if has_groups and limited[i] is not None:
+            g = groups[i]
             used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
         count += a - chosen[i]
         chosen[i] = a
@@ -563,17 +651,29 @@ def best_composition(
             complete = False
             continue
         if child_raw > best_value + 1e-12:
-            current = score(child_raw)
+            current = child_raw if no_loss else score(child_raw)
             if current > best_value + 1e-12:
                 best_value, best = current, list(chosen)
         j = i + 1
         if j < n:
-            b = (slots - count) * best_after[j] if bounded_slots else math.inf
+            b = (slots - count) * best_after[j] if bounded_slots else inf
             for r, x in rates[j]:
                 if child[r] * x < b:
                     b = child[r] * x
             if child_raw + b > best_value + 1e-12:
-                stack.append([j, child, child_raw, most_of(j, child, count)])
+                # most_of(j, child, count), inlined
+                most = count_of[j]
+                for r, dr in needs[j]:
+                    fit = int((child[r] + EPSILON) // dr)
+                    if fit < most:
+                        most = fit
+                if has_groups:
+                    limit = limited[j]
+                    if limit is not None:
+                        most = min(most, limit - used_in_group.get(groups[j], 0))
+                if bounded_slots and max_items - count < most:
+                    most = max_items - count
+                stack.append([j, child, child_raw, most])
 
     if best is None:
         return None, 0.0, complete, nodes

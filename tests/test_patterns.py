@@ -298,3 +298,71 @@ def test_tasks_left_after_rounding_down_are_priced_again(monkeypatch):
     once_saving, once_cost = packed()
     assert saving > once_saving + 0.1
     assert cost < once_cost - 0.1
+
+
+@st.composite
+def multi_type_knapsacks(draw):
+    """Classes over two types, with anti-affinity limits, values and stakes drawn."""
+    shapes = [
+        TypeShape(
+            f"t{k}",
+            draw(st.integers(1, 50)) / 10,
+            (draw(st.integers(0, 4)), draw(st.integers(1, 16)), draw(st.integers(1, 64))),
+        )
+        for k in range(2)
+    ]
+    classes = []
+    for i in range(draw(st.integers(1, 6))):
+        demands = tuple(
+            (draw(st.integers(0, 2)), draw(st.integers(1, 8)), draw(st.integers(0, 32)))
+            for _ in shapes
+        )
+        limit = draw(st.sampled_from([None, None, 1, 2]))
+        classes.append(
+            PatternClass(
+                draw(st.integers(1, 5)),
+                demands,
+                1.0,
+                group=f"g{i % 2}" if limit else None,
+                group_limit=limit,
+            )
+        )
+    duals = [draw(st.integers(0, 100)) / 10 for _ in classes]
+    stakes = [draw(st.integers(0, 50)) / 10 for _ in classes]
+    return shapes, classes, duals, stakes, draw(st.integers(1, 40))
+
+
+@settings(max_examples=150, deadline=None)
+@given(multi_type_knapsacks())
+def test_searches_sharing_a_solves_cache_find_what_fresh_searches_find(problem):
+    # A solve computes once what its searches read of the classes on each type, and the
+    # per-cardinality values once per iteration for every type: each search must return
+    # exactly what it returns alone, nodes included (the node budget stops a solve).
+    from autoscaler.patterns import _fitting, _OnType
+
+    shapes, classes, duals, stakes, limit = problem
+
+    def loss(comp, k):
+        return 0.1 * (len(comp) - 1) * sum(stakes[c] for c in comp)
+
+    shared: dict = {}
+    for k, shape in enumerate(shapes):
+        fitting = _fitting(k, shape, classes)
+        on_type = _OnType(k, shape, classes)
+        alone = best_composition(k, shape, classes, duals, None, limit, None, fitting)
+        cached = best_composition(k, shape, classes, duals, None, limit, None, fitting, on_type)
+        assert cached == alone
+        for m in (2, 3):
+            alone = best_composition(k, shape, classes, duals, None, limit, m, fitting)
+            cached = best_composition(k, shape, classes, duals, None, limit, m, fitting, on_type)
+            assert cached == alone
+        alone = best_composition_by_cardinality(
+            k, shape, classes, duals, loss, limit, 0.9, stakes, fitting
+        )
+        cached = best_composition_by_cardinality(
+            k, shape, classes, duals, loss, limit, 0.9, stakes, fitting, on_type, shared
+        )
+        again = best_composition_by_cardinality(  # `most` now remembered by on_type
+            k, shape, classes, duals, loss, limit, 0.9, stakes, fitting, on_type, shared
+        )
+        assert cached == alone == again
