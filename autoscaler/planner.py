@@ -19,6 +19,11 @@ Partial keeps the instances still worth their cost and packs the rest. From
 `fluid_also_min_classes` on, the default planner packs both ways and keeps,
 for Full and for Partial, the candidate that saves more.
 
+From `INCREMENTAL_MIN_TASKS` active tasks, a round after a planned one is
+planned in proportion to its change (`EvaPlanner`): the instances the change
+left alone are kept, the rest is planned as a sub-snapshot, and a fresh plan
+is made on a stated rule.
+
 Very large rounds can be split POP-style (Narayanan et al., SOSP '21): jobs
 and instances are dealt at random into k sub-problems, planned in parallel
 processes, and concatenated; the criterion then decides once for the whole
@@ -247,6 +252,7 @@ class EvaPlanner:
         if self._pricer is not None:
             self._pricer.scope(epoch)
         self._fills.scope(epoch)
+        incremental: bool | None = None  # None: last round's candidates, re-scored
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
@@ -254,6 +260,7 @@ class EvaPlanner:
         else:
             self._fills.next_round()
             steady = self._incremental(view, prices, epoch)
+            incremental = steady is not None
             if steady is None:
                 outcomes, bound, parts = self._candidates(view, prices)
                 self._carry(view, prices, outcomes, bound, epoch)
@@ -266,7 +273,8 @@ class EvaPlanner:
         candidates = [_finish(o, d_hat) for o in outcomes]
         chosen, reason = _choose(candidates, d_hat, self.mode)
         no_packing = prices.no_packing_hourly_cost(view.jobs)
-        self._track_drift(steady is not None, chosen.hourly_cost, no_packing)
+        if incremental is not None:
+            self._track_drift(incremental, chosen.hourly_cost, no_packing)
         return Plan(
             chosen.configuration,
             chosen.name,
