@@ -220,9 +220,9 @@ class EvaPlanner:
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
         # Last round's candidates, and what they depended on.
-        self._memo: tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int] | None = (
-            None
-        )
+        self._memo: (
+            tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int, str] | None
+        ) = None
         # What valued compositions when the pricer last solved (see `_valuation_epoch`).
         self._basis: tuple[object, ...] | None = None
         self._epoch = 0
@@ -253,10 +253,11 @@ class EvaPlanner:
             self._pricer.scope(epoch)
         self._fills.scope(epoch)
         incremental: bool | None = None  # None: last round's candidates, re-scored
+        note = ""
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
-            _, outcomes, bound, parts = self._memo
+            _, outcomes, bound, parts, note = self._memo
         else:
             self._fills.next_round()
             steady = self._incremental(view, prices, epoch)
@@ -266,12 +267,14 @@ class EvaPlanner:
                 self._carry(view, prices, outcomes, bound, epoch)
                 self.fresh_rounds += 1
             else:
-                outcomes, bound = steady
+                outcomes, bound, note = steady
                 parts = 1
                 self.incremental_rounds += 1
-            self._memo = (key, outcomes, bound, parts)
+            self._memo = (key, outcomes, bound, parts, note)
         candidates = [_finish(o, d_hat) for o in outcomes]
         chosen, reason = _choose(candidates, d_hat, self.mode)
+        if note:
+            reason = f"{reason} ({note})"
         no_packing = prices.no_packing_hourly_cost(view.jobs)
         if incremental is not None:
             self._track_drift(incremental, chosen.hourly_cost, no_packing)
@@ -345,9 +348,9 @@ class EvaPlanner:
 
     def _incremental(
         self, view: ClusterView, prices: PriceBook, epoch: int
-    ) -> tuple[list[_Outcome], PriceSolution | None] | None:
-        """This round planned in proportion to its change (see the class docstring), or
-        None where it must be planned fresh."""
+    ) -> tuple[list[_Outcome], PriceSolution | None, str] | None:
+        """This round planned in proportion to its change (see the class docstring) and a
+        note saying how much was re-planned, or None where it must be planned fresh."""
         carried = self._carried
         if carried is None or carried.epoch != epoch or carried.rounds >= self._allow_rounds:
             return None
@@ -496,7 +499,12 @@ class EvaPlanner:
         carried.jobs = jobs
         carried.changed = changed
         carried.rounds += 1
-        return outcomes, bound
+        replanned = sum(len(j.tasks) for j in sub_view.jobs)
+        note = (
+            f"planned incrementally: {replanned} of {n_tasks} tasks re-planned, "
+            f"{len(kept)} instances kept as they run"
+        )
+        return outcomes, bound, note
 
     def _valuation_epoch(self, key: tuple[object, ...]) -> int:
         """A number that changes whenever what values a composition may have changed: the

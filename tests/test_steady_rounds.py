@@ -83,6 +83,7 @@ def test_a_steady_round_keeps_the_instances_the_change_left_alone():
     # 15 jobs left, 15 arrived: at most 15 instances lost a task
     assert same >= len(view.current) - 15
     assert infeasible(view, plan) is None
+    assert f"of {TASKS} tasks re-planned" in plan.reason
 
 
 def test_a_steady_round_reports_a_valid_bound_no_tighter_than_a_fresh_lp():
