@@ -19,6 +19,11 @@ Partial keeps the instances still worth their cost and packs the rest. From
 `fluid_also_min_classes` on, the default planner packs both ways and keeps,
 for Full and for Partial, the candidate that saves more.
 
+From `INCREMENTAL_MIN_TASKS` active tasks, a round after a planned one is
+planned in proportion to its change (`EvaPlanner`): the instances the change
+left alone are kept, the rest is planned as a sub-snapshot, and a fresh plan
+is made on a stated rule.
+
 Very large rounds can be split POP-style (Narayanan et al., SOSP '21): jobs
 and instances are dealt at random into k sub-problems, planned in parallel
 processes, and concatenated; the criterion then decides once for the whole
@@ -37,6 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from autoscaler.catalog import Catalog
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.criterion import MigrationCost, expected_duration_h, migration_cost
 from autoscaler.fluid import fluid_pack
@@ -53,6 +59,7 @@ from autoscaler.pricing import (
     valued_tnrp,
 )
 from autoscaler.reconfiguration import FillMemory, Packer, Placement
+from autoscaler.resources import EPSILON
 from autoscaler.view import ClusterView
 
 Mode = Literal["ensemble", "full", "partial"]
@@ -74,6 +81,22 @@ FLUID_MIN_CLASSES = 2_000
 #: (mostly GPU mixes) — in 2–27% of the time; at 100 it gains at most 1.5% and can
 #: lose 78%, and the bundled traces (36–94 vectors) stay below.
 FLUID_ALSO_MIN_CLASSES = 200
+#: Active tasks from which a round may be planned incrementally (see `EvaPlanner`); below
+#: it every round is a fresh plan. The bundled traces' replays stay below it, so their
+#: figures are those of fresh plans.
+INCREMENTAL_MIN_TASKS = 2_000
+#: Share of the tasks at the last fresh plan that may arrive or leave before the next
+#: round is planned fresh again.
+FRESH_AFTER_CHANGE = 0.10
+#: Incremental rounds in a row after which the next round is planned fresh.
+FRESH_EVERY_ROUNDS = 10
+#: How much dearer (hourly cost per no-packing cost) the last incremental plan may be
+#: than the fresh plan that follows it before the next cycle's allowances are halved.
+DRIFT_TOLERANCE = 0.0025
+#: Largest share of the active tasks an incremental round re-plans (the instances the
+#: change touched, their jobs' other instances, and the unplaced tasks); more, and the
+#: round is planned fresh.
+MAX_TOUCHED_SHARE = 0.25
 #: Throughput lookups a planner keeps between rounds while the learned table stays the
 #: same; past it they are dropped and gathered again.
 MAX_REMEMBERED_THROUGHPUTS = 100_000
@@ -128,10 +151,34 @@ class Plan:
 class EvaPlanner:
     """Eva's planner: Full and/or Partial Reconfiguration, chosen by the migration criterion.
 
-    Keeps state between rounds only to make the next round faster (the bound's
-    LP, last round's candidates, reused when nothing changed, and Algorithm 1's
-    fills, replayed where provably the same); decisions depend on the snapshot
-    alone.
+    Keeps state between rounds to make the next round faster: the bound's LP,
+    last round's candidates (reused when nothing changed), Algorithm 1's fills
+    (replayed where provably the same) and, from `incremental_min_tasks` active
+    tasks, what an *incremental* round starts from.
+
+    An incremental round plans in proportion to the change (Eva §4.4's Partial
+    Reconfiguration, applied to the change alone): the running instances no
+    task left, whose jobs did not change and whose saving is remembered are kept
+    as they are; the rest of the running instances, their jobs' other instances
+    and the tasks on no instance form a sub-snapshot, whose Full and Partial
+    Reconfiguration (the planner's own, on that sub-snapshot) are the round's
+    candidates beside the kept instances. S and M are summed (M is exact: kept
+    instances move nothing), and the criterion decides as usual. The bound is
+    the last fresh LP's shadow prices applied to the tasks now active (valid by
+    LP duality for any task set, `fluid.py`; looser than a fresh LP's).
+
+    So a decision depends on the snapshot *and* on when the planner last planned
+    fresh. A round is planned fresh (as by a new planner) when: the planner has
+    no previous round (after a restart, the first round is fresh), fewer than
+    `incremental_min_tasks` tasks are active, the catalog, prices or learned
+    throughputs changed, a job limits its tasks per instance, POP splits the
+    round, the tasks arrived and left since the last fresh plan exceed
+    `FRESH_AFTER_CHANGE` of those planned then, `FRESH_EVERY_ROUNDS` incremental
+    rounds ran in a row, or the sub-snapshot would exceed `MAX_TOUCHED_SHARE` of
+    the tasks. At each fresh round the last incremental plan's cost per
+    no-packing cost is compared with the fresh one's; beyond `DRIFT_TOLERANCE`
+    the next cycle's two allowances are halved. The memory is only a speed-up:
+    dropping it (a restart) makes the next round fresh, never wrong.
     """
 
     def __init__(
@@ -149,10 +196,13 @@ class EvaPlanner:
         price_interference: bool = True,
         job_slowdown: JobSlowdown = "by-job",
         min_throughput: float = 0.0,
+        incremental_min_tasks: int | None = INCREMENTAL_MIN_TASKS,
     ) -> None:
         """`min_throughput`: the user's cap on slowdown. No task is co-located
         where the learned table expects it below this share of its full speed,
-        however much it would save; 0 (default) leaves it to TNRP (Eva)."""
+        however much it would save; 0 (default) leaves it to TNRP (Eva).
+        `incremental_min_tasks`: active tasks from which rounds may be planned
+        incrementally (None: every round fresh)."""
         if not 0.0 <= min_throughput <= 1.0:
             raise ValueError(f"min_throughput must be in [0, 1], got {min_throughput!r}")
         self.mode: Mode = mode
@@ -170,9 +220,9 @@ class EvaPlanner:
         self._shadow = ShadowPricer() if lower_bound else None
         self._prices: PriceBook | None = None
         # Last round's candidates, and what they depended on.
-        self._memo: tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int] | None = (
-            None
-        )
+        self._memo: (
+            tuple[tuple[object, ...], list[_Outcome], PriceSolution | None, int, str] | None
+        ) = None
         # What valued compositions when the pricer last solved (see `_valuation_epoch`).
         self._basis: tuple[object, ...] | None = None
         self._epoch = 0
@@ -180,6 +230,17 @@ class EvaPlanner:
         self._throughputs: dict[tuple[str, tuple[str, ...]], float] = {}
         # Algorithm 1's fills in this epoch, replayed where provably the same.
         self._fills = FillMemory()
+        self.incremental_min_tasks = incremental_min_tasks
+        # What the next incremental round starts from (None: plan the next one fresh).
+        self._carried: _Carried | None = None
+        # The allowances of the current cycle (halved after a drift, see the docstring).
+        self._allow_change = FRESH_AFTER_CHANGE
+        self._allow_rounds = FRESH_EVERY_ROUNDS
+        # The last incremental plan's hourly cost per no-packing cost (None: last was fresh).
+        self._steady_ratio: float | None = None
+        #: Rounds planned fresh / incrementally (for benchmarks and tests).
+        self.fresh_rounds = 0
+        self.incremental_rounds = 0
         base = {"ensemble": "eva", "full": "eva-full-only", "partial": "eva-partial-only"}[mode]
         self.name = base if packing == "priced" else f"{base}-plain"
 
@@ -191,26 +252,259 @@ class EvaPlanner:
         if self._pricer is not None:
             self._pricer.scope(epoch)
         self._fills.scope(epoch)
+        incremental: bool | None = None  # None: last round's candidates, re-scored
+        note = ""
         if self._memo is not None and self._memo[0] == key:
             # Same jobs, same instances, same learned throughputs as last round:
             # the candidates are the same; only D̂ moved, so only re-score them.
-            _, outcomes, bound, parts = self._memo
+            _, outcomes, bound, parts, note = self._memo
         else:
             self._fills.next_round()
-            outcomes, bound, parts = self._candidates(view, prices)
-            self._memo = (key, outcomes, bound, parts)
+            steady = self._incremental(view, prices, epoch)
+            incremental = steady is not None
+            if steady is None:
+                outcomes, bound, parts = self._candidates(view, prices)
+                self._carry(view, prices, outcomes, bound, epoch)
+                self.fresh_rounds += 1
+            else:
+                outcomes, bound, note = steady
+                parts = 1
+                self.incremental_rounds += 1
+            self._memo = (key, outcomes, bound, parts, note)
         candidates = [_finish(o, d_hat) for o in outcomes]
         chosen, reason = _choose(candidates, d_hat, self.mode)
+        if note:
+            reason = f"{reason} ({note})"
+        no_packing = prices.no_packing_hourly_cost(view.jobs)
+        if incremental is not None:
+            self._track_drift(incremental, chosen.hourly_cost, no_packing)
         return Plan(
             chosen.configuration,
             chosen.name,
             tuple(candidates),
             d_hat,
-            prices.no_packing_hourly_cost(view.jobs),
+            no_packing,
             reason,
             bound,
             parts,
         )
+
+    # -- incremental rounds ------------------------------------------------
+
+    def _track_drift(self, steady: bool, hourly_cost: float, no_packing: float) -> None:
+        """At a fresh round after incremental ones, compare their last cost per no-packing
+        cost with the fresh one's: past `DRIFT_TOLERANCE`, halve the next cycle's
+        allowances; within it, restore them."""
+        ratio = hourly_cost / no_packing if no_packing > 0 else 1.0
+        if steady:
+            self._steady_ratio = ratio
+            return
+        if self._steady_ratio is not None:
+            if self._steady_ratio > ratio * (1.0 + DRIFT_TOLERANCE):
+                self._allow_change = max(self._allow_change / 2.0, 0.005)
+                self._allow_rounds = max(self._allow_rounds // 2, 1)
+            else:
+                self._allow_change = FRESH_AFTER_CHANGE
+                self._allow_rounds = FRESH_EVERY_ROUNDS
+        self._steady_ratio = None
+
+    def _carry(
+        self,
+        view: ClusterView,
+        prices: PriceBook,
+        outcomes: list[_Outcome],
+        bound: PriceSolution | None,
+        epoch: int,
+    ) -> None:
+        """Remember what the next incremental round starts from, after a fresh round."""
+        self._carried = None
+        n_tasks = sum(len(j.tasks) for j in view.jobs)
+        if (
+            self.incremental_min_tasks is None
+            or n_tasks < self.incremental_min_tasks
+            or (self.pop_threshold is not None and n_tasks > self.pop_threshold)
+            or any(j.anti_affinity is not None for j in view.jobs)
+        ):
+            return
+        valuer = Packer(view, prices, None, **self._packer_options(), throughputs=self._throughputs)
+        savings = _savings(valuer, outcomes)
+        floors: dict[str, float] = {}
+        floor_sum = 0.0
+        if bound is not None:
+            tasks = [t for j in view.jobs for t in j.tasks]
+            values = _task_floors(view.catalog, tasks, bound)
+            if values is not None:
+                floors = dict(zip((t.task_id for t in tasks), values.tolist(), strict=True))
+                floor_sum = float(values.sum())
+        self._carried = _Carried(
+            epoch,
+            {j.job_id: j for j in view.jobs},
+            savings,
+            floors,
+            bound if floors else None,
+            floor_sum,
+            n_tasks,
+        )
+
+    def _incremental(
+        self, view: ClusterView, prices: PriceBook, epoch: int
+    ) -> tuple[list[_Outcome], PriceSolution | None, str] | None:
+        """This round planned in proportion to its change (see the class docstring) and a
+        note saying how much was re-planned, or None where it must be planned fresh."""
+        carried = self._carried
+        if carried is None or carried.epoch != epoch or carried.rounds >= self._allow_rounds:
+            return None
+        last = carried.jobs
+        jobs: dict[str, JobSpec] = {}
+        changed_jobs: set[str] = set()
+        arrived: list[TaskSpec] = []
+        departed: list[TaskSpec] = []
+        n_tasks = 0
+        for job in view.jobs:
+            if job.anti_affinity is not None:
+                return None
+            jobs[job.job_id] = job
+            n_tasks += len(job.tasks)
+            before = last.get(job.job_id)
+            if before is job:
+                continue
+            if before is None:
+                changed_jobs.add(job.job_id)
+                arrived.extend(job.tasks)
+            elif before != job:
+                changed_jobs.add(job.job_id)
+                was = {t.task_id for t in before.tasks}
+                now = {t.task_id for t in job.tasks}
+                arrived.extend(t for t in job.tasks if t.task_id not in was)
+                departed.extend(t for t in before.tasks if t.task_id not in now)
+        if self.incremental_min_tasks is None or n_tasks < self.incremental_min_tasks:
+            return None
+        if self.pop_threshold is not None and n_tasks > self.pop_threshold:
+            return None
+        for job_id, before in last.items():
+            if job_id not in jobs:
+                departed.extend(before.tasks)
+        changed = carried.changed + len(arrived) + len(departed)
+        if changed > self._allow_change * carried.fresh_tasks:
+            return None
+
+        # Which running instances the change touched, closed over their jobs.
+        job_of_task: dict[str, str] = {}
+        touched: list[bool] = []
+        instances = view.current.instances
+        where: dict[str, list[int]] = {}
+        for i, inst in enumerate(instances):
+            hit = (
+                inst.instance_id is None
+                or inst.instance_id in view.provisional
+                or inst.type.name not in view.catalog
+                or (inst.type.name, inst.tasks) not in carried.savings
+            )
+            for tid in inst.tasks:
+                where.setdefault(tid, []).append(i)
+            touched.append(hit)
+        for job in view.jobs:
+            for task in job.tasks:
+                job_of_task[task.task_id] = job.job_id
+        for i, inst in enumerate(instances):
+            if touched[i]:
+                continue
+            for tid in inst.tasks:
+                owner = job_of_task.get(tid)
+                if owner is None or owner in changed_jobs or len(where[tid]) > 1:
+                    touched[i] = True
+                    break
+        sub_jobs: set[str] = set()
+        new_jobs = set(changed_jobs)
+        new_jobs.update(job_of_task[tid] for tid in job_of_task if tid not in where)
+        frontier = [i for i, hit in enumerate(touched) if hit]
+        while frontier or new_jobs:
+            for i in frontier:
+                new_jobs.update(
+                    job_of_task[tid] for tid in instances[i].tasks if tid in job_of_task
+                )
+            new_jobs -= sub_jobs
+            sub_jobs |= new_jobs
+            frontier = []
+            for j in new_jobs:
+                for task in jobs[j].tasks:
+                    for i in where.get(task.task_id, ()):
+                        if not touched[i]:
+                            touched[i] = True
+                            frontier.append(i)
+            new_jobs = set()
+            sub_tasks = sum(len(jobs[j].tasks) for j in sub_jobs)
+            if sub_tasks > MAX_TOUCHED_SHARE * n_tasks:
+                return None
+
+        kept = [inst for i, inst in enumerate(instances) if not touched[i]]
+        kept_saving = sum(carried.savings[inst.type.name, inst.tasks] for inst in kept)
+        sub_view = dataclasses.replace(
+            view,
+            jobs=tuple(j for j in view.jobs if j.job_id in sub_jobs),
+            current=Configuration(tuple(inst for i, inst in enumerate(instances) if touched[i])),
+        )
+        if sub_view.jobs:
+            sub_outcomes, _, _ = self._candidates(sub_view, prices, with_bound=False)
+        else:
+            empty = MigrationCost(0.0, 0.0, 0, 0, 0)
+            names: list[Literal["full", "partial"]] = {
+                "ensemble": ["full", "partial"],
+                "full": ["full"],
+                "partial": ["partial"],
+            }[self.mode]  # type: ignore[assignment]
+            sub_outcomes = [_Outcome(n, Configuration(()), 0.0, empty) for n in names]
+        outcomes = [
+            _Outcome(
+                o.name,
+                Configuration(tuple(kept) + o.configuration.instances),
+                kept_saving + o.saving_per_hour,
+                o.migration,
+            )
+            for o in sub_outcomes
+        ]
+
+        # Carry on: the kept instances' savings stay, the sub-snapshot's are new.
+        savings = carried.savings
+        for i, inst in enumerate(instances):
+            if touched[i]:
+                savings.pop((inst.type.name, inst.tasks), None)
+        if sub_view.jobs:
+            valuer = Packer(
+                sub_view, prices, None, **self._packer_options(), throughputs=self._throughputs
+            )
+            savings.update(_savings(valuer, sub_outcomes))
+        bound = None
+        if carried.bound is not None:
+            fresh = [t for t in arrived if t.task_id not in carried.floors]
+            values = _task_floors(view.catalog, fresh, carried.bound) if fresh else None
+            if fresh and values is None:
+                carried.bound = None
+            else:
+                if values is not None:
+                    carried.floors.update(
+                        zip((t.task_id for t in fresh), values.tolist(), strict=True)
+                    )
+                carried.floor_sum += sum(carried.floors[t.task_id] for t in arrived)
+                carried.floor_sum -= sum(carried.floors.pop(t.task_id, 0.0) for t in departed)
+                bound = dataclasses.replace(
+                    carried.bound,
+                    lower_bound=carried.floor_sum,
+                    class_prices=(),
+                    type_usage={},
+                    assignment={},
+                    seconds=0.0,
+                    warm_started=True,
+                )
+        carried.jobs = jobs
+        carried.changed = changed
+        carried.rounds += 1
+        replanned = sum(len(j.tasks) for j in sub_view.jobs)
+        note = (
+            f"planned incrementally: {replanned} of {n_tasks} tasks re-planned, "
+            f"{len(kept)} instances kept as they run"
+        )
+        return outcomes, bound, note
 
     def _valuation_epoch(self, key: tuple[object, ...]) -> int:
         """A number that changes whenever what values a composition may have changed: the
@@ -225,7 +519,7 @@ class EvaPlanner:
         return self._epoch
 
     def _candidates(
-        self, view: ClusterView, prices: PriceBook
+        self, view: ClusterView, prices: PriceBook, with_bound: bool = True
     ) -> tuple[list[_Outcome], PriceSolution | None, int]:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
@@ -265,7 +559,7 @@ class EvaPlanner:
                     for o, f in zip(outcomes, fluid, strict=True)
                 ]
         bound = None
-        if self._shadow is not None and n_tasks:
+        if self._shadow is not None and n_tasks and with_bound:
             bound = self._shadow.solve(view.catalog, lp_classes)
         return outcomes, bound, len(parts)
 
@@ -276,6 +570,62 @@ class EvaPlanner:
             "job_slowdown": self.job_slowdown,
             "min_throughput": self.min_throughput,
         }
+
+
+@dataclass(slots=True)
+class _Carried:
+    """What an incremental round starts from, all valued in one epoch."""
+
+    epoch: int
+    jobs: dict[str, JobSpec]  # last round's active jobs by id
+    savings: dict[tuple[str, tuple[str, ...]], float]  # (type, tasks) -> TNRP − cost
+    floors: dict[str, float]  # per active task: its price under `bound`'s shadow prices
+    bound: PriceSolution | None  # the last fresh round's LP (None: no bound carried)
+    floor_sum: float  # Σ of `floors`: a valid lower bound on the active tasks
+    fresh_tasks: int  # tasks planned at the last fresh round
+    changed: int = 0  # tasks arrived or left since
+    rounds: int = 0  # incremental rounds since
+
+
+def _savings(
+    valuer: Packer, outcomes: Iterable[_Outcome]
+) -> dict[tuple[str, tuple[str, ...]], float]:
+    """S of each instance of the candidates (TNRP − cost), by (type, tasks)."""
+    return {
+        (inst.type.name, inst.tasks): valuer.tnrp_of(inst.tasks) - inst.type.hourly_cost
+        for o in outcomes
+        for inst in o.configuration
+    }
+
+
+def _task_floors(
+    catalog: Catalog, tasks: Sequence[TaskSpec], bound: PriceSolution
+) -> np.ndarray | None:
+    """Each task's least price under the LP's shadow prices p over the types it fits,
+    min_k Σ_r p_kr D_τk^r. Σ over any task set is a lower bound on its cost (LP
+    duality: Σ_r p_kr Q_kr ≤ C_k for every type k). None if a type has no prices."""
+    types = catalog.types
+    if any(t.name not in bound.shadow_prices for t in types):
+        return None
+    families = sorted(catalog.families)
+    nan = (np.nan, np.nan, np.nan)
+    demand = np.array(
+        [
+            [(d.as_tuple() if (d := t.demand_on(f)) is not None else nan) for f in families]
+            for t in tasks
+        ],
+        dtype=float,
+    ).reshape(len(tasks), len(families), 3)
+    best = np.full(len(tasks), np.inf)
+    for t in types:
+        on = demand[:, families.index(t.family), :]
+        cap = np.array(t.capacity.as_tuple(), dtype=float)
+        fits = np.all(on <= cap + EPSILON, axis=1)
+        value = np.nan_to_num(on) @ np.array(bound.shadow_prices[t.name], dtype=float)
+        best = np.where(fits, np.minimum(best, value), best)
+    if not np.all(np.isfinite(best)):
+        return None
+    return best
 
 
 def _memo_key(view: ClusterView) -> tuple[object, ...]:

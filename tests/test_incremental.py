@@ -1,5 +1,6 @@
-"""What a planner remembers between rounds and within one never changes a plan: a planner
-carried through a churn sequence plans each state exactly as a fresh planner does."""
+"""What a planner remembers between rounds and within one never changes a plan: below
+`incremental_min_tasks` (all these states), a planner carried through a churn sequence plans
+each state exactly as a fresh planner does. Above it, see `test_steady_rounds.py`."""
 
 from __future__ import annotations
 
