@@ -59,7 +59,10 @@ def test_a_negative_rate_is_refused_naming_it(cluster_dir):
     ("text", "named"),
     [
         # The same file reader as every other input: duplicate keys are refused ...
-        ('{"metadata": {"gap_seconds": 600}, "data": [0], "data": [1]}', "key 'data' appears twice"),
+        (
+            '{"metadata": {"gap_seconds": 600}, "data": [0], "data": [1]}',
+            "key 'data' appears twice",
+        ),
         # ... and the sample at fault is named with its value.
         ('{"metadata": {"gap_seconds": 600}, "data": [0, 0, 3]}', "field 'data[2]' = 3"),
     ],
