@@ -8,7 +8,7 @@ import random
 from dataclasses import replace
 
 from autoscaler.catalog import Catalog
-from autoscaler.planner import FRESH_AFTER_CHANGE, FRESH_EVERY_ROUNDS, EvaPlanner
+from autoscaler.planner import DRIFT_TOLERANCE, FRESH_AFTER_CHANGE, FRESH_EVERY_ROUNDS, EvaPlanner
 from autoscaler.throughput import ThroughputEntry, ThroughputTable
 from autoscaler.view import ClusterView
 from benchmarks.churn import as_running, churn_jobs, churned, infeasible, run
@@ -147,3 +147,28 @@ def test_below_the_incremental_threshold_every_round_is_fresh():
         plan = planner.plan(view)
         view = churned(replace(view, current=as_running(plan, f"i{step}-")), 0.01, 0.05, step, rng)
     assert planner.incremental_rounds == 0
+
+
+def test_a_drift_past_the_tolerance_halves_the_allowances_and_a_close_one_restores_them():
+    """The drift rule: at a fresh round, the last incremental plan's cost per no-packing
+    cost is compared with the fresh plan's; dearer by more than `DRIFT_TOLERANCE`, the
+    share of change and the rounds allowed before the next fresh plan are halved (down to
+    a floor), and a cycle that ends within it restores them."""
+    planner = EvaPlanner()
+    allowances = lambda: (planner._allow_change, planner._allow_rounds)  # noqa: E731
+    steady_drifted = 0.70 * (1 + 2 * DRIFT_TOLERANCE)
+    planner._track_drift(True, steady_drifted, 1.0)
+    planner._track_drift(False, 0.70, 1.0)
+    assert allowances() == (FRESH_AFTER_CHANGE / 2, FRESH_EVERY_ROUNDS // 2)
+    for _ in range(20):  # drifting cycle after cycle: halved down to the floor, not to 0
+        planner._track_drift(True, steady_drifted, 1.0)
+        planner._track_drift(False, 0.70, 1.0)
+    change, rounds = allowances()
+    assert 0 < change <= FRESH_AFTER_CHANGE / 8 and rounds == 1
+    # two fresh rounds in a row compare nothing: the allowances stay
+    planner._track_drift(False, 0.70, 1.0)
+    assert allowances() == (change, rounds)
+    # a cycle within the tolerance restores them
+    planner._track_drift(True, 0.70 * (1 + DRIFT_TOLERANCE / 2), 1.0)
+    planner._track_drift(False, 0.70, 1.0)
+    assert allowances() == (FRESH_AFTER_CHANGE, FRESH_EVERY_ROUNDS)
