@@ -602,7 +602,9 @@ def record_refresh(store: Any, table: Any) -> set[str]:
     order, and each idempotent, so a process killed between the two, or a refresh applied
     again, leaves the ledger as once. Returns the instances re-priced."""
     zones = {i.instance_id: i.zone for i in store.instances()}
-    running = [(u, zones.get(u.instance_id)) for u in store.uptime() if u.end is None]
+    running = [
+        (u, zones.get(u.instance_id)) for u in store.uptime(table.retrieved_s) if u.end is None
+    ]
     repriced: set[str] = store.reprice_instances(price_changes(running, table.history))
     store.record_spot_prices(
         RefreshedPrices(table.region, table.prices, table.retrieved_s, table.source)

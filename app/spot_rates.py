@@ -64,7 +64,7 @@ class SpotRates:
         # The blend itself, as replays learn it: from the state's reclaims and ledger.
         self._learned = LearnedRates(
             store.interruption_counts,
-            lambda: ((u.instance_type, u.start, u.end) for u in store.uptime()),
+            lambda since: ((u.instance_type, u.start, u.end) for u in store.uptime(since)),
             prior_hours=prior_hours,
             history_s=self.history_s,
         )

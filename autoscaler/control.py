@@ -895,7 +895,7 @@ class ControlLoop:
         since = min([day_start(now), *capped])
         records = {j.job_id: j for j in self.store.jobs()}
         return spending(
-            self.store.uptime(),
+            self.store.uptime(since),
             self.store.placements(since),
             {job_id: r.spec for job_id, r in records.items()},
             {job_id: r.team for job_id, r in records.items()},

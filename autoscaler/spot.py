@@ -571,7 +571,7 @@ class LearnedRates:
 
     Each offering's rate is `blended_rate` of its band and the history over the last
     `history_s`: the reclaims `reclaims(since)` counts per offering and the spot
-    instance-hours of the billed uptime intervals `uptime()` gives (`spot_hours`), the
+    instance-hours of the billed uptime intervals `uptime(since)` gives (`spot_hours`), the
     very computation of the daemon's `observed` rates; recomputed at most every
     `refresh_s`. A replay hands it the simulated reclaims and its ledger, so a harsh
     availability trace raises the rate its planner prices spot at, as it would the
@@ -581,7 +581,7 @@ class LearnedRates:
     def __init__(
         self,
         reclaims: Callable[[float], Mapping[str, int]],
-        uptime: Callable[[], Iterable[tuple[str, float, float | None]]],
+        uptime: Callable[[float], Iterable[tuple[str, float, float | None]]],
         *,
         prior_hours: float = RATE_PRIOR_HOURS,
         history_s: float = RATE_HISTORY_S,
@@ -599,7 +599,7 @@ class LearnedRates:
     def rates(self, base: Catalog, now: float) -> dict[str, float]:
         """The blended rate of each spot offering of `base` at `now` (no caching)."""
         since = now - self.history_s
-        hours = spot_hours(self.uptime(), since, now)
+        hours = spot_hours(self.uptime(since), since, now)
         return observed_rates(base, self.reclaims(since), hours, self.prior_hours)
 
     def catalog(self, base: Catalog, now: float) -> Catalog:

@@ -586,7 +586,10 @@ class Store(Protocol):
         """The latest `limit` rounds (all when None), oldest first."""
         ...
 
-    def uptime(self) -> list[UptimeInterval]: ...
+    def uptime(self, since: float | None = None) -> list[UptimeInterval]:
+        """Billed intervals overlapping [since, now] (all when None), oldest first: a
+        reader of a window reads that window, not the cluster's whole history."""
+        ...
 
     def placements(self, since: float | None = None) -> list[Placement]:
         """Placements overlapping [since, now] (all when None), oldest first."""

@@ -230,7 +230,7 @@ def replay(
     if spot is not None and spot.learn_rates:
         learned = LearnedRates(
             lambda since: world.spot.reclaims_since(since) if world.spot is not None else {},
-            lambda: ((u.instance_type, u.start, u.end) for u in store.uptime()),
+            lambda since: ((u.instance_type, u.start, u.end) for u in store.uptime(since)),
             prior_hours=spot.prior_hours,
             history_s=spot.history_s,
             refresh_s=spot.refresh_s,

@@ -416,9 +416,11 @@ class InMemoryStore(Store):
                 return list(self._rounds)
             return self._rounds[max(len(self._rounds) - limit, 0) :] if limit > 0 else []
 
-    def uptime(self) -> list[UptimeInterval]:
+    def uptime(self, since: float | None = None) -> list[UptimeInterval]:
         with self._lock:
-            return list(self._uptime)
+            if since is None:
+                return list(self._uptime)
+            return [u for u in self._uptime if u.end is None or u.end >= since]
 
     def placements(self, since: float | None = None) -> list[Placement]:
         with self._lock:

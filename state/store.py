@@ -1012,9 +1012,12 @@ class SqlStore(Store):
             for r in rounds
         ]
 
-    def uptime(self) -> list[UptimeRecord]:
+    def uptime(self, since: float | None = None) -> list[UptimeRecord]:
         with read_transaction(self._engine) as conn:
-            return [_interval(r) for r in conn.execute(select(LEDGER).order_by(LEDGER.c.id))]
+            query = select(LEDGER).order_by(LEDGER.c.id)
+            if since is not None:
+                query = query.where(or_(LEDGER.c.end.is_(None), LEDGER.c.end >= since))
+            return [_interval(r) for r in conn.execute(query)]
 
     def placements(self, since: float | None = None) -> list[PlacementRecord]:
         with read_transaction(self._engine) as conn:

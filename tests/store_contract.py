@@ -180,6 +180,21 @@ def test_a_price_the_cloud_names_at_landing_is_billed_from_the_request(store):
     assert store.instance("i-2").hourly_price == 0.030
 
 
+def test_uptime_since_gives_the_intervals_overlapping_the_window(store):
+    # A reader of a window (spend today, learned spot rates, a price refresh) reads the
+    # intervals that overlap it, the open ones included, not the whole history.
+    for name, start, end in (("i-1", HOUR, 2 * HOUR), ("i-2", HOUR, 4 * HOUR), ("i-3", HOUR, None)):
+        request(store, name, "c7i.large", 0.08925, at=start)
+        store.transition_instance(name, "pending", start + 20)
+        store.transition_instance(name, "running", start + 200)
+        if end is not None:
+            store.transition_instance(name, "terminated", end)
+    window = [u.instance_id for u in store.uptime(3 * HOUR)]
+    assert window == ["i-2", "i-3"]
+    assert [u.instance_id for u in store.uptime(2 * HOUR)] == ["i-1", "i-2", "i-3"]  # ends at it
+    assert [u.instance_id for u in store.uptime()] == ["i-1", "i-2", "i-3"]
+
+
 def test_request_is_idempotent_by_launch_token(store):
     request(store, "tok-1", "c7i.large", 0.08925, at=1.0)
     first = store.instance("tok-1")

@@ -38,7 +38,7 @@ def test_rates_blend_the_band_with_reclaims_and_spot_hours_in_the_window() -> No
 
     # 10 h of a:spot inside the window, 5 h before it, and on-demand hours that do not count
     uptime = [("a:spot", 0.0, 36_000.0), ("a:spot", -36_000.0, -18_000.0), ("a", 0.0, None)]
-    learned = LearnedRates(reclaims, lambda: uptime, prior_hours=100.0, history_s=36_000.0)
+    learned = LearnedRates(reclaims, lambda since: uptime, prior_hours=100.0, history_s=36_000.0)
     out = learned.catalog(catalog(), 36_000.0)
     assert asked == [0.0]
     assert out["a:spot"].interruption_per_hour == pytest.approx((0.01 * 100 + 5) / 110)
@@ -47,7 +47,7 @@ def test_rates_blend_the_band_with_reclaims_and_spot_hours_in_the_window() -> No
 
 def test_the_catalog_is_the_same_object_until_the_refresh() -> None:
     counts = {"a:spot": 0}
-    learned = LearnedRates(lambda since: dict(counts), lambda: [], refresh_s=600.0)
+    learned = LearnedRates(lambda since: dict(counts), lambda since: [], refresh_s=600.0)
     base = catalog()
     first = learned.catalog(base, 0.0)
     counts["a:spot"] = 3
@@ -60,5 +60,5 @@ def test_the_catalog_is_the_same_object_until_the_refresh() -> None:
 
 def test_a_catalog_without_spot_is_returned_as_is() -> None:
     base = Catalog([catalog()["a"]])
-    learned = LearnedRates(lambda since: {}, lambda: [])
+    learned = LearnedRates(lambda since: {}, lambda since: [])
     assert learned.catalog(base, 0.0) is base
