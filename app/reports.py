@@ -121,7 +121,7 @@ def spot_summary(store: Store, catalog: Catalog, since: float, now: float) -> di
     unpriced: set[str] = set()
     priced_now: set[str] = set()
     at_launch: dict[str, float | None] | None = None
-    for interval in store.uptime():
+    for interval in store.uptime(since):
         h = _hours(interval.start, interval.end, since, now)
         hours += h
         if market_of(interval.instance_type) != SPOT:
@@ -177,7 +177,7 @@ def cost_report(
 ) -> dict[str, Any]:
     """Spend so far (per type, per job, idle), $/h now, what no packing would cost,
     the LP lower bound now, and — with `hypothetical` jobs — what adding them would do."""
-    uptime = store.uptime()
+    uptime = store.uptime(since)
     placements = store.placements(since)
     records = {j.job_id: j for j in store.jobs()}
     specs = {job_id: r.spec for job_id, r in records.items()}
@@ -374,7 +374,7 @@ def spend_of_jobs(
     """({job: $ attributed}, idle $) within [since, now]: `cost_report`'s split."""
     specs = {job_id: r.spec for job_id, r in records.items()}
     return attribute(
-        store.uptime(), store.placements(since), dominant_share(specs, catalog), since, now
+        store.uptime(since), store.placements(since), dominant_share(specs, catalog), since, now
     )
 
 
