@@ -791,7 +791,8 @@ def _interleaved(demand: np.ndarray, cap: np.ndarray, size: np.ndarray) -> np.nd
 BALANCE_GAIN = 0.002
 #: ... and in place of decreasing size where the sample shows it this much cheaper (a
 #: pass saved: 100k tasks just over or under half an instance, on types of at most 32
-#: CPUs, 10.6 CPU-s with both, 1.08x the fluid bound against main's 1.13x in 7.2).
+#: CPUs, 10.6 CPU-s with both, 1.08x the fluid bound; 1.13x in 7.2 by decreasing size
+#: alone).
 BALANCE_SURE = 0.02
 #: The interleaved order is tried on a type only where the items needing some other
 #: resource most than the largest group hold at least this share of the volume.

@@ -1,6 +1,6 @@
 """Distinct demand vectors from held-out shapes, with a seed drawn per run (printed on
 failure): every plan feasible, checked here task by task, and within a ratio of the
-fluid bound that main's packer missed on those shapes."""
+fluid bound that packing by decreasing size alone missed on those shapes."""
 
 from __future__ import annotations
 
