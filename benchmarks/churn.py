@@ -27,6 +27,7 @@ from autoscaler.jobs import JobSpec
 from autoscaler.planner import EvaPlanner, Plan
 from autoscaler.throughput import ThroughputTable
 from autoscaler.view import ClusterView, ReconfigurationHistory
+from benchmarks.feasibility import infeasibilities
 from benchmarks.workloads import HELD_OUT, distinct_jobs, pai_catalog_and_jobs, sample_jobs
 
 T = TypeVar("T")
@@ -90,26 +91,10 @@ def _cpu(fn: Callable[[], T]) -> tuple[float, T]:
 
 def infeasible(view: ClusterView, plan: Plan) -> str | None:
     """Why `plan` is not a feasible configuration of `view` (None: it is): every
-    active task placed exactly once, on a type its demand fits, within capacity."""
-    spec = {t.task_id: t for j in view.jobs for t in j.tasks}
-    seen: set[str] = set()
-    for inst in plan.configuration:
-        total = [0.0, 0.0, 0.0]
-        for tid in inst.tasks:
-            if tid not in spec:
-                return f"{tid} is not active but placed on {inst.type.name}"
-            if tid in seen:
-                return f"{tid} placed twice"
-            seen.add(tid)
-            demand = spec[tid].demand_on(inst.type.family)
-            if demand is None:
-                return f"{tid} cannot run on {inst.type.name}"
-            total = [a + b for a, b in zip(total, demand.as_tuple(), strict=True)]
-        cap = inst.type.capacity.as_tuple()
-        if any(a > c + 1e-6 for a, c in zip(total, cap, strict=True)):
-            return f"{inst.type.name} over capacity: {total} > {cap}"
-    missing = len(spec) - len(seen)
-    return f"{missing} active task(s) not placed" if missing else None
+    active task placed exactly once, on a type its demand fits, within capacity
+    (`feasibility.infeasibilities`, its first finding)."""
+    problems = infeasibilities(plan, view.jobs, view.catalog)
+    return problems[0] if problems else None
 
 
 @dataclass(frozen=True, slots=True)
