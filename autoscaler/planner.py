@@ -404,10 +404,12 @@ class EvaPlanner:
             for tid in inst.tasks:
                 where.setdefault(tid, []).append(i)
             touched.append(hit)
+        task_of: dict[str, TaskSpec] = {}
         for job in view.jobs:
             for task in job.tasks:
                 job_of_task[task.task_id] = job.job_id
-        _touch_room(view, instances, touched, where)
+                task_of[task.task_id] = task
+        _touch_room(task_of, instances, touched, where)
         for i, inst in enumerate(instances):
             if touched[i]:
                 continue
@@ -601,7 +603,7 @@ def _savings(
 
 
 def _touch_room(
-    view: ClusterView,
+    task_of: Mapping[str, TaskSpec],
     instances: Sequence[Instance],
     touched: list[bool],
     where: Mapping[str, list[int]],
@@ -615,10 +617,9 @@ def _touch_room(
     fresh plan one step after it). Best fit only, not every instance with room: at
     10,000 tasks most instances have some, and re-planning them all costs what a fresh
     round does."""
-    waiting = [t for j in view.jobs for t in j.tasks if t.task_id not in where]
+    waiting = [t for tid, t in task_of.items() if tid not in where]
     if not waiting:
         return
-    by_id = {t.task_id: t for j in view.jobs for t in j.tasks}
     found: dict[str, tuple[list[int], list[list[float]], list[tuple[float, float, float]]]] = {}
     for i, inst in enumerate(instances):
         if touched[i]:
@@ -627,7 +628,7 @@ def _touch_room(
         cap = inst.type.capacity.as_tuple()
         free = list(cap)
         for tid in inst.tasks:
-            task = by_id.get(tid)
+            task = task_of.get(tid)
             demand = task.demand_on(family) if task is not None else None
             if demand is not None:
                 for r, x in enumerate(demand.as_tuple()):
