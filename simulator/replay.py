@@ -150,26 +150,43 @@ class SpotReplay:
     refresh_s: float = RATE_REFRESH_S  # `[spot] refresh_minutes`
 
 
-#: What `replay --spot` compares: Eva pricing spot by its interruption risk, Eva on
-#: on-demand capacity only, and two spot baselines without packing planned at the raw
-#: spot price: SkyPilot-like managed jobs restarting from scratch after a reclaim, and
-#: the same with periodic checkpoints.
-SPOT_SCHEDULERS = ("eva", "eva-on-demand", "spot-restart", "spot-checkpoint")
+#: What `replay --spot` compares: Eva pricing spot by its interruption risk; the same
+#: co-locating no task it expects below full speed (`eva-full-speed`: what spot and the
+#: choice of offerings save at the baselines' JCT, where co-location slowdown is what
+#: eva trades for its deeper saving); Eva on on-demand capacity only; and two spot
+#: baselines without packing planned at the raw spot price: SkyPilot-like managed jobs
+#: restarting from scratch after a reclaim, and the same with periodic checkpoints.
+SPOT_SCHEDULERS = ("eva", "eva-full-speed", "eva-on-demand", "spot-restart", "spot-checkpoint")
 
 
-def spot_variant(name: str, base: SpotReplay) -> tuple[str, bool, SpotReplay]:
-    """A `replay --spot` row: (scheduler, whether it may use spot offerings, settings)."""
+@dataclass(frozen=True)
+class SpotVariant:
+    """A `replay --spot` row: the scheduler it runs, whether it may use spot offerings,
+    its spot settings, and planner options it sets over the command's."""
+
+    scheduler: str
+    on_spot: bool
+    settings: SpotReplay
+    planner_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def spot_variant(name: str, base: SpotReplay) -> SpotVariant:
+    """The row `name` of `replay --spot` (any other name: that scheduler, with spot)."""
     raw = SpotPolicy(checkpoint_every_s=0.0, restart_s=0.0)  # L = 0: the raw spot price
+    if name == "eva-full-speed":
+        return SpotVariant("eva", True, base, {"min_throughput": 1.0})
     if name == "eva-on-demand":
-        return "eva", False, replace(base, policy=None)
+        return SpotVariant("eva", False, replace(base, policy=None))
     if name == "spot-restart":
         no_checkpoints = replace(raw, from_scratch=True)
-        return "no-packing", True, replace(base, policy=no_checkpoints, checkpoints=False)
+        return SpotVariant(
+            "no-packing", True, replace(base, policy=no_checkpoints, checkpoints=False)
+        )
     if name == "spot-checkpoint":
-        return "no-packing", True, replace(base, policy=raw, checkpoints=True)
+        return SpotVariant("no-packing", True, replace(base, policy=raw, checkpoints=True))
     if name == "no-packing":
-        return "no-packing", False, replace(base, policy=None)
-    return name, True, base
+        return SpotVariant("no-packing", False, replace(base, policy=None))
+    return SpotVariant(name, True, base)
 
 
 def replay(

@@ -735,17 +735,17 @@ def _run_one(
             catalog, jobs = planning_inputs(jobs, spot.catalog, spot.base.policy or SpotPolicy())
         result: object = clairvoyant_bound(jobs, catalog)
     elif spot is not None:
-        scheduler, on_spot, settings = spot_variant(name, spot.base)
+        row = spot_variant(name, spot.base)
         result = replay(
             jobs,
-            spot.catalog if on_spot else catalog,
+            spot.catalog if row.on_spot else catalog,
             truth,
-            scheduler,
+            row.scheduler,
             interval_s,
             on_round=on_round,
-            planner_options=options,
-            spot=settings,
-            waiting=waiting if scheduler in PLANNER_NAMES else None,
+            planner_options={**options, **row.planner_options},
+            spot=row.settings,
+            waiting=waiting if row.scheduler in PLANNER_NAMES else None,
         )
     else:
         result = replay(

@@ -112,9 +112,11 @@ def test_a_reclaim_loses_only_the_work_since_the_newest_checkpoint() -> None:
 def test_without_checkpoints_a_reclaim_restarts_the_job_from_scratch() -> None:
     trace = AvailabilityTrace(2400.0, (0, 1))
     base = SpotReplay(traces={"small": trace})
-    scheduler, on_spot, settings = spot_variant("spot-restart", base)
-    assert (scheduler, on_spot, settings.checkpoints) == ("no-packing", True, False)
-    result = replay([job("a", 6000.0)], catalog(0.0), NO_INTERFERENCE, scheduler, spot=settings)
+    row = spot_variant("spot-restart", base)
+    assert (row.scheduler, row.on_spot, row.settings.checkpoints) == ("no-packing", True, False)
+    result = replay(
+        [job("a", 6000.0)], catalog(0.0), NO_INTERFERENCE, row.scheduler, spot=row.settings
+    )
     assert result.finished
     assert result.spot["lost_task_hours"] == pytest.approx(2280.0 / 3600.0, abs=1e-6)
 
@@ -439,3 +441,49 @@ def test_market_moves_count_the_restarts_on_the_other_market() -> None:
     assert result.spot["market_moves_per_job"] == result.spot["max_market_moves"] == 2
     calm = replay([job("b", 3000.0)], catalog(0.0), NO_INTERFERENCE, "eva", spot=SpotReplay())
     assert calm.spot["market_moves_per_job"] == calm.spot["max_market_moves"] == 0
+
+
+def test_eva_full_speed_row_packs_no_task_it_expects_slowed() -> None:
+    # Two one-task jobs never seen together (expected at 0.95 each): one "two:spot" holding
+    # both saves $0.80/h of $2/h against a slowdown charged at the on-demand value
+    # (2 × 0.05 × $3/h), so eva packs them; eva-full-speed keeps each at full speed.
+    delays = DELAYS
+    cpu = Resources(0, 4, 16)
+    kinds = []
+    for name, capacity, price, spot_price in (
+        ("one", Resources(0, 4, 16), 3.0, 1.0),
+        ("two", Resources(0, 8, 32), 3.6, 1.2),
+    ):
+        kinds.append(InstanceType(name, "f", capacity, price, delays))
+        kinds.append(
+            InstanceType(
+                f"{name}:spot", "f", capacity, spot_price, delays, market=SPOT, ec2_type=name
+            )
+        )
+    jobs = [
+        replace(j, tasks=tuple(replace(t, demands=(("any", cpu),)) for t in j.tasks))
+        for j in (job("a", 20000.0), job("b", 20000.0))
+    ]
+    slowed = ThroughputTable(default=0.95)
+    used = {}
+    results = {}
+    for name in ("eva", "eva-full-speed"):
+        row = spot_variant(name, SpotReplay())
+        store = InMemoryStore()
+        results[name] = replay(
+            jobs,
+            Catalog(kinds),
+            slowed,
+            row.scheduler,
+            store=store,
+            spot=row.settings,
+            planner_options=dict(row.planner_options),
+        )
+        used[name] = types_used(store)
+    assert all(r.finished for r in results.values())
+    assert used["eva"] == {"a": ["two:spot"], "b": ["two:spot"]}
+    assert used["eva-full-speed"] == {"a": ["one:spot"], "b": ["one:spot"]}
+    eva, full = results["eva"], results["eva-full-speed"]
+    assert eva.total_cost < full.total_cost
+    assert full.avg_jct_hours < eva.avg_jct_hours
+    assert full.normalized_throughput == pytest.approx(1.0)
