@@ -37,7 +37,7 @@ import multiprocessing
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -234,6 +234,7 @@ class EvaPlanner:
         self.incremental_min_tasks = incremental_min_tasks
         # What the next incremental round starts from (None: plan the next one fresh).
         self._carried: _Carried | None = None
+        self._valuer: Packer | None = None  # the last `_candidates`' Packer (Algorithm 1's)
         # The allowances of the current cycle (halved after a drift, see the docstring).
         self._allow_change = FRESH_AFTER_CHANGE
         self._allow_rounds = FRESH_EVERY_ROUNDS
@@ -327,25 +328,34 @@ class EvaPlanner:
             or any(j.anti_affinity is not None for j in view.jobs)
         ):
             return
-        valuer = Packer(view, prices, None, **self._packer_options(), throughputs=self._throughputs)
-        savings = _savings(valuer, outcomes)
-        floors: dict[str, float] = {}
-        floor_sum = 0.0
+        # Valued when a next round first reads them (`_settle`), in this same epoch: a
+        # plan made once (`autoscaler plan`, the scale benchmark) never pays for them.
+        self._carried = _Carried(
+            epoch,
+            {j.job_id: j for j in view.jobs},
+            n_tasks,
+            pending=(view, prices, outcomes, bound, self._valuer),
+        )
+
+    def _settle(self, carried: _Carried) -> None:
+        """Value what `_carry` remembered: each candidate instance's S, and each task's
+        floor under the fresh round's shadow prices."""
+        if carried.pending is None:
+            return
+        view, prices, outcomes, bound, valuer = carried.pending
+        carried.pending = None
+        if valuer is None:  # the fluid path or POP: no Packer of the whole view was built
+            valuer = Packer(
+                view, prices, None, **self._packer_options(), throughputs=self._throughputs
+            )
+        carried.savings = _savings(valuer, outcomes)
         if bound is not None:
             tasks = [t for j in view.jobs for t in j.tasks]
             values = _task_floors(view.catalog, tasks, bound)
             if values is not None:
-                floors = dict(zip((t.task_id for t in tasks), values.tolist(), strict=True))
-                floor_sum = float(values.sum())
-        self._carried = _Carried(
-            epoch,
-            {j.job_id: j for j in view.jobs},
-            savings,
-            floors,
-            bound if floors else None,
-            floor_sum,
-            n_tasks,
-        )
+                carried.floors = dict(zip((t.task_id for t in tasks), values.tolist(), strict=True))
+                carried.floor_sum = float(values.sum())
+                carried.bound = bound
 
     def _incremental(
         self, view: ClusterView, prices: PriceBook, epoch: int
@@ -388,6 +398,7 @@ class EvaPlanner:
         changed = carried.changed + len(arrived) + len(departed)
         if changed > self._allow_change * carried.fresh_tasks:
             return None
+        self._settle(carried)
 
         # Which running instances the change touched, closed over their jobs.
         job_of_task: dict[str, str] = {}
@@ -528,6 +539,7 @@ class EvaPlanner:
         """Full and/or Partial Reconfiguration of the view, and the LP bound."""
         n_tasks = sum(len(j.tasks) for j in view.jobs)
         distinct = _distinct_demands(view)
+        self._valuer = None
         if distinct > self.fluid_min_classes:
             return _fluid_candidates(
                 view, prices, self.mode, self.job_slowdown, self.min_throughput, self._throughputs
@@ -546,6 +558,7 @@ class EvaPlanner:
                 throughputs=self._throughputs,
                 fills=self._fills,
             )
+            self._valuer = packer  # values instances as a Packer without pricer would
             outcomes = _evaluate(view, packer, prices, self.mode)
             lp_classes = _lp_classes(packer)
             parts = [view]
@@ -582,13 +595,18 @@ class _Carried:
 
     epoch: int
     jobs: dict[str, JobSpec]  # last round's active jobs by id
-    savings: dict[tuple[str, tuple[str, ...]], float]  # (type, tasks) -> TNRP − cost
-    floors: dict[str, float]  # per active task: its price under `bound`'s shadow prices
-    bound: PriceSolution | None  # the last fresh round's LP (None: no bound carried)
-    floor_sum: float  # Σ of `floors`: a valid lower bound on the active tasks
     fresh_tasks: int  # tasks planned at the last fresh round
     changed: int = 0  # tasks arrived or left since
     rounds: int = 0  # incremental rounds since
+    # The fresh round's view, prices, candidates, LP and Packer (None: build one), until
+    # `EvaPlanner._settle` values them into the four fields below.
+    pending: (
+        tuple[ClusterView, PriceBook, list[_Outcome], PriceSolution | None, Packer | None] | None
+    ) = None
+    savings: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)
+    floors: dict[str, float] = field(default_factory=dict)  # per task: its shadow price
+    bound: PriceSolution | None = None  # the last fresh round's LP (None: none carried)
+    floor_sum: float = 0.0  # Σ of `floors`: a valid lower bound on the active tasks
 
 
 def _savings(

@@ -26,6 +26,7 @@ from bisect import insort
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress
 from operator import itemgetter
 from typing import Any
@@ -226,18 +227,7 @@ class Packer:
         self.group_limit: list[int] = [k[3][1] for k in keys]
         self.has_groups = any(self.group)
         self.workload = [t.workload for t in first]
-        # Per type: each class's demand on that type's family (None: cannot run there).
-        self.demand: list[list[tuple[float, float, float] | None]] = []
-        self.candidates: list[list[int]] = []
-        for itype in self.types:
-            row: list[tuple[float, float, float] | None] = []
-            for t in first:
-                d = t.demand_on(itype.family)
-                row.append(None if d is None else d.as_tuple())
-            self.demand.append(row)
-            cap = itype.capacity
-            self.candidates.append([c for c, d in enumerate(row) if d is not None and fits(d, cap)])
-        self.candidate_set = [set(cands) for cands in self.candidates]
+        self._first = first
         self._value_cache: dict[tuple[int, ...], float] = {}
         self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = (
             {} if throughputs is None else throughputs
@@ -249,6 +239,33 @@ class Packer:
             tuple[int, tuple[tuple[int, int], ...], bytes],
             tuple[tuple[int, ...], float, tuple[tuple[int, int], ...], tuple[int, ...]],
         ] = {}
+
+    @cached_property
+    def demand(self) -> list[list[tuple[float, float, float] | None]]:
+        """Per type, each class's demand on that type's family (None: cannot run there).
+        Built on first use: valuing a plan's instances (`tnrp_of`) never needs it, and at
+        100,000 distinct vectors it is most of a valuation's time."""
+        rows: list[list[tuple[float, float, float] | None]] = []
+        for itype in self.types:
+            row: list[tuple[float, float, float] | None] = []
+            for t in self._first:
+                d = t.demand_on(itype.family)
+                row.append(None if d is None else d.as_tuple())
+            rows.append(row)
+        return rows
+
+    @cached_property
+    def candidates(self) -> list[list[int]]:
+        """Per type, the classes one task of which fits it."""
+        return [
+            [c for c, d in enumerate(row) if d is not None and fits(d, itype.capacity)]
+            for itype, row in zip(self.types, self.demand, strict=True)
+        ]
+
+    @cached_property
+    def candidate_set(self) -> list[set[int]]:
+        """`candidates` as sets."""
+        return [set(cands) for cands in self.candidates]
 
     @property
     def task_class(self) -> dict[str, int]:
