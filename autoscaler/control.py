@@ -846,19 +846,18 @@ class ControlLoop:
         self.passed("decided")
         decision = record(self.store, decision, dry_run=options.dry_run)
         self.passed("recorded")
-        recorded = decision.record()
-        if not options.dry_run:
-            actions = act(
-                decision,
-                cloud=self.cloud,
-                store=self.store,
-                now=now,
-                after_launch=lambda _: self.passed("launched"),
-            )
-            recorded = replace(recorded, actions=actions)
-            self.passed("acted")
-            self.progress()
-        return RoundOutcome(recorded, decision.plan, seconds)
+        if options.dry_run:
+            return RoundOutcome(decision.record(), decision.plan, seconds)
+        actions = act(
+            decision,
+            cloud=self.cloud,
+            store=self.store,
+            now=now,
+            after_launch=lambda _: self.passed("launched"),
+        )
+        self.passed("acted")
+        self.progress()
+        return RoundOutcome(decision.record(actions), decision.plan, seconds)
 
     def _history(self, now: float) -> tuple[tuple[InstanceRecord, ...], float]:
         """What the guardrails and the boot back-off read beyond the snapshot: instances
