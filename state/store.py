@@ -134,6 +134,7 @@ JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput
 TASK_FIELDS = tuple(f.name for f in fields(TaskRecord))
 TASK_COLUMNS = tuple(name for name in TASK_FIELDS if name not in ("task_id", "job_id"))
 GPUS = TASK_FIELDS.index("gpus")  # stored as a JSON list, held as a tuple
+TASK_ID, JOB_ID = TASK_FIELDS.index("task_id"), TASK_FIELDS.index("job_id")
 INSTANCE_COLUMNS = (
     "status",
     "cloud_id",
@@ -1203,10 +1204,10 @@ class _Active:
             TASKS.c.version >= self.marks["tasks"]
         )
         for row in conn.execute(query).all():
-            if row.job_id in jobs:
-                values = list(row)
+            values = list(row)  # in the record's field order: by position, not by name
+            if values[JOB_ID] in jobs:
                 values[GPUS] = tuple(values[GPUS])
-                tasks[row.task_id] = TaskRecord(*values)
+                tasks[values[TASK_ID]] = TaskRecord(*values)
         for row_id, inst in store._instance_rows(
             conn, INSTANCES.c.version >= self.marks["instances"]
         ):
