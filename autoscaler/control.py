@@ -628,7 +628,7 @@ def record(
     intents unless this is a dry run; returns it with its round id. Nothing has been done
     yet."""
     intents = None if dry_run else decision.intents()
-    round_id = store.record_round(recorded or decision.record(), intents)
+    round_id = store.record_round(recorded if recorded is not None else decision.record(), intents)
     if not dry_run:
         for job_id, reason in sorted(decision.stopped.items()):
             store.job_finished(job_id, decision.at, "cancelled", reason)
