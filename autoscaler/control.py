@@ -379,6 +379,11 @@ def _sync_tasks(
             ):
                 statuses.append(task.status)
                 continue
+            if seen is None and task.status not in ON_INSTANCE:
+                # Not on an instance and not reported: nothing to change (`_task_change`'s
+                # first answer, without the call: a first round's tasks are all pending).
+                statuses.append(task.status)
+                continue
             if seen is not None and seen.attempt != task.attempt:
                 # Another attempt than the one the state knows: an old one still running
                 # is stopped; an old terminal report is only acknowledged.
@@ -612,11 +617,18 @@ def _learn(store: Store, snap: StateSnapshot, report: ExecutorReport, now: float
 # -- record ------------------------------------------------------------------------------------
 
 
-def record(store: Store, decision: RoundDecision, *, dry_run: bool = False) -> RoundDecision:
-    """Store the round's decision, with its intents unless this is a dry run; returns it
-    with its round id. Nothing has been done yet."""
+def record(
+    store: Store,
+    decision: RoundDecision,
+    *,
+    dry_run: bool = False,
+    recorded: RoundRecord | None = None,
+) -> RoundDecision:
+    """Store the round's decision (`recorded`: its `record()`, if built already), with its
+    intents unless this is a dry run; returns it with its round id. Nothing has been done
+    yet."""
     intents = None if dry_run else decision.intents()
-    round_id = store.record_round(decision.record(), intents)
+    round_id = store.record_round(recorded if recorded is not None else decision.record(), intents)
     if not dry_run:
         for job_id, reason in sorted(decision.stopped.items()):
             store.job_finished(job_id, decision.at, "cancelled", reason)
@@ -643,6 +655,7 @@ def act(
     store: Store,
     now: float,
     after_launch: Callable[[str], None] = lambda instance_id: None,
+    actions: tuple[ActionRecord, ...] | None = None,
 ) -> tuple[ActionRecord, ...]:
     """Carry out the round's launches and orphan terminations; record what came of them.
 
@@ -651,10 +664,11 @@ def act(
     instances the cloud lists under tokens the state knows, which the next sync
     adopts. A launch is retried with the same token if the cloud could not be
     reached (it may have started the instance); any other failure fails the
-    instance, whose tasks are planned again next round.
+    instance, whose tasks are planned again next round. `actions`: the decision's
+    `actions()` as recorded, if built already (a first round has thousands).
     """
     assert decision.round_id is not None, "record the decision before acting on it"
-    actions = list(decision.actions())
+    answered = list(decision.actions() if actions is None else actions)
     changes: list[InstanceChange] = []
     outcomes: list[tuple[int, str, str]] = []
     for index, launch in enumerate(decision.launches):
@@ -664,7 +678,7 @@ def act(
             changes.append(change)
         if outcome != "planned":
             outcomes.append((index, outcome, message))
-        actions[index] = _answered(actions[index], outcome, message)
+        answered[index] = _answered(answered[index], outcome, message)
     if changes:
         store.transition_instances(changes, now)
     doomed = [
@@ -679,10 +693,10 @@ def act(
         for position, _ in doomed:
             index = decision.orphan_index(position)
             outcomes.append((index, outcome, message))
-            actions[index] = _answered(actions[index], outcome, message)
+            answered[index] = _answered(answered[index], outcome, message)
     if outcomes:
         store.record_action_outcomes(decision.round_id, outcomes)
-    return tuple(actions)
+    return tuple(answered)
 
 
 def _answered(action: ActionRecord, outcome: str, message: str) -> ActionRecord:
@@ -844,21 +858,24 @@ class ControlLoop:
         if decision.plan is not None:
             decision = replace(decision, numbers={**decision.numbers, "planning_seconds": seconds})
         self.passed("decided")
-        decision = record(self.store, decision, dry_run=options.dry_run)
-        self.passed("recorded")
         recorded = decision.record()
-        if not options.dry_run:
-            actions = act(
-                decision,
-                cloud=self.cloud,
-                store=self.store,
-                now=now,
-                after_launch=lambda _: self.passed("launched"),
+        decision = record(self.store, decision, dry_run=options.dry_run, recorded=recorded)
+        self.passed("recorded")
+        if options.dry_run:
+            return RoundOutcome(
+                replace(recorded, round_id=decision.round_id), decision.plan, seconds
             )
-            recorded = replace(recorded, actions=actions)
-            self.passed("acted")
-            self.progress()
-        return RoundOutcome(recorded, decision.plan, seconds)
+        actions = act(
+            decision,
+            cloud=self.cloud,
+            store=self.store,
+            now=now,
+            after_launch=lambda _: self.passed("launched"),
+            actions=recorded.actions,
+        )
+        self.passed("acted")
+        self.progress()
+        return RoundOutcome(decision.record(actions), decision.plan, seconds)
 
     def _history(self, now: float) -> tuple[tuple[InstanceRecord, ...], float]:
         """What the guardrails and the boot back-off read beyond the snapshot: instances

@@ -314,7 +314,9 @@ class RoundDecision:
             + position
         )
 
-    def record(self) -> RoundRecord:
+    def record(self, actions: tuple[ActionRecord, ...] | None = None) -> RoundRecord:
+        """The round as stored, with `actions` in place of `actions()` when given (those
+        answered by `act`: a first round has thousands, not built twice)."""
         numbers = dict(self.numbers)
         if self.infeasible:
             numbers["infeasible"] = dict(self.infeasible)
@@ -325,7 +327,7 @@ class RoundDecision:
             self.had_event,
             self.reason,
             numbers,
-            self.actions(),
+            self.actions() if actions is None else actions,
             self.round_id,
             self.job_events,
         )

@@ -241,20 +241,31 @@ def transition_instance(
         return None
     if change.status not in TRANSITIONS[inst.status]:
         raise IllegalTransition(inst.instance_id, inst.status, change.status)
-    new = replace(
-        inst,
-        status=change.status,
-        cloud_id=change.cloud_id or inst.cloud_id,
-        zone=change.zone or inst.zone,
-        private_address=change.private_address or inst.private_address,
-        history=(*inst.history, (change.status, at)),
-        reason=change.reason,
-    )
     billed_before = inst.status in BILLED_STATUSES
     billed_after = change.status in BILLED_STATUSES
-    if billed_after and not billed_before:
-        if change.hourly_price is not None:  # billing starts once: from "requested"
-            new = replace(new, hourly_price=change.hourly_price)
+    opening = billed_after and not billed_before
+    # Built field by field, not with `dataclasses.replace` (which inspects the fields on
+    # every call): a first round's launches are answered thousands at a time.
+    new = InstanceRecord(
+        instance_id=inst.instance_id,
+        instance_type=inst.instance_type,
+        status=change.status,
+        # billing starts once (from "requested"), at the price the cloud named if it did
+        hourly_price=change.hourly_price
+        if opening and change.hourly_price is not None
+        else inst.hourly_price,
+        requested_at=inst.requested_at,
+        cloud_id=change.cloud_id or inst.cloud_id,
+        zone=change.zone or inst.zone,
+        history=(*inst.history, (change.status, at)),
+        ready_at=inst.ready_at,
+        lost_at=inst.lost_at,
+        reason=change.reason,
+        private_address=change.private_address or inst.private_address,
+        reclaimed_at=inst.reclaimed_at,
+        on_demand_price=inst.on_demand_price,
+    )
+    if opening:
         # From the request, at its price: the cloud bills from the launch on.
         start = inst.requested_at
         opens = UptimeInterval(inst.instance_id, inst.instance_type, new.hourly_price, start)

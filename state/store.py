@@ -34,9 +34,9 @@ Opening a database whose schema is missing or not at the head revision raises
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -127,11 +127,14 @@ DELAYS = cast(Table, PhaseDelay.__table__)
 INTERRUPTIONS = cast(Table, Interruption.__table__)
 SPOT_PRICES = cast(Table, SpotPrice.__table__)
 
+#: A job record's fields after its spec, each a column of its row.
+JOB_RECORD_FIELDS = tuple(f.name for f in fields(JobRecord))[1:]
 #: The columns transitions change, named as the fields of their records.
 JOB_COLUMNS = ("status", "started_at", "finished_at", "reason", "solo_throughput")
 TASK_FIELDS = tuple(f.name for f in fields(TaskRecord))
 TASK_COLUMNS = tuple(name for name in TASK_FIELDS if name not in ("task_id", "job_id"))
 GPUS = TASK_FIELDS.index("gpus")  # stored as a JSON list, held as a tuple
+TASK_ID, JOB_ID = TASK_FIELDS.index("task_id"), TASK_FIELDS.index("job_id")
 INSTANCE_COLUMNS = (
     "status",
     "cloud_id",
@@ -147,6 +150,15 @@ INSTANCE_COLUMNS = (
 INSTANCE_FIELDS = tuple(f.name for f in fields(InstanceRecord) if f.name != "history")
 HISTORY_FIELD = [f.name for f in fields(InstanceRecord)].index("history")
 LEDGER_COLUMNS = ("instance_id", "instance_type", "hourly_price", "start", "end")
+#: A round action's row: its round, its position, then the action record's fields.
+ACTION_COLUMNS = ("round_id", "position", *(f.name for f in fields(ActionRecord)))
+#: An instance's row as `_request_many` inserts it.
+REQUESTED_COLUMNS = tuple(
+    dict.fromkeys(
+        ("instance_id", "instance_type", "hourly_price", "requested_at", "on_demand_price")
+    )
+    | dict.fromkeys(INSTANCE_COLUMNS)
+)
 #: table -> (its key, the columns transitions change).
 WRITTEN = {
     "jobs": ("job_id", JOB_COLUMNS),
@@ -349,23 +361,21 @@ class SqlStore(Store):
                 select(TASKS.c.task_id, TASKS.c.job_id, TASKS.c.target_instance_id, JOBS.c.status)
                 .join(JOBS, JOBS.c.job_id == TASKS.c.job_id)
                 .where(_among(conn, TASKS.c.task_id, chunk))
-            ):
-                if transitions.retargets(row.status, row.target_instance_id, targets[row.task_id]):
-                    moved[row.task_id] = row.job_id
+            ).all():
+                task_id, job_id, current, status = row
+                if transitions.retargets(status, current, targets[task_id]):
+                    moved[task_id] = job_id
         if not moved:
             return
+        rows: list[tuple[str, str | None, float]] = []
         if conn.dialect.name == "sqlite":
             # The write transaction holds the database's write lock from its start (`BEGIN
             # IMMEDIATE`): what was just read is as it is under the lock, and a first round
             # that moves every task reads them once, not three times.
-            rows = [
-                {"task_id": task_id, "target_instance_id": targets[task_id], "updated_at": at}
-                for task_id in sorted(moved)
-            ]
-            _update_rows(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
+            rows = [(task_id, targets[task_id], at) for task_id in sorted(moved)]
+            _update_values(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
             return
         statuses = self._lock_jobs(conn, moved.values())
-        rows = []
         for chunk in _chunks(sorted(moved)):  # as they are under the locks
             for task_id, current in conn.execute(
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
@@ -374,10 +384,8 @@ class SqlStore(Store):
             ):
                 target = targets[task_id]
                 if transitions.retargets(statuses[moved[task_id]], current, target):
-                    rows.append(
-                        {"task_id": task_id, "target_instance_id": target, "updated_at": at}
-                    )
-        _update_rows(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
+                    rows.append((task_id, target, at))
+        _update_values(conn, TASKS, ("task_id",), ("target_instance_id", "updated_at"), rows)
 
     def update_tasks(self, updates: Iterable[TaskUpdate], at: float) -> set[str]:
         changes = list(updates)
@@ -499,26 +507,14 @@ class SqlStore(Store):
         ]
         if not new:
             return
-        _insert_rows(
-            conn,
-            INSTANCES,
-            [
-                {
-                    "instance_id": i.instance_id,
-                    "instance_type": i.instance_type,
-                    "hourly_price": i.hourly_price,
-                    "requested_at": i.requested_at,
-                    "on_demand_price": i.on_demand_price,
-                    **_columns(i, INSTANCE_COLUMNS),
-                }
-                for i in new
-            ],
-        )
-        _insert_rows(
+        get = attrgetter(*REQUESTED_COLUMNS)
+        _insert_values(conn, INSTANCES, REQUESTED_COLUMNS, [get(i) for i in new])
+        _insert_values(
             conn,
             HISTORY,
+            ("instance_id", "seq", "status", "at"),
             [
-                {"instance_id": i.instance_id, "seq": seq, "status": status, "at": when}
+                (i.instance_id, seq, status, when)
                 for i in new
                 for seq, (status, when) in enumerate(i.history)
             ],
@@ -547,7 +543,10 @@ class SqlStore(Store):
                 ).all()
             )
         written: dict[str, InstanceRecord] = {}
-        history, opened, closed = [], [], []
+        history: list[tuple[str, int, str, float, str]] = []
+        opened: list[tuple[Any, ...]] = []
+        closed: list[tuple[str, float]] = []
+        ledger = attrgetter(*LEDGER_COLUMNS)
         for c in changes:
             inst = current.get(c.instance_id)
             if inst is None:
@@ -559,24 +558,16 @@ class SqlStore(Store):
             seq = seqs.get(c.instance_id, 0)
             seqs[c.instance_id] = seq + 1
             status, when = step.instance.history[-1]
-            history.append(
-                {
-                    "instance_id": c.instance_id,
-                    "seq": seq,
-                    "status": status,
-                    "at": when,
-                    "reason": step.instance.reason,
-                }
-            )
+            history.append((c.instance_id, seq, status, when, step.instance.reason))
             if step.opens is not None:
-                opened.append(_columns(step.opens, LEDGER_COLUMNS))
+                opened.append(ledger(step.opens))
             if step.closes:
-                closed.append({"instance_id": c.instance_id, "end": at})
+                closed.append((c.instance_id, at))
         if written:
             _write(conn, INSTANCES, list(written.values()))
-            _insert_rows(conn, HISTORY, history)
-        _insert_rows(conn, LEDGER, opened)
-        _update_rows(conn, LEDGER, ("instance_id",), ("end",), closed, where_null="end")
+            _insert_values(conn, HISTORY, ("instance_id", "seq", "status", "at", "reason"), history)
+        _insert_values(conn, LEDGER, LEDGER_COLUMNS, opened)
+        _update_values(conn, LEDGER, ("instance_id",), ("end",), closed, where_null="end")
         return set(written)
 
     def transition_instances(self, changes: Iterable[InstanceChange], at: float) -> set[str]:
@@ -798,20 +789,21 @@ class SqlStore(Store):
             assert key is not None  # an INSERT of one row
             round_id = int(key[0])
             if record.actions:
-                _insert_rows(
+                _insert_values(
                     conn,
                     ACTIONS,
+                    ACTION_COLUMNS,
                     [
-                        {
-                            "round_id": round_id,
-                            "position": i,
-                            "kind": a.kind,
-                            "target": a.target,
-                            "reason": a.reason,
-                            "outcome": a.outcome,
-                            "message": a.message,
-                            "detail": dict(a.detail),
-                        }
+                        (
+                            round_id,
+                            i,
+                            a.kind,
+                            a.target,
+                            a.reason,
+                            a.outcome,
+                            a.message,
+                            dict(a.detail),
+                        )
                         for i, a in enumerate(record.actions)
                     ],
                 )
@@ -830,10 +822,7 @@ class SqlStore(Store):
         if not outcomes:
             return
         positions = sorted({i for i, _, _ in outcomes})
-        rows = [
-            {"round_id": round_id, "position": i, "outcome": o, "message": m}
-            for i, o, m in outcomes
-        ]
+        rows = [(round_id, i, o, m) for i, o, m in outcomes]
         with write_transaction(self._engine) as conn:
             known = set(
                 conn.execute(
@@ -845,7 +834,7 @@ class SqlStore(Store):
             missing = [p for p in positions if p not in known]
             if missing:
                 raise UnknownEntity(f"no action {missing[0]} in round {round_id}")
-            _update_rows(conn, ACTIONS, ("round_id", "position"), ("outcome", "message"), rows)
+            _update_values(conn, ACTIONS, ("round_id", "position"), ("outcome", "message"), rows)
 
     # -- reads ------------------------------------------------------------
     def snapshot(
@@ -1057,20 +1046,25 @@ class SqlStore(Store):
         `known` records, else from the specs parsed at submission (`_specs`), and only
         the rest are read and parsed."""
         known = known or {}
-        columns = [c for c in JOBS.c if c.name != "spec"]
-        rows = conn.execute(select(*columns).where(where).order_by(JOBS.c.id)).all()
-        ended = [r.job_id for r in rows if r.status in FINAL_JOB_STATUSES]
+        # (row id, job id, then the record's fields after its spec, in order): a first
+        # snapshot reads thousands of jobs, and lookups by name were most of it.
+        query = select(JOBS.c.id, JOBS.c.job_id, *(JOBS.c[n] for n in JOB_RECORD_FIELDS))
+        rows = [tuple(r) for r in conn.execute(query.where(where).order_by(JOBS.c.id)).all()]
+        ended = [r[1] for r in rows if r[2] in FINAL_JOB_STATUSES]
         if ended:
-            rows = [r for r in rows if r.status not in FINAL_JOB_STATUSES]
-        specs = {r.id: known[r.job_id].spec for r in rows if r.job_id in known}
+            rows = [r for r in rows if r[2] not in FINAL_JOB_STATUSES]
+        specs = {r[0]: known[r[1]].spec for r in rows if r[1] in known}
         cache = self._specs
-        missing = [r.id for r in rows if r.id not in specs and r.id not in cache]
+        missing = [r[0] for r in rows if r[0] not in specs and r[0] not in cache]
         for chunk in _chunks(missing):
             for r in conn.execute(
                 select(JOBS.c.id, JOBS.c.spec).where(_among(conn, JOBS.c.id, chunk))
             ):
                 cache[r.id] = spec_from_document(r.spec)
-        return [(r.id, _job(r, specs.get(r.id) or cache[r.id])) for r in rows], ended
+        return [
+            (row_id, JobRecord(specs.get(row_id) or cache[row_id], *values))
+            for row_id, _, *values in rows
+        ], ended
 
     def _read_active(self, conn: Connection, marks: dict[str, int]) -> _Active:
         """The active jobs, their tasks and the live instances, all read."""
@@ -1210,10 +1204,10 @@ class _Active:
             TASKS.c.version >= self.marks["tasks"]
         )
         for row in conn.execute(query).all():
-            if row.job_id in jobs:
-                values = list(row)
+            values = list(row)  # in the record's field order: by position, not by name
+            if values[JOB_ID] in jobs:
                 values[GPUS] = tuple(values[GPUS])
-                tasks[row.task_id] = TaskRecord(*values)
+                tasks[values[TASK_ID]] = TaskRecord(*values)
         for row_id, inst in store._instance_rows(
             conn, INSTANCES.c.version >= self.marks["instances"]
         ):
@@ -1263,33 +1257,41 @@ def _columns(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _write(conn: Connection, table: Table, records: Sequence[Any]) -> None:
     """Store what transitions made of these records (jobs, tasks or instances), in
-    bulk (`_update_rows`): the columns transitions change, by the record's key."""
+    bulk (`_update_values`): the columns transitions change, by the record's key."""
     if not records:
         return
     key, names = WRITTEN[table.name]
-    _update_rows(
-        conn, table, (key,), names, [{n: getattr(r, n) for n in (key, *names)} for r in records]
-    )
+    get = attrgetter(key, *names)
+    _update_values(conn, table, (key,), names, [get(r) for r in records])
 
 
 def _insert_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert rows (each with the same columns) in bulk: on PostgreSQL one
-    `INSERT … SELECT FROM unnest(arrays)` (`_unnest`), so thousands of rows cost one
-    round trip and one short statement instead of one each; on SQLite one
-    `executemany`, which runs in process."""
+    """Insert rows (each a mapping with the same columns) in bulk (`_insert_values`)."""
     if not rows:
         return
     order = tuple(rows[0])
+    _insert_values(conn, table, order, [_getter(order)(row) for row in rows])
+
+
+def _insert_values(
+    conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
+) -> None:
+    """Insert rows, each a tuple of the columns `order` names, in bulk: on PostgreSQL one
+    `INSERT … SELECT FROM unnest(arrays)` (`_unnest`), so thousands of rows cost one
+    round trip and one short statement instead of one each; on SQLite one
+    `executemany`, which runs in process. Tuples, not mappings: a first round writes
+    tens of thousands of rows, and a dict built for each was a good part of it."""
+    if not values:
+        return
+    names = ", ".join(_quoted(conn, c) for c in order)
     if conn.dialect.name != "postgresql":
-        names = ", ".join(_quoted(conn, c) for c in order)
         marks = ", ".join("?" * len(order))
         conn.exec_driver_sql(
             f"INSERT INTO {table.name} ({names}) VALUES ({marks})",
-            _sqlite_params(conn, table, order, rows),
+            _sqlite_params(conn, table, order, values),
         )
         return
-    source, params = _unnest(conn, table, order, rows)
-    names = ", ".join(_quoted(conn, c) for c in order)
+    source, params = _unnest(conn, table, order, values)
     # In the rows' order, so ids drawn from a sequence follow it (request order).
     conn.exec_driver_sql(
         f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {source} ORDER BY given_at",
@@ -1305,25 +1307,44 @@ def _update_rows(
     rows: Sequence[Mapping[str, Any]],
     where_null: str | None = None,
 ) -> None:
-    """Set columns `names` of the rows found by their `keys` (each row a mapping of
-    column to value, keys included), and whose column `where_null` is NULL if given.
+    """`_update_values` of rows given as mappings of column to value (keys included)."""
+    if not rows:
+        return
+    get = _getter((*keys, *names))
+    _update_values(conn, table, keys, names, [get(row) for row in rows], where_null)
+
+
+def _update_values(
+    conn: Connection,
+    table: Table,
+    keys: tuple[str, ...],
+    names: Sequence[str],
+    values: Sequence[tuple[Any, ...]],
+    where_null: str | None = None,
+) -> None:
+    """Set columns `names` of the rows found by their `keys`, each row a tuple of its
+    keys' then its columns' values, and whose column `where_null` is NULL if given.
     On PostgreSQL one `UPDATE … FROM unnest(arrays)` (`_unnest`); on SQLite one
     `executemany`."""
-    if not rows:
+    if not values:
         return
     if conn.dialect.name != "postgresql":
         sets = ", ".join(f"{_quoted(conn, n)} = ?" for n in names)
         found = [f"{_quoted(conn, k)} = ?" for k in keys]
         if where_null is not None:
             found.append(f"{_quoted(conn, where_null)} IS NULL")
+        # The statement's parameters are its columns' then its keys'.
+        count = len(keys)
+        moved = [row[count:] + row[:count] for row in values]
         conn.exec_driver_sql(
             f"UPDATE {table.name} SET {sets} WHERE {' AND '.join(found)}",
-            _sqlite_params(conn, table, (*names, *keys), rows),
+            _sqlite_params(conn, table, (*names, *keys), moved),
         )
         return
     # One row per key, the last winning, as in a sequence of single-row updates.
-    rows = list({tuple(row[k] for k in keys): row for row in rows}.values())
-    source, params = _unnest(conn, table, (*keys, *names), rows)
+    count = len(keys)
+    values = list({row[:count]: row for row in values}.values())
+    source, params = _unnest(conn, table, (*keys, *names), values)
     sets = ", ".join(f"{_quoted(conn, n)} = given.{_quoted(conn, n)}" for n in names)
     found = [f"{table.name}.{_quoted(conn, k)} = given.{_quoted(conn, k)}" for k in keys]
     if where_null is not None:
@@ -1333,14 +1354,20 @@ def _update_rows(
     )
 
 
+def _getter(order: Sequence[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A row's values of these columns, as a tuple in this order."""
+    if len(order) == 1:
+        name = order[0]
+        return lambda row: (row[name],)
+    return cast(Callable[[Mapping[str, Any]], tuple[Any, ...]], itemgetter(*order))
+
+
 def _sqlite_params(
-    conn: Connection, table: Table, order: Sequence[str], rows: Sequence[Mapping[str, Any]]
-) -> list[tuple[Any, ...]]:
-    """The rows as SQLite `executemany` parameters in `order`, each value through its
-    column type's bind processing (as `conn.execute(insert(table), rows)` sends them,
-    without its per-row, per-parameter work)."""
-    get = itemgetter(*order) if len(order) > 1 else lambda row: (row[order[0]],)
-    values = [get(row) for row in rows]
+    conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
+) -> Sequence[tuple[Any, ...]]:
+    """Rows (tuples of the columns `order` names) as SQLite `executemany` parameters,
+    each value through its column type's bind processing (as `conn.execute(insert(table),
+    rows)` sends them, without its per-row, per-parameter work)."""
     processed = [
         (i, process)
         for i, name in enumerate(order)
@@ -1358,18 +1385,19 @@ def _sqlite_params(
 
 
 def _unnest(
-    conn: Connection, table: Table, order: Sequence[str], rows: Sequence[Mapping[str, Any]]
+    conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
 ) -> tuple[str, dict[str, list[Any]]]:
-    """The rows as a PostgreSQL table expression `unnest(array, …) AS given(columns,
-    given_at)`, one array parameter per column (values through the column type's bind
-    processing, as an ORM write would send them), and its parameters."""
+    """Rows (tuples of the columns `order` names) as a PostgreSQL table expression
+    `unnest(array, …) AS given(columns, given_at)`, one array parameter per column
+    (values through the column type's bind processing, as an ORM write would send
+    them), and its parameters."""
     dialect = conn.dialect
     params: dict[str, list[Any]] = {}
     arrays = []
     for i, name in enumerate(order):
         kind = table.c[name].type
         process = kind.bind_processor(dialect)
-        column_values = [row[name] for row in rows]
+        column_values = [row[i] for row in values]
         if process is not None:
             column_values = [process(v) for v in column_values]
         number = _python_type(kind)
