@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoscaler import transitions
@@ -192,6 +194,35 @@ def test_a_transition_keeps_the_cloud_id_and_zone_it_does_not_give():
     inst = an_instance("pending", cloud_id="c-1", zone="z-a")
     step = transitions.transition_instance(inst, InstanceChange("i-1", "running"), 12.0)
     assert step is not None and (step.instance.cloud_id, step.instance.zone) == ("c-1", "z-a")
+
+
+def test_a_transition_keeps_every_field_it_does_not_set():
+    # The record is built field by field (a first round answers thousands of launches):
+    # a field added to InstanceRecord and forgotten there would silently fall back to
+    # its default. Every field gets a value unlike its default; only the ones a
+    # transition sets may change.
+    sets = {"status", "history", "reason", "hourly_price"}
+    values = {
+        "cloud_id": "c-1",
+        "zone": "z-a",
+        "ready_at": 12.5,
+        "lost_at": 13.5,
+        "private_address": "10.0.0.7",
+        "reclaimed_at": 14.5,
+        "on_demand_price": 3.25,
+    }
+    unset = {
+        f.name
+        for f in dataclasses.fields(InstanceRecord)
+        if f.default is not dataclasses.MISSING and f.name not in sets | {"history"}
+    }
+    assert unset <= set(values), f"give the new field(s) {unset - set(values)} a value here"
+    inst = an_instance("running", **values)
+    step = transitions.transition_instance(inst, InstanceChange("i-1", "draining"), 20.0)
+    assert step is not None
+    for f in dataclasses.fields(InstanceRecord):
+        if f.name not in sets:
+            assert getattr(step.instance, f.name) == getattr(inst, f.name), f.name
 
 
 def test_a_transition_to_the_current_status_is_no_transition():
