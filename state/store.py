@@ -1237,17 +1237,9 @@ def _first(pair: tuple[int, Any]) -> int:
 
 
 def _job(row: Row[Any], spec: JobSpec) -> JobRecord:
-    return JobRecord(
-        spec,
-        row.status,
-        row.owner,
-        row.submitted_at,
-        row.started_at,
-        row.finished_at,
-        row.reason,
-        row.solo_throughput,
-        row.team,
-    )
+    """A job's record from its row (its columns named as the record's fields)."""
+    mapping = row._mapping
+    return JobRecord(spec, *(mapping[n] for n in JOB_RECORD_FIELDS))
 
 
 def _columns(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -1297,21 +1289,6 @@ def _insert_values(
         f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {source} ORDER BY given_at",
         params,
     )
-
-
-def _update_rows(
-    conn: Connection,
-    table: Table,
-    keys: tuple[str, ...],
-    names: Sequence[str],
-    rows: Sequence[Mapping[str, Any]],
-    where_null: str | None = None,
-) -> None:
-    """`_update_values` of rows given as mappings of column to value (keys included)."""
-    if not rows:
-        return
-    get = _getter((*keys, *names))
-    _update_values(conn, table, keys, names, [get(row) for row in rows], where_null)
 
 
 def _update_values(
