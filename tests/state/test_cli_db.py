@@ -72,7 +72,9 @@ def free_port() -> int:
         ("mysql://u@db/autoscaler", "unsupported database 'mysql'"),
         ("postgresql+psycopg2://u@db/a", "unsupported PostgreSQL driver 'postgresql+psycopg2'"),
         (
-            f"postgresql://u:secret@127.0.0.1:{free_port()}/a",
+            # The port is picked when the test runs: a collection-time one would differ
+            # between pytest-xdist's workers, which must collect the same tests.
+            "postgresql://u:secret@127.0.0.1:{free_port}/a",
             "cannot use the database: connection failed",
         ),
     ],
@@ -80,6 +82,7 @@ def free_port() -> int:
 def test_bad_database_urls_get_one_line_and_status_2(
     url: str, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    url = url.replace("{free_port}", str(free_port()))
     assert main(["db", "upgrade", "--url", url]) == 2
     err = capsys.readouterr().err
     assert err.startswith("autoscaler: error: ") and expected in err
