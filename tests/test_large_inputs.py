@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +89,7 @@ def distinct_jobs(rng: random.Random, catalog: Catalog, n: int, family_only: boo
 # before the fluid path took rounds with this many distinct vectors:
 @example(seed=2, n_tasks=3_000, n_types=200, family_only=True, default=1.0)
 @example(seed=4, n_tasks=2_500, n_types=80, family_only=False, default=1.0)
+@pytest.mark.long
 def test_thousands_of_distinct_classes_are_planned_validly(
     seed: int, n_tasks: int, n_types: int, family_only: bool, default: float
 ) -> None:

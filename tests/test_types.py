@@ -7,6 +7,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
 from mypy import api
 from mypy.main import define_options
 from mypy.options import PER_MODULE_OPTIONS
@@ -43,6 +44,7 @@ def test_the_core_is_checked_strictly():
         assert where.get(flag) == value, f"{flag} = {str(value).lower()} is missing"
 
 
+@pytest.mark.long
 def test_the_tree_has_no_type_errors(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # mypy reads pyproject.toml and `files` from here
     report, errors, status = api.run(["--cache-dir", str(tmp_path / "mypy-cache")])

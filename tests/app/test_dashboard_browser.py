@@ -28,6 +28,7 @@ pytestmark = [
         not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)"
     ),
     pytest.mark.timeout(600),
+    pytest.mark.long,
 ]
 
 sync_api = pytest.importorskip("playwright.sync_api")

@@ -27,7 +27,7 @@ BUILD = ROOT / "deploy" / "build-image.sh"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 WHEELHOUSE = "/opt/autoscaler/share/wheelhouse"
 
-pytestmark = pytest.mark.timeout(1200)  # a busy 2-core machine builds slowly
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.long]  # a busy 2-core machine builds slowly
 
 
 def _built_on(client: Any, base_id: str) -> list[str]:

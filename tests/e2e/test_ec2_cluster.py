@@ -41,7 +41,7 @@ from tests.e2e.harness import (
 from tests.executor.conftest import docker_client, moto_endpoint, python_image  # noqa: F401
 from tests.state.conftest import PgDatabases, pg_admin  # noqa: F401
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.long]
 
 TRAIN_TOTAL = 1200  # iterations of 0.05 s: a minute alone, long enough to be moved
 FINISHED = ("completed", "failed", "cancelled")

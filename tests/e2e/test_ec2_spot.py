@@ -30,7 +30,7 @@ from tests.e2e.harness import cli, cli_json, copy_example, running_past, state_o
 from tests.e2e.test_ec2_cluster import FINISHED, _boot, aws  # noqa: F401 (a fixture)
 from tests.executor.conftest import docker_client, moto_endpoint, python_image  # noqa: F401
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.long]
 
 TRAIN_TOTAL = 1200  # iterations of 0.05 s: a minute alone, long enough to be reclaimed
 

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.faults import run_fault
 from tests.executor.conftest import docker_client, python_image  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.long]
 
 
 def test_a_killed_agent_resumes_from_its_checkpoint_once_and_leaves_nothing_running(

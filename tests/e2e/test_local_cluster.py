@@ -31,7 +31,7 @@ from tests.e2e.harness import (
 )
 from tests.executor.conftest import docker_client, python_image  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.long]
 
 TRAIN_TOTAL = 1200  # iterations of 0.05 s: a minute alone, long enough to be moved
 

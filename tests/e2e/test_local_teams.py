@@ -27,7 +27,7 @@ from tests.e2e.harness import (
 )
 from tests.executor.conftest import docker_client, python_image  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
 
 JOB = """
 name = "{name}"

@@ -37,7 +37,7 @@ from tests.e2e.instance import Instance, Links, ensure_instance_image
 from tests.executor.conftest import docker_client, moto_endpoint, python_image  # noqa: F401
 from tests.imds import ImdsServer
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.long]
 
 #: The images' interpreter here (the stand-in copies this host's 3.11), x86_64 only.
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64")

@@ -113,6 +113,7 @@ def test_requirements_are_the_projects_own_for_what_is_imported():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_installed_alone_the_worker_runs_without_the_planners_packages(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)

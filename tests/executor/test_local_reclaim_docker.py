@@ -30,7 +30,7 @@ from provisioners.local_reclaims import ReclaimPlan
 from state.memory import InMemoryStore
 from tests.executor.conftest import PATIENCE_S, checkpointed_step, job_context
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.long]
 
 SPOT_BOX = InstanceType(
     "box:spot@local",

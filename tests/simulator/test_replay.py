@@ -30,6 +30,8 @@ from tests.simulator.harsh import harsh_world
 REFERENCE_NO_PACKING = 35_858.0  # Eva's own simulator on pai_200 (EuroSys '25 artifact)
 REFERENCE_EVA_NORMALIZED = 0.705
 
+pytestmark = pytest.mark.long  # minutes of replays in all
+
 
 @pytest.fixture(scope="module")
 def pai():

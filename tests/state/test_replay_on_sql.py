@@ -30,6 +30,7 @@ def test_a_replay_on_the_sql_store_matches_the_in_memory_one(sql_store):
     assert sql_store.cost_between(0, 10_000) == pytest.approx(memory.cost_between(0, 10_000))
 
 
+@pytest.mark.long
 def test_a_loop_rebuilt_at_every_step_on_sqlite_replays_pai_200_byte_for_byte(tmp_path):
     # Nothing the loop needs lives only in memory: a loop rebuilt from the SQL store
     # at every step replays the whole bundled trace exactly as one kept throughout.
