@@ -17,6 +17,15 @@ def timed(fn: Callable[..., T]) -> tuple[float, T]:
     return time.perf_counter() - started, result
 
 
+def timed_cpu(fn: Callable[..., T]) -> tuple[float, float, T]:
+    """(wall seconds, CPU seconds of this process, result) of one call of `fn`: on a shared
+    machine the CPU time is what the call would take on one of its own, which wall time
+    is not (work done in child processes is not counted)."""
+    cpu_started = time.process_time()
+    wall_s, result = timed(fn)
+    return wall_s, time.process_time() - cpu_started, result
+
+
 def best_of(repeats: int, fn: Callable[..., T]) -> tuple[float, T]:
     """The fastest of `repeats` calls (machines here are shared and noisy)."""
     best, result = timed(fn)
