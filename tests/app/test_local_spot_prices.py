@@ -15,6 +15,7 @@ import pytest
 
 from app.config import load_cluster_config
 from app.daemon import Daemon
+from app.files import load_spot_price_trace
 from app.reports import cost_report
 from app.wiring import local_cloud, offline_catalog
 from autoscaler.catalog import Catalog
@@ -213,3 +214,11 @@ def test_the_daemon_bills_a_running_local_spot_instance_at_the_traces_prices(tmp
             cloud.terminate_all()
             cloud.close()
         cluster.close()
+
+
+def test_the_example_trace_loads_and_moves_the_walk_throughs_offerings():
+    """The README's made-up trace stays a valid one: c7i.large's price changes in it."""
+    example = Path(__file__).parents[2] / "examples" / "spot-prices" / "made-up-c7i.json"
+    trace = load_spot_price_trace(example)
+    assert set(trace.changes) == {"c7i.large", "c7i.xlarge"}
+    assert [at for at, _ in trace.changes["c7i.large"]] == [0.0, 120.0, 300.0]
