@@ -131,6 +131,10 @@ class CloudTable(Strict, frozen=True):
         dict[Offering, Annotated[str, text(max_length=4096)]], msgspec.Meta(max_length=10_000)
     ] = msgspec.field(default_factory=dict)
     reclaim_seed: Annotated[int, whole(ge=0, le=2**63 - 1)] = 0
+    # local: spot prices that move, replayed from a `DescribeSpotPriceHistory` dump (the
+    # AWS CLI's JSON) from the local cloud's epoch (`provisioners.local_spot_prices`);
+    # relative to this file. "": the spot snapshot's prices, fixed.
+    spot_price_trace: Annotated[str, text(max_length=4096)] = ""
     # local: the spot notice's window before the instance goes (EC2: 120 s), and how often
     # agents poll for it (AWS recommends 5 s)
     notice_window_s: Annotated[float, seconds(gt=0.0)] = 120.0

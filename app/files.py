@@ -69,6 +69,7 @@ from provisioners.documents import (
     text,
     whole,
 )
+from provisioners.local_spot_prices import SpotPriceTrace
 
 #: The largest cluster configuration or job file read: a few KiB is usual.
 CONFIG_LIMIT = 1 * MIB
@@ -76,6 +77,8 @@ CONFIG_LIMIT = 1 * MIB
 TRACE_LIMIT = 1024 * MIB
 #: The largest spot availability trace read (a year of 60-s intervals is ~1.6 MB).
 AVAILABILITY_TRACE_LIMIT = 64 * MIB
+#: The largest spot price trace read (a `describe-spot-price-history` dump).
+SPOT_PRICE_TRACE_LIMIT = 64 * MIB
 #: The largest contention matrix read, and its longest cell.
 CSV_LIMIT = 16 * MIB
 CSV_CELL_LIMIT = 64 * 1024
@@ -97,6 +100,14 @@ def read_json(path: str | Path, what: str, limit: int = TRACE_LIMIT) -> Any:
     p = str(path)
     data = gunzip_bounded(read_regular_file(p, what, limit), p, limit)
     return parse_json(decode_utf8(data, what, p), p)
+
+
+def load_spot_price_trace(path: str | Path) -> SpotPriceTrace:
+    """A spot price trace for the local cloud (the AWS CLI's `describe-spot-price-history`
+    JSON), read bounded, duplicate keys refused; an InputError naming the file, field and
+    value otherwise."""
+    p = str(path)
+    return SpotPriceTrace.from_document(read_json(p, "spot price trace", SPOT_PRICE_TRACE_LIMIT), p)
 
 
 def load_availability_trace(path: str | Path) -> AvailabilityTrace:

@@ -418,7 +418,8 @@ def _check_advertised(config: ClusterConfig) -> None:
 
 def local_cloud(config: ClusterConfig) -> Any:
     """The cluster's local cloud: agents on this host, registered under the state's directory."""
-    from app.files import load_availability_trace
+    from app.files import load_availability_trace, load_spot_price_trace
+    from provisioners.catalog import cached_or_bundled_catalog
     from provisioners.local import LocalCloud
     from provisioners.local_reclaims import ReclaimPlan
 
@@ -428,8 +429,23 @@ def local_cloud(config: ClusterConfig) -> Any:
         offering: load_availability_trace(config.path.parent / path)  # relative: to the config
         for offering, path in cloud.reclaim_traces.items()
     }
+    prices = None
+    if cloud.spot_price_trace:
+        if not config.spot.enabled:
+            raise InputError(
+                "prices spot offerings, and there are none: set [spot] enabled = true",
+                source=str(config.path),
+                where="[cloud]",
+                field="spot_price_trace",
+            )
+        prices = load_spot_price_trace(config.path.parent / cloud.spot_price_trace)
+    epoch = _epoch(root)
+
+    def offerings(listed: Catalog, live: Any) -> Catalog:
+        return with_spot(config, listed, _one_zone(live, listed.region or config.cluster.region))
+
     return LocalCloud(
-        offline_catalog(config),
+        cached_or_bundled_catalog(config.provisioner.ec2).catalog,
         root,
         daemon_address=config.api_address,
         ca_path=config.secrets.ca_cert,
@@ -440,11 +456,34 @@ def local_cloud(config: ClusterConfig) -> Any:
         stop_tasks=True,
         orphan_timeout_s=config.timeouts.worker_orphan_timeout_s,
         orphan_max_s=config.timeouts.worker_orphan_max_s,
-        reclaims=ReclaimPlan(
-            cloud.reclaim_rates, traces, seed=cloud.reclaim_seed, epoch_s=_epoch(root)
-        ),
+        reclaims=ReclaimPlan(cloud.reclaim_rates, traces, seed=cloud.reclaim_seed, epoch_s=epoch),
         notice_window_s=cloud.notice_window_s,
         notice_poll_s=cloud.notice_poll_s,
+        spot_prices=prices,
+        spot_epoch_s=epoch,
+        offerings=offerings,
+    )
+
+
+def _one_zone(live: Any, region: str) -> Any:
+    """The local cloud's spot prices (`provisioners.local_spot_prices`: one zone, "local")
+    as `with_spot` reads a live table: each type's price in every zone the spot snapshot
+    names for it, since every spot offering of the local cloud, whatever zone it names,
+    runs in its one zone (a regional offering's median over them is that price too)."""
+    from dataclasses import replace
+
+    from provisioners.catalog import bundled_spot_snapshot
+
+    snapshot = bundled_spot_snapshot(region) if live is not None else None
+    if snapshot is None:
+        return live
+    return replace(
+        live,
+        prices={
+            ec2_type: dict.fromkeys(snapshot.prices.get(ec2_type, ()), price)
+            for ec2_type, by_zone in live.prices.items()
+            for price in by_zone.values()
+        },
     )
 
 

@@ -24,6 +24,13 @@ availability trace per spot offering), each spot instance gets its reclaim time 
 launch; from then its agent, polling the cloud's metadata stand-in (`--imds-url`),
 finds EC2's interruption notice, and once the notice window is over (120 s, or
 shorter in tests) the cloud terminates the instance. `reclaim()` injects one now.
+
+Spot prices (`provisioners.local_spot_prices`): with a `SpotPriceTrace` (a
+`DescribeSpotPriceHistory` dump, replayed from the cloud's epoch), `spot_prices()`
+answers as EC2's refresh does — the prices in force and the history since the last
+answer — so the daemon bills a running spot instance's price changes
+(`app.daemon.record_spot_prices`); the catalog re-prices its spot offerings with them
+(`offerings`, as `EC2Cloud.catalog`), and a launch records the price it lands at.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ from executor.protos import worker_pb2 as pb
 from executor.runtime import LABEL_ATTEMPT, LABEL_INSTANCE, LABEL_TASK
 from executor.security import write_secret
 from provisioners.local_reclaims import NOTICE_WINDOW_S, NoticeServer, ReclaimPlan, notice_time
+from provisioners.local_spot_prices import LOCAL_ZONE, SpotPriceTrace
+from provisioners.spot_prices import SpotPriceTable
 
 #: Where the metadata stand-in's port is kept, in the cloud's directory (one port for life).
 NOTICE_PORT_FILE = "imds-port"
@@ -92,8 +101,21 @@ class LocalCloud:
         reclaims: ReclaimPlan | None = None,
         notice_window_s: float = NOTICE_WINDOW_S,
         notice_poll_s: float = 5.0,
+        spot_prices: SpotPriceTrace | None = None,
+        spot_epoch_s: float = 0.0,
+        offerings: Callable[[Catalog, SpotPriceTable | None], Catalog] | None = None,
     ) -> None:
-        self._catalog = catalog
+        # `catalog` as listed; `offerings` adds (and prices) its spot offerings, as on EC2.
+        self._listed = catalog
+        self._offerings = offerings
+        self._catalog = catalog if offerings is None else offerings(catalog, None)
+        self._live: SpotPriceTable | None = None
+        # The spot price trace, from `spot_epoch_s`, of the types with a spot offering.
+        self.spot_trace = spot_prices
+        self.spot_epoch_s = spot_epoch_s
+        self._spot_types = frozenset(t.launch_type for t in self._catalog if t.is_spot)
+        self._spot_table: SpotPriceTable | None = None
+        self._spot_newest: float | None = None
         # Absolute: agents are found by their work directory in their command line.
         self.root = root.absolute()
         self.daemon_address = daemon_address
@@ -117,13 +139,55 @@ class LocalCloud:
         self.notice_poll_s = notice_poll_s
         self._notices: NoticeServer | None = None
         self._lock = threading.RLock()
+        self._prices_lock = threading.RLock()  # taken after `_lock` when both are
         self._base_ready = False
         (root / "instances").mkdir(parents=True, exist_ok=True)
 
     # -- the Cloud interface ---------------------------------------------------------------
 
     def catalog(self) -> Catalog:
-        return self._catalog
+        """The listed types and the offerings `offerings` adds, at the spot prices in
+        force (`spot_prices`)."""
+        if self.spot_trace is None or self._offerings is None:
+            return self._catalog
+        with self._prices_lock:  # not the launches' lock: a launch may wait on Docker
+            live = self.spot_prices()
+            if live is not self._live:
+                self._catalog = self._offerings(self._listed, live)
+                self._live = live
+            return self._catalog
+
+    def spot_prices(self) -> SpotPriceTable | None:
+        """The spot prices in force now by type (in `LOCAL_ZONE`), and as `history` the
+        trace's changes since the previous answer with the price in force then (all of
+        them up to now at the first: a restarted daemon's ledger catches up, idempotently)
+        — EC2's refresh in shape. The same table, `retrieved_s` and all, until a change
+        comes into force, so the daemon records each once. None without a trace, or
+        before any price of the cluster's spot types is in force."""
+        trace = self.spot_trace
+        if trace is None:
+            return None
+        with self._prices_lock:
+            now = self.clock()
+            offset = now - self.spot_epoch_s
+            newest = trace.newest(self._spot_types, offset)
+            if newest is None or (self._spot_table is not None and newest == self._spot_newest):
+                return self._spot_table
+            known = self._spot_table
+            since = None if known is None else known.retrieved_s - self.spot_epoch_s
+            prices, history = trace.served(self._spot_types, since, offset)
+            self._spot_table = SpotPriceTable(
+                self._catalog.region or "",
+                {itype: {LOCAL_ZONE: price} for itype, price in prices.items()},
+                now,
+                trace.source,
+                {
+                    itype: {LOCAL_ZONE: tuple((self.spot_epoch_s + at, p) for at, p in changes)}
+                    for itype, changes in history.items()
+                },
+            )
+            self._spot_newest = newest
+            return self._spot_table
 
     def launch(self, request: LaunchRequest) -> CloudInstance:
         """Start an agent for this launch token, or return the one it already started."""
@@ -139,7 +203,7 @@ class LocalCloud:
             now = self.clock()
             if itype.is_spot and not self.reclaims.has_capacity(itype.name, now):
                 self.availability.mark(itype.name, None, now, "no spot capacity (its trace)")
-                raise InsufficientCapacity(itype.name, ("local",), "no spot capacity now")
+                raise InsufficientCapacity(itype.name, (LOCAL_ZONE,), "no spot capacity now")
             delays = itype.launch_delays if self.emulate_delays else None
             running_at = self.clock() + (delays.acquisition_s if delays else 0.0)
             record: dict[str, Any] = {
@@ -156,6 +220,10 @@ class LocalCloud:
                 record["reclaim_at"] = self.reclaims.reclaim_at(
                     itype.name, request.instance_id, running_at
                 )
+                table = self.spot_prices()
+                landed = table.price(itype.launch_type, LOCAL_ZONE) if table else None
+                if landed is not None:  # billed at the price in force, as EC2 bills
+                    record["hourly_price"] = landed
             secret = new_secret()
             record["enrollment_sha256"] = secret_digest(secret)
             record["enrolled"] = False
@@ -583,10 +651,11 @@ class LocalCloud:
             record["cloud_id"],
             record["type"],
             state,  # type: ignore[arg-type]
-            "local",
+            LOCAL_ZONE,
             record["token"],
             record["launched_at"],
             spot=record["type"] in self._catalog and self._catalog[record["type"]].is_spot,
+            hourly_price=record.get("hourly_price"),
         )
 
 
