@@ -153,7 +153,15 @@ def test_a_job_submitted_through_the_cli_appears_progresses_and_completes_on_the
     import uuid
 
     from executor.security import read_token
-    from tests.e2e.harness import PATIENCE_S, Daemon, cli, cli_json, copy_example, local_cluster
+    from tests.e2e.harness import (
+        PATIENCE_S,
+        Daemon,
+        cli,
+        cli_json,
+        copy_example,
+        local_cluster,
+        until,
+    )
 
     name = f"dash-{uuid.uuid4().hex[:6]}"
     config = local_cluster(tmp_path / "cluster", name, interval_s="3", step_s="1")
@@ -165,6 +173,8 @@ def test_a_job_submitted_through_the_cli_appears_progresses_and_completes_on_the
     daemon = Daemon(config.path)
     try:
         daemon.wait_serving()
+        # The API serves first, the dashboard a moment later: its own event says when.
+        until("the dashboard to serve", lambda: daemon.events("dashboard"), daemon=daemon)
         page = _page(browser)
         _log_in(page, base, read_token(config.secrets.api_token))
         page.goto(f"{base}/jobs")
