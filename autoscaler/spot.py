@@ -145,10 +145,14 @@ class SpotPolicy:
     (a round interval and a reclaim's loss, by default). `spread_fraction`: at most
     this share of a type's spot instances on one offering when another one of that
     type is within `price_tolerance` of it. `reclaim_alpha`, `max_reclaims`: when a
-    job's own reclaims move it to on-demand (`reclaims_pin`)."""
+    job's own reclaims move it to on-demand (`reclaims_pin`). `prices_loss` False plans
+    each offering at its raw spot price (L = 0, the spot baselines'), while the
+    checkpoint interval still counts where a reclaim's rollback is a fact, not a price:
+    the deadline margin (`rollback_s`) and the reclaim test's exposure."""
 
     checkpoint_every_s: float | None = DEFAULT_CHECKPOINT_EVERY_S
     restart_s: float | None = None
+    prices_loss: bool = True
     deadline_margin_s: float = 900.0
     spread_fraction: float = 0.5
     price_tolerance: float = 0.10
@@ -171,6 +175,8 @@ class SpotPolicy:
     )
 
     def loss_hours(self, itype: InstanceType) -> float:
+        if not self.prices_loss:
+            return 0.0
         restart = self.restart_s if self.restart_s is not None else restart_seconds(itype)
         return expected_loss_hours(self.checkpoint_every_s, restart)
 

@@ -172,17 +172,20 @@ class SpotVariant:
 
 def spot_variant(name: str, base: SpotReplay) -> SpotVariant:
     """The row `name` of `replay --spot` (any other name: that scheduler, with spot)."""
-    raw = SpotPolicy(checkpoint_every_s=0.0, restart_s=0.0)  # L = 0: the raw spot price
     if name == "eva-full-speed":
         return SpotVariant("eva", True, base, {"min_throughput": 1.0})
     if name == "eva-on-demand":
         return SpotVariant("eva", False, replace(base, policy=None))
-    if name == "spot-restart":
-        no_checkpoints = replace(raw, from_scratch=True)
+    if name == "spot-restart":  # L = 0: the raw spot price; no checkpoint to roll back to
+        no_checkpoints = SpotPolicy(checkpoint_every_s=0.0, restart_s=0.0, from_scratch=True)
         return SpotVariant(
             "no-packing", True, replace(base, policy=no_checkpoints, checkpoints=False)
         )
     if name == "spot-checkpoint":
+        # The raw spot price too, but its jobs checkpoint as eva's do, so the deadline
+        # rule keeps the same margin for the interval one more reclaim can take back:
+        # both rows run the same safety net, and differ in packing and pricing alone.
+        raw = replace(base.policy or SpotPolicy(), prices_loss=False)
         return SpotVariant("no-packing", True, replace(base, policy=raw, checkpoints=True))
     if name == "no-packing":
         return SpotVariant("no-packing", False, replace(base, policy=None))

@@ -16,7 +16,7 @@ from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, TaskRun, TaskSpec, TraceFacts
 from autoscaler.resources import Resources
-from autoscaler.spot import SpotPolicy
+from autoscaler.spot import SpotPolicy, exposure_hours, pinned_on_demand, rollback_s
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
@@ -155,6 +155,35 @@ def test_a_deadline_job_switches_to_on_demand_when_a_reclaim_eats_its_slack() ->
     assert used[0] == "small:spot" and used[-1] == "small"
     assert result.spot["deadlines_met"] == result.spot["jobs_with_deadline"] == 1
     assert result.jct_hours["a"] * 3600.0 <= 12_300.0
+
+
+def test_the_spot_checkpoint_baseline_keeps_eva_s_deadline_margin_at_the_raw_price() -> None:
+    # Its jobs checkpoint every 900 s as eva's do, so a reclaim can take as much back
+    # from them: the deadline rule keeps the same margin for it (`rollback_s`) and the
+    # reclaim test counts the same redone work — the two rows run one safety net — while
+    # the baseline plans spot at the raw price, pricing no loss.
+    base = SpotReplay()
+    eva = spot_variant("eva", base).settings.policy
+    row = spot_variant("spot-checkpoint", base)
+    assert (row.scheduler, row.on_spot, row.settings.checkpoints) == ("no-packing", True, True)
+    policy = row.settings.policy
+    assert eva is not None and policy is not None
+    a = job("a", 10_000.0, deadline_s=12_300.0)
+    assert rollback_s(a, policy) == rollback_s(a, eva) == 900.0
+    assert exposure_hours(10_000.0, 2, 0.0, 0.0, policy) == pytest.approx(11_800.0 / 3600.0)
+    # After a reclaim leaves 8,200 s of work with 9,839 s to the deadline, the margin
+    # with the rollback pins it (8,200 + 217 + 900 + 900 ≥ 9,839); without it, not.
+    margin = policy.deadline_margin_s + rollback_s(a, policy)
+    common = {"submitted_at": 0.0, "deadline_s": 12_300.0, "restart_s": 217.0}
+    assert pinned_on_demand(now=2_461.0, remaining_s=8_200.0, margin_s=margin, **common)
+    assert not pinned_on_demand(
+        now=2_461.0, remaining_s=8_200.0, margin_s=policy.deadline_margin_s, **common
+    )
+    spot_types = [t for t in catalog(0.5) if t.is_spot]
+    assert spot_types and all(policy.loss_hours(t) == 0.0 for t in spot_types)
+    assert all(eva.loss_hours(t) > 0.0 for t in spot_types)
+    planned = policy.planning_catalog(catalog(0.5))
+    assert all(planned[t.name].hourly_cost == t.hourly_cost for t in spot_types)
 
 
 def test_every_job_completes_under_a_harsh_trace_and_harsh_rates() -> None:
