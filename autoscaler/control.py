@@ -679,6 +679,17 @@ def act(
         if outcome != "planned":
             outcomes.append((index, outcome, message))
         answered[index] = _answered(answered[index], outcome, message)
+    refused = {
+        decision.launches[index].instance_id
+        for index, outcome, _ in outcomes
+        if outcome in ("failed", "skipped")
+    }
+    for position, change in _kept_for_refused(decision, refused):
+        # Make-before-break: the tasks stay where they run, so the instance does too.
+        changes.append(change)
+        index = len(decision.launches) + len(decision.refused) + position
+        outcomes.append((index, "skipped", change.reason))
+        answered[index] = _answered(answered[index], "skipped", change.reason)
     if changes:
         store.transition_instances(changes, now)
     doomed = [
@@ -697,6 +708,36 @@ def act(
     if outcomes:
         store.record_action_outcomes(decision.round_id, outcomes)
     return tuple(answered)
+
+
+def _kept_for_refused(
+    decision: RoundDecision, refused: set[str]
+) -> list[tuple[int, InstanceChange]]:
+    """The round's drains to undo, by position in `decision.drains`: instances it drained
+    for tasks to move to instances the cloud then refused. Those tasks keep running
+    where they are, so their instance goes back to running (a drain can be undone) and
+    the next round plans them there; left draining, they were placed on a new instance
+    each round the refused offering came out of its cooldown, moving a task between
+    identical on-demand instances every few minutes."""
+    if not refused:
+        return []
+    stranded = {
+        move.detail.get("from")
+        for move in decision.moves
+        if move.kind == "migrate" and move.detail.get("to") in refused
+    }
+    return [
+        (
+            position,
+            InstanceChange(
+                drain.instance_id,
+                "running",
+                reason="kept: the instance its tasks were to move to was refused",
+            ),
+        )
+        for position, drain in enumerate(decision.drains)
+        if drain.status == "draining" and drain.instance_id in stranded
+    ]
 
 
 def _answered(action: ActionRecord, outcome: str, message: str) -> ActionRecord:

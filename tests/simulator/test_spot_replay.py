@@ -186,6 +186,36 @@ def test_the_spot_checkpoint_baseline_keeps_eva_s_deadline_margin_at_the_raw_pri
     assert all(planned[t.name].hourly_cost == t.hourly_cost for t in spot_types)
 
 
+def test_a_task_waits_out_an_outage_on_one_on_demand_instance() -> None:
+    # Spot for the first 600 s, then none for 3 h. Each time the refused offering's
+    # cooldown ends the plan tries spot again and the cloud refuses it: the task must
+    # stay on the on-demand instance it runs on, not be moved to a new one each time.
+    trace = AvailabilityTrace(600.0, (0,) + (1,) * 18)
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 20_000.0)],
+        catalog(0.05),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    used = types_used(store)["a"]
+    assert used[:2] == ["small:spot", "small"]  # reclaimed at 600 s, onto on-demand
+    refused = [
+        a
+        for r in store.rounds()
+        for a in r.actions
+        if a.kind == "launch" and a.outcome == "failed" and a.detail["type"] == "small:spot"
+    ]
+    assert len(refused) >= 2  # spot was asked for again during the outage
+    assert used.count("small") == 1  # and the task stayed on its one on-demand instance
+    # the drains that would have stranded it, undone and recorded as such
+    drains = [a for r in store.rounds() for a in r.actions if a.kind == "terminate"]
+    assert any(a.outcome == "skipped" and a.message.startswith("kept:") for a in drains)
+
+
 def test_every_job_completes_under_a_harsh_trace_and_harsh_rates() -> None:
     jobs = [job(f"j{i}", 1500.0 + 700.0 * i, arrival=400.0 * i) for i in range(8)]
     harsh = AvailabilityTrace(600.0, (1, 0, 1, 1, 0, 0, 1))
