@@ -7,7 +7,6 @@ expected charges are computed from the trace's numbers, not read back from the l
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -139,14 +138,6 @@ def test_a_bad_trace_of_the_config_is_refused_naming_the_file(cluster_dir):
         local_cloud(load_cluster_config(path))
     line = str(refused.value)
     assert "prices.json" in line and "SpotPriceHistory[2].SpotPrice' = '0.03 USD'" in line
-
-
-@pytest.fixture
-def fake_agent(tmp_path: Path) -> str:
-    script = tmp_path / "fake-python"
-    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
-    script.chmod(0o755)
-    return str(script)
 
 
 def test_the_daemon_bills_a_running_local_spot_instance_at_the_traces_prices(tmp_path, fake_agent):

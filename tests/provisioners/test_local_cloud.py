@@ -22,21 +22,6 @@ from executor.security import read_secret
 from provisioners.local import SECRET_FILE, LocalCloud, _alive
 
 
-@pytest.fixture
-def fake_agent(tmp_path: Path) -> str:
-    """A stand-in for `python -m autoscaler worker …`: it records its arguments and waits."""
-    script = tmp_path / "fake-python"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import sys, time, pathlib\n"
-        "pathlib.Path(sys.argv[sys.argv.index('--work-dir') + 1], 'argv').write_text("
-        "' '.join(sys.argv[1:]))\n"
-        "time.sleep(600)\n"
-    )
-    script.chmod(0o755)
-    return str(script)
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,22 +19,6 @@ from executor.interruption import INSTANCE_ACTION, Notice, NoticeWatcher
 from provisioners.local import LocalCloud
 from provisioners.local_reclaims import ReclaimPlan
 from tests.provisioners.test_local_cloud import Clock, wait_for
-
-
-@pytest.fixture
-def fake_agent(tmp_path: Path) -> str:
-    """A stand-in for the agent: it records its arguments and waits (as in test_local_cloud)."""
-    script = tmp_path / "fake-python"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import sys, time, pathlib\n"
-        "pathlib.Path(sys.argv[sys.argv.index('--work-dir') + 1], 'argv').write_text("
-        "' '.join(sys.argv[1:]))\n"
-        "time.sleep(600)\n"
-    )
-    script.chmod(0o755)
-    return str(script)
-
 
 SPOT_OFFERING = InstanceType(
     "c7i.large:spot", "c7i", Resources(0, 1, 4), 0.03, market=SPOT, ec2_type="c7i.large"

@@ -6,7 +6,6 @@ in force. Clocks are injected; the expected prices are the trace's own numbers."
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -239,15 +238,6 @@ def test_the_catalog_prices_its_spot_offerings_with_the_price_in_force(tmp_path)
     clock.now = EPOCH + 1800.0
     assert cloud.catalog()["c7i.large:spot"].hourly_cost == 0.045
     assert cloud.catalog()["c7i.large"].hourly_cost == 0.09
-
-
-@pytest.fixture
-def fake_agent(tmp_path: Path) -> str:
-    """A stand-in for the agent that waits (as in test_local_cloud)."""
-    script = tmp_path / "fake-python"
-    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
-    script.chmod(0o755)
-    return str(script)
 
 
 def test_a_launch_is_billed_at_the_price_in_force_and_keeps_it(tmp_path, fake_agent):
