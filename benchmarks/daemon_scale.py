@@ -37,7 +37,7 @@ from autoscaler.control import ControlLoop
 from autoscaler.decide import ControlOptions
 from autoscaler.planner import planner_by_name
 from autoscaler.store import StateCounts
-from benchmarks.timing import timed
+from benchmarks.timing import timed, timed_cpu
 from benchmarks.workloads import pai_catalog_and_jobs, sample_jobs
 from executor.security import read_token, secure_channel, server_options
 
@@ -217,20 +217,20 @@ def a_round(directory: Path, url: str | None, catalog, jobs) -> None:
     loop = ControlLoop(planner, cloud, NoWorkers(), store, clock, options)
     planning = _PlanningCpu()
     with planning:
-        first_s, first_cpu, first = _timed_cpu(loop.schedule)
+        first_s, first_cpu, first = timed_cpu(loop.schedule)
         first_planning_cpu = planning.take()
         clock.t += 300
         again = ControlLoop(planner_by_name("eva"), cloud, NoWorkers(), store, clock, options)
-        second_s, second_cpu, second = _timed_cpu(again.schedule)
+        second_s, second_cpu, second = timed_cpu(again.schedule)
         second_planning_cpu = planning.take()
     launches = sum(1 for a in first.record.actions if a.kind == "launch")
     # The daemon's metrics after each round: counted by the store, against counting a full
     # snapshot (a fresh store's: what the metrics read before), same figures.
-    counts_s, counts_cpu, counts = _timed_cpu(store.state_counts)
+    counts_s, counts_cpu, counts = timed_cpu(store.state_counts)
     from state.store import SqlStore
 
     fresh = SqlStore(store.engine)
-    full_s, full_cpu, full = _timed_cpu(
+    full_s, full_cpu, full = timed_cpu(
         lambda: StateCounts.of(fresh.snapshot(with_throughput=False))
     )
     assert counts == full, "the metrics' counts differ from the snapshot's"
@@ -277,13 +277,6 @@ def a_round(directory: Path, url: str | None, catalog, jobs) -> None:
         "and the step after the round with its own snapshot). The next round's snapshots "
         "read only the rows written since the previous one (`SqlStore.snapshot`)."
     )
-
-
-def _timed_cpu(fn):
-    """(wall seconds, this process's CPU seconds, result) of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn()
-    return time.perf_counter() - wall, time.process_time() - cpu, result
 
 
 class _PlanningCpu:
