@@ -35,8 +35,8 @@ The rules:
   `InstanceType`, `ProductDescription`, `SpotPrice`, `Timestamp`, and the optional
   `AvailabilityZoneId`); a price is a positive decimal USD/hour (the CLI prints it
   as a string), a time ISO 8601 (UTC when it names no offset). Anything else is one
-  `InputError` naming the file, the entry's field and its value. The file is read
-  bounded (`app.files.load_spot_price_trace`).
+  `InputError` naming the file, the entry's field and its value (a `Strict` schema,
+  `provisioners.documents`). The file is read bounded (`app.files.load_spot_price_trace`).
 
 `SpotPriceTrace.served` gives what `LocalCloud.spot_prices` answers with, in the shape
 EC2's refresh has (`fetch_spot_prices`): the prices in force now and, as `history`,
@@ -51,10 +51,13 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from autoscaler.errors import InputError
 from autoscaler.limits import MAX_HOURLY_COST
+from provisioners.documents import FieldError, Strict, convert, text
 from provisioners.spot_prices import PRODUCTS, history_from_entries
 
 #: The one zone of the local cloud, as its instances report it.
@@ -62,8 +65,31 @@ LOCAL_ZONE = "local"
 #: Entries in a trace at most (a week of every type of a region is ~10^5).
 MAX_TRACE_ENTRIES = 2_000_000
 
-_REQUIRED = ("AvailabilityZone", "InstanceType", "ProductDescription", "SpotPrice", "Timestamp")
-_KEYS = frozenset({*_REQUIRED, "AvailabilityZoneId"})
+#: A zone, type or product name as the CLI prints it.
+_NAME = text(min_length=1, max_length=128, pattern=r"\S", description="a non-empty name")
+
+
+class _Entry(Strict, frozen=True, rename="pascal"):
+    """One entry of the CLI's `SpotPriceHistory`, keys as it spells them."""
+
+    availability_zone: Annotated[str, _NAME]
+    instance_type: Annotated[str, _NAME]
+    product_description: Annotated[str, _NAME]
+    spot_price: str | float  # the CLI prints a decimal string: "0.031200"
+    timestamp: str
+    availability_zone_id: Annotated[str, _NAME] | None = None
+
+    def check(self) -> None:
+        _usd(self.spot_price)
+        _epoch_s(self.timestamp)
+
+
+class _Dump(Strict, frozen=True, rename="pascal"):
+    """What `aws ec2 describe-spot-price-history` prints, whole."""
+
+    spot_price_history: Annotated[
+        list[_Entry], msgspec.Meta(min_length=1, max_length=MAX_TRACE_ENTRIES)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +105,25 @@ class SpotPriceTrace:
     def from_document(cls, document: Any, source: str = "spot price trace") -> SpotPriceTrace:
         """Read the AWS CLI's `describe-spot-price-history` JSON, refusing anything else
         with the field and value at fault."""
-        if not isinstance(document, dict) or set(document) != {"SpotPriceHistory"}:
-            extra = (
-                sorted(set(document) - {"SpotPriceHistory"}) if isinstance(document, dict) else []
-            )
-            why = (
-                " (a NextToken: the dump is cut short; dump without --max-items)"
-                if "NextToken" in extra
-                else ""
-            )
+        if isinstance(document, dict) and "NextToken" in document:
             raise InputError(
-                f'must be {{"SpotPriceHistory": [...]}} and nothing else{why}',
+                'must be {"SpotPriceHistory": [...]} and nothing else (a NextToken: the dump '
+                "is cut short; dump without --max-items)",
                 source=source,
-                field=extra[0] if extra else None,
+                field="NextToken",
             )
-        entries = document["SpotPriceHistory"]
-        if not isinstance(entries, list) or not 0 < len(entries) <= MAX_TRACE_ENTRIES:
-            raise InputError(
-                f"must be a list of 1 to {MAX_TRACE_ENTRIES:,} entries",
-                source=source,
-                field="SpotPriceHistory",
-            )
-        times = [_checked(entry, i, source) for i, entry in enumerate(entries)]
-        kept = [i for i, e in enumerate(entries) if e["ProductDescription"] in PRODUCTS]
+        dump = convert(document, _Dump, source=source)
+        kept = [e for e in dump.spot_price_history if e.product_description in PRODUCTS]
         if not kept:
             raise InputError(
                 f"has no entry of {' or '.join(sorted(PRODUCTS))}: nothing to replay",
                 source=source,
                 field="SpotPriceHistory",
             )
-        start = min(times[i] for i in kept)
-        history = history_from_entries(entries[i] for i in kept)
+        start = min(_epoch_s(e.timestamp) for e in kept)
+        history = history_from_entries(
+            e for e in document["SpotPriceHistory"] if e["ProductDescription"] in PRODUCTS
+        )
         return cls(
             {
                 itype: _folded({z: _shifted(c, start) for z, c in zones.items()})
@@ -151,61 +165,29 @@ class SpotPriceTrace:
         return max(found, default=None)
 
 
-def _checked(entry: Any, i: int, source: str) -> float:
-    """Check one entry's keys and values; its Timestamp in epoch seconds."""
-    where = f"SpotPriceHistory[{i}]"
-    if not isinstance(entry, dict):
-        raise InputError(
-            "must be an object", source=source, field=where, value=entry, has_value=True
-        )
-    unknown = sorted(set(entry) - _KEYS)
-    if unknown:
-        raise InputError(
-            f"unknown key (expected {', '.join(sorted(_KEYS))})",
-            source=source,
-            field=f"{where}.{unknown[0]}",
-        )
-    for key in _REQUIRED:
-        if key not in entry:
-            raise InputError("is required", source=source, field=f"{where}.{key}")
-    for key in ("AvailabilityZone", "InstanceType", "ProductDescription"):
-        value = entry[key]
-        if not isinstance(value, str) or not value.strip() or len(value) > 128:
-            raise InputError(
-                "must be a non-empty string",
-                source=source,
-                field=f"{where}.{key}",
-                value=value,
-                has_value=True,
-            )
-    price = entry["SpotPrice"]
+def _usd(price: str | float) -> float:
+    """A SpotPrice as USD/hour, or a FieldError naming it."""
     try:
-        if isinstance(price, bool) or not isinstance(price, str | int | float):
-            raise ValueError
         usd = float(price)
     except ValueError:
         usd = math.nan
     if not 0 < usd <= MAX_HOURLY_COST:
-        raise InputError(
+        raise FieldError(
             f"must be a price in USD/hour above 0 and at most {MAX_HOURLY_COST:g}, "
             'such as "0.0312"',
-            source=source,
-            field=f"{where}.SpotPrice",
-            value=price,
-            has_value=True,
+            "SpotPrice",
         )
-    stamp = entry["Timestamp"]
+    return usd
+
+
+def _epoch_s(stamp: str) -> float:
+    """A Timestamp (ISO 8601, UTC when it names no offset) in epoch seconds, or a
+    FieldError naming it."""
     try:
-        if not isinstance(stamp, str):
-            raise ValueError
         when = datetime.fromisoformat(stamp)
     except ValueError:
-        raise InputError(
-            "must be an ISO 8601 time, such as 2026-11-01T00:00:00+00:00",
-            source=source,
-            field=f"{where}.Timestamp",
-            value=stamp,
-            has_value=True,
+        raise FieldError(
+            "must be an ISO 8601 time, such as 2026-11-01T00:00:00+00:00", "Timestamp"
         ) from None
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
