@@ -429,6 +429,7 @@ def dry_run(
         "launch": dict(sorted(launches.items())),
         "launch_hourly_cost": round(sum(lc.hourly_price for lc in decision.launches), 6),
         "drain": [d.instance_id for d in decision.drains],
+        "keep": [k.instance_id for k in decision.keeps],
         "moves": sum(1 for m in decision.moves if m.kind == "migrate"),
         "refused": [f"{r.instance_type}: {r.message}" for r in decision.refused],
         "infeasible": dict(decision.infeasible),

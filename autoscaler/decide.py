@@ -91,6 +91,12 @@ PLANNABLE: frozenset[str] = frozenset({"requested", "pending", "running"})
 SOLO_PROBE_S = 1800.0
 
 
+#: Why a round drains an instance; `stranded_sources` takes back only drains of this reason.
+PLAN_DRAIN = "the plan no longer uses it: drain, then terminate"
+#: Why a round takes back an instance it had drained (`stranded_sources`).
+KEPT_STRANDED = "kept: the instance its task(s) were to move to is gone; they stay where they run"
+
+
 class Planner(Protocol):
     name: str
 
@@ -224,16 +230,17 @@ class RefusedLaunch:
 
 @dataclass(frozen=True, slots=True)
 class InstanceAction:
-    """Drain or terminate one instance, and why.
+    """Drain, terminate or keep one instance, and why.
 
     `status` is what the state records first: `terminating` for an instance the
     cloud has (then the cloud is asked), `failed` for a launch that never
-    produced one (nothing to terminate, nothing was billed).
+    produced one (nothing to terminate, nothing was billed), `running` for a
+    drained one taken back (`stranded_sources`).
     """
 
     instance_id: str
     reason: str
-    status: Literal["draining", "terminating", "failed"] = "terminating"
+    status: Literal["draining", "terminating", "failed", "running"] = "terminating"
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +265,8 @@ class RoundDecision:
     refused: tuple[RefusedLaunch, ...] = ()
     drains: tuple[InstanceAction, ...] = ()
     terminations: tuple[InstanceAction, ...] = ()
+    # drained instances taken back (`stranded_sources`): recorded done, with the round
+    keeps: tuple[InstanceAction, ...] = ()
     targets: Mapping[str, str | None] = field(default_factory=dict)
     moves: tuple[ActionRecord, ...] = ()
     infeasible: Mapping[str, str] = field(default_factory=dict)  # task -> why it waits
@@ -302,6 +311,7 @@ class RoundDecision:
             for o in self.orphans
         ]
         actions += self.moves
+        actions += [ActionRecord("adopt", k.instance_id, k.reason, "done") for k in self.keeps]
         return tuple(actions)
 
     def orphan_index(self, position: int) -> int:
@@ -340,6 +350,7 @@ class RoundDecision:
             ),
             targets=self.targets,
             drains=tuple((d.instance_id, d.reason) for d in self.drains),
+            keeps=tuple((k.instance_id, k.reason) for k in self.keeps),
             terminations=tuple((t.instance_id, t.status, t.reason) for t in self.terminations),
             on_demand_prices={
                 launch.instance_id: launch.on_demand_price
@@ -394,6 +405,8 @@ def decide(
         for i in snapshot.instances
         if i.status in PLANNABLE and i.instance_id not in leaving and i.instance_type in catalog
     ]
+    stranded = stranded_sources(snapshot, live, leaving, catalog)
+    live += stranded
     usable = _usable(catalog, blocked, live)
     infeasible = _infeasible(snapshot, usable, blocked, live)
     # A job's tasks end one by one: those done are neither planned nor given room.
@@ -474,6 +487,7 @@ def decide(
     waiting: dict[str, str] = {}
     if options.waiting is not None:
         plan, waiting = hold_for_room(plan, snapshot, planning, options.waiting, now)
+    stranded_ids = {i.instance_id for i in stranded}
     diff = _diff(
         snapshot,
         plan.configuration,
@@ -494,7 +508,15 @@ def decide(
         plan=plan,
         launches=diff.launches,
         refused=diff.refused,
-        drains=_drains(current, plan.configuration, diff.targets),
+        drains=tuple(
+            d
+            for d in _drains(current, plan.configuration, diff.targets)
+            if d.instance_id not in stranded_ids
+        ),
+        keeps=tuple(
+            InstanceAction(instance_id, KEPT_STRANDED, "running")
+            for instance_id in sorted(stranded_ids & set(diff.targets.values()))
+        ),
         terminations=terminations,
         targets=diff.targets,
         moves=diff.moves,
@@ -1100,6 +1122,41 @@ def _usable(
     )
 
 
+def stranded_sources(
+    snapshot: StateSnapshot,
+    live: Sequence[InstanceRecord],
+    leaving: set[str],
+    catalog: Catalog,
+) -> list[InstanceRecord]:
+    """Instances a plan drained that a task still runs on while the instance it was to move
+    to is gone (lost, reclaimed, failed, given up) or it has none: the round may keep them.
+
+    A move is make-before-break: the task runs on its source until the target is ready.
+    When the target never gets there, the source is still the task's best host — it is
+    running, paid for and holds the task's state — so the round plans it as live, like
+    any running instance, and takes it back (`KEPT_STRANDED`) if the plan uses it.
+    Without this the task, on an instance no plan could keep, was placed on a new one:
+    a launch and a migration to get back where it already was. Only the plan's own
+    drains are taken back; an operator's drain stands."""
+    live_ids = {i.instance_id for i in live}
+    hosts = {
+        t.instance_id
+        for t in snapshot.tasks.values()
+        if t.status in ON_INSTANCE
+        and t.instance_id is not None
+        and t.target_instance_id not in live_ids
+    }
+    return [
+        i
+        for i in snapshot.instances
+        if i.status == "draining"
+        and i.reason == PLAN_DRAIN
+        and i.instance_id in hosts
+        and i.instance_id not in leaving
+        and i.instance_type in catalog
+    ]
+
+
 def _drains(
     current: Configuration, target: Configuration, targets: Mapping[str, str | None]
 ) -> tuple[InstanceAction, ...]:
@@ -1108,9 +1165,7 @@ def _drains(
     kept = {i.instance_id for i in target if i.instance_id is not None}
     kept |= {where for where in targets.values() if where is not None}
     return tuple(
-        InstanceAction(
-            i.instance_id, "the plan no longer uses it: drain, then terminate", "draining"
-        )
+        InstanceAction(i.instance_id, PLAN_DRAIN, "draining")
         for i in current
         if i.instance_id is not None and i.instance_id not in kept
     )
@@ -1392,6 +1447,15 @@ def _diff(
             continue
         if old is None:
             moves.append(ActionRecord("start", task_id, "new task placed", detail={"to": new}))
+        elif new == snapshot.tasks[task_id].instance_id:
+            moves.append(
+                ActionRecord(
+                    "migrate",
+                    task_id,
+                    "it stays where it runs: the instance it was to move to is gone",
+                    detail={"from": old, "to": new},
+                )
+            )
         else:
             moves.append(
                 ActionRecord(

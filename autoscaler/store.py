@@ -348,6 +348,7 @@ class RoundIntents:
     `requests`: (our id, type, hourly price) of instances to launch;
     `targets`: task -> the instance the plan assigns it to (None: unplaced);
     `drains`: (instance, reason) of instances the plan no longer uses;
+    `keeps`: (instance, reason) of drained instances the plan takes back (running again);
     `terminations`: (instance, status, reason) of instances to give up now:
     `terminating` (then terminated by the cloud) or `failed` (never launched);
     `on_demand_prices`: requested instance -> the on-demand price of its EC2 type at
@@ -357,13 +358,17 @@ class RoundIntents:
     requests: tuple[tuple[str, str, float], ...] = ()
     targets: Mapping[str, str | None] = field(default_factory=dict)
     drains: tuple[tuple[str, str], ...] = ()
+    keeps: tuple[tuple[str, str], ...] = ()
     terminations: tuple[tuple[str, InstanceStatus, str], ...] = ()
     on_demand_prices: Mapping[str, float] = field(default_factory=dict)
 
     def instance_changes(self) -> list[InstanceChange]:
-        """The instance transitions the round asks for: its drains, then its terminations."""
+        """The instance transitions the round asks for: its keeps, drains, then terminations."""
+        keeps = [InstanceChange(i, "running", reason=why) for i, why in self.keeps]
         drains = [InstanceChange(i, "draining", reason=why) for i, why in self.drains]
-        return drains + [InstanceChange(i, s, reason=why) for i, s, why in self.terminations]
+        return (
+            keeps + drains + [InstanceChange(i, s, reason=why) for i, s, why in self.terminations]
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from autoscaler.catalog import Catalog
 from autoscaler.cloud import CloudInstance, Guardrails, OrphanPolicy, UnavailableOffering
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.decide import (
+    KEPT_STRANDED,
+    PLAN_DRAIN,
     SOLO_PROBE_S,
     ControlOptions,
     InstanceAction,
@@ -254,6 +256,57 @@ def test_an_instance_the_plan_no_longer_uses_is_drained():
     assert decision.drains == (
         InstanceAction("inst-1", "the plan no longer uses it: drain, then terminate", "draining"),
     )
+
+
+def stranded(source_reason: str) -> StateSnapshot:
+    """a/0 runs on inst-1, drained for a move to inst-2, which the cloud lost before the
+    task got there (inst-2 is no longer among the live instances)."""
+    on_one = task("a/0", "running", on="inst-1", target="inst-2")
+    source = instance("inst-1", status="draining", reason=source_reason)
+    return snapshot([record(job("a", (0, 2, 8)))], [on_one], [source], requested=2)
+
+
+def test_a_drained_instance_whose_task_lost_its_destination_is_planned_and_taken_back():
+    keeper = Placing(lambda t: "inst-1")
+    decision = round_at(stranded(PLAN_DRAIN), 100.0, planner=keeper)
+    # the plan saw it as live, with its task on it, and kept it: no launch, no drain
+    [view] = keeper.views
+    assert [(i.instance_id, i.tasks) for i in view.current] == [("inst-1", ("a/0",))]
+    assert decision.launches == () and decision.drains == ()
+    assert decision.targets == {"a/0": "inst-1"}
+    assert decision.keeps == (InstanceAction("inst-1", KEPT_STRANDED, "running"),)
+    assert [(a.kind, a.target, a.outcome) for a in decision.record().actions] == [
+        ("migrate", "a/0", "planned"),
+        ("adopt", "inst-1", "done"),
+    ]
+    assert decision.intents().instance_changes()[0].status == "running"
+
+
+def test_a_stranded_instance_the_plan_does_not_keep_stays_draining_without_a_second_drain():
+    decision = round_at(stranded(PLAN_DRAIN), 100.0, planner=Placing(lambda t: "cpu4"))
+    [launch] = decision.launches
+    assert decision.targets == {"a/0": launch.instance_id}
+    assert decision.keeps == () and decision.drains == ()
+
+
+def test_an_operators_drain_is_never_taken_back():
+    keeper = Placing(lambda t: "cpu4")
+    decision = round_at(stranded("drained by the operator: its tasks move"), 100.0, planner=keeper)
+    [view] = keeper.views
+    assert list(view.current) == []  # not plannable: the task is placed anew
+    assert decision.keeps == ()
+
+
+def test_a_draining_instance_whose_task_still_has_a_live_destination_stays_out_of_the_plan():
+    on_one = task("a/0", "running", on="inst-1", target="inst-2")
+    source = instance("inst-1", status="draining", reason=PLAN_DRAIN)
+    booting = instance("inst-2", "cpu4", "pending", ready=False)
+    keeper = Placing(lambda t: "inst-2")
+    snap = snapshot([record(job("a", (0, 2, 8)))], [on_one], [source, booting])
+    decision = round_at(snap, 100.0, planner=keeper)
+    [view] = keeper.views
+    assert [(i.instance_id, i.tasks) for i in view.current] == [("inst-2", ("a/0",))]
+    assert decision.keeps == ()
 
 
 def test_a_round_with_no_jobs_and_no_instances_plans_nothing():

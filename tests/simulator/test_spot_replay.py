@@ -216,6 +216,33 @@ def test_a_task_waits_out_an_outage_on_one_on_demand_instance() -> None:
     assert any(a.outcome == "skipped" and a.message.startswith("kept:") for a in drains)
 
 
+def test_a_task_whose_spot_destination_is_lost_before_it_moves_stays_on_its_instance() -> None:
+    # No spot until 900 s (the task starts on on-demand at 600 s, after two refusals),
+    # spot for 50 s at 900 s: the round moves the task to a new spot instance, which is
+    # reclaimed before it is ready. The task never left its on-demand instance, so that
+    # instance is taken back, not replaced by a second one it would migrate to.
+    trace = AvailabilityTrace(50.0, (1,) * 18 + (0,) + (1,) * 400)
+    store = InMemoryStore()
+    result = replay(
+        [job("a", 20_000.0)],
+        catalog(0.05),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": trace}),
+    )
+    assert result.finished
+    launched = [
+        i.instance_type
+        for i in store.instances(include_finished=True)
+        if i.cloud_id is not None  # the cloud started it
+    ]
+    assert launched == ["small", "small:spot"]  # the spot one was lost
+    assert types_used(store) == {"a": ["small"]}  # the task never moved
+    adopted = [a for r in store.rounds() for a in r.actions if a.kind == "adopt"]
+    assert adopted and adopted[0].reason.startswith("kept: the instance its task(s)")
+
+
 def test_every_job_completes_under_a_harsh_trace_and_harsh_rates() -> None:
     jobs = [job(f"j{i}", 1500.0 + 700.0 * i, arrival=400.0 * i) for i in range(8)]
     harsh = AvailabilityTrace(600.0, (1, 0, 1, 1, 0, 0, 1))
