@@ -538,6 +538,23 @@ def test_a_round_and_its_intents_are_recorded_together(store):
     assert store.instance("i-new").status == "requested"
 
 
+def test_a_round_takes_back_an_instance_it_drained_with_its_reason(store):
+    submit(store, "j1", n_tasks=1, at=0.0)
+    adopted_round(store, 0.0, requests=[("i-old", "small", 1.0)])
+    store.transition_instance("i-old", "running", 1.0, cloud_id="c-old")
+    drained = RoundIntents(drains=(("i-old", "the plan no longer uses it"),))
+    store.record_round(RoundRecord(10.0, "eva", "full", True, "move"), drained)
+    kept = RoundIntents(
+        targets={"j1/0": "i-old"}, keeps=(("i-old", "kept: its move's target is gone"),)
+    )
+    store.record_round(RoundRecord(20.0, "eva", "partial", True, "keep"), kept)
+    inst = store.instance("i-old")
+    assert (inst.status, inst.reason) == ("running", "kept: its move's target is gone")
+    assert [s for s, _ in inst.history][-2:] == ["draining", "running"]
+    assert inst.entered("draining") == 10.0
+    assert store.tasks_of("j1")[0].target_instance_id == "i-old"
+
+
 def test_the_snapshot_counts_requests_and_job_events_for_the_next_round(store):
     first = store.snapshot()
     assert (first.instances_requested, first.job_events, first.last_round_job_events) == (
