@@ -437,6 +437,10 @@ class SpotTable(Strict, frozen=True):
     checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
     deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
     max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 10
+    # A job of known length may lose this share of its run to reclaims (half a checkpoint
+    # interval each) before that ceiling moves it, when that is more reclaims (0: the
+    # count alone; `spot.reclaim_ceiling`).
+    max_lost_share: Annotated[float, number(ge=0.0, lt=1.0)] = 0.02
     # The cluster's own interruption history refines each offering's band (`app.spot_rates`):
     # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
     # spot instance-hours), recomputed at most every `refresh_minutes`; a rebalance
@@ -460,6 +464,7 @@ class SpotTable(Strict, frozen=True):
             checkpoint_every_s=self.checkpoint_every_s,
             deadline_margin_s=self.deadline_margin_s,
             max_reclaims=self.max_reclaims or None,
+            max_lost_share=self.max_lost_share or None,
             reclaim_alpha=self.reclaim_alpha,
         )
 

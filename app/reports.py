@@ -653,7 +653,7 @@ def cluster_status(store: Store, now: float) -> dict[str, Any]:
             "actions": [
                 {"kind": a.kind, "target": a.target, "outcome": a.outcome, "reason": a.reason}
                 for a in r.actions
-                if a.kind in ("launch", "terminate", "report")
+                if a.kind in ("launch", "terminate", "report", "adopt")  # instances
             ],
         }
     billed = [i for i in snapshot.instances if i.status in BILLED_STATUSES]

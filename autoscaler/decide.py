@@ -58,6 +58,7 @@ from autoscaler.spot import (
     on_demand_price,
     pinned_on_demand,
     planned_rate,
+    reclaim_ceiling,
     reclaims_pin,
     rollback_s,
     spot_discount,
@@ -870,11 +871,12 @@ def pinned_by_reclaims(
     reclaims = max((t.retries - t.failures for t in tasks), default=0)
     if reclaims <= 0:
         return False
+    solo_s = _solo_s(job)
+    ceiling = reclaim_ceiling(solo_s, rollback_s(job, policy), policy)
     if job.capacity == "spot":
         # Its owner chose spot, not its price: the test of the rate it was priced at
         # does not apply, and only the ceiling (every job finishes) moves it.
-        return policy.max_reclaims is not None and reclaims >= policy.max_reclaims
-    solo_s = _solo_s(job)
+        return ceiling is not None and reclaims >= ceiling
     rate = planned_rate(job, catalog)
     if policy.from_scratch and solo_s is not None:
         discount = spot_discount(job, catalog)
@@ -882,7 +884,7 @@ def pinned_by_reclaims(
         if discount is not None and from_scratch_pins(solo_s / 3600.0, restart_h, rate, discount):
             return True
     exposure = exposure_hours(solo_s, reclaims, started_at, now, policy)
-    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy)
+    return reclaims_pin(reclaims, exposure, rate, len(job.tasks), policy, ceiling)
 
 
 def _has_deadline(job: JobSpec) -> bool:

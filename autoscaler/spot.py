@@ -145,7 +145,8 @@ class SpotPolicy:
     (a round interval and a reclaim's loss, by default). `spread_fraction`: at most
     this share of a type's spot instances on one offering when another one of that
     type is within `price_tolerance` of it. `reclaim_alpha`, `max_reclaims`: when a
-    job's own reclaims move it to on-demand (`reclaims_pin`). `prices_loss` False plans
+    job's own reclaims move it to on-demand (`reclaims_pin`), `max_lost_share` how far
+    the ceiling rises for a long job (`reclaim_ceiling`). `prices_loss` False plans
     each offering at its raw spot price (L = 0, the spot baselines'), while the
     checkpoint interval still counts where a reclaim's rollback is a fact, not a price:
     the deadline margin (`rollback_s`) and the reclaim test's exposure."""
@@ -161,8 +162,11 @@ class SpotPolicy:
     reclaim_alpha: float = 0.01
     # ... and, whatever the test says, once one of its tasks lost this many attempts to
     # the infrastructure (reclaims, lost workers): the hard ceiling that makes every job
-    # finish (None: no ceiling).
+    # finish (None: no ceiling) ...
     max_reclaims: int | None = 10
+    # ... raised for a long job to as many reclaims as lose, at half a checkpoint interval
+    # each, this share of its run (`reclaim_ceiling`; None: the count alone).
+    max_lost_share: float | None = 0.02
     # A reclaim loses the job's whole attempt (no checkpoints: the SkyPilot-like
     # baseline): a reclaimed job of known length then moves as soon as its price says
     # spot no longer pays (`from_scratch_pins`).
@@ -238,8 +242,32 @@ def poisson_sf(k: int, mean: float) -> float:
     return max(0.0, 1.0 - below)
 
 
+def reclaim_ceiling(solo_s: float | None, rollback: float, policy: SpotPolicy) -> int | None:
+    """The reclaims after which a job runs on on-demand whatever its rate (None: none).
+
+    `max_reclaims`, or for a job of known length (`solo_s` alone at full speed) as many
+    reclaims as lose `max_lost_share` of that run at half a checkpoint interval each
+    (`rollback`: the interval; a reclaim lands anywhere in it), if more. A count alone
+    treats a 200-hour job like a 2-hour one: at a rate its price accounts for, the long
+    one meets its tenth reclaim halfway and finished on on-demand — under bursty
+    availability traces that pinned most long GPU jobs and made on-demand four fifths
+    of eva's bill — while its loss stayed within the share a short job's ten reclaims
+    would overrun. Past the ceiling, the job's loss is what this share says: the
+    share of work lost to reclaims is the budget it sets."""
+    ceiling = policy.max_reclaims
+    share = policy.max_lost_share
+    if ceiling is None or share is None or solo_s is None or rollback <= 0:
+        return ceiling
+    return max(ceiling, math.floor(share * solo_s / (rollback / 2.0)))
+
+
 def reclaims_pin(
-    reclaims: int, exposure_hours: float, rate_per_hour: float, tasks: int, policy: SpotPolicy
+    reclaims: int,
+    exposure_hours: float,
+    rate_per_hour: float,
+    tasks: int,
+    policy: SpotPolicy,
+    ceiling: int | None = None,
 ) -> bool:
     """Whether a job's own reclaims move it to on-demand for good.
 
@@ -248,7 +276,8 @@ def reclaims_pin(
     interruption rate it was planned at. The rule: pin when that many reclaims are
     unlikely at the planned rate — a one-sided Poisson test, `tasks · P(X ≥ k) <
     reclaim_alpha` with X ~ Poisson(λ · exposure) (Bonferroni over the tasks, each
-    reclaimed at λ on its own) — or when `reclaims ≥ max_reclaims`, the hard ceiling.
+    reclaimed at λ on its own) — or when `reclaims ≥ ceiling`, the hard ceiling
+    (`reclaim_ceiling`; None: the policy's `max_reclaims`).
     A job reclaimed as often as its price assumed stays on spot, whose price already
     pays for its reclaims; one reclaimed more often has the rate wrong, and moves.
 
@@ -262,7 +291,9 @@ def reclaims_pin(
     capacity that kept vanishing, moving back and forth and idle for hours."""
     if reclaims <= 0:
         return False
-    if policy.max_reclaims is not None and reclaims >= policy.max_reclaims:
+    if ceiling is None:
+        ceiling = policy.max_reclaims
+    if ceiling is not None and reclaims >= ceiling:
         return True
     mean = rate_per_hour * max(0.0, exposure_hours)
     return max(1, tasks) * poisson_sf(reclaims, mean) < policy.reclaim_alpha

@@ -330,6 +330,40 @@ def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
     assert not pinned_by_reclaims(unbounded, spot, reclaimed(50), 0.0, 3600.0, catalog)
 
 
+def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows() -> None:
+    from autoscaler.decide import pinned_by_reclaims
+    from autoscaler.jobs import TraceFacts
+    from autoscaler.spot import reclaim_ceiling
+    from autoscaler.store import TaskRecord
+
+    policy = SpotPolicy(checkpoint_every_s=900.0)  # ceiling 10, lost share 2%
+    # A reclaim lands anywhere in a 900 s interval: 450 s lost on average. 2% of 200 h
+    # alone is 14,400 s, 32 such reclaims; 2% of 2 h is less than one: the count stands.
+    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 32
+    assert reclaim_ceiling(2 * 3600.0, 900.0, policy) == 10
+    assert reclaim_ceiling(None, 900.0, policy) == 10  # unknown length: the count
+    assert reclaim_ceiling(200 * 3600.0, 0.0, policy) == 10  # no checkpoint loss priced
+    assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_lost_share=None)) == 10
+    assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_reclaims=None)) is None
+    assert reclaim_ceiling(200 * 3600.0, 1800.0, policy) == 16  # coarser checkpoints
+
+    # A 200-hour job planned at 0.15/h expects 0.15 × (200 + n·0.25) ≈ 30 reclaims: its
+    # tenth is no evidence against the rate, and it stays on spot past the count ...
+    catalog = offerings(0.15)
+    long_job = job("a", (1, 4, 10), trace=TraceFacts(duration_s=200 * 3600.0))
+
+    def reclaimed(n: int) -> list[TaskRecord]:
+        return [TaskRecord("a/0", "a", retries=n)]
+
+    assert not pinned_by_reclaims(policy, long_job, reclaimed(10), 0.0, 3600.0, catalog)
+    assert not pinned_by_reclaims(policy, long_job, reclaimed(31), 0.0, 3600.0, catalog)
+    # ... until its reclaims have cost it its share of the run
+    assert pinned_by_reclaims(policy, long_job, reclaimed(32), 0.0, 3600.0, catalog)
+    # with the count alone, it moved at the tenth
+    count_only = replace(policy, max_lost_share=None)
+    assert pinned_by_reclaims(count_only, long_job, reclaimed(10), 0.0, 3600.0, catalog)
+
+
 def test_a_reclaim_can_take_back_a_whole_checkpoint_interval_of_the_job() -> None:
     from autoscaler.jobs import TaskRun
     from autoscaler.spot import rollback_s
