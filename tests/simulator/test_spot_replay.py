@@ -186,11 +186,9 @@ def test_the_spot_checkpoint_baseline_keeps_eva_s_deadline_margin_at_the_raw_pri
     assert all(planned[t.name].hourly_cost == t.hourly_cost for t in spot_types)
 
 
-def test_a_task_waits_out_an_outage_on_one_on_demand_instance() -> None:
-    # Spot for the first 600 s, then none for 3 h. Each time the refused offering's
-    # cooldown ends the plan tries spot again and the cloud refuses it: the task must
-    # stay on the on-demand instance it runs on, not be moved to a new one each time.
-    trace = AvailabilityTrace(600.0, (0,) + (1,) * 18)
+def one_long_job_under(trace: AvailabilityTrace) -> InMemoryStore:
+    """The state after replaying one 20,000 s job whose spot offering follows `trace`
+    (it finished)."""
     store = InMemoryStore()
     result = replay(
         [job("a", 20_000.0)],
@@ -201,6 +199,14 @@ def test_a_task_waits_out_an_outage_on_one_on_demand_instance() -> None:
         spot=SpotReplay(traces={"small": trace}),
     )
     assert result.finished
+    return store
+
+
+def test_a_task_waits_out_an_outage_on_one_on_demand_instance() -> None:
+    # Spot for the first 600 s, then none for 3 h. Each time the refused offering's
+    # cooldown ends the plan tries spot again and the cloud refuses it: the task must
+    # stay on the on-demand instance it runs on, not be moved to a new one each time.
+    store = one_long_job_under(AvailabilityTrace(600.0, (0,) + (1,) * 18))
     used = types_used(store)["a"]
     assert used[:2] == ["small:spot", "small"]  # reclaimed at 600 s, onto on-demand
     refused = [
@@ -221,17 +227,7 @@ def test_a_task_whose_spot_destination_is_lost_before_it_moves_stays_on_its_inst
     # spot for 50 s at 900 s: the round moves the task to a new spot instance, which is
     # reclaimed before it is ready. The task never left its on-demand instance, so that
     # instance is taken back, not replaced by a second one it would migrate to.
-    trace = AvailabilityTrace(50.0, (1,) * 18 + (0,) + (1,) * 400)
-    store = InMemoryStore()
-    result = replay(
-        [job("a", 20_000.0)],
-        catalog(0.05),
-        NO_INTERFERENCE,
-        "eva",
-        store=store,
-        spot=SpotReplay(traces={"small": trace}),
-    )
-    assert result.finished
+    store = one_long_job_under(AvailabilityTrace(50.0, (1,) * 18 + (0,) + (1,) * 400))
     launched = [
         i.instance_type
         for i in store.instances(include_finished=True)
