@@ -440,7 +440,7 @@ class SpotTable(Strict, frozen=True):
     # A job of known length may lose this share of its run to reclaims (half a checkpoint
     # interval each) before that ceiling moves it, when that is more reclaims (0: the
     # count alone; `spot.reclaim_ceiling`).
-    max_lost_share: Annotated[float, number(ge=0.0, lt=1.0)] = 0.02
+    max_lost_share: Annotated[float, number(ge=0.0, lt=1.0)] = 0.015
     # The cluster's own interruption history refines each offering's band (`app.spot_rates`):
     # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
     # spot instance-hours), recomputed at most every `refresh_minutes`; a rebalance

@@ -166,7 +166,7 @@ class SpotPolicy:
     max_reclaims: int | None = 10
     # ... raised for a long job to as many reclaims as lose, at half a checkpoint interval
     # each, this share of its run (`reclaim_ceiling`; None: the count alone).
-    max_lost_share: float | None = 0.02
+    max_lost_share: float | None = 0.015
     # A reclaim loses the job's whole attempt (no checkpoints: the SkyPilot-like
     # baseline): a reclaimed job of known length then moves as soon as its price says
     # spot no longer pays (`from_scratch_pins`).

@@ -336,16 +336,16 @@ def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows
     from autoscaler.spot import reclaim_ceiling
     from autoscaler.store import TaskRecord
 
-    policy = SpotPolicy(checkpoint_every_s=900.0)  # ceiling 10, lost share 2%
-    # A reclaim lands anywhere in a 900 s interval: 450 s lost on average. 2% of 200 h
-    # alone is 14,400 s, 32 such reclaims; 2% of 2 h is less than one: the count stands.
-    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 32
+    policy = SpotPolicy(checkpoint_every_s=900.0)  # ceiling 10, lost share 1.5%
+    # A reclaim lands anywhere in a 900 s interval: 450 s lost on average. 1.5% of 200 h
+    # alone is 10,800 s, 24 such reclaims; 1.5% of 2 h is less than one: the count stands.
+    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 24
     assert reclaim_ceiling(2 * 3600.0, 900.0, policy) == 10
     assert reclaim_ceiling(None, 900.0, policy) == 10  # unknown length: the count
     assert reclaim_ceiling(200 * 3600.0, 0.0, policy) == 10  # no checkpoint loss priced
     assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_lost_share=None)) == 10
     assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_reclaims=None)) is None
-    assert reclaim_ceiling(200 * 3600.0, 1800.0, policy) == 16  # coarser checkpoints
+    assert reclaim_ceiling(200 * 3600.0, 1800.0, policy) == 12  # coarser checkpoints
 
     # A 200-hour job planned at 0.15/h expects 0.15 × (200 + n·0.25) ≈ 30 reclaims: its
     # tenth is no evidence against the rate, and it stays on spot past the count ...
@@ -356,9 +356,9 @@ def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows
         return [TaskRecord("a/0", "a", retries=n)]
 
     assert not pinned_by_reclaims(policy, long_job, reclaimed(10), 0.0, 3600.0, catalog)
-    assert not pinned_by_reclaims(policy, long_job, reclaimed(31), 0.0, 3600.0, catalog)
+    assert not pinned_by_reclaims(policy, long_job, reclaimed(23), 0.0, 3600.0, catalog)
     # ... until its reclaims have cost it its share of the run
-    assert pinned_by_reclaims(policy, long_job, reclaimed(32), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, long_job, reclaimed(24), 0.0, 3600.0, catalog)
     # with the count alone, it moved at the tenth
     count_only = replace(policy, max_lost_share=None)
     assert pinned_by_reclaims(count_only, long_job, reclaimed(10), 0.0, 3600.0, catalog)

@@ -299,4 +299,4 @@ def test_the_reclaim_test_level_reaches_the_policy(tmp_path):
     path.write_text(path.read_text() + "\n[spot]\nenabled = true\nreclaim_alpha = 0.05\n")
     policy = load_cluster_config(path).control_options().spot
     assert policy is not None
-    assert (policy.reclaim_alpha, policy.max_reclaims, policy.max_lost_share) == (0.05, 10, 0.02)
+    assert (policy.reclaim_alpha, policy.max_reclaims, policy.max_lost_share) == (0.05, 10, 0.015)
