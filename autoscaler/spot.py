@@ -248,12 +248,11 @@ def reclaim_ceiling(solo_s: float | None, rollback: float, policy: SpotPolicy) -
     `max_reclaims`, or for a job of known length (`solo_s` alone at full speed) as many
     reclaims as lose `max_lost_share` of that run at half a checkpoint interval each
     (`rollback`: the interval; a reclaim lands anywhere in it), if more. A count alone
-    treats a 200-hour job like a 2-hour one: at a rate its price accounts for, the long
-    one meets its tenth reclaim halfway and finished on on-demand — under bursty
-    availability traces that pinned most long GPU jobs and made on-demand four fifths
-    of eva's bill — while its loss stayed within the share a short job's ten reclaims
-    would overrun. Past the ceiling, the job's loss is what this share says: the
-    share of work lost to reclaims is the budget it sets."""
+    treats a 200-hour job like a 2-hour one: at the rate its price accounts for, the
+    long one meets its tenth reclaim early and finishes on on-demand, having lost well
+    under 1% of its run; under bursty availability traces that pinned most long GPU
+    jobs and made on-demand four fifths of eva's bill. The share bounds what a long job
+    expects to lose to reclaims; a short one keeps the count."""
     ceiling = policy.max_reclaims
     share = policy.max_lost_share
     if ceiling is None or share is None or solo_s is None or rollback <= 0:
