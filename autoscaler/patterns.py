@@ -84,6 +84,7 @@ class PatternSolution:
     iterations: int
     exact: bool  # pricing was exact and converged: the objective is a valid bound
     seconds: float
+    columns: tuple[Pattern, ...] = ()  # every column the master held (for an integer master)
 
 
 class PatternPricer:
@@ -288,7 +289,9 @@ class PatternPricer:
             highs.run()
         y = highs.getSolution().col_value
         used = tuple((p, y[j]) for j, p in enumerate(columns) if y[j] > 1e-9)
-        return PatternSolution(highs.getObjectiveValue(), used, iterations, exact, elapsed())
+        return PatternSolution(
+            highs.getObjectiveValue(), used, iterations, exact, elapsed(), tuple(columns)
+        )
 
 
 def _remembered(
@@ -323,6 +326,42 @@ def covering_model(counts: Sequence[float]) -> highspy.Highs:
         np.array([], float),
     )
     return highs
+
+
+def integer_cover(
+    costs: Sequence[float],
+    counts: Sequence[int],
+    patterns: Sequence[Pattern],
+    node_limit: int,
+) -> list[int] | None:
+    """Whole copies of `patterns` covering every class's count at least cost (`costs`:
+    per type index): the configuration program restricted to these columns, solved as
+    an integer program by HiGHS within `node_limit` branch-and-bound nodes (a limit on
+    work, not on time, so the answer depends on the input alone). None: no integer
+    solution was found within the limit."""
+    if not patterns:
+        return None
+    highs = covering_model(counts)
+    highs.setOptionValue("mip_max_nodes", node_limit)
+    for p in patterns:
+        comp = p.composition
+        highs.addCol(
+            costs[p.type_index],
+            0.0,
+            highspy.kHighsInf,
+            len(comp),
+            np.array([c for c, _ in comp], np.int32),
+            np.array([float(n) for _, n in comp]),
+        )
+    highs.changeColsIntegrality(
+        len(patterns),
+        np.arange(len(patterns), dtype=np.int32),
+        np.array([highspy.HighsVarType.kInteger] * len(patterns)),
+    )
+    highs.run()
+    if highs.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
+        return None
+    return [round(v) for v in highs.getSolution().col_value]
 
 
 def _within_groups(

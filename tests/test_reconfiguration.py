@@ -371,3 +371,28 @@ def test_an_instance_holding_more_than_its_room_is_no_column_for_the_priced_pack
     for inst in plan:
         cpu = sum({"a/0": 8, "b/0": 12}[t] for t in inst.tasks)
         assert cpu <= 16, (inst.instance_id, inst.tasks)
+
+
+def test_nine_tiny_tasks_fill_three_of_the_smallest_type_not_one_larger():
+    # 2.73 CPUs in all. Every type costs at least $0.08925 per CPU of capacity (c7i)
+    # and capacities are whole CPUs, so no plan beats 3 CPUs' worth: three c7i.large
+    # ($0.26775/h), which hold these nine (e.g. in threes: ≤ 1 CPU and 4 GB each). Before
+    # the integer master the planner packed them onto one c7i.2xlarge ($0.357/h).
+    catalog = load_catalog(bundled("ec2_config.json"))
+    demands = [
+        (0, 0.35, 0.74),
+        (0, 0.27, 1.04),
+        (0, 0.26, 0.60),
+        (0, 0.36, 0.72),
+        (0, 0.40, 1.75),
+        (0, 0.16, 0.55),
+        (0, 0.31, 0.48),
+        (0, 0.44, 1.69),
+        (0, 0.18, 0.11),
+    ]
+    jobs = tuple(job(f"t{i}", d) for i, d in enumerate(demands))
+    plain = EvaPlanner(packing="plain").plan(view(jobs, catalog=catalog))
+    assert plain.hourly_cost == pytest.approx(0.357)
+    plan = EvaPlanner().plan(view(jobs, catalog=catalog))
+    assert plan.hourly_cost == pytest.approx(3 * 0.08925)
+    assert [i.type.name for i in plan.configuration.instances] == ["c7i.large"] * 3
