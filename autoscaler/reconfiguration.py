@@ -847,7 +847,7 @@ class Packer:
           to the cheapest type that holds it (`_empty_instances`).
 
         Measured on small random inputs against the MIP optimum where proven
-        (`tests/test_small_optimum.py`): 21 of 37 plans within 1.005x before, 33 of 35
+        (`tests/test_small_optimum.py`): 21 of 37 plans within 1.005x before, 32 of 35
         with it.
 
         Without interference and on no running instance only: there a plan's saving
