@@ -64,6 +64,7 @@ from autoscaler.patterns import (
     _fitting,
     best_composition,
     covering_model,
+    integer_covering_model,
 )
 from autoscaler.pooled import PooledBound, pooled_bound
 from autoscaler.resources import EPSILON, fits
@@ -785,23 +786,8 @@ def _pattern_mip(
 ) -> MipOptimum:
     """min Σ C_k y_p, Σ_p a_cp y_p ≥ n_c, y integer: exact over every composition
     (`lower_bound`: a known bound, kept when stopped before HiGHS proves a better one)."""
-    highs = covering_model([c.count for c in classes])
+    highs = integer_covering_model([t.cost for t in types], [c.count for c in classes], patterns)
     highs.setOptionValue("time_limit", float(time_limit_s))
-    for p in patterns:
-        comp = p.composition
-        highs.addCol(
-            types[p.type_index].cost,
-            0.0,
-            highspy.kHighsInf,
-            len(comp),
-            np.array([c for c, _ in comp], np.int32),
-            np.array([float(n) for _, n in comp]),
-        )
-    highs.changeColsIntegrality(
-        len(patterns),
-        np.arange(len(patterns), dtype=np.int32),
-        np.array([highspy.HighsVarType.kInteger] * len(patterns)),
-    )
     highs.setOptionValue("objective_bound", upper_bound * (1 + 1e-9))
     highs.run()
     return _outcome(highs, lower_bound, elapsed)

@@ -328,21 +328,12 @@ def covering_model(counts: Sequence[float]) -> highspy.Highs:
     return highs
 
 
-def integer_cover(
-    costs: Sequence[float],
-    counts: Sequence[int],
-    patterns: Sequence[Pattern],
-    node_limit: int,
-) -> list[int] | None:
-    """Whole copies of `patterns` covering every class's count at least cost (`costs`:
-    per type index): the configuration program restricted to these columns, solved as
-    an integer program by HiGHS within `node_limit` branch-and-bound nodes (a limit on
-    work, not on time, so the answer depends on the input alone). None: no integer
-    solution was found within the limit."""
-    if not patterns:
-        return None
+def integer_covering_model(
+    costs: Sequence[float], counts: Sequence[float], patterns: Sequence[Pattern]
+) -> highspy.Highs:
+    """min Σ C_k y_p, Σ_p a_cp y_p ≥ n_c, y ≥ 0 integer: the configuration program over
+    `patterns` in whole copies (`costs`: per type index), to be given its limits and run."""
     highs = covering_model(counts)
-    highs.setOptionValue("mip_max_nodes", node_limit)
     for p in patterns:
         comp = p.composition
         highs.addCol(
@@ -358,6 +349,24 @@ def integer_cover(
         np.arange(len(patterns), dtype=np.int32),
         np.array([highspy.HighsVarType.kInteger] * len(patterns)),
     )
+    return highs
+
+
+def integer_cover(
+    costs: Sequence[float],
+    counts: Sequence[int],
+    patterns: Sequence[Pattern],
+    node_limit: int,
+) -> list[int] | None:
+    """Whole copies of `patterns` covering every class's count at least cost (`costs`:
+    per type index): the configuration program restricted to these columns, solved as
+    an integer program by HiGHS within `node_limit` branch-and-bound nodes (a limit on
+    work, not on time, so the answer depends on the input alone). None: no integer
+    solution was found within the limit."""
+    if not patterns:
+        return None
+    highs = integer_covering_model(costs, counts, patterns)
+    highs.setOptionValue("mip_max_nodes", node_limit)
     highs.run()
     if highs.getInfo().primal_solution_status != 2:  # kSolutionStatusFeasible
         return None
