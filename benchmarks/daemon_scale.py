@@ -11,6 +11,9 @@
 
 The database is `--url` (or `$AUTOSCALER_BENCH_DATABASE_URL`); PostgreSQL is
 what the issue asks for. Without one, a SQLite file in a temporary directory.
+Each part wipes the database it is given, so it must be an empty one (which the
+benchmark then marks as its own): one holding other tables, such as a cluster's
+state, is refused with exit 2 and left as it was.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from autoscaler import control
 from autoscaler.cloud import AvailabilityCache, CloudInstance, LaunchRequest
 from autoscaler.control import ControlLoop
 from autoscaler.decide import ControlOptions
+from autoscaler.errors import InputError
 from autoscaler.planner import planner_by_name
 from autoscaler.store import StateCounts
 from benchmarks.timing import timed, timed_cpu
@@ -101,8 +105,18 @@ class Clock:
         return self.t
 
 
+#: The table that marks a database as this benchmark's own (`fresh_store`).
+OWNED_MARKER = "autoscaler_benchmark_owned"
+
+
 def fresh_store(url: str | None, directory: Path):
-    from state.database import create_state_engine
+    """An empty state for one part of the benchmark: in a SQLite file of `directory`,
+    or in the database `url` names, wiped first — only an empty one or one this
+    benchmark marked as its own (`OWNED_MARKER`): a state database given by mistake is
+    refused (InputError), never wiped."""
+    from sqlalchemy import MetaData, inspect, text
+
+    from state.database import create_state_engine, shown
     from state.migrate import upgrade
     from state.store import SqlStore
 
@@ -111,13 +125,27 @@ def fresh_store(url: str | None, directory: Path):
             old.unlink()
         url = f"sqlite:///{directory / 'bench.db'}"
     engine = create_state_engine(url)
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy import text
-
-        with engine.begin() as conn:  # an empty schema for each part
-            conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-    upgrade(engine)
-    engine.dispose()
+    try:
+        tables = set(inspect(engine).get_table_names())
+        if tables and OWNED_MARKER not in tables:
+            raise InputError(
+                f"holds {len(tables)} table(s) this benchmark did not create "
+                f"(e.g. {sorted(tables)[0]!r}), and it wipes the database it is given: "
+                "name an empty database",
+                source=shown(url),
+            )
+        if engine.dialect.name == "postgresql":  # an empty schema for each part
+            with engine.begin() as conn:
+                conn.execute(text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+        else:
+            old_tables = MetaData()
+            old_tables.reflect(engine)
+            old_tables.drop_all(engine)  # in the order their foreign keys allow
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE {OWNED_MARKER} (at INTEGER)"))
+        upgrade(engine)
+    finally:
+        engine.dispose()
     return SqlStore(url), url
 
 
@@ -129,6 +157,13 @@ def main(argv: list[str] | None = None) -> None:
         "--round-only", action="store_true", help="skip part 1 (submission through the API)"
     )
     args = parser.parse_args(argv)
+    try:
+        run(args)
+    except InputError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def run(args: argparse.Namespace) -> None:
     catalog, source = pai_catalog_and_jobs()
     jobs = sample_jobs(source, args.jobs, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
