@@ -326,7 +326,11 @@ class DockerRuntime:
 
     def containers(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
         wanted = [f"{key}={value}" for key, value in labels.items()]
-        found = self.client.containers.list(all=True, filters={"label": wanted})
+        # ignore_removed: one removed between the listing and its inspection is gone,
+        # not an error (another cluster on this engine may be removing its own)
+        found = self.client.containers.list(
+            all=True, filters={"label": wanted}, ignore_removed=True
+        )
         return [
             ContainerInfo(c.id, dict(c.labels), c.status in ("running", "restarting"))
             for c in found

@@ -378,8 +378,10 @@ class LocalCloud:
         client = self._docker()
         if client is not None:
             try:
+                # Every cluster's on this engine: one that another removes between the
+                # listing and its inspection is skipped, not an error (ignore_removed).
                 for container in client.containers.list(
-                    all=True, filters={"label": LABEL_INSTANCE}
+                    all=True, filters={"label": LABEL_INSTANCE}, ignore_removed=True
                 ):
                     token = container.labels.get(LABEL_INSTANCE, "")
                     # Ours: one of our instances, and its directories under our root (an
