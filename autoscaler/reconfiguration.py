@@ -1022,11 +1022,8 @@ class Packer:
         for c in sorted(placeable, key=lambda c: (-share(c), c)):
             d = row[c]
             assert d is not None
-            g, limit = self.group[c], self.group_limit[c]
             for free, members in bins:
-                if not fits(d, (free[0], free[1], free[2])):
-                    continue
-                if g is not None and limit and sum(self.group[x] == g for x in members) >= limit:
+                if not fits(d, (free[0], free[1], free[2])) or self._group_full(c, members):
                     continue
                 members.append(c)
                 free[0], free[1], free[2] = free[0] - d[0], free[1] - d[1], free[2] - d[2]
