@@ -44,6 +44,7 @@ from autoscaler.cloud import (
 )
 from autoscaler.decide import (
     ON_INSTANCE,
+    RECLAIM_HOLD_S,
     ControlOptions,
     InstanceAction,
     Planner,
@@ -894,6 +895,7 @@ class ControlLoop:
             ended=ended,
             spent_last_day=spent,
             spending=spending,
+            reclaims=self.store.interruptions(now - RECLAIM_HOLD_S),
         )
         seconds = elapsed()
         if decision.plan is not None:

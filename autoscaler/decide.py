@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from autoscaler.catalog import TABLE1_LAUNCH_DELAYS, Catalog
 from autoscaler.cloud import (
+    UNAVAILABLE_COOLDOWN_S,
     CloudInstance,
     Guardrails,
     LaunchRefused,
@@ -68,6 +69,7 @@ from autoscaler.spot import (
 from autoscaler.store import (
     ActionRecord,
     InstanceRecord,
+    InterruptionRecord,
     JobRecord,
     RoundIntents,
     RoundRecord,
@@ -373,6 +375,7 @@ def decide(
     ended: Sequence[InstanceRecord] = (),
     spent_last_day: float = 0.0,
     spending: Spending | None = None,
+    reclaims: Sequence[InterruptionRecord] = (),
 ) -> RoundDecision:
     """One scheduling round's decision, from the snapshot taken after `sync`.
 
@@ -381,7 +384,8 @@ def decide(
     boots that never registered (`boot_holds`). `spent_last_day` is the ledger's last
     24 hours, for the daily budget. `spending` is the attributed spend of teams today
     and of jobs so far (`autoscaler.spend`), for teams' daily budgets and jobs'
-    `max_cost` (None: neither is in use)."""
+    `max_cost` (None: neither is in use). `reclaims` are the interruption history's
+    latest notices (`reclaim_holds`)."""
     had_event = (
         snapshot.last_round_job_events is None
         or snapshot.job_events != snapshot.last_round_job_events
@@ -397,7 +401,7 @@ def decide(
         if options.boot_backoff
         else []
     )
-    blocked = unavailable_types([*unavailable, *held], now)
+    blocked = unavailable_types([*unavailable, *held, *reclaim_holds(reclaims, now)], now)
     # A reclaimed instance is gone for planning from its notice on: its tasks are planned
     # elsewhere at once (they resume from the checkpoints its worker takes as it stops them).
     leaving |= {i.instance_id for i in snapshot.instances if i.reclaimed_at is not None}
@@ -1072,6 +1076,36 @@ def boot_holds(
             cause = f"last {last.instance_id}: {last.reason or last.status}"
             holds.append(UnavailableOffering(itype, None, until, f"{what} ({cause})"))
     return holds
+
+
+#: How long an offering is left alone after a spot interruption notice for one of its
+#: instances: its capacity is being taken back, so a launch there now would be
+#: reclaimed within minutes (Karpenter marks the offering unavailable on a notice, for
+#: the same three minutes as after a capacity error).
+RECLAIM_HOLD_S = UNAVAILABLE_COOLDOWN_S
+
+
+def reclaim_holds(
+    interruptions: Sequence[InterruptionRecord], now: float, hold_s: float = RECLAIM_HOLD_S
+) -> list[UnavailableOffering]:
+    """Offerings with a reclaim notice in the last `hold_s` (the interruption history),
+    held back until `hold_s` after the newest: a replacement goes elsewhere, not into the
+    capacity the provider is taking back."""
+    latest: dict[str, InterruptionRecord] = {}
+    for r in interruptions:
+        if r.kind == "reclaim" and now - r.at < hold_s:
+            seen = latest.get(r.offering)
+            if seen is None or seen.at < r.at:
+                latest[r.offering] = r
+    return [
+        UnavailableOffering(
+            offering,
+            None,
+            r.at + hold_s,
+            f"held: its capacity is being reclaimed ({r.instance_id}: {r.reason})",
+        )
+        for offering, r in sorted(latest.items())
+    ]
 
 
 def _cluster_hold(

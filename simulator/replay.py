@@ -282,6 +282,13 @@ def replay(
                 replans.add(at)
                 engine.at(at, replan_now, priority=ROUND)
 
+        def notified() -> None:
+            # the agent reports a notice as it sees it; the daemon replans at once
+            at = engine.now()
+            if at not in replans:
+                replans.add(at)
+                engine.at(at, replan_now, priority=ROUND)
+
         def replan_now() -> None:
             if not over[0]:
                 loop().schedule()
@@ -293,6 +300,7 @@ def replay(
             rate_per_hour=spot.rate_per_hour,
             checkpoints=spot.checkpoints,
             on_reclaim=replan,
+            on_notice=notified,
         )
     total_jobs = len(jobs)
     arrived = [0]

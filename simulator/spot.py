@@ -8,12 +8,20 @@ Can't Be Late's format (NSDI '24): `{"metadata": {"gap_seconds": 600}, "data": [
 offering are reclaimed at the interval's start and none launches during it; a trace
 shorter than the replay repeats.
 
-A reclaim comes with EC2's two-minute notice; when it lands, the instance's tasks
-end as `infrastructure` failures (never counted against the job) and resume from
-their newest checkpoint. Checkpoints are periodic, every `checkpoint_every_s` of
-the job's running time (the job's own, else the default), and at every planned
-stop; the work since the newest one is lost and counted (`SpotStats`). Without
-checkpoints (the SkyPilot-like baseline) every restart starts from scratch.
+A reclaim comes with EC2's two-minute notice, and the world does what the worker
+agent does with one (`executor.agent`): it reports the notice, and checkpoints and
+stops the instance's tasks at once — a planned stop, so nothing is lost when the
+checkpoint is uploaded before the instance goes (the trace's kill and upload delays
+take seconds; a notice given less than that before the reclaim, as for an instance
+launched inside the window, can be too late). The agent sees the notice at its next
+poll (`NOTICE_POLL_S`, the latest it can), and the daemon replans as it hears it.
+Whatever still runs when the reclaim lands ends as an `infrastructure` failure
+(never counted against the job) and resumes from its newest checkpoint. Checkpoints
+are also periodic, every `checkpoint_every_s` of the job's running time (the job's
+own, else the default); the work since the newest one is lost and counted
+(`SpotStats`). Without checkpoints (the SkyPilot-like baseline)
+a notice saves nothing: every stop loses all the work done, every restart starts from
+scratch.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ if TYPE_CHECKING:
 
 #: EC2's interruption notice: the instance goes this long after it is given.
 NOTICE_S = 120.0
+#: How long a notice takes to reach the daemon: the agent polls the metadata service
+#: this often (`executor.interruption`, as AWS recommends) and reports at once.
+NOTICE_POLL_S = 5.0
 
 
 def parse_trace_flag(value: str) -> tuple[str, str]:
@@ -70,6 +81,7 @@ class SpotWorld:
     rate_per_hour: float | None = None  # every spot offering's rate (None: its own)
     checkpoints: bool = True  # periodic checkpoints (False: restart from scratch)
     on_reclaim: Callable[[], None] | None = None  # the daemon's immediate replan
+    on_notice: Callable[[], None] | None = None  # the daemon's replan on a notice
     stats: SpotStats = field(default_factory=SpotStats)
 
     def __post_init__(self) -> None:
@@ -137,7 +149,32 @@ class SpotWorld:
             notice = now + -math.log1p(-draw) / rate * 3600.0
             at = notice + NOTICE_S
         engine = self.world.engine
-        engine.at(notice, lambda: engine.at(max(at, engine.now()), lambda: self.reclaim(inst)))
+
+        def noticed() -> None:
+            self.notice(inst, at)
+            engine.at(max(at, engine.now()), lambda: self.reclaim(inst))
+
+        # the agent sees the notice at its next poll of the metadata service
+        engine.at(min(notice + NOTICE_POLL_S, max(at, now)), noticed)
+
+    def notice(self, inst: SimInstance, at: float) -> None:
+        """The two-minute notice: the agent reports it, and checkpoints and stops the
+        instance's tasks (abandoning those still starting; a job that does not
+        checkpoint loses its work there)."""
+        world = self.world
+        if inst.state in ("shutting-down", "terminated"):
+            return
+        inst.notice = at
+        # counted here: the instance is lost from now on, even when the daemon
+        # terminates it, emptied, before the provider takes it
+        self.stats.interruptions += 1
+        self.reclaimed.append((world.engine.now(), inst.itype.name))
+        for task_id in list(inst.tasks):
+            if world.tasks[task_id].state in ("starting", "running"):
+                world.stop(task_id)
+        world.on_change()
+        if self.on_notice is not None:
+            self.on_notice()
 
     def checkpointed(self, job: SimJob) -> None:
         """A planned stop uploaded a checkpoint: nothing before it is lost."""
@@ -153,8 +190,6 @@ class SpotWorld:
         world = self.world
         if inst.state in ("shutting-down", "terminated"):
             return
-        self.stats.interruptions += 1
-        self.reclaimed.append((world.engine.now(), inst.itype.name))
         hit: dict[str, SimJob] = {}
         for task_id in list(inst.tasks):
             task = world.tasks[task_id]

@@ -37,9 +37,11 @@ from autoscaler.cloud import (
     UnavailableOffering,
 )
 from autoscaler.execution import (
+    INSTANCE_ACTION,
     TERMINAL_TASK_STATES,
     ExecutorReport,
     FailureClass,
+    InstanceNotice,
     TaskLaunch,
     TaskReport,
 )
@@ -69,6 +71,7 @@ class SimInstance:
     running: dict[str, None] = field(default_factory=dict)  # of those, running
     images: set[str] = field(default_factory=set)
     used: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    notice: float | None = None  # when its spot reclaim was announced to land
 
 
 @dataclass(slots=True)
@@ -460,7 +463,12 @@ class SimulatedExecutor:
                 reason=task.reason if task.state == "failed" else "",
                 failure=task.failure if task.state == "failed" else None,
             )
-        return ExecutorReport(tasks, frozenset(world.ready))
+        notices = {
+            token: (InstanceNotice(INSTANCE_ACTION, "terminate", f"{inst.notice:.0f} s"),)
+            for token, inst in world.live.items()
+            if inst.notice is not None
+        }
+        return ExecutorReport(tasks, frozenset(world.ready), notices=notices)
 
     def acknowledge(self, task_id: str, attempt: int) -> None:
         task = self.world.tasks[task_id]

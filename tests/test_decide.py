@@ -20,6 +20,7 @@ from autoscaler.configuration import Configuration, Instance
 from autoscaler.decide import (
     KEPT_STRANDED,
     PLAN_DRAIN,
+    RECLAIM_HOLD_S,
     SOLO_PROBE_S,
     ControlOptions,
     InstanceAction,
@@ -36,6 +37,7 @@ from autoscaler.planner import Plan
 from autoscaler.store import (
     InstanceRecord,
     InstanceStatus,
+    InterruptionRecord,
     JobRecord,
     StateSnapshot,
     TaskRecord,
@@ -182,6 +184,7 @@ def round_at(
     options: ControlOptions = OPTIONS,
     unavailable: Sequence[UnavailableOffering] = (),
     orphans: Sequence[CloudInstance] = (),
+    reclaims: Sequence[InterruptionRecord] = (),
 ) -> RoundDecision:
     return decide(
         snap,
@@ -191,6 +194,7 @@ def round_at(
         planner=planner or KeepPlanner(),
         now=now,
         orphans=orphans,
+        reclaims=reclaims,
     )
 
 
@@ -426,6 +430,27 @@ def test_a_task_that_fits_no_available_type_waits_with_its_reason_and_the_rest_i
     assert [j.job_id for j in view.jobs] == ["c"]
     assert "gpu4" not in view.catalog
     assert decision.targets["g/0"] is None and decision.targets["c/0"] is not None
+
+
+def test_an_offering_with_a_reclaim_notice_is_held_for_the_hold_and_only_it():
+    # gpu4's capacity is being taken back (a notice at 100 s): a task that fits only
+    # gpu4 waits, with the notice as its reason, until the hold ends; a rebalance
+    # recommendation for cpu4 holds nothing, and neither does an older notice.
+    gpu, cpu = job("g", (2, 4, 16)), job("c", (0, 2, 8))
+    history = [
+        InterruptionRecord("gpu4", "inst-7", 100.0, "reclaim", "spot interruption notice"),
+        InterruptionRecord("cpu4", "inst-8", 100.0, "rebalance", "rebalance recommendation"),
+        InterruptionRecord("cpu4", "inst-9", 100.0 - RECLAIM_HOLD_S, "reclaim", "old"),
+    ]
+    snap = snapshot([record(gpu), record(cpu)])
+    held = round_at(snap, 105.0, planner=Placing(lambda t: "cpu4"), reclaims=history)
+    assert set(held.infeasible) == {"g/0"}
+    assert "inst-7: spot interruption notice" in held.infeasible["g/0"]
+    assert f"retried after {RECLAIM_HOLD_S - 5.0:.0f} s" in held.infeasible["g/0"]
+    after = round_at(
+        snap, 100.0 + RECLAIM_HOLD_S, planner=Placing(lambda t: "cpu4"), reclaims=history
+    )
+    assert after.infeasible == {}
 
 
 def test_an_orphan_is_reported_within_its_grace_and_terminated_after_it():

@@ -13,6 +13,7 @@ from app.bundled import bundled
 from app.files import load_catalog, load_jobs
 from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
+from autoscaler.decide import RECLAIM_HOLD_S
 from autoscaler.errors import InputError
 from autoscaler.jobs import JobSpec, TaskRun, TaskSpec, TraceFacts
 from autoscaler.resources import Resources
@@ -20,7 +21,7 @@ from autoscaler.spot import SpotPolicy, exposure_hours, pinned_on_demand, rollba
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
 from simulator.replay import SpotReplay, replay, spot_variant
-from simulator.spot import parse_trace_flag
+from simulator.spot import NOTICE_POLL_S, NOTICE_S, parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
 
@@ -46,7 +47,9 @@ def catalog(rate: float = 0.0) -> Catalog:
     )
 
 
-def job(job_id: str, seconds: float, arrival: float = 0.0, **fields) -> JobSpec:
+def job(
+    job_id: str, seconds: float, arrival: float = 0.0, upload_s: float = 5.0, **fields
+) -> JobSpec:
     task = TaskSpec(
         f"{job_id}/0",
         job_id,
@@ -54,7 +57,7 @@ def job(job_id: str, seconds: float, arrival: float = 0.0, **fields) -> JobSpec:
         f"w{job_id}_node0",
         (("any", Resources(1, 4, 16)),),
         kill_s=1.0,
-        upload_s=5.0,
+        upload_s=upload_s,
         fetch_s=2.0,
         build_image_s=10.0,
         run=TaskRun(image=f"img-{job_id}", checkpoint_every_s=900.0),
@@ -92,33 +95,81 @@ def test_a_calm_spot_offering_runs_the_job_and_the_ledger_charges_its_price() ->
     assert result.total_cost < 3000.0 / 3600.0 * 3.0 / 2
 
 
-def test_a_reclaim_loses_only_the_work_since_the_newest_checkpoint() -> None:
-    # No capacity in [2400, 4800): reclaimed at 2400 (notice at 2280). The job started
-    # at 120 and ran 2280 s: checkpoints at 900 and 1800 s of running, 480 s lost.
-    trace = AvailabilityTrace(2400.0, (0, 1))
+def test_a_reclaim_notice_checkpoints_the_task_and_nothing_is_lost() -> None:
+    # No capacity in [2400, 4800): notice at 2280, reclaim at 2400. As the worker agent
+    # does, the task is checkpointed and stopped when it sees the notice at its next poll
+    # (1 s kill, 5 s upload), long before the reclaim, so none of its work is redone.
+    store = InMemoryStore()
     result = replay(
         [job("a", 6000.0)],
         catalog(0.0),
         NO_INTERFERENCE,
         "eva",
-        spot=SpotReplay(traces={"small": trace}),
+        store=store,
+        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
     )
     assert result.finished and result.jobs_completed == 1
-    assert result.spot["interruptions"] == 1
-    assert result.spot["lost_task_hours"] == pytest.approx(480.0 / 3600.0, abs=1e-6)
-    assert result.spot["lost_gpu_hours"] == pytest.approx(480.0 / 3600.0, abs=1e-6)
+    assert result.spot["interruptions"] == 1 and result.spot["lost_task_hours"] == 0.0
+    first = min(store.placements(), key=lambda p: p.start)
+    heard = 2400.0 - NOTICE_S + NOTICE_POLL_S
+    assert first.end == pytest.approx(heard + 1.0 + 5.0)  # kill, upload
+    [noticed] = store.interruptions()
+    assert (noticed.kind, noticed.offering) == ("reclaim", "small:spot")
+    assert noticed.at == pytest.approx(heard)  # the daemon heard it with the agent
+
+
+def test_a_checkpoint_the_notice_cannot_fit_loses_the_work_since_the_periodic_one() -> None:
+    # The same reclaim, but the checkpoint takes 300 s to upload: the instance goes in
+    # the middle of it. The job ran from 120 s until its kill ended at 2286 s (notice
+    # seen at 2285 s), 2166 s, with periodic checkpoints at 900 and 1800 s of running:
+    # 366 s are lost.
+    result = replay(
+        [job("a", 6000.0, upload_s=300.0)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
+    )
+    assert result.finished and result.spot["interruptions"] == 1
+    assert result.spot["lost_task_hours"] == pytest.approx(366.0 / 3600.0, abs=1e-6)
+    assert result.spot["lost_gpu_hours"] == pytest.approx(366.0 / 3600.0, abs=1e-6)
 
 
 def test_without_checkpoints_a_reclaim_restarts_the_job_from_scratch() -> None:
-    trace = AvailabilityTrace(2400.0, (0, 1))
-    base = SpotReplay(traces={"small": trace})
+    base = SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))})
     row = spot_variant("spot-restart", base)
     assert (row.scheduler, row.on_spot, row.settings.checkpoints) == ("no-packing", True, False)
     result = replay(
         [job("a", 6000.0)], catalog(0.0), NO_INTERFERENCE, row.scheduler, spot=row.settings
     )
     assert result.finished
-    assert result.spot["lost_task_hours"] == pytest.approx(2280.0 / 3600.0, abs=1e-6)
+    # stopped on the notice, with nothing to resume from: all its running, 120 s to 2286 s
+    assert result.spot["lost_task_hours"] == pytest.approx(2166.0 / 3600.0, abs=1e-6)
+
+
+def test_after_a_notice_the_replacement_goes_elsewhere_not_into_the_reclaimed_pool() -> None:
+    # The trace says spot is there until 2400 s, but the notice at 2280 s says its
+    # capacity is being taken back: the round at the notice launches on-demand, and no
+    # spot instance is asked for until the hold ends, 180 s after the daemon heard it.
+    store = InMemoryStore()
+    replay(
+        [job("a", 6000.0)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
+    )
+    heard = 2400.0 - NOTICE_S + NOTICE_POLL_S
+    launches = [
+        (r.at, a.detail["type"])
+        for r in store.rounds()
+        for a in r.actions
+        if a.kind == "launch" and a.outcome in ("done", "failed")
+    ]
+    assert (heard, "small") in launches
+    assert not [t for at, t in launches if heard <= at < heard + RECLAIM_HOLD_S and t != "small"]
+    assert len(store.interruptions()) == 1  # the replacement was never reclaimed
 
 
 def test_capacity_on_demand_is_never_placed_on_spot() -> None:
