@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -390,6 +392,8 @@ def test_the_command_replays_with_a_spot_trace(tmp_path, capsys) -> None:
             "--spot",
             "--spot-trace",
             f"p3.2xlarge={path}",
+            "--spot-rate",  # every other offering: reclaimed twice an hour
+            "2",
             "--scheduler",
             "eva",
             "spot-restart",
@@ -403,7 +407,25 @@ def test_the_command_replays_with_a_spot_trace(tmp_path, capsys) -> None:
     assert set(document["results"]) == {"eva", "spot-restart", "no-packing"}
     assert document["spot"]["traces"] == ["p3.2xlarge"]
     assert all(r["finished"] for r in document["results"].values())
-    assert "spot" in document["results"]["eva"]
+    assert document["results"]["eva"]["spot"]["interruptions"] >= 1
+
+
+def test_the_command_prints_no_log_line_per_simulated_notice(tmp_path) -> None:
+    # The replayed control loop warns of each notice, as the daemon does; run as a user
+    # runs it (no logging configured), the command's stderr shows none of them.
+    trace_jobs = tmp_path / "jobs.json"
+    everything = json.loads(bundled("pai_200.json").read_text())
+    trace_jobs.write_text(json.dumps(dict(list(everything.items())[:6])))
+    args = ["replay", "--trace", str(trace_jobs), "--spot", "--spot-rate", "2"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "app", *args, "--scheduler", "eva", "--workers", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["results"]["eva"]["spot"]["interruptions"] >= 1
+    assert "interruption notice" not in ran.stderr
 
 
 def test_bundled_spot_offerings_cover_the_bundled_catalog() -> None:
