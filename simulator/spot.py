@@ -19,9 +19,8 @@ Whatever still runs when the reclaim lands ends as an `infrastructure` failure
 (never counted against the job) and resumes from its newest checkpoint. Checkpoints
 are also periodic, every `checkpoint_every_s` of the job's running time (the job's
 own, else the default); the work since the newest one is lost and counted
-(`SpotStats`). Without checkpoints (the SkyPilot-like baseline)
-a notice saves nothing: every stop loses all the work done, every restart starts from
-scratch.
+(`SpotStats`). Without checkpoints (the SkyPilot-like baseline) a notice saves
+nothing: every stop loses all the work done, every restart starts from scratch.
 """
 
 from __future__ import annotations
@@ -89,6 +88,9 @@ class SpotWorld:
         # (when, offering) of every reclaim, oldest first: the interruption history the
         # daemon keeps in its state, which the replay's learned rates read (`reclaims_since`)
         self.reclaimed: list[tuple[float, str]] = []
+        # live instances under a notice (token -> when the reclaim lands), which their
+        # agents report (`SimulatedExecutor.report`)
+        self.noticed: dict[str, float] = {}
 
     def reclaims_since(self, since: float) -> dict[str, int]:
         """Reclaims per offering at or after `since` (as `Store.interruption_counts`)."""
@@ -164,7 +166,7 @@ class SpotWorld:
         world = self.world
         if inst.state in ("shutting-down", "terminated"):
             return
-        inst.notice = at
+        self.noticed[inst.token] = at
         # counted here: the instance is lost from now on, even when the daemon
         # terminates it, emptied, before the provider takes it
         self.stats.interruptions += 1

@@ -71,7 +71,6 @@ class SimInstance:
     running: dict[str, None] = field(default_factory=dict)  # of those, running
     images: set[str] = field(default_factory=set)
     used: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    notice: float | None = None  # when its spot reclaim was announced to land
 
 
 @dataclass(slots=True)
@@ -463,11 +462,15 @@ class SimulatedExecutor:
                 reason=task.reason if task.state == "failed" else "",
                 failure=task.failure if task.state == "failed" else None,
             )
-        notices = {
-            token: (InstanceNotice(INSTANCE_ACTION, "terminate", f"{inst.notice:.0f} s"),)
-            for token, inst in world.live.items()
-            if inst.notice is not None
-        }
+        notices = {}
+        if world.spot is not None:
+            noticed = world.spot.noticed
+            for token in [t for t in noticed if t not in world.live]:
+                del noticed[token]  # gone: nothing more to say about it
+            notices = {
+                token: (InstanceNotice(INSTANCE_ACTION, "terminate", f"{at:.0f} s"),)
+                for token, at in noticed.items()
+            }
         return ExecutorReport(tasks, frozenset(world.ready), notices=notices)
 
     def acknowledge(self, task_id: str, attempt: int) -> None:
