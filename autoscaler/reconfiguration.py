@@ -1000,7 +1000,7 @@ class Packer:
                 out.append((self._downsize(k, comp), comp))
         return out
 
-    def _group_full(self, c: int, members: list[int]) -> bool:
+    def _group_full(self, c: int, members: Sequence[int]) -> bool:
         """Whether one more task of class c would pass its job's anti-affinity limit."""
         g, limit = self.group[c], self.group_limit[c]
         return g is not None and bool(limit) and sum(self.group[x] == g for x in members) >= limit
@@ -1306,11 +1306,7 @@ class Packer:
             d = self.demand[k][c]
             if d is None or not fits(d, free):
                 continue
-            g = self.group[c]
-            if (
-                g is not None
-                and sum(self.group[x] == g for x in composition) >= (self.group_limit[c])
-            ):
+            if self._group_full(c, composition):
                 continue
             trial = list(composition)
             insort(trial, c)
