@@ -22,7 +22,7 @@ from autoscaler.resources import Resources
 from autoscaler.spot import SpotPolicy, exposure_hours, pinned_on_demand, rollback_s
 from autoscaler.throughput import ThroughputTable
 from provisioners.catalog import bundled_spot_snapshot, spot_offerings
-from simulator.replay import SpotReplay, replay, spot_variant
+from simulator.replay import ReplayResult, SpotReplay, replay, spot_variant
 from simulator.spot import NOTICE_POLL_S, NOTICE_S, parse_trace_flag
 from simulator.world import ground_truth
 from state.memory import InMemoryStore
@@ -97,19 +97,30 @@ def test_a_calm_spot_offering_runs_the_job_and_the_ledger_charges_its_price() ->
     assert result.total_cost < 3000.0 / 3600.0 * 3.0 / 2
 
 
+#: Spot capacity until 2400 s, then none until 4800 s: notice at 2280 s, reclaim at 2400 s.
+OUT_AT_2400 = AvailabilityTrace(2400.0, (0, 1))
+
+
+def one_job_reclaimed_at_2400(
+    store: InMemoryStore | None = None, upload_s: float = 5.0
+) -> ReplayResult:
+    """A 6000 s job on `small:spot` under `OUT_AT_2400`, replayed with eva."""
+    return replay(
+        [job("a", 6000.0, upload_s=upload_s)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": OUT_AT_2400}),
+    )
+
+
 def test_a_reclaim_notice_checkpoints_the_task_and_nothing_is_lost() -> None:
     # No capacity in [2400, 4800): notice at 2280, reclaim at 2400. As the worker agent
     # does, the task is checkpointed and stopped when it sees the notice at its next poll
     # (1 s kill, 5 s upload), long before the reclaim, so none of its work is redone.
     store = InMemoryStore()
-    result = replay(
-        [job("a", 6000.0)],
-        catalog(0.0),
-        NO_INTERFERENCE,
-        "eva",
-        store=store,
-        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
-    )
+    result = one_job_reclaimed_at_2400(store)
     assert result.finished and result.jobs_completed == 1
     assert result.spot["interruptions"] == 1 and result.spot["lost_task_hours"] == 0.0
     first = min(store.placements(), key=lambda p: p.start)
@@ -125,21 +136,14 @@ def test_a_checkpoint_the_notice_cannot_fit_loses_the_work_since_the_periodic_on
     # the middle of it. The job ran from 120 s until its kill ended at 2286 s (notice
     # seen at 2285 s), 2166 s, with periodic checkpoints at 900 and 1800 s of running:
     # 366 s are lost.
-    result = replay(
-        [job("a", 6000.0, upload_s=300.0)],
-        catalog(0.0),
-        NO_INTERFERENCE,
-        "eva",
-        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
-    )
+    result = one_job_reclaimed_at_2400(upload_s=300.0)
     assert result.finished and result.spot["interruptions"] == 1
     assert result.spot["lost_task_hours"] == pytest.approx(366.0 / 3600.0, abs=1e-6)
     assert result.spot["lost_gpu_hours"] == pytest.approx(366.0 / 3600.0, abs=1e-6)
 
 
 def test_without_checkpoints_a_reclaim_restarts_the_job_from_scratch() -> None:
-    base = SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))})
-    row = spot_variant("spot-restart", base)
+    row = spot_variant("spot-restart", SpotReplay(traces={"small": OUT_AT_2400}))
     assert (row.scheduler, row.on_spot, row.settings.checkpoints) == ("no-packing", True, False)
     result = replay(
         [job("a", 6000.0)], catalog(0.0), NO_INTERFERENCE, row.scheduler, spot=row.settings
@@ -154,14 +158,7 @@ def test_after_a_notice_the_replacement_goes_elsewhere_not_into_the_reclaimed_po
     # capacity is being taken back: the round at the notice launches on-demand, and no
     # spot instance is asked for until the hold ends, 180 s after the daemon heard it.
     store = InMemoryStore()
-    replay(
-        [job("a", 6000.0)],
-        catalog(0.0),
-        NO_INTERFERENCE,
-        "eva",
-        store=store,
-        spot=SpotReplay(traces={"small": AvailabilityTrace(2400.0, (0, 1))}),
-    )
+    one_job_reclaimed_at_2400(store)
     heard = 2400.0 - NOTICE_S + NOTICE_POLL_S
     launches = [
         (r.at, a.detail["type"])
@@ -192,22 +189,34 @@ def test_a_deadline_job_switches_to_on_demand_when_a_reclaim_eats_its_slack() ->
     # 10,000 s of work due 12,300 s after arrival; the rule keeps 217 s of restart
     # (Table 1's start-up and the job's init), a 900 s margin and the 900 s a reclaim
     # can take back (its checkpoint interval): on spot at first (10,000 + 2,017 <
-    # 12,300); the reclaim at 2400 takes 480 s of work back, and then 8,200 + 2,017 ≥
-    # 12,300 − 2,461: pinned to on-demand, where it finishes.
+    # 12,300). Its checkpoint takes 300 s to upload, so the one the notice asks for is
+    # cut by the reclaim at 2400 s, which takes the job back to its periodic checkpoint
+    # at 1,800 s of running: 8,200 + 2,017 ≥ 12,300 − 2,400, pinned to on-demand, where
+    # it stays. (Unpinned, it returns to spot when capacity does, at 4,800 s.)
     store = InMemoryStore()
-    trace = AvailabilityTrace(2400.0, (0, 1))
     result = replay(
-        [job("a", 10_000.0, deadline_s=12_300.0)],
+        [job("a", 10_000.0, upload_s=300.0, deadline_s=12_300.0)],
         catalog(0.0),
         NO_INTERFERENCE,
         "eva",
         store=store,
-        spot=SpotReplay(traces={"small": trace}),
+        spot=SpotReplay(traces={"small": OUT_AT_2400}),
     )
     used = types_used(store)["a"]
-    assert used[0] == "small:spot" and used[-1] == "small"
+    assert used[0] == "small:spot" and set(used[1:]) == {"small"}
     assert result.spot["deadlines_met"] == result.spot["jobs_with_deadline"] == 1
     assert result.jct_hours["a"] * 3600.0 <= 12_300.0
+    # the same job without a deadline goes back to spot
+    store = InMemoryStore()
+    replay(
+        [job("a", 10_000.0, upload_s=300.0)],
+        catalog(0.0),
+        NO_INTERFERENCE,
+        "eva",
+        store=store,
+        spot=SpotReplay(traces={"small": OUT_AT_2400}),
+    )
+    assert types_used(store)["a"].count("small:spot") > 1
 
 
 def test_the_spot_checkpoint_baseline_keeps_eva_s_deadline_margin_at_the_raw_price() -> None:
