@@ -630,7 +630,8 @@ class Packer:
                     continue
                 d = demand[c]
                 assert d is not None
-                if not fits(d, free):
+                # `fits(d, free)`, inlined (the fill's hot loop)
+                if d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON:
                     continue
                 g = group[c]
                 if g is not None and in_group[g] >= limit[c]:
