@@ -281,16 +281,6 @@ def match_listing(
     """
     live = [i for i in listed if i.state != "terminated"]
     by_cloud_id = {i.cloud_id: i for i in live}
-    by_token: dict[str, CloudInstance] = {}
-    for inst in sorted(
-        live,
-        key=lambda i: (
-            i.launched_at_s if i.launched_at_s is not None else float("inf"),
-            i.cloud_id,
-        ),
-    ):
-        if inst.instance_id:
-            by_token.setdefault(inst.instance_id, inst)
     matched: dict[str, CloudInstance] = {}
     claimed: set[str] = set()
     pending: list[str] = []
@@ -301,6 +291,19 @@ def match_listing(
                 matched[our_id] = by_cloud_id[cloud_id]
         else:
             pending.append(our_id)
+    # By launch token, for the launches whose answer the state lacks (most listings
+    # have none: the sort is skipped).
+    by_token: dict[str, CloudInstance] = {}
+    if pending:
+        for inst in sorted(
+            live,
+            key=lambda i: (
+                i.launched_at_s if i.launched_at_s is not None else float("inf"),
+                i.cloud_id,
+            ),
+        ):
+            if inst.instance_id:
+                by_token.setdefault(inst.instance_id, inst)
     for our_id in pending:
         found = by_token.get(our_id)
         if found is not None and found.cloud_id not in claimed:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import highspy
 import numpy as np
@@ -407,11 +406,10 @@ def _cheapest(cls: PatternClass, types: Sequence[TypeShape]) -> int:
 class _OnType:
     """What a solve computes once of its classes on one type k, for every search there:
     each class's demand on k, its size (Σ_r d_r / capacity_r: `best_composition` orders
-    items by value per size), the resources that bound how many of it fit (with its
-    demand of each), and, once known, the most tasks k can hold (`most`). The same
+    items by value per size), and, once known, the most tasks k can hold (`most`). The same
     numbers the searches computed themselves, by the same operations."""
 
-    __slots__ = ("demands", "grouped", "most", "needs", "sizes")
+    __slots__ = ("demands", "grouped", "most", "sizes")
 
     def __init__(
         self, k: int, shape: TypeShape, classes: Sequence[PatternClass], only: Iterable[int] = ()
@@ -424,13 +422,11 @@ class _OnType:
         # solve's cache does no more than the search did before.
         which = only or range(len(demands))
         self.sizes: dict[int, float] = {}
-        self.needs: dict[int, tuple[tuple[int, float], ...]] = {}
         for c in which:
             d = demands[c]
             if d is None:
                 continue
             self.sizes[c] = d[0] * inv[0] + d[1] * inv[1] + d[2] * inv[2]
-            self.needs[c] = tuple((r, d[r]) for r in range(3) if d[r] > EPSILON)
         self.most: int | None = None
         # Whether any class has an anti-affinity limit (most have none).
         self.grouped = any(cls.group is not None and cls.group_limit for cls in classes)
@@ -452,9 +448,11 @@ def _root_bound(
             d = demands[c][r]  # type: ignore[index]
             if d <= EPSILON:
                 break
-            best = max(best, values[c] / d)
+            if (rate := values[c] / d) > best:  # max(), as comparisons
+                best = rate
         else:
-            bound = min(bound, capacity[r] * best)
+            if (room := capacity[r] * best) < bound:
+                bound = room
     return bound
 
 
@@ -582,33 +580,51 @@ def best_composition(
         return None, 0.0, True, 0
     sizes = on_type.sizes
     inf = math.inf
-    items.sort(key=lambda c: (-(duals[c] / size if (size := sizes[c]) > 0 else inf), c))
+    # Best value per size first (ties by class); decorated rather than a key function.
+    order = [(-(duals[c] / sizes[c]) if sizes[c] > 0 else -inf, c) for c in items]
+    order.sort()
+    items = [c for _, c in order]
     n = len(items)
     demand = [demands[c] for c in items]
     value = [duals[c] for c in items]
     slots = math.inf if max_items is None else max_items
-    # Per position i, the bound of items[i:]: `rates[i]`, the resources r that
-    # every one of them needs, each with the best value per unit of r among
-    # them (a resource some item needs none of bounds nothing); `best_after[i]`,
-    # the best single value among them.
-    rates: list[list[tuple[int, float]]] = [[]] * (n + 1)
+    # Per position i, the bound of items[i:]: `rate_r[i]` for each resource r that
+    # every one of them needs, the best value per unit of r among them (None: some
+    # item needs none of r, so r bounds nothing); `best_after[i]`, the best single
+    # value among them. One list per resource rather than a list per position: the
+    # search below reads them as plain numbers.
+    rate0: list[float | None] = [None] * (n + 1)
+    rate1: list[float | None] = [None] * (n + 1)
+    rate2: list[float | None] = [None] * (n + 1)
     best_after = [0.0] * (n + 1)
     # The best value per unit of each resource (None once an item needs none of it).
     gpu: float | None = 0.0
     cpu: float | None = 0.0
     ram: float | None = 0.0
     top = 0.0
+    # (`max` spelt as comparisons: this loop runs for every search, the same values.)
     for i in range(n - 1, -1, -1):
         d = demand[i]
         v = value[i]
         assert d is not None
         if gpu is not None:
-            gpu = None if d[0] <= EPSILON else max(gpu, v / d[0])
+            if d[0] <= EPSILON:
+                gpu = None
+            elif (x := v / d[0]) > gpu:
+                gpu = x
         if cpu is not None:
-            cpu = None if d[1] <= EPSILON else max(cpu, v / d[1])
+            if d[1] <= EPSILON:
+                cpu = None
+            elif (x := v / d[1]) > cpu:
+                cpu = x
         if ram is not None:
-            ram = None if d[2] <= EPSILON else max(ram, v / d[2])
-        rates[i] = [(r, x) for r, x in ((0, gpu), (1, cpu), (2, ram)) if x is not None]
+            if d[2] <= EPSILON:
+                ram = None
+            elif (x := v / d[2]) > ram:
+                ram = x
+        rate0[i] = gpu
+        rate1[i] = cpu
+        rate2[i] = ram
         if v > top:
             top = v
         best_after[i] = top
@@ -625,8 +641,11 @@ def best_composition(
     limited = [limits.get(g) if g is not None else None for g in groups]
     bounded_slots = max_items is not None
     count_of = [classes[c].count for c in items]
-    # What bounds how many tasks of item i fit: the resources it needs, with its demand.
-    needs = [on_type.needs[c] for c in items]
+    # What bounds how many tasks of item i fit: its demand of each resource it needs,
+    # 0.0 for one it does not need.
+    need0 = [d[0] if d[0] > EPSILON else 0.0 for d in demand]  # type: ignore[index]
+    need1 = [d[1] if d[1] > EPSILON else 0.0 for d in demand]  # type: ignore[index]
+    need2 = [d[2] if d[2] > EPSILON else 0.0 for d in demand]  # type: ignore[index]
 
     best_value = 0.0
     best: list[int] | None = None
@@ -640,88 +659,115 @@ def best_composition(
         comp = tuple(sorted(items[j] for j in range(n) for _ in range(chosen[j])))
         return raw - loss(comp, k) if comp else raw
 
-    def most_of(i: int, free: list[float], count: int) -> int:
-        """How many tasks of item i fit in `free` (and the anti-affinity limit allows)."""
-        most = count_of[i]
-        for r, d in needs[i]:
-            fit = int((free[r] + EPSILON) // d)
-            if fit < most:
-                most = fit
-        if has_groups:
-            limit = limited[i]
-            if limit is not None:
-                most = min(most, limit - used_in_group.get(groups[i], 0))
-        if bounded_slots and max_items - count < most:  # type: ignore[operator]
-            most = max_items - count  # type: ignore[operator]
-        return most
-
     # Depth first over items, most copies first; an explicit stack, not recursion,
     # since the depth is the number of classes (thousands on distinct demands).
     # Each node (i, free, raw) is counted, recorded if best (the loss is never
     # negative: only a raw value above the best can improve it), and expanded
     # if its bound can beat the best.
-    # (`most_of` and `score` are inlined in the loop below, the hot path of a replay.)
+    # The frame of item i is always at depth i (a frame's child is the next item), so
+    # the stack is kept as arrays by item: the free room of each resource, the raw
+    # value, and the next count to try; `depth` is the item of the deepest frame.
+    room0 = [0.0] * n
+    room1 = [0.0] * n
+    room2 = [0.0] * n
+    raw_at = [0.0] * n
+    next_a = [0] * n
+    depth = -1
     count = 0  # tasks chosen on the current path
-    free = list(capacity)
     nodes = 1
     if nodes > node_limit:
         return None, 0.0, False, nodes
-    stack: list[list[Any]] = []  # frames: [item, free room, raw value, next count to try]
-    b = slots * best_after[0] if bounded_slots else math.inf  # items is not empty
-    for r, x in rates[0]:
-        if free[r] * x < b:
-            b = free[r] * x
-    if b > best_value + 1e-12:
-        stack.append([0, free, 0.0, most_of(0, free, 0)])
+    c0, c1, c2 = capacity
+    b = slots * best_after[0] if bounded_slots else inf  # items is not empty
+    if (rx := rate0[0]) is not None and c0 * rx < b:
+        b = c0 * rx
+    if (rx := rate1[0]) is not None and c1 * rx < b:
+        b = c1 * rx
+    if (rx := rate2[0]) is not None and c2 * rx < b:
+        b = c2 * rx
     no_loss = loss is None
-    while stack:
-        frame = stack[-1]
-        i, free, raw, a = frame
+    bar = best_value + 1e-12  # what a value must beat to be better than the best
+    j = 0
+    child_raw = 0.0
+    expand = b > bar
+    while True:
+        if expand:
+            # Push the frame of item j at (c0, c1, c2, child_raw), trying first the most
+            # tasks of it that fit there (and its group's limit and the slots allow).
+            most = count_of[j]
+            if dr := need0[j]:
+                fit = int((c0 + EPSILON) // dr)
+                if fit < most:
+                    most = fit
+            if dr := need1[j]:
+                fit = int((c1 + EPSILON) // dr)
+                if fit < most:
+                    most = fit
+            if dr := need2[j]:
+                fit = int((c2 + EPSILON) // dr)
+                if fit < most:
+                    most = fit
+            if has_groups:
+                limit = limited[j]
+                if limit is not None:
+                    most = min(most, limit - used_in_group.get(groups[j], 0))
+            if bounded_slots and max_items - count < most:  # type: ignore[operator]
+                most = max_items - count  # type: ignore[operator]
+            room0[j] = c0
+            room1[j] = c1
+            room2[j] = c2
+            raw_at[j] = child_raw
+            next_a[j] = most
+            depth = j
+        elif depth < 0:
+            break
+        i = depth
+        a = next_a[i]
         if a < 0 or nodes > node_limit:
             if has_groups and limited[i] is not None:
                 used_in_group[groups[i]] -= chosen[i]
             count -= chosen[i]
             chosen[i] = 0
-            stack.pop()
+            depth -= 1
+            expand = False
             continue
-        frame[3] = a - 1
+        next_a[i] = a - 1
         if has_groups and limited[i] is not None:
             g = groups[i]
             used_in_group[g] = used_in_group.get(g, 0) + a - chosen[i]
         count += a - chosen[i]
         chosen[i] = a
-        d = demand[i]
-        child = [free[0] - a * d[0], free[1] - a * d[1], free[2] - a * d[2]]
-        child_raw = raw + a * value[i]
-        # Visit the child node (i + 1, child, child_raw).
+        # Visit the child node (i + 1, its room, child_raw); its room is computed only
+        # when it has children to bound (none of item i: the parent's, exactly).
+        raw = raw_at[i]
+        child_raw = raw + a * value[i] if a else raw
         nodes += 1
+        expand = False
         if nodes > node_limit:
             complete = False
             continue
-        if child_raw > best_value + 1e-12:
+        if child_raw > bar:
             current = child_raw if no_loss else score(child_raw)
-            if current > best_value + 1e-12:
+            if current > bar:
                 best_value, best = current, list(chosen)
+                bar = best_value + 1e-12
         j = i + 1
         if j < n:
+            if a:
+                d = demand[i]
+                c0 = room0[i] - a * d[0]  # type: ignore[index]
+                c1 = room1[i] - a * d[1]  # type: ignore[index]
+                c2 = room2[i] - a * d[2]  # type: ignore[index]
+            else:
+                c0, c1, c2 = room0[i], room1[i], room2[i]
             b = (slots - count) * best_after[j] if bounded_slots else inf
-            for r, x in rates[j]:
-                if child[r] * x < b:
-                    b = child[r] * x
-            if child_raw + b > best_value + 1e-12:
-                # most_of(j, child, count), inlined
-                most = count_of[j]
-                for r, dr in needs[j]:
-                    fit = int((child[r] + EPSILON) // dr)
-                    if fit < most:
-                        most = fit
-                if has_groups:
-                    limit = limited[j]
-                    if limit is not None:
-                        most = min(most, limit - used_in_group.get(groups[j], 0))
-                if bounded_slots and max_items - count < most:
-                    most = max_items - count
-                stack.append([j, child, child_raw, most])
+            if (rx := rate0[j]) is not None and c0 * rx < b:
+                b = c0 * rx
+            if (rx := rate1[j]) is not None and c1 * rx < b:
+                b = c1 * rx
+            if (rx := rate2[j]) is not None and c2 * rx < b:
+                b = c2 * rx
+            expand = child_raw + b > bar
 
     if best is None:
         return None, 0.0, complete, nodes

@@ -67,6 +67,8 @@ MAX_REPLAY_TRIES = 8
 #: Measured on `python -m benchmarks churn` (10,000 tasks, 1% churn): 2 rounds answered
 #: 165-243 fills a round from memory (~10 MB), 4 rounds 266-342 (~16 MB).
 FILL_ROUNDS = 4
+#: Compositions whose TNRP `FillMemory.values` keeps across rounds before it starts over.
+MAX_SHARED_VALUES = 200_000
 #: Two alignment scores closer than this are a tie, broken by class order.
 ALIGNMENT_GRID = 1e-9
 #: Without interference and on an empty cluster, packings of up to this many tasks
@@ -242,6 +244,8 @@ class Packer:
         self.workload = [t.workload for t in first]
         self._first = first
         self._value_cache: dict[tuple[int, ...], float] = {}
+        # TNRPs of earlier rounds in the fill memory's scope, by the classes' stable ids.
+        self._shared_values = None if fills is None else fills.values
         self._tput_cache: dict[tuple[str, tuple[str, ...]], float] = (
             {} if throughputs is None else throughputs
         )
@@ -259,12 +263,17 @@ class Packer:
         Built on first use: valuing a plan's instances (`tnrp_of`) never needs it, and at
         100,000 distinct vectors it is most of a valuation's time."""
         rows: list[list[tuple[float, float, float] | None]] = []
+        # A class's demand depends on the type's family alone: one row per family,
+        # copied for each of its types (a catalog has a few families of many sizes).
+        by_family: dict[str, list[tuple[float, float, float] | None]] = {}
         for itype in self.types:
-            row: list[tuple[float, float, float] | None] = []
-            for t in self._first:
-                d = t.demand_on(itype.family)
-                row.append(None if d is None else d.as_tuple())
-            rows.append(row)
+            row = by_family.get(itype.family)
+            if row is None:
+                row = by_family[itype.family] = []
+                for t in self._first:
+                    d = t.demand_on(itype.family)
+                    row.append(None if d is None else d.as_tuple())
+            rows.append(list(row))
         return rows
 
     @cached_property
@@ -296,6 +305,17 @@ class Packer:
         cached = self._value_cache.get(composition)
         if cached is not None:
             return cached
+        # The same classes valued in an earlier round of this scope: the same TNRP (a
+        # stable id stands for all this reads of its class; the order of the ids is the
+        # order of the sum below, so the very same float).
+        shared = self._shared_values
+        if shared is not None:
+            stable = self.stable
+            shared_key = tuple([stable[c] for c in composition])
+            cached = shared.get(shared_key)
+            if cached is not None:
+                self._value_cache[composition] = cached
+                return cached
         # Throughput depends on workloads only, and classes far outnumber them.
         together = tuple(sorted([self.workload[c] for c in composition]))
         tputs = self._tput_cache
@@ -318,6 +338,10 @@ class Packer:
                     previous, previous_value = c, valued_tnrp(self.rp[c], tput, self.stake[c])
             total += previous_value
         self._value_cache[composition] = total
+        if shared is not None:
+            if len(shared) >= MAX_SHARED_VALUES:
+                shared.clear()
+            shared[shared_key] = total
         return total
 
     def tnrp_of(self, task_ids: Iterable[str]) -> float:
@@ -630,7 +654,8 @@ class Packer:
                     continue
                 d = demand[c]
                 assert d is not None
-                if not fits(d, free):
+                # `fits(d, free)`, inlined (the fill's hot loop)
+                if d[0] > free[0] + EPSILON or d[1] > free[1] + EPSILON or d[2] > free[2] + EPSILON:
                     continue
                 g = group[c]
                 if g is not None and in_group[g] >= limit[c]:
@@ -1460,6 +1485,8 @@ class FillMemory:
         self._ids: dict[object, int] = {}
         self._fills: dict[tuple[int, tuple[tuple[int, int], ...]], list[_RememberedFill]] = {}
         self._round = 0
+        # TNRP by the stable ids of a composition's classes (`Packer.value`), in scope.
+        self.values: dict[tuple[int, ...], float] = {}
         self.replays = 0  # fills answered from memory, over its life
         self.resumed = 0  # fills that went on step by step from a remembered one's start
 
@@ -1470,6 +1497,8 @@ class FillMemory:
             self._scope = token
             self._ids = {}
             self._fills = {}
+            # A new one, not cleared: a Packer of the old scope keeps the old ids and map.
+            self.values = {}
 
     def next_round(self) -> None:
         """A round fills anew: fills made more than `FILL_ROUNDS` − 1 rounds ago are

@@ -385,6 +385,10 @@ class SimulatedCloud:
     def __init__(self, world: World) -> None:
         self.world = world
         self.availability = AvailabilityCache()
+        # Each live instance's view as last listed, with the state it was made in: a
+        # view is immutable and the state is all of it that changes, so a listing
+        # (every step's) makes a new one only for an instance whose state moved.
+        self._views: dict[str, tuple[str, CloudInstance]] = {}
 
     def catalog(self) -> Catalog:
         return self.world.catalog
@@ -409,7 +413,17 @@ class SimulatedCloud:
             self.world.terminate(cloud_id)
 
     def list(self) -> list[CloudInstance]:
-        return [_cloud_view(i) for i in self.world.live.values()]
+        views = self._views
+        listed = []
+        for inst in self.world.live.values():
+            known = views.get(inst.cloud_id)
+            if known is None or known[0] != inst.state:
+                known = views[inst.cloud_id] = (inst.state, _cloud_view(inst))
+            listed.append(known[1])
+        if len(views) > 2 * len(listed) + 64:  # forget the terminated ones, now and then
+            live = {i.cloud_id for i in self.world.live.values()}
+            self._views = {cid: v for cid, v in views.items() if cid in live}
+        return listed
 
     def unavailable(self) -> builtins.list[UnavailableOffering]:
         return self.availability.offerings(self.world.engine.now())
@@ -447,20 +461,30 @@ class SimulatedExecutor:
     def report(self) -> ExecutorReport:
         world = self.world
         tasks: dict[str, TaskReport] = {}
+        world_tasks, jobs = world.tasks, world.jobs
+        progress: dict[str, float] = {}  # per job: its tasks report the same progress
         for task_id in world.reported:
-            task = world.tasks[task_id]
-            job = world.jobs[task.job_id]
-            state = "stopped" if task.state == "new" else task.state
+            task = world_tasks[task_id]
+            job_id = task.job_id
+            job = jobs[job_id]
+            done = progress.get(job_id)
+            if done is None:
+                done = progress[job_id] = world.progress_of(job)
+            state = task.state
+            if state == "failed":
+                reason, failure = task.reason, task.failure
+            else:
+                reason, failure = "", None
             tasks[task_id] = TaskReport(
                 task_id,
-                state,  # type: ignore[arg-type]
+                "stopped" if state == "new" else state,  # type: ignore[arg-type]
                 task.instance,
                 task.attempt,
-                world.progress_of(job),
-                job.rate if job.active and task.state == "running" else None,
+                done,
+                job.rate if job.active and state == "running" else None,
                 task.checkpoint,
-                reason=task.reason if task.state == "failed" else "",
-                failure=task.failure if task.state == "failed" else None,
+                reason=reason,
+                failure=failure,
             )
         notices = {}
         if world.spot is not None:
