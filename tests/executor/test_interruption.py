@@ -18,6 +18,7 @@ from app.wiring import StateLedger
 from autoscaler.catalog import SPOT, Catalog, InstanceType, LaunchDelays
 from autoscaler.cloud import CloudInstance, LaunchRequest, UnavailableOffering
 from autoscaler.control import ControlLoop, ControlOptions
+from autoscaler.decide import RECLAIM_HOLD_S
 from autoscaler.execution import INSTANCE_ACTION, REBALANCE, InstanceNotice
 from autoscaler.jobs import JobSpec, TaskRun, TaskSpec
 from autoscaler.planner import planner_by_name
@@ -241,6 +242,14 @@ def test_a_reclaimed_spot_instance_hands_its_task_on_from_its_checkpoint(cluster
     assert store.interruption_counts(0.0) == {SPOT_BOX.name: 1}
     [record] = store.interruptions()
     assert (record.offering, record.instance_id, record.kind) == (SPOT_BOX.name, first, "reclaim")
+
+    # Its offering, the only one here, is held for RECLAIM_HOLD_S after the notice: the
+    # task waits, with the notice as its reason, and nothing is launched into the pool
+    # being reclaimed; once the hold is over, a new instance takes it.
+    held = loop.schedule()
+    assert store.tasks_of("j1")[0].status == "pending" and len(cloud.agents) == 1
+    assert "spot interruption notice" in held.record.numbers["infeasible"]["j1/trainer"]
+    daemon.clock.advance(RECLAIM_HOLD_S)
 
     def resumed_elsewhere() -> bool:
         loop.schedule()
