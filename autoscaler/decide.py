@@ -60,6 +60,7 @@ from autoscaler.spot import (
     pinned_on_demand,
     planned_rate,
     reclaim_ceiling,
+    reclaim_loss_s,
     reclaims_pin,
     rollback_s,
     spot_discount,
@@ -876,7 +877,7 @@ def pinned_by_reclaims(
     if reclaims <= 0:
         return False
     solo_s = _solo_s(job)
-    ceiling = reclaim_ceiling(solo_s, rollback_s(job, policy), policy)
+    ceiling = reclaim_ceiling(solo_s, reclaim_loss_s(job, policy), policy)
     if job.capacity == "spot":
         # Its owner chose spot, not its price: the test of the rate it was priced at
         # does not apply, and only the ceiling (every job finishes) moves it.

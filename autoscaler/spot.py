@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, Catalog, InstanceType
+from autoscaler.catalog import ANY_FAMILY, ON_DEMAND, TABLE1_LAUNCH_DELAYS, Catalog, InstanceType
 from autoscaler.cloud import offering_parts
 from autoscaler.configuration import Configuration, Instance
 from autoscaler.jobs import (
@@ -242,22 +242,39 @@ def poisson_sf(k: int, mean: float) -> float:
     return max(0.0, 1.0 - below)
 
 
-def reclaim_ceiling(solo_s: float | None, rollback: float, policy: SpotPolicy) -> int | None:
+#: EC2's interruption notice, less the worker's poll (`executor.interruption`): the time a
+#: task's checkpoint has between the notice and the reclaim.
+NOTICE_CHECKPOINT_S = 120.0 - 5.0
+
+
+def reclaim_loss_s(job: JobSpec, policy: SpotPolicy) -> float:
+    """The job time one reclaim costs: its worker checkpoints and stops its tasks on the
+    notice, so the restart (a replacement's start-up and the job's init) and that
+    checkpoint when every task's fits the notice window; else also half its periodic
+    checkpoint interval (`rollback_s`), the work a reclaim then takes back on average."""
+    restart = TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s
+    stop = max((t.checkpoint_s for t in job.tasks), default=0.0)
+    if stop <= NOTICE_CHECKPOINT_S:
+        return restart + stop
+    return restart + rollback_s(job, policy) / 2.0
+
+
+def reclaim_ceiling(solo_s: float | None, loss_s: float, policy: SpotPolicy) -> int | None:
     """The reclaims after which a job runs on on-demand whatever its rate (None: none).
 
     `max_reclaims`, or for a job of known length (`solo_s` alone at full speed) as many
-    reclaims as lose `max_lost_share` of that run at half a checkpoint interval each
-    (`rollback`: the interval; a reclaim lands anywhere in it), if more. A count alone
-    treats a 200-hour job like a 2-hour one: at the rate its price accounts for, the
-    long one meets its tenth reclaim early and finishes on on-demand, having lost well
-    under 1% of its run; under bursty availability traces that pinned most long GPU
-    jobs and made on-demand four fifths of eva's bill. The share bounds what a long job
-    expects to lose to reclaims; a short one keeps the count."""
+    reclaims as cost `max_lost_share` of that run at `loss_s` each (`reclaim_loss_s`),
+    if more. A count alone treats a 200-hour job like a 2-hour one: at the rate its
+    price accounts for, the long one meets its tenth reclaim early and finishes on
+    on-demand, having lost well under 1% of its run; under bursty availability traces
+    that pinned most long GPU jobs and made on-demand four fifths of eva's bill. The
+    share bounds what a long job expects to lose to reclaims; a short one keeps the
+    count."""
     ceiling = policy.max_reclaims
     share = policy.max_lost_share
-    if ceiling is None or share is None or solo_s is None or rollback <= 0:
+    if ceiling is None or share is None or solo_s is None or loss_s <= 0:
         return ceiling
-    return max(ceiling, math.floor(share * solo_s / (rollback / 2.0)))
+    return max(ceiling, math.floor(share * solo_s / loss_s))
 
 
 def reclaims_pin(

@@ -331,34 +331,45 @@ def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
 
 
 def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows() -> None:
+    from autoscaler.catalog import TABLE1_LAUNCH_DELAYS
     from autoscaler.decide import pinned_by_reclaims
     from autoscaler.jobs import TraceFacts
-    from autoscaler.spot import reclaim_ceiling
+    from autoscaler.spot import reclaim_ceiling, reclaim_loss_s
     from autoscaler.store import TaskRecord
 
     policy = SpotPolicy(checkpoint_every_s=900.0)  # ceiling 10, lost share 1.5%
-    # A reclaim lands anywhere in a 900 s interval: 450 s lost on average. 1.5% of 200 h
-    # alone is 10,800 s, 24 such reclaims; 1.5% of 2 h is less than one: the count stands.
-    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 24
-    assert reclaim_ceiling(2 * 3600.0, 900.0, policy) == 10
-    assert reclaim_ceiling(None, 900.0, policy) == 10  # unknown length: the count
-    assert reclaim_ceiling(200 * 3600.0, 0.0, policy) == 10  # no checkpoint loss priced
-    assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_lost_share=None)) == 10
-    assert reclaim_ceiling(200 * 3600.0, 900.0, replace(policy, max_reclaims=None)) is None
-    assert reclaim_ceiling(200 * 3600.0, 1800.0, policy) == 12  # coarser checkpoints
+    # 1.5% of 200 h alone is 10,800 s: 24 reclaims costing 450 s each; 1.5% of 2 h is
+    # less than one: the count stands.
+    assert reclaim_ceiling(200 * 3600.0, 450.0, policy) == 24
+    assert reclaim_ceiling(2 * 3600.0, 450.0, policy) == 10
+    assert reclaim_ceiling(None, 450.0, policy) == 10  # unknown length: the count
+    assert reclaim_ceiling(200 * 3600.0, 0.0, policy) == 10  # no loss priced
+    assert reclaim_ceiling(200 * 3600.0, 450.0, replace(policy, max_lost_share=None)) == 10
+    assert reclaim_ceiling(200 * 3600.0, 450.0, replace(policy, max_reclaims=None)) is None
+    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 12  # dearer reclaims
 
-    # A 200-hour job planned at 0.15/h expects 0.15 × (200 + n·0.25) ≈ 30 reclaims: its
-    # tenth is no evidence against the rate, and it stays on spot past the count ...
-    catalog = offerings(0.15)
+    # A reclaim costs the job its restart and the checkpoint its worker takes on the
+    # notice; only a checkpoint too long for the window also loses half an interval.
     long_job = job("a", (1, 4, 10), trace=TraceFacts(duration_s=200 * 3600.0))
+    restart = TABLE1_LAUNCH_DELAYS.startup_s + long_job.init_delay_s
+    stop = long_job.tasks[0].kill_s + long_job.tasks[0].upload_s
+    assert reclaim_loss_s(long_job, policy) == restart + stop
+    slow = replace(long_job, tasks=(replace(long_job.tasks[0], upload_s=300.0),))
+    assert reclaim_loss_s(slow, policy) == restart + 450.0
+
+    # A 200-hour job planned at 0.15/h expects about 30 reclaims: its tenth is no
+    # evidence against the rate, and it stays on spot past the count ...
+    catalog = offerings(0.15)
+    ceiling = int(0.015 * 200 * 3600.0 // (restart + stop))
+    assert ceiling > 10
 
     def reclaimed(n: int) -> list[TaskRecord]:
         return [TaskRecord("a/0", "a", retries=n)]
 
     assert not pinned_by_reclaims(policy, long_job, reclaimed(10), 0.0, 3600.0, catalog)
-    assert not pinned_by_reclaims(policy, long_job, reclaimed(23), 0.0, 3600.0, catalog)
+    assert not pinned_by_reclaims(policy, long_job, reclaimed(ceiling - 1), 0.0, 3600.0, catalog)
     # ... until its reclaims have cost it its share of the run
-    assert pinned_by_reclaims(policy, long_job, reclaimed(24), 0.0, 3600.0, catalog)
+    assert pinned_by_reclaims(policy, long_job, reclaimed(ceiling), 0.0, 3600.0, catalog)
     # with the count alone, it moved at the tenth
     count_only = replace(policy, max_lost_share=None)
     assert pinned_by_reclaims(count_only, long_job, reclaimed(10), 0.0, 3600.0, catalog)
