@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
-from autoscaler.catalog import TABLE1_LAUNCH_DELAYS, Catalog
+from autoscaler.catalog import Catalog
 from autoscaler.cloud import (
     UNAVAILABLE_COOLDOWN_S,
     CloudInstance,
@@ -51,6 +51,7 @@ from autoscaler.pricing import cheapest_type, reservation_price
 from autoscaler.resources import Resources, total
 from autoscaler.spend import Spending
 from autoscaler.spot import (
+    NOTICE_S,
     SpotPolicy,
     exposure_hours,
     from_scratch_pins,
@@ -62,6 +63,7 @@ from autoscaler.spot import (
     reclaim_ceiling,
     reclaim_loss_s,
     reclaims_pin,
+    restart_s,
     rollback_s,
     spot_discount,
     spread,
@@ -836,7 +838,7 @@ def _slack_out(
         submitted_at=now if record is None else record.submitted_at,
         deadline_s=deadline,
         remaining_s=remaining,
-        restart_s=TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s,
+        restart_s=restart_s(job),
         margin_s=policy.deadline_margin_s + rollback_s(job, policy),
     )
 
@@ -885,7 +887,7 @@ def pinned_by_reclaims(
     rate = planned_rate(job, catalog)
     if policy.from_scratch and solo_s is not None:
         discount = spot_discount(job, catalog)
-        restart_h = (TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s) / 3600.0
+        restart_h = restart_s(job) / 3600.0
         if discount is not None and from_scratch_pins(solo_s / 3600.0, restart_h, rate, discount):
             return True
     exposure = exposure_hours(solo_s, reclaims, started_at, now, policy)
@@ -1518,7 +1520,7 @@ def plan_numbers(plan: Plan, instance_types: int) -> dict[str, Any]:
 
 
 #: How long the provider gives a reclaimed spot instance (EC2: two minutes from the notice).
-RECLAIM_WINDOW_S = 120.0
+RECLAIM_WINDOW_S = NOTICE_S
 
 
 def instance_timeouts(

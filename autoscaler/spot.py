@@ -242,19 +242,27 @@ def poisson_sf(k: int, mean: float) -> float:
     return max(0.0, 1.0 - below)
 
 
-#: EC2's interruption notice, less the worker's poll (`executor.interruption`): the time a
-#: task's checkpoint has between the notice and the reclaim.
-NOTICE_CHECKPOINT_S = 120.0 - 5.0
+#: EC2's interruption notice: the instance goes this long after it is given.
+NOTICE_S = 120.0
+#: How often the worker asks the metadata service for a notice (`executor.interruption`,
+#: as AWS recommends): the latest it sees one.
+NOTICE_POLL_S = 5.0
+
+
+def restart_s(job: JobSpec) -> float:
+    """A restart of the job elsewhere: a replacement's start-up (Eva's Table 1) and the
+    job's init."""
+    return TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s
 
 
 def reclaim_loss_s(job: JobSpec, policy: SpotPolicy) -> float:
     """The job time one reclaim costs: its worker checkpoints and stops its tasks on the
-    notice, so the restart (a replacement's start-up and the job's init) and that
-    checkpoint when every task's fits the notice window; else also half its periodic
-    checkpoint interval (`rollback_s`), the work a reclaim then takes back on average."""
-    restart = TABLE1_LAUNCH_DELAYS.startup_s + job.init_delay_s
+    notice, so the restart and that checkpoint when every task's fits the notice window
+    (after the poll); else also half its periodic checkpoint interval (`rollback_s`), the
+    work a reclaim then takes back on average."""
+    restart = restart_s(job)
     stop = max((t.checkpoint_s for t in job.tasks), default=0.0)
-    if stop <= NOTICE_CHECKPOINT_S:
+    if stop <= NOTICE_S - NOTICE_POLL_S:
         return restart + stop
     return restart + rollback_s(job, policy) / 2.0
 

@@ -35,15 +35,10 @@ from autoscaler.availability import AvailabilityTrace
 from autoscaler.catalog import InstanceType
 from autoscaler.errors import InputError
 from autoscaler.jobs import DEFAULT_CHECKPOINT_EVERY_S, JobSpec
+from autoscaler.spot import NOTICE_POLL_S, NOTICE_S
 
 if TYPE_CHECKING:
     from simulator.world import SimInstance, SimJob, World
-
-#: EC2's interruption notice: the instance goes this long after it is given.
-NOTICE_S = 120.0
-#: How long a notice takes to reach the daemon: the agent polls the metadata service
-#: this often (`executor.interruption`, as AWS recommends) and reports at once.
-NOTICE_POLL_S = 5.0
 
 
 def parse_trace_flag(value: str) -> tuple[str, str]:
