@@ -437,9 +437,12 @@ class SpotTable(Strict, frozen=True):
     checkpoint_every_s: Annotated[float, seconds(gt=0)] = 900.0
     deadline_margin_s: Annotated[float, seconds(ge=0)] = 900.0
     max_reclaims: Annotated[int, whole(ge=0, le=1000)] = 10
-    # A job of known length may lose this share of its run to reclaims (each its restart
-    # and the checkpoint taken on the notice: `spot.reclaim_loss_s`) before that ceiling
-    # moves it, when that is more reclaims (0: the count alone; `spot.reclaim_ceiling`).
+    # A job of known length may be delayed by this share of its run by reclaims (each
+    # its restart and the checkpoint taken on the notice: `spot.reclaim_loss_s`), and
+    # lose this share of its work to them (the interval one takes back when the job's
+    # checkpoint cannot fit the notice window), before that ceiling moves it, when that
+    # is more reclaims (0: the count alone; `spot.reclaim_ceiling`).
+    max_delay_share: Annotated[float, number(ge=0.0, lt=1.0)] = 0.05
     max_lost_share: Annotated[float, number(ge=0.0, lt=1.0)] = 0.015
     # The cluster's own interruption history refines each offering's band (`app.spot_rates`):
     # over the last `history_days`, (band rate · prior_hours + reclaims) / (prior_hours +
@@ -464,7 +467,8 @@ class SpotTable(Strict, frozen=True):
             checkpoint_every_s=self.checkpoint_every_s,
             deadline_margin_s=self.deadline_margin_s,
             max_reclaims=self.max_reclaims or None,
-            max_lost_share=self.max_lost_share or None,
+            max_delay_share=self.max_delay_share,
+            max_lost_share=self.max_lost_share,
             reclaim_alpha=self.reclaim_alpha,
         )
 

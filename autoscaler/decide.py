@@ -62,6 +62,7 @@ from autoscaler.spot import (
     planned_rate,
     reclaim_ceiling,
     reclaim_loss_s,
+    reclaim_lost_s,
     reclaims_pin,
     restart_s,
     rollback_s,
@@ -879,7 +880,9 @@ def pinned_by_reclaims(
     if reclaims <= 0:
         return False
     solo_s = _solo_s(job)
-    ceiling = reclaim_ceiling(solo_s, reclaim_loss_s(job, policy), policy)
+    ceiling = reclaim_ceiling(
+        solo_s, reclaim_loss_s(job, policy), reclaim_lost_s(job, policy), policy
+    )
     if job.capacity == "spot":
         # Its owner chose spot, not its price: the test of the rate it was priced at
         # does not apply, and only the ceiling (every job finishes) moves it.

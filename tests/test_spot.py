@@ -314,7 +314,7 @@ def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
     from autoscaler.jobs import TraceFacts
     from autoscaler.store import TaskRecord
 
-    policy = SpotPolicy(checkpoint_every_s=900.0, max_reclaims=5)
+    policy = SpotPolicy(checkpoint_every_s=900.0, max_reclaims=5, max_delay_share=None)
     catalog = offerings(0.05)
     facts = TraceFacts(duration_s=36_000.0)
     auto = job("a", (1, 4, 10), trace=facts)
@@ -330,37 +330,48 @@ def test_a_job_that_asked_for_spot_leaves_it_only_at_the_ceiling() -> None:
     assert not pinned_by_reclaims(unbounded, spot, reclaimed(50), 0.0, 3600.0, catalog)
 
 
-def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows() -> None:
+def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_budgets_allow() -> None:
     from autoscaler.catalog import TABLE1_LAUNCH_DELAYS
     from autoscaler.decide import pinned_by_reclaims
     from autoscaler.jobs import TraceFacts
-    from autoscaler.spot import reclaim_ceiling, reclaim_loss_s
+    from autoscaler.spot import reclaim_ceiling, reclaim_loss_s, reclaim_lost_s
     from autoscaler.store import TaskRecord
 
-    policy = SpotPolicy(checkpoint_every_s=900.0)  # ceiling 10, lost share 1.5%
-    # 1.5% of 200 h alone is 10,800 s: 24 reclaims costing 450 s each; 1.5% of 2 h is
-    # less than one: the count stands.
-    assert reclaim_ceiling(200 * 3600.0, 450.0, policy) == 24
-    assert reclaim_ceiling(2 * 3600.0, 450.0, policy) == 10
-    assert reclaim_ceiling(None, 450.0, policy) == 10  # unknown length: the count
-    assert reclaim_ceiling(200 * 3600.0, 0.0, policy) == 10  # no loss priced
-    assert reclaim_ceiling(200 * 3600.0, 450.0, replace(policy, max_lost_share=None)) == 10
-    assert reclaim_ceiling(200 * 3600.0, 450.0, replace(policy, max_reclaims=None)) is None
-    assert reclaim_ceiling(200 * 3600.0, 900.0, policy) == 12  # dearer reclaims
+    policy = SpotPolicy(checkpoint_every_s=900.0)  # count 10, delay 5%, work lost 1.5%
+    # 5% of 200 h alone is 36,000 s: 90 reclaims delaying it 400 s each and losing no
+    # work; 5% of 2 h is less than one: the count stands.
+    assert reclaim_ceiling(200 * 3600.0, 400.0, 0.0, policy) == 90
+    assert reclaim_ceiling(2 * 3600.0, 400.0, 0.0, policy) == 10
+    assert reclaim_ceiling(None, 400.0, 0.0, policy) == 10  # unknown length: the count
+    assert reclaim_ceiling(200 * 3600.0, 0.0, 0.0, policy) == 10  # no loss priced
+    assert reclaim_ceiling(200 * 3600.0, 800.0, 0.0, policy) == 45  # dearer reclaims
+    # Reclaims that each take back 400 s of work: 1.5% of the run, 10,800 s, is 27 of
+    # them, fewer than the delay allows (36,000 / 800 = 45) ...
+    assert reclaim_ceiling(200 * 3600.0, 800.0, 400.0, policy) == 27
+    # ... with no budget for lost work, the delay's alone
+    assert reclaim_ceiling(200 * 3600.0, 800.0, 400.0, replace(policy, max_lost_share=None)) == 45
+    # no budget for the delay, or a budget of nothing: the count alone
+    assert reclaim_ceiling(200 * 3600.0, 400.0, 0.0, replace(policy, max_delay_share=None)) == 10
+    assert reclaim_ceiling(200 * 3600.0, 400.0, 0.0, replace(policy, max_delay_share=0.0)) == 10
+    assert reclaim_ceiling(200 * 3600.0, 800.0, 400.0, replace(policy, max_lost_share=0.0)) == 10
+    assert reclaim_ceiling(200 * 3600.0, 400.0, 0.0, replace(policy, max_reclaims=None)) is None
 
     # A reclaim costs the job its restart and the checkpoint its worker takes on the
-    # notice; only a checkpoint too long for the window also loses half an interval.
+    # notice, and loses no work; only a checkpoint too long for the window also loses
+    # half an interval.
     long_job = job("a", (1, 4, 10), trace=TraceFacts(duration_s=200 * 3600.0))
     restart = TABLE1_LAUNCH_DELAYS.startup_s + long_job.init_delay_s
     stop = long_job.tasks[0].kill_s + long_job.tasks[0].upload_s
     assert reclaim_loss_s(long_job, policy) == restart + stop
+    assert reclaim_lost_s(long_job, policy) == 0.0
     slow = replace(long_job, tasks=(replace(long_job.tasks[0], upload_s=300.0),))
     assert reclaim_loss_s(slow, policy) == restart + 450.0
+    assert reclaim_lost_s(slow, policy) == 450.0
 
-    # A 200-hour job planned at 0.15/h expects about 30 reclaims: its tenth is no
+    # A 200-hour job planned at 0.7/h expects about 140 reclaims: its tenth is no
     # evidence against the rate, and it stays on spot past the count ...
-    catalog = offerings(0.15)
-    ceiling = int(0.015 * 200 * 3600.0 // (restart + stop))
+    catalog = offerings(0.7)
+    ceiling = int(0.05 * 200 * 3600.0 // (restart + stop))
     assert ceiling > 10
 
     def reclaimed(n: int) -> list[TaskRecord]:
@@ -371,7 +382,7 @@ def test_the_ceiling_rises_with_a_long_job_to_the_reclaims_its_lost_share_allows
     # ... until its reclaims have cost it its share of the run
     assert pinned_by_reclaims(policy, long_job, reclaimed(ceiling), 0.0, 3600.0, catalog)
     # with the count alone, it moved at the tenth
-    count_only = replace(policy, max_lost_share=None)
+    count_only = replace(policy, max_delay_share=None)
     assert pinned_by_reclaims(count_only, long_job, reclaimed(10), 0.0, 3600.0, catalog)
 
 

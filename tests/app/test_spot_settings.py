@@ -57,16 +57,14 @@ def test_the_spot_table_gives_the_round_its_spot_policy(tmp_path):
     path.write_text(
         path.read_text()
         + '\n[spot]\nenabled = true\nzones = ["use1-az1"]\ncheckpoint_every_s = 600\n'
-        + 'max_reclaims = 0\nmax_lost_share = 0\n[spot.bands]\n"p3.2xlarge" = ">20%"\n'
+        + "max_reclaims = 0\nmax_delay_share = 0.2\nmax_lost_share = 0\n"
+        + '[spot.bands]\n"p3.2xlarge" = ">20%"\n'
     )
     config = load_cluster_config(path)
     policy = config.control_options().spot
     assert policy is not None
-    assert (policy.checkpoint_every_s, policy.max_reclaims, policy.max_lost_share) == (
-        600.0,
-        None,
-        None,
-    )
+    got = (policy.checkpoint_every_s, policy.max_reclaims)
+    assert (*got, policy.max_delay_share, policy.max_lost_share) == (600.0, None, 0.2, 0.0)
     assert config.spot.zones == ("use1-az1",) and config.spot.bands == {"p3.2xlarge": ">20%"}
 
 
@@ -278,6 +276,8 @@ def test_a_regional_spot_offering_is_priced_by_ec2_over_the_zones_the_cluster_la
         ("max_reclaims = -1", "field 'max_reclaims' = -1: must be a whole number >= 0"),
         ("max_lost_share = 1", "field 'max_lost_share' = 1: must be a number < 1"),
         ("max_lost_share = -0.1", "field 'max_lost_share' = -0.1: must be a number >= 0"),
+        ("max_delay_share = 1", "field 'max_delay_share' = 1: must be a number < 1"),
+        ('max_delay_share = "5%"', "field 'max_delay_share' = '5%': must be a number"),
     ],
 )
 def test_a_bad_reclaim_setting_is_one_line_naming_file_field_and_value(
@@ -299,4 +299,5 @@ def test_the_reclaim_test_level_reaches_the_policy(tmp_path):
     path.write_text(path.read_text() + "\n[spot]\nenabled = true\nreclaim_alpha = 0.05\n")
     policy = load_cluster_config(path).control_options().spot
     assert policy is not None
-    assert (policy.reclaim_alpha, policy.max_reclaims, policy.max_lost_share) == (0.05, 10, 0.015)
+    shares = (policy.max_delay_share, policy.max_lost_share)
+    assert (policy.reclaim_alpha, policy.max_reclaims, *shares) == (0.05, 10, 0.05, 0.015)

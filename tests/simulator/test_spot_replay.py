@@ -651,3 +651,28 @@ def test_eva_full_speed_row_packs_no_task_it_expects_slowed() -> None:
     assert eva.total_cost < full.total_cost
     assert full.avg_jct_hours < eva.avg_jct_hours
     assert full.normalized_throughput == pytest.approx(1.0)
+
+
+def test_reclaims_may_delay_a_long_job_by_its_delay_budget_before_it_leaves_spot() -> None:
+    # An 80-hour job reclaimed about once an hour, the rate it is priced at (so the
+    # rate test never moves it): each reclaim delays it by its restart (209 s start-up,
+    # 8 s init) and the checkpoint taken on the notice (6 s), 223 s, and loses no work.
+    # The default budget lets that cost 5% of its run, 64 reclaims; a budget of 1.5%
+    # moves it to on-demand for good at 0.015 × 288,000 / 223 = 19.4, the 19th.
+    long_job = job("a", 80 * 3600.0)
+    runs = {}
+    for share in (0.05, 0.015):
+        settings = SpotReplay(SpotPolicy(max_delay_share=share), rate_per_hour=1.0, seed=3)
+        store = InMemoryStore()
+        result = replay(
+            [long_job], catalog(1.0), NO_INTERFERENCE, "eva", store=store, spot=settings
+        )
+        assert result.finished and result.spot is not None
+        runs[share] = (result, types_used(store)["a"])
+    tight, tight_types = runs[0.015]
+    loose, _ = runs[0.05]
+    assert tight.spot["interruptions"] == 19
+    assert tight_types[-1] == "small"  # on on-demand since
+    assert loose.spot["interruptions"] > 2 * 19  # about 64 at its ceiling (to the notice)
+    assert loose.spot["lost_share"] == tight.spot["lost_share"] == 0.0
+    assert loose.total_cost < tight.total_cost
