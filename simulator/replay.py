@@ -8,7 +8,9 @@ seconds from t = 0; arrivals wait for the next round, as in Eva.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -192,6 +194,22 @@ def spot_variant(name: str, base: SpotReplay) -> SpotVariant:
     return SpotVariant(name, True, base)
 
 
+@contextlib.contextmanager
+def simulated_logs() -> Iterator[None]:
+    """The replayed control loop logs as the daemon does (a warning per spot notice):
+    those lines are about simulated instances, so they are kept from Python's
+    last-resort handler, which would print each to the command's stderr; a handler
+    the caller configured still gets them."""
+    quiet = logging.NullHandler()
+    logger = logging.getLogger("autoscaler")
+    logger.addHandler(quiet)
+    try:
+        yield
+    finally:
+        logger.removeHandler(quiet)
+
+
+@simulated_logs()
 def replay(
     jobs: Sequence[JobSpec],
     catalog: Catalog,

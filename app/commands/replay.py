@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
-import logging
 import multiprocessing
 import os
 import pickle
@@ -729,23 +728,7 @@ def _run_one(
     name: str, inputs: tuple, on_round: Callable[[float, int, int], None]
 ) -> tuple[object, float]:
     """One scheduler's replay (or, for `_BOUND`, the bound), and its wall time."""
-    with _simulated_logs():
-        return _replayed(name, inputs, on_round)
-
-
-@contextlib.contextmanager
-def _simulated_logs() -> Iterator[None]:
-    """The replayed control loop logs as the daemon does (a warning per spot notice):
-    those lines are about simulated instances, so they are kept from Python's
-    last-resort handler, which would print each to the command's stderr; a handler
-    the caller configured still gets them."""
-    quiet = logging.NullHandler()
-    logger = logging.getLogger("autoscaler")
-    logger.addHandler(quiet)
-    try:
-        yield
-    finally:
-        logger.removeHandler(quiet)
+    return _replayed(name, inputs, on_round)
 
 
 def _replayed(

@@ -435,6 +435,27 @@ def test_the_command_prints_no_log_line_per_simulated_notice(tmp_path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["results"]["eva"]["spot"]["interruptions"] >= 1
     assert "interruption notice" not in ran.stderr
+    # The same from a script calling the simulator itself, as the benchmarks do.
+    script = (
+        "from simulator.replay import SpotReplay, replay\n"
+        "from app.bundled import bundled\n"
+        "from app.files import load_catalog, load_jobs\n"
+        "from provisioners.catalog import bundled_spot_snapshot, spot_offerings\n"
+        "from autoscaler.throughput import ThroughputTable\n"
+        "base = load_catalog(bundled('ec2_config.json'))\n"
+        "snapshot = bundled_spot_snapshot(base.region or 'us-east-1')\n"
+        "with_spot = spot_offerings(base, snapshot)\n"
+        f"jobs = load_jobs({str(trace_jobs)!r}, with_spot)\n"
+        "result = replay(jobs, with_spot, ThroughputTable(default=1.0), 'eva',\n"
+        "                spot=SpotReplay(rate_per_hour=2.0))\n"
+        "print(result.spot['interruptions'])\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert int(ran.stdout) >= 1
+    assert "interruption notice" not in ran.stderr
 
 
 def test_bundled_spot_offerings_cover_the_bundled_catalog() -> None:
