@@ -34,6 +34,7 @@ Opening a database whose schema is missing or not at the head revision raises
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter, itemgetter
@@ -46,7 +47,6 @@ from sqlalchemy import (
     Row,
     String,
     Table,
-    any_,
     bindparam,
     delete,
     func,
@@ -56,8 +56,8 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -1363,14 +1363,18 @@ def _sqlite_params(
 
 def _unnest(
     conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
-) -> tuple[str, dict[str, list[Any]]]:
+) -> tuple[str, dict[str, str]]:
     """Rows (tuples of the columns `order` names) as a PostgreSQL table expression
-    `unnest(array, …) AS given(columns, given_at)`, one array parameter per column
-    (values through the column type's bind processing, as an ORM write would send
-    them), and its parameters."""
+    `(SELECT … FROM ROWS FROM (json_array_elements_text(column), …)) AS given(columns,
+    given_at)`: one parameter per column, its values (through the column type's bind
+    processing, as an ORM write would send them) as one JSON array (`_json_array`), each
+    element cast to the column's type. The rows of `ROWS FROM` are the arrays' elements
+    zipped in order, as `unnest(array, …)` zips arrays; a JSON document is encoded by
+    `json`'s C encoder, where psycopg dumps an array parameter element by element in
+    Python (most of a first round's writing, in the client, was that)."""
     dialect = conn.dialect
-    params: dict[str, list[Any]] = {}
-    arrays = []
+    params: dict[str, str] = {}
+    elements, typed = [], []
     for i, name in enumerate(order):
         kind = table.c[name].type
         process = kind.bind_processor(dialect)
@@ -1379,12 +1383,35 @@ def _unnest(
             column_values = [process(v) for v in column_values]
         number = _python_type(kind)
         if number in (float, int):
-            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0.
+            # Plain numbers (a numpy scalar is not JSON); a time given as 30 is 30.0 once cast.
             column_values = [None if v is None else number(v) for v in column_values]
-        params[f"a{i}"] = column_values
-        arrays.append(f"%(a{i})b::{kind.compile(dialect=dialect)}[]")
-    names = ", ".join(_quoted(conn, c) for c in order)
-    return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+        params[f"a{i}"] = _json_array(column_values)
+        elements.append(f"json_array_elements_text(%(a{i})s::json)")
+        typed.append(f"CAST(e{i} AS {kind.compile(dialect=dialect)}) AS {_quoted(conn, name)}")
+    raw = ", ".join(f"e{i}" for i in range(len(order)))
+    return (
+        f"(SELECT {', '.join(typed)}, given_at FROM ROWS FROM ({', '.join(elements)}) "
+        f"WITH ORDINALITY AS json_rows({raw}, given_at)) AS given",
+        params,
+    )
+
+
+#: The encoder of `_json_array` (`json.dumps` with options builds a new one per call).
+_ARRAY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+
+
+def _json_array(values: list[Any]) -> str:
+    """Values (str, int, float, bool or None) as a JSON array whose elements PostgreSQL's
+    `json_array_elements_text` gives back as the text of each, cast exactly to its
+    column's type: a float as its shortest repr, which reads back bit for bit. A
+    non-finite float, which JSON cannot hold, is given as a string ('inf', 'nan'),
+    which float8's input reads."""
+    document = _ARRAY_ENCODER.encode(values)
+    if "Infinity" in document or "NaN" in document:  # rare: look closer
+        document = _ARRAY_ENCODER.encode(
+            [repr(v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+        )
+    return document
 
 
 def _python_type(kind: Any) -> type | None:
@@ -1396,10 +1423,13 @@ def _python_type(kind: Any) -> type | None:
 
 def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
     """`column IN values` with one parameter however many values (an `IN` list of
-    thousands is thousands of parameters to bind, expand and parse): on PostgreSQL
-    `column = ANY(array)`, on SQLite `column IN (SELECT value FROM json_each(list))`."""
+    thousands is thousands of parameters to bind, expand and parse): `column IN (SELECT
+    value FROM …(list))`, the list one JSON array, read by `json_array_elements_text`
+    (PostgreSQL; each value cast to the column's type) or `json_each` (SQLite)."""
     if conn.dialect.name == "postgresql":
-        return cast(ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type))))
+        document = sql_cast(literal(_json_array(list(values)), String()), postgresql.JSON())
+        each = func.json_array_elements_text(document).table_valued("value")
+        return cast(ColumnElement[bool], column.in_(select(sql_cast(each.c.value, column.type))))
     each = func.json_each(literal(json.dumps(list(values)), String())).table_valued("value")
     return cast(ColumnElement[bool], column.in_(select(each.c.value)))
 
