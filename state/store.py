@@ -344,8 +344,8 @@ class SqlStore(Store):
                 .where(_among(conn, JOBS.c.job_id, chunk))
                 .order_by(JOBS.c.job_id)
                 .with_for_update()
-            )
-            statuses.update((r.job_id, r.status) for r in rows)
+            ).all()  # at once: a first round locks thousands, and row by row was most of it
+            statuses.update({job_id: status for job_id, status in rows})
         return statuses
 
     # -- tasks ------------------------------------------------------------
@@ -381,7 +381,7 @@ class SqlStore(Store):
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
                     _among(conn, TASKS.c.task_id, chunk)
                 )
-            ):
+            ).all():
                 target = targets[task_id]
                 if transitions.retargets(statuses[moved[task_id]], current, target):
                     rows.append((task_id, target, at))
@@ -498,7 +498,9 @@ class SqlStore(Store):
                     select(INSTANCES.c.instance_id).where(
                         _among(conn, INSTANCES.c.instance_id, chunk)
                     )
-                ).scalars()
+                )
+                .scalars()
+                .all()
             )
         new = [
             transitions.request_instance(i, itype, price, at, (on_demand_prices or {}).get(i))
@@ -829,7 +831,9 @@ class SqlStore(Store):
                     select(ACTIONS.c.position).where(
                         ACTIONS.c.round_id == round_id, _among(conn, ACTIONS.c.position, positions)
                     )
-                ).scalars()
+                )
+                .scalars()
+                .all()
             )
             missing = [p for p in positions if p not in known]
             if missing:
