@@ -47,6 +47,7 @@ from sqlalchemy import (
     Row,
     String,
     Table,
+    any_,
     bindparam,
     delete,
     func,
@@ -58,6 +59,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -168,6 +170,10 @@ WRITTEN = {
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
+#: Ids or rows up to which `_among` and the bulk writes (`_unnest`) send array parameters on
+#: PostgreSQL: the planner sees their length (a function's rows it estimates at 100), and
+#: dumping a few costs nothing. More go as JSON arrays (`_json_array`).
+FEW = 100
 
 
 def _locked_instances(conn: Connection, ids: Sequence[str]) -> dict[str, InstanceRecord]:
@@ -1367,18 +1373,23 @@ def _sqlite_params(
 
 def _unnest(
     conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
-) -> tuple[str, dict[str, str]]:
-    """Rows (tuples of the columns `order` names) as a PostgreSQL table expression
-    `(SELECT … FROM ROWS FROM (json_array_elements_text(column), …)) AS given(columns,
-    given_at)`: one parameter per column, its values (through the column type's bind
-    processing, as an ORM write would send them) as one JSON array (`_json_array`), each
-    element cast to the column's type. The rows of `ROWS FROM` are the arrays' elements
-    zipped in order, as `unnest(array, …)` zips arrays; a JSON document is encoded by
-    `json`'s C encoder, where psycopg dumps an array parameter element by element in
-    Python (most of a first round's writing, in the client, was that)."""
+) -> tuple[str, dict[str, Any]]:
+    """Rows (tuples of the columns `order` names) as a PostgreSQL table expression `given`
+    (its columns, then `given_at`, each row's position), and its parameters: one per
+    column, its values through the column type's bind processing (as an ORM write would
+    send them).
+
+    Up to `FEW` rows, one array per column, `unnest(array, …) WITH ORDINALITY`, whose
+    length the planner sees (a write of one row finds it by its index in a large table).
+    More rows, one JSON array per column (`_json_array`), zipped in order by `ROWS FROM
+    (json_array_elements_text(…), …) WITH ORDINALITY` (as `unnest` zips arrays), each
+    element cast to its column's type: psycopg dumps an array parameter element by
+    element in Python, json's C encoder a document at once (a first round's writes of
+    thousands of rows spent most of their client time in the dumping)."""
     dialect = conn.dialect
-    params: dict[str, str] = {}
-    elements, typed = [], []
+    few = len(values) <= FEW
+    params: dict[str, Any] = {}
+    sources, typed = [], []
     for i, name in enumerate(order):
         kind = table.c[name].type
         process = kind.bind_processor(dialect)
@@ -1387,14 +1398,23 @@ def _unnest(
             column_values = [process(v) for v in column_values]
         number = _python_type(kind)
         if number in (float, int):
-            # Plain numbers (a numpy scalar is not JSON); a time given as 30 is 30.0 once cast.
+            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0
+            # (and a numpy scalar is not JSON).
             column_values = [None if v is None else number(v) for v in column_values]
-        params[f"a{i}"] = _json_array(column_values)
-        elements.append(f"json_array_elements_text(%(a{i})s::json)")
-        typed.append(f"CAST(e{i} AS {kind.compile(dialect=dialect)}) AS {_quoted(conn, name)}")
+        type_name = kind.compile(dialect=dialect)
+        if few:
+            params[f"a{i}"] = column_values
+            sources.append(f"%(a{i})b::{type_name}[]")
+        else:
+            params[f"a{i}"] = _json_array(column_values)
+            sources.append(f"json_array_elements_text(%(a{i})s::json)")
+            typed.append(f"CAST(e{i} AS {type_name}) AS {_quoted(conn, name)}")
+    if few:
+        names = ", ".join(_quoted(conn, c) for c in order)
+        return f"unnest({', '.join(sources)}) WITH ORDINALITY AS given({names}, given_at)", params
     raw = ", ".join(f"e{i}" for i in range(len(order)))
     return (
-        f"(SELECT {', '.join(typed)}, given_at FROM ROWS FROM ({', '.join(elements)}) "
+        f"(SELECT {', '.join(typed)}, given_at FROM ROWS FROM ({', '.join(sources)}) "
         f"WITH ORDINALITY AS json_rows({raw}, given_at)) AS given",
         params,
     )
@@ -1427,10 +1447,17 @@ def _python_type(kind: Any) -> type | None:
 
 def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
     """`column IN values` with one parameter however many values (an `IN` list of
-    thousands is thousands of parameters to bind, expand and parse): `column IN (SELECT
-    value FROM …(list))`, the list one JSON array, read by `json_array_elements_text`
-    (PostgreSQL; each value cast to the column's type) or `json_each` (SQLite)."""
+    thousands is thousands of parameters to bind, expand and parse). On PostgreSQL up to
+    `FEW` values are one array parameter, `column = ANY(array)`, whose length the planner
+    sees (an index lookup for one id in a large table); more are one JSON array read by
+    `json_array_elements_text` (`_json_array`: psycopg dumps an array parameter element by
+    element in Python), each value cast to the column's type. On SQLite `column IN
+    (SELECT value FROM json_each(list))`."""
     if conn.dialect.name == "postgresql":
+        if len(values) <= FEW:
+            return cast(
+                ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type)))
+            )
         document = sql_cast(literal(_json_array(list(values)), String()), postgresql.JSON())
         each = func.json_array_elements_text(document).table_valued("value")
         return cast(ColumnElement[bool], column.in_(select(sql_cast(each.c.value, column.type))))
