@@ -34,6 +34,7 @@ Opening a database whose schema is missing or not at the head revision raises
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from operator import attrgetter, itemgetter
@@ -56,6 +57,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import URL
@@ -168,6 +170,10 @@ WRITTEN = {
 
 #: Ids per `IN (…)` list: well under SQLite's and PostgreSQL's bound-parameter limits.
 CHUNK = 5000
+#: Ids or rows up to which `_among` and the bulk writes (`_unnest`) send array parameters on
+#: PostgreSQL: the planner sees their length (a function's rows it estimates at 100), and
+#: dumping a few costs nothing. More go as JSON arrays (`_json_array`).
+FEW = 100
 
 
 def _locked_instances(conn: Connection, ids: Sequence[str]) -> dict[str, InstanceRecord]:
@@ -344,8 +350,8 @@ class SqlStore(Store):
                 .where(_among(conn, JOBS.c.job_id, chunk))
                 .order_by(JOBS.c.job_id)
                 .with_for_update()
-            )
-            statuses.update((r.job_id, r.status) for r in rows)
+            ).all()  # at once: a first round locks thousands, and row by row was most of it
+            statuses.update({job_id: status for job_id, status in rows})
         return statuses
 
     # -- tasks ------------------------------------------------------------
@@ -381,7 +387,7 @@ class SqlStore(Store):
                 select(TASKS.c.task_id, TASKS.c.target_instance_id).where(
                     _among(conn, TASKS.c.task_id, chunk)
                 )
-            ):
+            ).all():
                 target = targets[task_id]
                 if transitions.retargets(statuses[moved[task_id]], current, target):
                     rows.append((task_id, target, at))
@@ -498,7 +504,9 @@ class SqlStore(Store):
                     select(INSTANCES.c.instance_id).where(
                         _among(conn, INSTANCES.c.instance_id, chunk)
                     )
-                ).scalars()
+                )
+                .scalars()
+                .all()
             )
         new = [
             transitions.request_instance(i, itype, price, at, (on_demand_prices or {}).get(i))
@@ -829,7 +837,9 @@ class SqlStore(Store):
                     select(ACTIONS.c.position).where(
                         ACTIONS.c.round_id == round_id, _among(conn, ACTIONS.c.position, positions)
                     )
-                ).scalars()
+                )
+                .scalars()
+                .all()
             )
             missing = [p for p in positions if p not in known]
             if missing:
@@ -1363,14 +1373,23 @@ def _sqlite_params(
 
 def _unnest(
     conn: Connection, table: Table, order: Sequence[str], values: Sequence[tuple[Any, ...]]
-) -> tuple[str, dict[str, list[Any]]]:
-    """Rows (tuples of the columns `order` names) as a PostgreSQL table expression
-    `unnest(array, …) AS given(columns, given_at)`, one array parameter per column
-    (values through the column type's bind processing, as an ORM write would send
-    them), and its parameters."""
+) -> tuple[str, dict[str, Any]]:
+    """Rows (tuples of the columns `order` names) as a PostgreSQL table expression `given`
+    (its columns, then `given_at`, each row's position), and its parameters: one per
+    column, its values through the column type's bind processing (as an ORM write would
+    send them).
+
+    Up to `FEW` rows, one array per column, `unnest(array, …) WITH ORDINALITY`, whose
+    length the planner sees (a write of one row finds it by its index in a large table).
+    More rows, one JSON array per column (`_json_array`), zipped in order by `ROWS FROM
+    (json_array_elements_text(…), …) WITH ORDINALITY` (as `unnest` zips arrays), each
+    element cast to its column's type: psycopg dumps an array parameter element by
+    element in Python, json's C encoder a document at once (a first round's writes of
+    thousands of rows spent most of their client time in the dumping)."""
     dialect = conn.dialect
-    params: dict[str, list[Any]] = {}
-    arrays = []
+    few = len(values) <= FEW
+    params: dict[str, Any] = {}
+    sources, typed = [], []
     for i, name in enumerate(order):
         kind = table.c[name].type
         process = kind.bind_processor(dialect)
@@ -1379,12 +1398,44 @@ def _unnest(
             column_values = [process(v) for v in column_values]
         number = _python_type(kind)
         if number in (float, int):
-            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0.
+            # An array holds values of one type: a time given as 30 beside 30.5 is 30.0
+            # (and a numpy scalar is not JSON).
             column_values = [None if v is None else number(v) for v in column_values]
-        params[f"a{i}"] = column_values
-        arrays.append(f"%(a{i})b::{kind.compile(dialect=dialect)}[]")
-    names = ", ".join(_quoted(conn, c) for c in order)
-    return f"unnest({', '.join(arrays)}) WITH ORDINALITY AS given({names}, given_at)", params
+        type_name = kind.compile(dialect=dialect)
+        if few:
+            params[f"a{i}"] = column_values
+            sources.append(f"%(a{i})b::{type_name}[]")
+        else:
+            params[f"a{i}"] = _json_array(column_values)
+            sources.append(f"json_array_elements_text(%(a{i})s::json)")
+            typed.append(f"CAST(e{i} AS {type_name}) AS {_quoted(conn, name)}")
+    if few:
+        names = ", ".join(_quoted(conn, c) for c in order)
+        return f"unnest({', '.join(sources)}) WITH ORDINALITY AS given({names}, given_at)", params
+    raw = ", ".join(f"e{i}" for i in range(len(order)))
+    return (
+        f"(SELECT {', '.join(typed)}, given_at FROM ROWS FROM ({', '.join(sources)}) "
+        f"WITH ORDINALITY AS json_rows({raw}, given_at)) AS given",
+        params,
+    )
+
+
+#: The encoder of `_json_array` (`json.dumps` with options builds a new one per call).
+_ARRAY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+
+
+def _json_array(values: list[Any]) -> str:
+    """Values (str, int, float, bool or None) as a JSON array whose elements PostgreSQL's
+    `json_array_elements_text` gives back as the text of each, cast exactly to its
+    column's type: a float as its shortest repr, which reads back bit for bit. A
+    non-finite float, which JSON cannot hold, is given as a string ('inf', 'nan'),
+    which float8's input reads."""
+    document = _ARRAY_ENCODER.encode(values)
+    if "Infinity" in document or "NaN" in document:  # rare: look closer
+        document = _ARRAY_ENCODER.encode(
+            [repr(v) if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+        )
+    return document
 
 
 def _python_type(kind: Any) -> type | None:
@@ -1396,10 +1447,20 @@ def _python_type(kind: Any) -> type | None:
 
 def _among(conn: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
     """`column IN values` with one parameter however many values (an `IN` list of
-    thousands is thousands of parameters to bind, expand and parse): on PostgreSQL
-    `column = ANY(array)`, on SQLite `column IN (SELECT value FROM json_each(list))`."""
+    thousands is thousands of parameters to bind, expand and parse). On PostgreSQL up to
+    `FEW` values are one array parameter, `column = ANY(array)`, whose length the planner
+    sees (an index lookup for one id in a large table); more are one JSON array read by
+    `json_array_elements_text` (`_json_array`: psycopg dumps an array parameter element by
+    element in Python), each value cast to the column's type. On SQLite `column IN
+    (SELECT value FROM json_each(list))`."""
     if conn.dialect.name == "postgresql":
-        return cast(ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type))))
+        if len(values) <= FEW:
+            return cast(
+                ColumnElement[bool], column == any_(literal(list(values), ARRAY(column.type)))
+            )
+        document = sql_cast(literal(_json_array(list(values)), String()), postgresql.JSON())
+        each = func.json_array_elements_text(document).table_valued("value")
+        return cast(ColumnElement[bool], column.in_(select(sql_cast(each.c.value, column.type))))
     each = func.json_each(literal(json.dumps(list(values)), String())).table_valued("value")
     return cast(ColumnElement[bool], column.in_(select(each.c.value)))
 

@@ -1,9 +1,11 @@
 """A round's writes are a few statements however many rows they hold, and write what the
-in-memory store holds after the same calls: on PostgreSQL they are one `INSERT … SELECT
-FROM unnest(…)` or `UPDATE … FROM unnest(…)` per table, on SQLite one `executemany`."""
+in-memory store holds after the same calls: on PostgreSQL they are one `INSERT … SELECT`
+or `UPDATE … FROM` per table (from arrays up to `FEW` rows, from JSON arrays beyond), on
+SQLite one `executemany`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,13 +14,14 @@ from sqlalchemy import event
 from autoscaler.store import (
     ActionRecord,
     InstanceChange,
+    RefreshedPrices,
     RoundIntents,
     RoundRecord,
     Store,
     TaskUpdate,
 )
 from state.memory import InMemoryStore
-from state.store import SqlStore
+from state.store import FEW, SqlStore
 from tests.builders import job
 from tests.state.checks import assert_consistent, state_of
 
@@ -107,13 +110,38 @@ def test_a_round_writes_as_many_statements_for_many_rows_as_for_few(sql_store: S
 
 def test_bulk_writes_hold_what_the_in_memory_store_holds(sql_store: SqlStore) -> None:
     memory = InMemoryStore()
+    many = FEW + 30  # beyond FEW: PostgreSQL's writes and id lists go as JSON arrays
     for store in (sql_store, memory):
         submitted(store, "a", 30, 0.0)
         submitted(store, "b", 7, 0.0)
+        submitted(store, "c", many, 0.0)
         a_busy_round(store, "a", 30, 0.0)
         a_busy_round(store, "b", 7, 50.0)
+        a_busy_round(store, "c", many, 70.0)
     assert state_of(sql_store) == state_of(memory)
     # And in the order of the requests (the ids a sequence gave them follow it).
     assert [i.instance_id for i in sql_store.instances(include_finished=True)] == [
         i.instance_id for i in memory.instances(include_finished=True)
     ]
+
+
+def test_many_rows_read_back_exactly_whatever_their_values(sql_store: SqlStore) -> None:
+    """Beyond `FEW` rows (JSON arrays on PostgreSQL) as below: floats bit for bit, the
+    infinite ones included (JSON cannot hold them; SQLite stores NaN as NULL, so it is left
+    out), and text with quotes, backslashes, non-ASCII characters and words JSON reserves."""
+    names = ['q"uote', "back\\slash", "é€😀", "NaN", "Infinity", "null", "[1]"]
+    floats = [0.1 + 0.2, 1e-320, 5e300, -2.5, math.inf, -math.inf, 7.0]
+    for count in (FEW - 10, FEW + 10):
+        prices = {
+            f"{names[k % len(names)]}-{k}": {"z1": floats[k % len(floats)], "z2": k / 3}
+            for k in range(count // 2)
+        }
+        at = float(count)
+        assert sql_store.record_spot_prices(RefreshedPrices("r", prices, at, "test"))
+        back = sql_store.spot_prices("r")
+        assert back is not None and back.retrieved_at == at
+        assert sorted(back.prices) == sorted(prices)
+        for itype, by_zone in prices.items():
+            for zone, price in by_zone.items():
+                got = back.prices[itype][zone]
+                assert got == price, (itype, zone)
